@@ -1,0 +1,216 @@
+//! Request payloads and the request template: a KServe v2 infer request for one FP32
+//! input `INPUT0` of shape `[rows, cols]`, as JSON tensors or with Triton's binary tensor
+//! extension, built once and cloned (cheap `Bytes` clones) for every request.
+
+use anyhow::{bail, Context as _};
+use bytes::{BufMut as _, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Uri};
+use http_body_util::Full;
+use serde_json::json;
+
+/// Header carrying the client's budget, read by the gateway's classifier.
+pub const BUDGET_HEADER: &str = "x-tiergate-budget-ms";
+/// Triton binary tensor extension: length of the JSON header that precedes raw tensors.
+pub const INFERENCE_HEADER_LENGTH: &str = "inference-header-content-length";
+/// Name of the single input tensor.
+pub const INPUT_NAME: &str = "INPUT0";
+
+/// Shape and encoding of the infer request body.
+#[derive(Clone, Copy, Debug)]
+pub struct Payload {
+    /// Rows of `INPUT0` (dimension 0, the batch dimension).
+    pub rows: usize,
+    /// Columns of `INPUT0`.
+    pub cols: usize,
+    /// Triton binary tensor extension instead of JSON tensors.
+    pub binary: bool,
+}
+
+/// What every request of one target carries: URI, headers and the pre-built body.
+#[derive(Clone, Debug)]
+pub struct Template {
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Payload {
+    /// The deterministic input values: element `k` is `(k mod 251) / 251`.
+    pub fn values(&self) -> impl Iterator<Item = f32> {
+        (0..self.rows * self.cols).map(|k| (k % 251) as f32 / 251.0)
+    }
+
+    /// The body, plus the `Inference-Header-Content-Length` value for binary bodies.
+    pub fn encode(&self) -> anyhow::Result<(Bytes, Option<usize>)> {
+        let mut input = json!({"name": INPUT_NAME, "shape": [self.rows, self.cols], "datatype": "FP32"});
+        if !self.binary {
+            input["data"] = json!(self.values().collect::<Vec<_>>());
+            return Ok((serde_json::to_vec(&json!({"inputs": [input]}))?.into(), None));
+        }
+        let tensor_bytes = self.rows * self.cols * size_of::<f32>();
+        input["parameters"] = json!({"binary_data_size": tensor_bytes});
+        let header = serde_json::to_vec(&json!({"inputs": [input]}))?;
+        let mut body = BytesMut::with_capacity(header.len() + tensor_bytes);
+        body.put_slice(&header);
+        self.values().for_each(|v| body.put_f32_le(v));
+        Ok((body.freeze(), Some(header.len())))
+    }
+}
+
+impl Template {
+    /// A `POST {base_url}/v2/models/{model}/infer` template; `budget_ms` becomes the
+    /// budget header, `extra` headers are added last (and may override the others).
+    pub fn new(
+        base_url: &str,
+        model: &str,
+        payload: &Payload,
+        budget_ms: Option<u64>,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> anyhow::Result<Self> {
+        let uri = infer_uri(base_url, model)?;
+        let (body, header_length) = payload.encode()?;
+        let mut headers = HeaderMap::new();
+        let content_type = if payload.binary {
+            "application/octet-stream"
+        } else {
+            "application/json"
+        };
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(len) = header_length {
+            headers.insert(INFERENCE_HEADER_LENGTH, HeaderValue::from(len));
+        }
+        if let Some(ms) = budget_ms {
+            headers.insert(BUDGET_HEADER, HeaderValue::from(ms));
+        }
+        for (name, value) in extra {
+            headers.insert(name.clone(), value.clone());
+        }
+        Ok(Self { uri, headers, body })
+    }
+
+    /// A fresh request: clones of the URI, the headers and the body's `Bytes`.
+    pub fn request(&self) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(self.body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
+        request
+    }
+
+    /// The request URI.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+}
+
+/// Joins a base URL (`http://host:port`, optionally with a path prefix) and a path.
+pub fn join_url(base_url: &str, path: &str) -> anyhow::Result<Uri> {
+    let uri: Uri = format!("{}{path}", base_url.trim_end_matches('/'))
+        .parse()
+        .with_context(|| format!("invalid URL {base_url:?}"))?;
+    match uri.scheme_str() {
+        Some("http") => Ok(uri),
+        Some(other) => bail!("URL {base_url:?}: scheme {other:?} is not supported (plain http only)"),
+        None => bail!("URL {base_url:?}: expected http://host:port"),
+    }
+}
+
+fn infer_uri(base_url: &str, model: &str) -> anyhow::Result<Uri> {
+    if model.is_empty() || model.contains(['/', '?', '#']) {
+        bail!("model name {model:?} must be a single non-empty path segment");
+    }
+    join_url(base_url, &format!("/v2/models/{model}/infer"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn json_body_has_shape_and_deterministic_data() -> anyhow::Result<()> {
+        let payload = Payload {
+            rows: 2,
+            cols: 300,
+            binary: false,
+        };
+        let (body, header_length) = payload.encode()?;
+        assert_eq!(header_length, None);
+        let v: Value = serde_json::from_slice(&body)?;
+        let input = &v["inputs"][0];
+        assert_eq!(input["name"], INPUT_NAME);
+        assert_eq!(input["datatype"], "FP32");
+        assert_eq!(input["shape"], json!([2, 300]));
+        let data = input["data"].as_array().context("data array")?;
+        assert_eq!(data.len(), 600);
+        assert_eq!(data[0], json!(0.0));
+        assert_eq!(data[251], json!(0.0));
+        assert_eq!(data[1].as_f64().map(|x| x as f32), Some(1.0 / 251.0));
+        assert_eq!(payload.encode()?.0, body, "same payload, same bytes");
+        Ok(())
+    }
+
+    #[test]
+    fn binary_body_is_header_then_little_endian_floats() -> anyhow::Result<()> {
+        let payload = Payload {
+            rows: 3,
+            cols: 4,
+            binary: true,
+        };
+        let (body, header_length) = payload.encode()?;
+        let header_length = header_length.context("binary bodies declare a header length")?;
+        let header: Value = serde_json::from_slice(&body[..header_length])?;
+        let input = &header["inputs"][0];
+        assert_eq!(input["parameters"]["binary_data_size"], 48);
+        assert!(input.get("data").is_none());
+        let raw = &body[header_length..];
+        assert_eq!(raw.len(), 48);
+        assert_eq!(f32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]), 1.0 / 251.0);
+        Ok(())
+    }
+
+    #[test]
+    fn template_sets_uri_and_headers() -> anyhow::Result<()> {
+        let extra = [(HeaderName::from_static("x-tenant"), HeaderValue::from_static("a"))];
+        let payload = Payload {
+            rows: 1,
+            cols: 2,
+            binary: true,
+        };
+        let t = Template::new("http://127.0.0.1:9/", "resnet50", &payload, Some(200), &extra)?;
+        let request = t.request();
+        assert_eq!(request.uri(), "http://127.0.0.1:9/v2/models/resnet50/infer");
+        assert_eq!(request.method(), Method::POST);
+        let h = request.headers();
+        assert_eq!(h[BUDGET_HEADER], "200");
+        assert_eq!(h["x-tenant"], "a");
+        assert_eq!(h[CONTENT_TYPE], "application/octet-stream");
+        assert!(h.contains_key(INFERENCE_HEADER_LENGTH));
+        let no_budget = Template::new(
+            "http://h:1",
+            "m",
+            &Payload {
+                binary: false,
+                ..payload
+            },
+            None,
+            &[],
+        )?;
+        assert!(!no_budget.request().headers().contains_key(BUDGET_HEADER));
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_unsupported_urls_and_models() {
+        let p = Payload {
+            rows: 1,
+            cols: 1,
+            binary: false,
+        };
+        assert!(Template::new("https://h:1", "m", &p, None, &[]).is_err());
+        assert!(Template::new("127.0.0.1:8000", "m", &p, None, &[]).is_err());
+        assert!(Template::new("http://h:1", "a/b", &p, None, &[]).is_err());
+        assert!(Template::new("http://h:1", "", &p, None, &[]).is_err());
+    }
+}

@@ -1,0 +1,115 @@
+//! Composition: binds the listeners and wires doors, classifier, tiers and backends.
+//!
+//! The only place that knows every part. [`Gateway::start`] binds what the startup
+//! settings name (tests pass port 0), builds the tiers and the door over a policy
+//! store, spawns each listener's loop with one shutdown signal, and hands back the
+//! bound addresses; [`Gateway::stop`] drains and joins them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::front::http::Door;
+use crate::policy::{Policy, Store};
+use crate::tiers::{Realtime, TierService, Tiers};
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    http: SocketAddr,
+    metrics: SocketAddr,
+    policy: Arc<Store>,
+    shutdown: CancellationToken,
+    tasks: JoinSet<std::io::Result<()>>,
+}
+
+/// A listener that could not be bound, named for the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} for the {what}: {source}")]
+pub struct BindError {
+    what: &'static str,
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+impl Gateway {
+    /// Binds the listeners in `config` and starts serving `policy`.
+    pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, BindError> {
+        let http = bind("HTTP door", config.listen.http).await?;
+        let metrics = bind("metrics endpoint", config.listen.metrics).await?;
+        Ok(Self::start_on(http, metrics, config, policy))
+    }
+
+    /// Starts serving `policy` on already bound listeners.
+    pub fn start_on(http: TcpListener, metrics: TcpListener, config: &Config, policy: Policy) -> Gateway {
+        let prometheus = crate::metrics::install();
+        ::metrics::gauge!(crate::metrics::POLICY_ROUTES).set(policy.routes().len() as f64);
+        let shutdown = CancellationToken::new();
+        let policy = Arc::new(Store::new(policy));
+        let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
+        let tiers = Tiers::new(realtime);
+        let door = Arc::new(Door::new(
+            policy.clone(),
+            tiers,
+            config.limits.clone(),
+            shutdown.clone(),
+        ));
+        let addrs = (local(&http), local(&metrics));
+
+        let mut tasks = JoinSet::new();
+        let answer = move |req| door.clone().answer(req);
+        tasks.spawn(crate::front::serve(
+            http,
+            config.limits.header_read_timeout,
+            shutdown.clone(),
+            answer,
+        ));
+        tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
+        tracing::info!(http = %addrs.0, metrics = %addrs.1, "tiergate is serving");
+        Gateway {
+            http: addrs.0,
+            metrics: addrs.1,
+            policy,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// The bound address of the HTTP door.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// The bound address of the metrics endpoint.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics
+    }
+
+    /// The running policy.
+    pub fn policy(&self) -> &Arc<Store> {
+        &self.policy
+    }
+
+    /// Stops accepting, drains open exchanges, and waits for every listener to end.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        self.shutdown.cancel();
+        while let Some(done) = self.tasks.join_next().await {
+            done.map_err(std::io::Error::other)??;
+        }
+        Ok(())
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { what, addr, source })
+}
+
+fn local(listener: &TcpListener) -> SocketAddr {
+    listener.local_addr().expect("a bound TCP listener has a local address")
+}

@@ -1,0 +1,64 @@
+//! Backends: the model servers tiergate calls, grouped into pools.
+//!
+//! The bottom of the request path. [`Pool`] sends calls to the endpoints of one tier
+//! of one route; [`Pools`] finds or builds the pool for a route's current spec, so a
+//! tier keeps its connections and counters for as long as a route's pool is unchanged
+//! and gets fresh ones when a policy reload changes it.
+
+mod pool;
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+use crate::classify::Tier;
+use crate::policy::PoolSpec;
+
+pub use pool::{copy_end_to_end, Pool};
+
+/// The pools of one tier, by route name.
+#[derive(Debug)]
+pub struct Pools {
+    tier: Tier,
+    max_response_bytes: usize,
+    by_route: DashMap<String, (Arc<PoolSpec>, Arc<Pool>)>,
+}
+
+impl Pools {
+    /// An empty registry for `tier`; pools read at most `max_response_bytes` per answer.
+    pub fn new(tier: Tier, max_response_bytes: usize) -> Self {
+        Pools {
+            tier,
+            max_response_bytes,
+            by_route: DashMap::new(),
+        }
+    }
+
+    /// The pool serving `route` as `spec` describes it, built on first use and rebuilt
+    /// when the spec changes.
+    pub fn get(&self, route: &str, spec: &Arc<PoolSpec>) -> Arc<Pool> {
+        // Fast path: a shared lock on one shard and a pointer comparison.
+        if let Some(entry) = self.by_route.get(route) {
+            if Arc::ptr_eq(&entry.0, spec) {
+                return entry.1.clone();
+            }
+        }
+        let mut entry = self
+            .by_route
+            .entry(route.to_owned())
+            .or_insert_with(|| (spec.clone(), self.build(route, spec)));
+        let (known, pool) = entry.value_mut();
+        if !Arc::ptr_eq(known, spec) {
+            if **known != **spec {
+                *pool = self.build(route, spec);
+            }
+            // Same settings from a newer snapshot keep the warm pool.
+            *known = spec.clone();
+        }
+        pool.clone()
+    }
+
+    fn build(&self, route: &str, spec: &PoolSpec) -> Arc<Pool> {
+        Arc::new(Pool::new(route, self.tier, spec, self.max_response_bytes))
+    }
+}

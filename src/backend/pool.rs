@@ -1,0 +1,321 @@
+//! A pool: the backend endpoints serving one tier of one route, and the calls to them.
+//!
+//! Last stop on the request path. A [`Pool`] owns its own keep-alive connection pool
+//! (HTTP/1.1 or HTTP/2), its own concurrency limit and its endpoints' load counters,
+//! so no other tier or route shares any of them. [`Pool::forward`] admits a call
+//! (shedding at once at the limit, never queueing), picks the less loaded of two
+//! random endpoints, and sends the request under the caller's deadline: when the
+//! deadline passes the backend call is dropped, which closes its connection.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, Request, Response, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::classify::Tier;
+use crate::error::{Error, Kind};
+use crate::metrics::Instruments;
+use crate::policy::PoolSpec;
+
+/// The endpoints of one tier of one route, with their connections and limit.
+#[derive(Debug)]
+pub struct Pool {
+    route: String,
+    tier: Tier,
+    endpoints: Vec<Endpoint>,
+    limit: Arc<Semaphore>,
+    max_concurrency: u32,
+    client: Client<HttpConnector, Full<Bytes>>,
+    max_response_bytes: usize,
+    instruments: Instruments,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    authority: Authority,
+    in_flight: AtomicUsize,
+}
+
+/// Marks one call in flight on an endpoint until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Pool {
+    /// A pool for `tier` of `route`, as `spec` describes; connects lazily.
+    pub fn new(route: &str, tier: Tier, spec: &PoolSpec, max_response_bytes: usize) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(spec.connect_timeout));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .http2_only(spec.http2)
+            .build(connector);
+        let endpoints = spec
+            .endpoints
+            .iter()
+            .filter_map(|uri| uri.authority().cloned())
+            .map(|authority| Endpoint {
+                authority,
+                in_flight: AtomicUsize::new(0),
+            })
+            .collect();
+        Pool {
+            route: route.to_owned(),
+            tier,
+            endpoints,
+            limit: Arc::new(Semaphore::new(spec.max_concurrency.get() as usize)),
+            max_concurrency: spec.max_concurrency.get(),
+            client,
+            max_response_bytes,
+            instruments: Instruments::new(route, tier),
+        }
+    }
+
+    /// Calls now in flight across the pool.
+    pub fn in_flight(&self) -> usize {
+        self.max_concurrency as usize - self.limit.available_permits()
+    }
+
+    /// Sends `request` (its path and query on a chosen endpoint) and returns the
+    /// backend's answer, or an error that says who failed.
+    ///
+    /// Sheds with [`Kind::Shed`] at the concurrency limit and with
+    /// [`Kind::DeadlineUnmeetable`] when `deadline` has already passed; a connect
+    /// failure is retried once on another endpoint while time remains.
+    pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
+        if Instant::now() >= deadline {
+            return Err(Error::new(
+                Kind::DeadlineUnmeetable,
+                "the budget was spent before the request reached a backend",
+            ));
+        }
+        let Ok(_permit) = self.limit.try_acquire() else {
+            return Err(Error::new(
+                Kind::Shed,
+                format!(
+                    "route {} {} pool is at its concurrency limit ({} calls in flight)",
+                    self.route,
+                    self.tier.as_str(),
+                    self.max_concurrency
+                ),
+            ));
+        };
+        let (parts, body) = request.into_parts();
+        let first = self.pick(None);
+        match self.send(first, &parts, body.clone(), deadline).await {
+            Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
+                let second = self.pick(Some(first));
+                self.send(second, &parts, body, deadline)
+                    .await
+                    .map_err(|f| self.error(second, f))
+            }
+            other => other.map_err(|f| self.error(first, f)),
+        }
+    }
+
+    /// Power of two choices on outstanding calls, never `avoid` when another exists.
+    fn pick(&self, avoid: Option<usize>) -> usize {
+        let n = self.endpoints.len();
+        if n <= 1 {
+            return 0;
+        }
+        let choose = || loop {
+            let i = rand::random_range(0..n);
+            if Some(i) != avoid {
+                return i;
+            }
+        };
+        let (a, b) = (choose(), choose());
+        let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
+        if load(b) < load(a) {
+            b
+        } else {
+            a
+        }
+    }
+
+    async fn send(
+        &self,
+        at: usize,
+        parts: &http::request::Parts,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, Failure> {
+        let endpoint = &self.endpoints[at];
+        let _in_flight = InFlight::enter(&endpoint.in_flight);
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = Some(endpoint.authority.clone());
+        uri.path_and_query = Some(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
+        copy_end_to_end(&parts.headers, request.headers_mut());
+
+        let started = Instant::now();
+        let call = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                let detail = chain(&e);
+                if e.is_connect() {
+                    Failure::Connect(detail)
+                } else {
+                    Failure::Other(detail)
+                }
+            })?;
+            let (mut head, body) = response.into_parts();
+            let body = Limited::new(body, self.max_response_bytes)
+                .collect()
+                .await
+                .map_err(|e| Failure::Body(e.to_string()))?
+                .to_bytes();
+            let headers = std::mem::take(&mut head.headers);
+            copy_end_to_end(&headers, &mut head.headers);
+            Ok(Response::from_parts(head, body))
+        };
+        let result = tokio::time::timeout_at(deadline, call)
+            .await
+            .unwrap_or(Err(Failure::Deadline));
+        self.instruments.backend_seconds.record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    fn error(&self, at: usize, failure: Failure) -> Error {
+        let backend = &self.endpoints[at].authority;
+        match failure {
+            Failure::Connect(why) => Error::new(Kind::Backend, format!("backend {backend} is unreachable: {why}")),
+            Failure::Other(why) => Error::new(Kind::Backend, format!("backend {backend} failed: {why}")),
+            Failure::Body(why) => Error::new(
+                Kind::Backend,
+                format!(
+                    "backend {backend} response could not be read (limit {} bytes): {why}",
+                    self.max_response_bytes
+                ),
+            ),
+            Failure::Deadline => Error::new(
+                Kind::Deadline,
+                format!("the budget ran out while backend {backend} was working; the call was dropped"),
+            ),
+        }
+    }
+}
+
+/// How a call to one endpoint failed.
+enum Failure {
+    /// No connection could be made: the request never left, so it may go elsewhere.
+    Connect(String),
+    /// The exchange failed after connecting.
+    Other(String),
+    /// The response body was unreadable or too large.
+    Body(String),
+    /// The deadline passed.
+    Deadline,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
+/// `host` (the client sets it for the backend) and `content-length` (recomputed).
+const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
+/// named in `Connection`.
+pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .collect();
+    for (name, value) in from {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || n == "content-length" || named.iter().any(|t| t == n) {
+            continue;
+        }
+        to.append(name.clone(), value.clone());
+    }
+}
+
+/// An error and its causes on one line: `client error (Connect): tcp connect error: Connection refused`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_stay_behind() {
+        let mut from = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("host", "gateway"),
+            ("content-length", "3"),
+            ("transfer-encoding", "chunked"),
+            ("content-type", "application/json"),
+            ("inference-header-content-length", "42"),
+        ] {
+            from.append(k, v.parse().expect("valid"));
+        }
+        let mut to = HeaderMap::new();
+        copy_end_to_end(&from, &mut to);
+        let kept: Vec<&str> = to.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type", "inference-header-content-length"]);
+    }
+
+    #[test]
+    fn chain_names_every_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("connect failed")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(chain(&Outer(io)), "connect failed: refused");
+    }
+}

@@ -1,0 +1,200 @@
+//! Startup settings: listen addresses, directories, threads and limits.
+//!
+//! Read once at start from an optional `tiergate.toml` and `TIERGATE_*` environment
+//! variables (nested keys joined by `__`, e.g. `TIERGATE_LISTEN__HTTP=0.0.0.0:8000`),
+//! with the `config` crate. Unlike the policy, these are never reloaded: changing one
+//! needs a restart. Unknown keys are refused so a typo cannot silently do nothing.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The startup settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where each listener binds.
+    pub listen: Listen,
+    /// Directory for durable state (the offline queue).
+    pub data_dir: PathBuf,
+    /// Directory of `*.toml` policy files.
+    pub policy_dir: PathBuf,
+    /// Runtime threads.
+    pub threads: Threads,
+    /// Request limits applied by every door.
+    pub limits: Limits,
+    /// Log output.
+    pub log: Log,
+}
+
+/// Listen addresses. Ports follow Triton's defaults; all bind loopback unless told
+/// otherwise, so a gateway is never exposed by accident.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// The KServe v2 HTTP door and JSON routes (Triton: 8000).
+    pub http: SocketAddr,
+    /// Prometheus metrics (Triton: 8002).
+    pub metrics: SocketAddr,
+    /// The admin API: loopback by default and never on a data port.
+    pub admin: SocketAddr,
+}
+
+/// Thread counts.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Threads {
+    /// Tokio worker threads for the doors and the real-time tier; 0 means one per core.
+    pub workers: usize,
+}
+
+/// Limits every door enforces before any work is done.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request body accepted, in bytes (413 above it).
+    pub max_body_bytes: usize,
+    /// Largest backend response body accepted, in bytes (502 above it).
+    pub max_response_bytes: usize,
+    /// How long a client may take to send its request headers (slow clients are cut).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send its request body (408 past it).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+}
+
+/// Log settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A `tracing` filter such as `info` or `tiergate=debug`; `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A settings file or variable that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("startup settings: {0}")]
+pub struct ConfigError(#[from] config::ConfigError);
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: Listen::default(),
+            data_dir: PathBuf::from("data"),
+            policy_dir: PathBuf::from("policies"),
+            threads: Threads::default(),
+            limits: Limits::default(),
+            log: Log::default(),
+        }
+    }
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        Listen {
+            http: loopback(8000),
+            metrics: loopback(8002),
+            admin: loopback(8003),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 64 << 20,
+            max_response_bytes: 256 << 20,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (required when given; `tiergate.toml` in the current
+    /// directory when present otherwise), then `TIERGATE_*` variables from `env`.
+    pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut builder = config::Config::builder();
+        builder = match file {
+            Some(path) => builder.add_source(config::File::from(path).required(true)),
+            None => builder.add_source(config::File::with_name("tiergate.toml").required(false)),
+        };
+        let vars = env.into_iter().filter(|(k, _)| k.starts_with("TIERGATE_")).collect();
+        let environment = config::Environment::with_prefix("TIERGATE")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(vars));
+        Ok(builder.add_source(environment).build()?.try_deserialize()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_bind_loopback_on_triton_ports() {
+        let config = Config::load(None, Vec::new()).expect("defaults load");
+        assert_eq!(config.listen.http.to_string(), "127.0.0.1:8000");
+        assert_eq!(config.listen.metrics.to_string(), "127.0.0.1:8002");
+        assert_eq!(config.listen.admin.to_string(), "127.0.0.1:8003");
+    }
+
+    #[test]
+    fn file_then_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tiergate.toml");
+        std::fs::write(
+            &file,
+            "policy_dir = \"/etc/tiergate\"\n[listen]\nhttp = \"0.0.0.0:9000\"\n[limits]\nheader_read_timeout = \"3s\"\n",
+        )
+        .expect("write");
+        let env = vec![
+            ("TIERGATE_LISTEN__HTTP".to_owned(), "0.0.0.0:9001".to_owned()),
+            ("TIERGATE_THREADS__WORKERS".to_owned(), "3".to_owned()),
+            ("TIERGATE_DATA_DIR".to_owned(), "/var/lib/tiergate".to_owned()),
+            ("OTHER".to_owned(), "ignored".to_owned()),
+        ];
+        let config = Config::load(Some(&file), env).expect("loads");
+        assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
+        assert_eq!(config.policy_dir, PathBuf::from("/etc/tiergate"));
+        assert_eq!(config.data_dir, PathBuf::from("/var/lib/tiergate"));
+        assert_eq!(config.threads.workers, 3);
+        assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tiergate.toml");
+        std::fs::write(&file, "[listen]\nhtp = \"0.0.0.0:9000\"\n").expect("write");
+        let err = Config::load(Some(&file), Vec::new()).expect_err("typo refused");
+        assert!(err.to_string().contains("htp"), "{err}");
+    }
+}

@@ -1,0 +1,239 @@
+//! The demo: a gateway, two simulated pools and `policies/demo.toml`, in one process.
+//!
+//! Composition only, beside `tiergate::app`. [`Demo::start`] runs a simulated model
+//! server for the real-time pool (127.0.0.1:9100) and one for the batch pool
+//! (127.0.0.1:9101), and a gateway serving the demo policy. [`examples`] are the
+//! requests the demo prints as `curl` lines; [`Demo::self_check`] sends them and
+//! checks every tier decision, which is how the test suite proves the demo works.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use tiergate::app::Gateway;
+use tiergate::config::Config;
+use tiergate::policy::Policy;
+use tiergate::sim::{ModelSpec, Profile, Simulator};
+
+/// The demo policy, built into the binary so the demo runs from any directory.
+pub const POLICY: &str = include_str!("../policies/demo.toml");
+/// Where the demo's simulated real-time pool listens (as `policies/demo.toml` says).
+pub const REALTIME_POOL: &str = "127.0.0.1:9100";
+/// Where the demo's simulated batch pool listens.
+pub const BATCH_POOL: &str = "127.0.0.1:9101";
+
+/// A running demo.
+#[derive(Debug)]
+pub struct Demo {
+    gateway: Gateway,
+    sims: CancellationToken,
+}
+
+/// One example request and what the gateway should do with it.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// What it shows.
+    pub title: &'static str,
+    /// Request headers beyond content-type.
+    pub headers: Vec<(&'static str, &'static str)>,
+    /// Model in the path (`None` for a metadata GET on `resnet50`).
+    pub model: &'static str,
+    /// POST an infer request (else GET the model metadata).
+    pub infer: bool,
+    /// The status the gateway answers with today.
+    pub status: u16,
+    /// The `x-tiergate-tier` it answers with, if any.
+    pub tier: Option<&'static str>,
+    /// The `x-tiergate-reason` it answers with, if any.
+    pub reason: Option<&'static str>,
+}
+
+/// A KServe v2 request with two rows of four FP32 values.
+pub const BODY: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
+
+impl Demo {
+    /// Starts both simulated pools and a gateway on `config`'s listeners.
+    pub async fn start(config: &Config) -> anyhow::Result<Demo> {
+        let policy = Policy::from_texts(vec![(PathBuf::from("policies/demo.toml"), POLICY.to_owned())])
+            .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
+        let sims = CancellationToken::new();
+        for (addr, name) in [(REALTIME_POOL, "real-time pool"), (BATCH_POOL, "batch pool")] {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot start the simulated {name} on {addr}: {e}"))?;
+            let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
+            tokio::spawn(sim.serve(listener, sims.clone()));
+        }
+        let gateway = Gateway::start(config, policy).await?;
+        Ok(Demo { gateway, sims })
+    }
+
+    /// The gateway's HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.gateway.http_addr()
+    }
+
+    /// The gateway's metrics address.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.gateway.metrics_addr()
+    }
+
+    /// Sends every example and checks status, tier and reason; returns one line per
+    /// example, or the first mismatch.
+    pub async fn self_check(&self) -> anyhow::Result<Vec<String>> {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        let mut lines = Vec::new();
+        for ex in examples() {
+            let response = client.request(request(self.http_addr(), &ex)?).await?;
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let (tier, reason) = (header("x-tiergate-tier"), header("x-tiergate-reason"));
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            let got = (status, tier.as_deref(), reason.as_deref());
+            if got != (ex.status, ex.tier, ex.reason) {
+                anyhow::bail!(
+                    "{}: expected {:?}, got {got:?}: {}",
+                    ex.title,
+                    (ex.status, ex.tier, ex.reason),
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            lines.push(format!(
+                "ok  {:<52} {status} {}",
+                ex.title,
+                tier.unwrap_or_else(|| "-".into())
+            ));
+        }
+        Ok(lines)
+    }
+
+    /// Stops the gateway and both simulated pools.
+    pub async fn stop(self) -> std::io::Result<()> {
+        let result = self.gateway.stop().await;
+        self.sims.cancel();
+        result
+    }
+}
+
+fn model(name: &str, profile: &str) -> ModelSpec {
+    ModelSpec::new(name, Profile::named(profile).expect("built-in profile name"))
+}
+
+/// The demo's example requests.
+pub fn examples() -> Vec<Example> {
+    let ex = |title, headers, model, infer, status, tier, reason| Example {
+        title,
+        headers,
+        model,
+        infer,
+        status,
+        tier,
+        reason,
+    };
+    vec![
+        ex(
+            "a 100 ms budget is served in real time",
+            vec![("x-tiergate-budget-ms", "100")],
+            "resnet50",
+            true,
+            200,
+            Some("realtime"),
+            Some("budget_realtime"),
+        ),
+        ex(
+            "no budget: the route default (150 ms) applies",
+            vec![],
+            "resnet50",
+            true,
+            200,
+            Some("realtime"),
+            Some("budget_realtime"),
+        ),
+        ex(
+            "a 2 s budget calls for the micro-batch tier",
+            vec![("x-tiergate-budget-ms", "2000")],
+            "resnet50",
+            true,
+            501,
+            Some("micro_batch"),
+            Some("budget_micro_batch"),
+        ),
+        ex(
+            "Prefer: respond-async calls for the offline tier",
+            vec![("prefer", "respond-async")],
+            "resnet50",
+            true,
+            501,
+            Some("offline"),
+            Some("prefer_async"),
+        ),
+        ex(
+            "micro_batch flagged off on bert: real time serves",
+            vec![("x-tiergate-budget-ms", "2000")],
+            "bert",
+            true,
+            200,
+            Some("realtime"),
+            Some("micro_batch_off"),
+        ),
+        ex("an unknown model is a 404", vec![], "nope", true, 404, None, None),
+        ex(
+            "model metadata comes from the route's backend",
+            vec![],
+            "resnet50",
+            false,
+            200,
+            None,
+            None,
+        ),
+    ]
+}
+
+/// The `curl` line for `ex` against a gateway on `http`.
+pub fn curl(http: SocketAddr, ex: &Example) -> String {
+    let mut line = String::from("curl -si");
+    for (k, v) in &ex.headers {
+        line.push_str(&format!(" -H '{k}: {v}'"));
+    }
+    if ex.infer {
+        line.push_str(&format!(
+            " -H 'content-type: application/json' -d '{BODY}' http://{http}/v2/models/{}/infer",
+            ex.model
+        ));
+    } else {
+        line.push_str(&format!(" http://{http}/v2/models/{}", ex.model));
+    }
+    line
+}
+
+fn request(http: SocketAddr, ex: &Example) -> anyhow::Result<http::Request<Full<Bytes>>> {
+    let (method, path, body) = if ex.infer {
+        (
+            "POST",
+            format!("/v2/models/{}/infer", ex.model),
+            Bytes::from_static(BODY.as_bytes()),
+        )
+    } else {
+        ("GET", format!("/v2/models/{}", ex.model), Bytes::new())
+    };
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{http}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in &ex.headers {
+        builder = builder.header(*k, *v);
+    }
+    Ok(builder.body(Full::new(body))?)
+}

@@ -1,0 +1,135 @@
+//! The one table that turns every failure into an answer.
+//!
+//! Any module on the request path fails with an [`Error`]: a [`Kind`] saying *who*
+//! caused it (client, gateway, backend) and a message written for the person who must
+//! act on it. The doors never pick status codes themselves: they ask [`Kind::status`],
+//! [`Kind::retry_after`] and [`Kind::outcome`], so HTTP (and later gRPC) answers and the
+//! `outcome` metric label always agree. The table is covered by one table test.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+/// What went wrong, classified by who caused it and whether a retry can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// The client sent something malformed; the message says what to fix.
+    BadRequest,
+    /// No route serves the model or path the client named.
+    NotFound,
+    /// The method is not allowed on this path.
+    MethodNotAllowed,
+    /// The request body is larger than the configured limit.
+    TooLarge,
+    /// The client took too long to send its request body.
+    ClientTimeout,
+    /// The tier's concurrency limit is reached; shed at once rather than queued.
+    Shed,
+    /// The deadline cannot be met: the request was refused before any work was done.
+    DeadlineUnmeetable,
+    /// The route has no enabled tier that can meet the request's budget.
+    NoTier,
+    /// The decision named a tier this build does not serve yet.
+    TierUnavailable,
+    /// The deadline passed while the backend was working; the backend call was dropped.
+    Deadline,
+    /// The backend could not be reached, or answered with something that is not HTTP.
+    Backend,
+    /// The gateway is shutting down or not ready.
+    Unavailable,
+}
+
+/// A failure on the request path: its [`Kind`] and a message for operators and clients.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    /// Who caused it and how the doors answer it.
+    pub kind: Kind,
+    /// What happened and, for client mistakes, what to change.
+    pub message: String,
+}
+
+impl Kind {
+    /// The HTTP status a door answers with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Kind::BadRequest => StatusCode::BAD_REQUEST,
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
+            Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::TierUnavailable => StatusCode::NOT_IMPLEMENTED,
+            Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
+            Kind::Backend => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// How long a client should wait before retrying, when waiting can help.
+    ///
+    /// Overload answers always carry one; a misconfigured route or a malformed
+    /// request does not, because retrying the same request would fail the same way.
+    pub fn retry_after(self) -> Option<Duration> {
+        match self {
+            Kind::Shed | Kind::DeadlineUnmeetable | Kind::Unavailable => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
+    /// The `outcome` metric label.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Kind::BadRequest => "bad_request",
+            Kind::NotFound => "not_found",
+            Kind::MethodNotAllowed => "method_not_allowed",
+            Kind::TooLarge => "too_large",
+            Kind::ClientTimeout => "client_timeout",
+            Kind::Shed => "shed",
+            Kind::DeadlineUnmeetable => "deadline_unmeetable",
+            Kind::NoTier => "no_tier",
+            Kind::TierUnavailable => "tier_unavailable",
+            Kind::Deadline => "deadline",
+            Kind::Backend => "backend_error",
+            Kind::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl Error {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        use Kind::*;
+        let rows: &[(Kind, u16, Option<u64>, &str)] = &[
+            (BadRequest, 400, None, "bad_request"),
+            (NotFound, 404, None, "not_found"),
+            (MethodNotAllowed, 405, None, "method_not_allowed"),
+            (TooLarge, 413, None, "too_large"),
+            (ClientTimeout, 408, None, "client_timeout"),
+            (Shed, 503, Some(1), "shed"),
+            (DeadlineUnmeetable, 503, Some(1), "deadline_unmeetable"),
+            (NoTier, 503, None, "no_tier"),
+            (TierUnavailable, 501, None, "tier_unavailable"),
+            (Deadline, 504, None, "deadline"),
+            (Backend, 502, None, "backend_error"),
+            (Unavailable, 503, Some(1), "unavailable"),
+        ];
+        for &(kind, status, retry, outcome) in rows {
+            assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+            assert_eq!(kind.retry_after().map(|d| d.as_secs()), retry, "{kind:?}");
+            assert_eq!(kind.outcome(), outcome, "{kind:?}");
+        }
+    }
+}

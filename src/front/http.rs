@@ -1,0 +1,383 @@
+//! The KServe v2 HTTP door, and JSON routes matched by path.
+//!
+//! First on the request path: it parses the path, bounds and reads the body, checks it
+//! is a well-formed KServe v2 request (JSON or Triton's binary tensor extension),
+//! reads the budget, asks the classifier, and hands the call to the tiers. Bodies pass
+//! through byte for byte. Health and server metadata are answered here; model metadata
+//! and readiness come from the route's backend, over control-plane pools that share
+//! nothing with the tiers. Every inference answer carries `x-tiergate-tier` and
+//! `x-tiergate-reason`; every error is `{"error": "..."}` with the status from
+//! [`crate::error`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Pools;
+use crate::classify::{classify, Decision, Refusal, Tier};
+use crate::config::Limits;
+use crate::error::{Error, Kind};
+use crate::metrics;
+use crate::policy::{Route, Store};
+use crate::protocol;
+use crate::tiers::{Call, Reply, Tiers};
+
+use super::meta;
+
+/// Response header naming the tier that served the request.
+pub const TIER_HEADER: &str = "x-tiergate-tier";
+/// Response header naming the reason for the decision (or refusal).
+pub const REASON_HEADER: &str = "x-tiergate-reason";
+/// How long a model metadata or readiness call to a backend may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP door's shared state.
+#[derive(Debug)]
+pub struct Door {
+    policy: Arc<Store>,
+    tiers: Tiers,
+    control: Pools,
+    limits: Limits,
+    shutdown: CancellationToken,
+}
+
+/// What a request path asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    Live,
+    Ready,
+    Server,
+    /// `/v2/models/{name}[/versions/{v}]` followed by `rest` ("", "/ready", "/infer", ...).
+    Model {
+        name: &'a str,
+        rest: &'a str,
+    },
+    /// Anything else: a JSON route if the policy has one for this exact path.
+    Other(&'a str),
+}
+
+impl Door {
+    /// A door serving `policy` through `tiers`, enforcing `limits`; it reports not
+    /// ready once `shutdown` fires so load balancers drain it.
+    pub fn new(policy: Arc<Store>, tiers: Tiers, limits: Limits, shutdown: CancellationToken) -> Self {
+        let control = Pools::new(Tier::Realtime, limits.max_response_bytes);
+        Door {
+            policy,
+            tiers,
+            control,
+            limits,
+            shutdown,
+        }
+    }
+
+    /// Answers one request. Never fails: every problem becomes a response.
+    pub async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        match (target(&path), &method) {
+            (Target::Live, &Method::GET) => empty(StatusCode::OK),
+            (Target::Ready, &Method::GET) if self.shutdown.is_cancelled() => empty(StatusCode::SERVICE_UNAVAILABLE),
+            (Target::Ready, &Method::GET) => empty(StatusCode::OK),
+            (Target::Server, &Method::GET) => json(StatusCode::OK, server_metadata()),
+            (Target::Model { name, rest: "/infer" }, &Method::POST) => self.infer(name, req).await,
+            (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => self.control(name, req).await,
+            (Target::Other(p), &Method::POST) if self.policy.load().route_for_path(p).is_some() => {
+                self.json_route(p, req).await
+            }
+            (Target::Live | Target::Ready | Target::Server, _) | (Target::Model { .. }, _) => failure(&Error::new(
+                Kind::MethodNotAllowed,
+                format!("{method} is not allowed on {path}"),
+            )),
+            (Target::Other(_), _) => {
+                ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
+                failure(&Error::new(Kind::NotFound, format!("no route serves {method} {path}")))
+            }
+        }
+    }
+
+    async fn infer(&self, model: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let received = Instant::now();
+        let Some(route) = self.policy.load().route_for_model(model).cloned() else {
+            ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
+            return failure(&Error::new(
+                Kind::NotFound,
+                format!("unknown model '{model}': no route in the policy serves it"),
+            ));
+        };
+        let (parts, body) = req.into_parts();
+        let prepared = async {
+            let body = self.read_body(&parts.headers, body).await?;
+            let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
+            let info = protocol::inspect_request(&body, header_len).map_err(bad_request)?;
+            let meta = meta::read(&parts.headers, info.timeout_us, info.id.as_deref(), &route)?;
+            Ok::<_, Error>((body, meta))
+        };
+        match prepared.await {
+            Ok((body, meta)) => {
+                self.classified(route, meta, Request::from_parts(parts, body), received)
+                    .await
+            }
+            Err(e) => finish(&route, None, Err(e), received),
+        }
+    }
+
+    async fn json_route(&self, path: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let received = Instant::now();
+        let Some(route) = self.policy.load().route_for_path(path).cloned() else {
+            return failure(&Error::new(Kind::NotFound, format!("no route serves POST {path}")));
+        };
+        let (parts, body) = req.into_parts();
+        let prepared = async {
+            let body = self.read_body(&parts.headers, body).await?;
+            serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+                .map_err(|e| Error::new(Kind::BadRequest, format!("request body is not JSON: {e}")))?;
+            let meta = meta::read(&parts.headers, None, None, &route)?;
+            Ok::<_, Error>((body, meta))
+        };
+        match prepared.await {
+            Ok((body, meta)) => {
+                self.classified(route, meta, Request::from_parts(parts, body), received)
+                    .await
+            }
+            Err(e) => finish(&route, None, Err(e), received),
+        }
+    }
+
+    /// Classifies and serves a request whose body is read and checked.
+    async fn classified(
+        &self,
+        route: Arc<Route>,
+        meta: crate::classify::Meta,
+        request: Request<Bytes>,
+        received: Instant,
+    ) -> Response<Full<Bytes>> {
+        let decision = match classify(&route, &meta) {
+            Ok(d) => d,
+            Err(refusal) => return refused(&route, refusal, received),
+        };
+        metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+        let deadline = received
+            .checked_add(decision.budget)
+            .unwrap_or_else(|| received + meta::MAX_BUDGET);
+        let labels = [
+            ("route", route.name.clone()),
+            ("tier", decision.tier.as_str().to_owned()),
+        ];
+        let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, &labels);
+        in_flight.increment(1.0);
+        let call = Call {
+            route: route.clone(),
+            decision,
+            deadline,
+            request,
+        };
+        let result = self.tiers.serve(call).await;
+        in_flight.decrement(1.0);
+        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(received.elapsed().as_secs_f64());
+        finish(&route, Some(&decision), result, received)
+    }
+
+    /// Model metadata, readiness and other model GETs, answered by the route's backend.
+    async fn control(&self, model: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let policy = self.policy.load();
+        let Some(route) = policy.route_for_model(model) else {
+            return failure(&Error::new(
+                Kind::NotFound,
+                format!("unknown model '{model}': no route in the policy serves it"),
+            ));
+        };
+        let Some(spec) = route.metadata_pool() else {
+            return failure(&Error::new(
+                Kind::NoTier,
+                format!("route {} has no pool to ask", route.name),
+            ));
+        };
+        let (parts, _) = req.into_parts();
+        let pool = self.control.get(&route.name, spec);
+        match pool
+            .forward(
+                Request::from_parts(parts, Bytes::new()),
+                Instant::now() + METADATA_TIMEOUT,
+            )
+            .await
+        {
+            Ok(reply) => reply.map(Full::new),
+            Err(e) => failure(&e),
+        }
+    }
+
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
+        let max = self.limits.max_body_bytes;
+        let declared = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let too_large = || {
+            Error::new(
+                Kind::TooLarge,
+                format!("request body is over the {max}-byte limit (limits.max_body_bytes)"),
+            )
+        };
+        if declared.is_some_and(|n| n > max as u64) {
+            return Err(too_large());
+        }
+        match tokio::time::timeout(self.limits.body_read_timeout, Limited::new(body, max).collect()).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+            Ok(Err(e)) => Err(Error::new(
+                Kind::BadRequest,
+                format!("could not read the request body: {e}"),
+            )),
+            Err(_) => Err(Error::new(
+                Kind::ClientTimeout,
+                format!(
+                    "the request body took longer than {:?} to arrive",
+                    self.limits.body_read_timeout
+                ),
+            )),
+        }
+    }
+}
+
+/// Splits a request path into what it asks for.
+fn target(path: &str) -> Target<'_> {
+    match path {
+        "/v2/health/live" => return Target::Live,
+        "/v2/health/ready" => return Target::Ready,
+        "/v2" | "/v2/" => return Target::Server,
+        _ => {}
+    }
+    let Some(tail) = path.strip_prefix("/v2/models/") else {
+        return Target::Other(path);
+    };
+    let (name, mut rest) = tail.split_at(tail.find('/').unwrap_or(tail.len()));
+    if let Some(after) = rest.strip_prefix("/versions/") {
+        rest = &after[after.find('/').unwrap_or(after.len())..];
+    }
+    if name.is_empty() {
+        return Target::Other(path);
+    }
+    Target::Model { name, rest }
+}
+
+fn bad_request(e: protocol::Error) -> Error {
+    Error::new(Kind::BadRequest, e.to_string())
+}
+
+/// Builds the answer for a classified (or failed) request and counts it.
+fn finish(
+    route: &Route,
+    decision: Option<&Decision>,
+    result: Result<Reply, Error>,
+    received: Instant,
+) -> Response<Full<Bytes>> {
+    let tier = decision.map(|d| d.tier);
+    let mut response = match result {
+        Ok(reply) => {
+            let outcome = match reply.status().as_u16() {
+                0..=399 => "ok",
+                400..=499 => "backend_rejected",
+                _ => "backend_error",
+            };
+            metrics::count_request(&route.name, tier, outcome);
+            reply.map(Full::new)
+        }
+        Err(e) => {
+            metrics::count_request(&route.name, tier, e.kind.outcome());
+            failure(&e)
+        }
+    };
+    if let Some(d) = decision {
+        let headers = response.headers_mut();
+        headers.insert(TIER_HEADER, HeaderValue::from_static(d.tier.as_str()));
+        headers.insert(REASON_HEADER, HeaderValue::from_static(d.reason.as_str()));
+    }
+    tracing::debug!(route = %route.name, tier = tier.map(Tier::as_str), status = response.status().as_u16(), elapsed_us = received.elapsed().as_micros() as u64, "served");
+    response
+}
+
+fn refused(route: &Route, refusal: Refusal, received: Instant) -> Response<Full<Bytes>> {
+    let message = match refusal {
+        Refusal::RouteDisabled => format!("route {} has every tier switched off", route.name),
+        Refusal::NoTier { wanted, budget } => format!(
+            "route {}: a budget of {} ms calls for the {} tier, which is off, and no enabled tier can meet it",
+            route.name,
+            budget.as_millis(),
+            wanted.as_str()
+        ),
+    };
+    let mut response = finish(route, None, Err(Error::new(Kind::NoTier, message)), received);
+    response
+        .headers_mut()
+        .insert(REASON_HEADER, HeaderValue::from_static(refusal.as_str()));
+    response
+}
+
+/// The protocol's error shape with the status (and `Retry-After`) from the error table.
+pub fn failure(e: &Error) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(protocol::error_body(&e.message)));
+    *response.status_mut() = e.kind.status();
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(after) = e.kind.retry_after() {
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+    }
+    response
+}
+
+fn server_metadata() -> Bytes {
+    let body = serde_json::json!({
+        "name": "tiergate",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data"],
+    });
+    Bytes::from(body.to_string())
+}
+
+fn json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn empty(status: StatusCode) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = status;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let model = |name, rest| Target::Model { name, rest };
+        let cases = [
+            ("/v2/health/live", Target::Live),
+            ("/v2/health/ready", Target::Ready),
+            ("/v2", Target::Server),
+            ("/v2/models/resnet", model("resnet", "")),
+            ("/v2/models/resnet/ready", model("resnet", "/ready")),
+            ("/v2/models/resnet/infer", model("resnet", "/infer")),
+            ("/v2/models/resnet/versions/3", model("resnet", "")),
+            ("/v2/models/resnet/versions/3/infer", model("resnet", "/infer")),
+            ("/v2/models/resnet/versions/3/ready", model("resnet", "/ready")),
+            ("/v2/models/resnet/config", model("resnet", "/config")),
+            ("/v2/models/", Target::Other("/v2/models/")),
+            ("/v1/embeddings", Target::Other("/v1/embeddings")),
+        ];
+        for (path, want) in cases {
+            assert_eq!(target(path), want, "{path}");
+        }
+    }
+}

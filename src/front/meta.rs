@@ -1,0 +1,238 @@
+//! Request metadata for the classifier: budget, `Prefer: respond-async`, rollout key.
+//!
+//! Read by every door from headers (and from the KServe `timeout` parameter the door
+//! found in the body). The budget comes from, first match wins: `x-tiergate-budget-ms`,
+//! `grpc-timeout`, the KServe `timeout` parameter (µs), the route's default.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::HeaderMap;
+
+use crate::classify::{key_hash, BudgetSource, Meta};
+use crate::error::{Error, Kind};
+use crate::policy::Route;
+
+/// Header carrying the client's budget in whole milliseconds.
+pub const BUDGET_HEADER: &str = "x-tiergate-budget-ms";
+/// The gRPC deadline header, also honoured on HTTP.
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+
+/// Longest budget honoured; larger ones are clamped (a week covers any completion window).
+pub const MAX_BUDGET: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Spreads requests that carry no rollout key evenly over the rollout.
+static UNKEYED: AtomicU64 = AtomicU64::new(0);
+
+/// Reads the classifier's input from `headers`, the KServe `timeout` parameter (µs)
+/// and request `id` found in the body, for `route`.
+pub fn read(
+    headers: &HeaderMap,
+    kserve_timeout_us: Option<u64>,
+    id: Option<&str>,
+    route: &Route,
+) -> Result<Meta, Error> {
+    let budget = if let Some(v) = headers.get(BUDGET_HEADER) {
+        let ms = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::BadRequest,
+                    format!(
+                        "{BUDGET_HEADER} must be a whole number of milliseconds, got {:?}",
+                        String::from_utf8_lossy(v.as_bytes())
+                    ),
+                )
+            })?;
+        Some((Duration::from_millis(ms), BudgetSource::Header))
+    } else if let Some(v) = headers.get(GRPC_TIMEOUT) {
+        let d = v.to_str().ok().and_then(grpc_timeout).ok_or_else(|| {
+            Error::new(
+                Kind::BadRequest,
+                format!(
+                    "{GRPC_TIMEOUT} must be 1 to 8 digits and a unit (H, M, S, m, u, n), got {:?}",
+                    String::from_utf8_lossy(v.as_bytes())
+                ),
+            )
+        })?;
+        Some((d, BudgetSource::GrpcTimeout))
+    } else {
+        kserve_timeout_us.map(|us| (Duration::from_micros(us), BudgetSource::KserveTimeout))
+    };
+    let key = match headers
+        .get(&route.rollout_key_header)
+        .map(|v| v.as_bytes())
+        .or(id.map(str::as_bytes))
+    {
+        Some(bytes) => key_hash(bytes),
+        None => UNKEYED.fetch_add(1, Ordering::Relaxed),
+    };
+    Ok(Meta {
+        budget: budget.map(|(d, source)| (d.min(MAX_BUDGET), source)),
+        prefer_async: prefers_async(headers),
+        key,
+    })
+}
+
+/// True when a `Prefer` header asks for `respond-async` (RFC 7240).
+pub fn prefers_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::HeaderName::from_static("prefer"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            let token = p.split(';').next().unwrap_or("").trim();
+            token.eq_ignore_ascii_case("respond-async")
+        })
+}
+
+/// Parses a gRPC `grpc-timeout` value: 1–8 ASCII digits and a unit.
+pub fn grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::policy::{Budgets, Flags, WhenUnmet};
+
+    fn route() -> Route {
+        Route {
+            name: "r".into(),
+            file: PathBuf::from("r.toml"),
+            models: vec!["m".into()],
+            paths: vec![],
+            budgets: Budgets {
+                default: Duration::from_millis(200),
+                realtime_below: Duration::from_millis(300),
+                offline_from: Duration::from_secs(60),
+            },
+            when_unmet: WhenUnmet::Reject,
+            rollout_key_header: http::HeaderName::from_static("x-request-id"),
+            flags: Flags {
+                realtime: true,
+                micro_batch: false,
+                offline: false,
+                micro_batch_percent: 100,
+            },
+            realtime: None,
+            micro_batch: None,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(http::HeaderName::try_from(*k).expect("name"), v.parse().expect("value"));
+        }
+        h
+    }
+
+    #[test]
+    fn budget_sources_first_match_wins() {
+        let r = route();
+        let ms = Duration::from_millis;
+        // (headers, KServe timeout in µs, budget read)
+        type Case = (
+            &'static [(&'static str, &'static str)],
+            Option<u64>,
+            Option<(Duration, BudgetSource)>,
+        );
+        let cases: &[Case] = &[
+            (
+                &[(BUDGET_HEADER, "120")],
+                Some(5),
+                Some((ms(120), BudgetSource::Header)),
+            ),
+            (
+                &[(BUDGET_HEADER, "120"), (GRPC_TIMEOUT, "1S")],
+                None,
+                Some((ms(120), BudgetSource::Header)),
+            ),
+            (
+                &[(GRPC_TIMEOUT, "250m")],
+                Some(5),
+                Some((ms(250), BudgetSource::GrpcTimeout)),
+            ),
+            (&[], Some(1_500_000), Some((ms(1500), BudgetSource::KserveTimeout))),
+            (&[], None, None),
+            (
+                &[(BUDGET_HEADER, "99999999999999")],
+                None,
+                Some((MAX_BUDGET, BudgetSource::Header)),
+            ),
+        ];
+        for (h, kserve, want) in cases {
+            let meta = read(&headers(h), *kserve, None, &r).expect("valid");
+            assert_eq!(meta.budget, *want, "{h:?} {kserve:?}");
+        }
+    }
+
+    #[test]
+    fn bad_budgets_say_what_to_fix() {
+        let r = route();
+        for (h, needle) in [
+            ((BUDGET_HEADER, "1.5"), "whole number of milliseconds, got \"1.5\""),
+            ((BUDGET_HEADER, "-3"), "whole number"),
+            ((GRPC_TIMEOUT, "10x"), "1 to 8 digits and a unit"),
+            ((GRPC_TIMEOUT, "123456789S"), "1 to 8 digits"),
+        ] {
+            let err = read(&headers(&[h]), None, None, &r).expect_err("invalid");
+            assert_eq!(err.kind, Kind::BadRequest);
+            assert!(err.message.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(grpc_timeout("9n"), Some(Duration::from_nanos(9)));
+        for bad in ["", "S", "5", "5s", "-5S", "５S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prefer_respond_async() {
+        assert!(prefers_async(&headers(&[("prefer", "respond-async")])));
+        assert!(prefers_async(&headers(&[(
+            "prefer",
+            "return=minimal, Respond-Async; wait=5"
+        )])));
+        assert!(prefers_async(&headers(&[
+            ("prefer", "return=minimal"),
+            ("prefer", "respond-async")
+        ])));
+        assert!(!prefers_async(&headers(&[("prefer", "return=minimal")])));
+        assert!(!prefers_async(&headers(&[])));
+    }
+
+    #[test]
+    fn rollout_key_from_header_then_id() {
+        let r = route();
+        let by_header = read(&headers(&[("x-request-id", "abc")]), None, Some("zzz"), &r).expect("valid");
+        let by_id = read(&headers(&[]), None, Some("abc"), &r).expect("valid");
+        assert_eq!(by_header.key, key_hash(b"abc"));
+        assert_eq!(by_id.key, key_hash(b"abc"));
+    }
+}

@@ -1,0 +1,292 @@
+//! The `tiergate` command: `serve`, `demo`, `sim` and `policy check`.
+
+mod demo;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use tiergate::app::Gateway;
+use tiergate::config::{Config, LogFormat};
+use tiergate::policy::Policy;
+use tiergate::sim::{Faults, ModelSpec, Profile, Simulator};
+use tokio_util::sync::CancellationToken;
+
+/// tiergate: a hybrid tiered inference gateway.
+///
+/// Sits in front of KServe v2 model servers (Triton, MLServer, ...) and serves each
+/// request on the tier its latency budget and its route's flags call for: realtime,
+/// micro_batch or offline.
+#[derive(Debug, Parser)]
+#[command(name = "tiergate", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway with the startup settings and the policy directory.
+    ///
+    /// Settings come from --config (else ./tiergate.toml when present), then
+    /// TIERGATE_* environment variables (e.g. TIERGATE_LISTEN__HTTP=0.0.0.0:8000),
+    /// then the flags below. Stops on Ctrl-C or SIGTERM, draining open requests.
+    Serve(ServeArgs),
+    /// Run a self-contained demo: a gateway and two simulated pools on this machine.
+    ///
+    /// Starts simulated real-time (127.0.0.1:9100) and batch (127.0.0.1:9101) pools and
+    /// a gateway serving policies/demo.toml, then prints curl lines showing each tier's
+    /// decision. Needs nothing else installed.
+    Demo(DemoArgs),
+    /// Run the simulated KServe v2 model server used by the tests, demo and load tests.
+    ///
+    /// Each model costs t(B) = max(floor, a + b*B) per batch of B rows on N instances,
+    /// FIFO; outputs are a deterministic function of each input row.
+    Sim(SimArgs),
+    /// Work with policy files.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Startup settings file (TOML).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory of policy files (overrides policy_dir).
+    #[arg(long)]
+    policy_dir: Option<PathBuf>,
+    /// Address of the HTTP door (overrides listen.http).
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Address of the metrics endpoint (overrides listen.metrics).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Send the example requests, check every decision, print the results and exit
+    /// (non-zero on any mismatch) instead of serving until Ctrl-C.
+    #[arg(long)]
+    self_check: bool,
+    /// Address of the gateway's HTTP door.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http: SocketAddr,
+    /// Address of the gateway's metrics endpoint.
+    #[arg(long, default_value = "127.0.0.1:8002")]
+    metrics: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    http: SocketAddr,
+    /// A model as NAME:PROFILE (profiles: resnet50-trt, resnet50-eager, bert-base-trt,
+    /// instant); repeat for several models.
+    #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
+    models: Vec<String>,
+    /// Instances per model (batches run one at a time on each, FIFO).
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Uniform jitter on each batch's cost, as a fraction (0.1 = ±10%).
+    #[arg(long, default_value_t = 0.0)]
+    jitter: f64,
+    /// Fraction of batches answered with an injected 500.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Fraction of batches that stall for --stall instead of their cost.
+    #[arg(long, default_value_t = 0.0)]
+    stall_rate: f64,
+    /// How long a stalled batch takes.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    stall: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate every *.toml file in DIR as one policy; print every problem with its
+    /// file and path, and exit non-zero if there is any.
+    Check {
+        /// The policy directory.
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tiergate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Policy {
+            command: PolicyCommand::Check { dir },
+        } => Ok(policy_check(&dir)),
+        Command::Serve(args) => {
+            let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
+            config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
+            config.listen.http = args.http.unwrap_or(config.listen.http);
+            config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
+            init_logs(&config);
+            runtime(config.threads.workers)?.block_on(serve(config))
+        }
+        Command::Demo(args) => {
+            let mut config = Config::default();
+            config.listen.http = args.http;
+            config.listen.metrics = args.metrics;
+            init_logs(&config);
+            runtime(0)?.block_on(run_demo(config, args.self_check))
+        }
+        Command::Sim(args) => {
+            init_logs(&Config::default());
+            runtime(0)?.block_on(sim(args))
+        }
+    }
+}
+
+fn policy_check(dir: &std::path::Path) -> ExitCode {
+    match Policy::load_dir(dir) {
+        Ok(policy) => {
+            println!("{}: ok, {} routes", dir.display(), policy.routes().len());
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            eprintln!("{problems}");
+            eprintln!("{} problem(s) in {}", problems.0.len(), dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    let policy = Policy::load_dir(&config.policy_dir)
+        .map_err(|p| anyhow::anyhow!("the policy in {} is invalid:\n{p}", config.policy_dir.display()))?;
+    let gateway = Gateway::start(&config, policy).await?;
+    stopped().await;
+    tracing::info!("shutting down: draining open requests");
+    gateway.stop().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_demo(config: Config, self_check: bool) -> anyhow::Result<ExitCode> {
+    let running = demo::Demo::start(&config).await?;
+    if self_check {
+        let result = running.self_check().await;
+        running.stop().await?;
+        for line in result? {
+            println!("{line}");
+        }
+        println!("demo self-check passed");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "tiergate demo: gateway on http://{} (metrics on http://{}/metrics)",
+        running.http_addr(),
+        running.metrics_addr()
+    );
+    println!(
+        "simulated pools: real-time {} and batch {}; policy: policies/demo.toml\n",
+        demo::REALTIME_POOL,
+        demo::BATCH_POOL
+    );
+    for ex in demo::examples() {
+        println!("# {} (expect {})", ex.title, ex.status);
+        println!("{}\n", demo::curl(running.http_addr(), &ex));
+    }
+    println!(
+        "# the metrics those requests produced\ncurl -s http://{}/metrics | grep tiergate_requests_total\n",
+        running.metrics_addr()
+    );
+    println!("Ctrl-C to stop.");
+    stopped().await;
+    running.stop().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
+    let mut models = Vec::new();
+    for text in &args.models {
+        let (name, profile) = text
+            .split_once(':')
+            .with_context(|| format!("--model {text:?}: write it as NAME:PROFILE"))?;
+        let profile = Profile::named(profile).with_context(|| {
+            format!(
+                "--model {text:?}: unknown profile; known: {}",
+                Profile::NAMES.join(", ")
+            )
+        })?;
+        let mut spec = ModelSpec::new(name, profile);
+        spec.instances = args.instances.max(1);
+        spec.jitter = args.jitter;
+        spec.faults = Faults {
+            error_rate: args.error_rate,
+            stall_rate: args.stall_rate,
+            stall: args.stall,
+        };
+        models.push(spec);
+    }
+    let listener = tokio::net::TcpListener::bind(args.http)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.http))?;
+    tracing::info!(http = %args.http, models = ?args.models, "simulated model server is serving");
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(Simulator::new(models).serve(listener, shutdown.clone()));
+    stopped().await;
+    shutdown.cancel();
+    server.await??;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    Ok(builder.enable_all().build()?)
+}
+
+fn init_logs(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn stopped() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

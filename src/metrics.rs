@@ -1,0 +1,141 @@
+//! Metrics: every metric name in one place, the Prometheus recorder and its endpoint.
+//!
+//! Beside the request path. Names are the constants below and nowhere else; labels use
+//! the vocabulary (`route`, `tier`, `outcome`, `reason`). Hot-path code records
+//! through pre-registered handles ([`Instruments`]) so a request costs no registry
+//! look-up. The recorder is process-wide and installed once, by [`install`]; the
+//! text format is served by [`serve`] on the metrics port (Triton's 8002).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::Tier;
+
+/// Requests that reached a route, by `route`, `tier` and `outcome`.
+pub const REQUESTS: &str = "tiergate_requests_total";
+/// End-to-end latency seen by the gateway, by `route` and `tier` (histogram, seconds).
+pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
+/// Classifier decisions, by `route`, `tier` and `reason`.
+pub const DECISIONS: &str = "tiergate_decisions_total";
+/// Latency of backend calls, by `route` and `tier` (histogram, seconds).
+pub const BACKEND_SECONDS: &str = "tiergate_backend_duration_seconds";
+/// Requests being served now, by `route` and `tier`.
+pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
+/// Requests no route matched (unknown model or path), by `door`.
+pub const UNMATCHED: &str = "tiergate_unmatched_requests_total";
+/// Routes in the running policy.
+pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
+/// Always 1, labelled with the running `version`.
+pub const BUILD_INFO: &str = "tiergate_build_info";
+
+/// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
+const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Pre-registered handles for one route and tier.
+#[derive(Clone)]
+pub struct Instruments {
+    /// End-to-end latency.
+    pub request_seconds: metrics::Histogram,
+    /// Backend call latency.
+    pub backend_seconds: metrics::Histogram,
+    /// Requests in flight.
+    pub in_flight: metrics::Gauge,
+}
+
+impl std::fmt::Debug for Instruments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Instruments")
+    }
+}
+
+impl Instruments {
+    /// Handles for `route` and `tier`.
+    pub fn new(route: &str, tier: Tier) -> Self {
+        let labels = [("route", route.to_owned()), ("tier", tier.as_str().to_owned())];
+        Instruments {
+            request_seconds: metrics::histogram!(REQUEST_SECONDS, &labels),
+            backend_seconds: metrics::histogram!(BACKEND_SECONDS, &labels),
+            in_flight: metrics::gauge!(IN_FLIGHT, &labels),
+        }
+    }
+}
+
+/// Counts one finished request.
+pub fn count_request(route: &str, tier: Option<Tier>, outcome: &'static str) {
+    let tier = tier.map_or("none", Tier::as_str);
+    metrics::counter!(REQUESTS, "route" => route.to_owned(), "tier" => tier, "outcome" => outcome).increment(1);
+}
+
+/// Counts one classifier decision.
+pub fn count_decision(route: &str, tier: Tier, reason: &'static str) {
+    metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason).increment(1);
+}
+
+/// Installs the process-wide Prometheus recorder (once) and returns its handle.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+                .expect("the bucket list is a non-empty constant")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Fails only when another recorder was installed first (a host program
+            // embedding tiergate); metrics then go to that recorder instead.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics shows only tiergate's own handle");
+            }
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            handle
+        })
+        .clone()
+}
+
+/// Serves `GET /metrics` in the Prometheus text format until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let upkeep = handle.clone();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => upkeep.run_upkeep(),
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    let answer = move |req: http::Request<hyper::body::Incoming>| {
+        let handle = handle.clone();
+        async move {
+            if req.uri().path() != "/metrics" {
+                return text(StatusCode::NOT_FOUND, "metrics are at /metrics\n".into());
+            }
+            text(StatusCode::OK, handle.render())
+        }
+    };
+    crate::front::serve(listener, Duration::from_secs(10), shutdown, answer).await
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}

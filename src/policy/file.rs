@@ -1,0 +1,133 @@
+//! What a policy file says: serde types that mirror `policies/*.toml` one to one.
+//!
+//! Every field is optional here and every table refuses unknown keys, so a typo is an
+//! error rather than a silently ignored setting. Nothing in this file is trusted:
+//! [`super::model`] validates it into the runtime types.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// One policy file: optional defaults and any number of routes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Defaults for every route in every file (at most one file may set them).
+    pub defaults: Option<DefaultsFile>,
+    /// Routes by name.
+    #[serde(default)]
+    pub routes: BTreeMap<String, RouteFile>,
+}
+
+/// Budget thresholds and fallbacks shared by routes that do not set their own.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsFile {
+    /// Budget assumed when the request names none.
+    #[serde(default, with = "humantime_serde")]
+    pub default_budget: Option<Duration>,
+    /// Budgets below this go to the real-time tier.
+    #[serde(default, with = "humantime_serde")]
+    pub realtime_below: Option<Duration>,
+    /// Budgets from this up go to the offline tier.
+    #[serde(default, with = "humantime_serde")]
+    pub offline_from: Option<Duration>,
+    /// What to do when no enabled tier can meet the budget.
+    pub when_unmet: Option<WhenUnmetFile>,
+    /// Header whose value keys the micro-batch rollout.
+    pub rollout_key_header: Option<String>,
+}
+
+/// One route: what it matches, its thresholds, flags and pools.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    /// KServe v2 model names served by this route.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Exact request paths of JSON routes served by this route.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Overrides `defaults.default_budget`.
+    #[serde(default, with = "humantime_serde")]
+    pub default_budget: Option<Duration>,
+    /// Overrides `defaults.realtime_below`.
+    #[serde(default, with = "humantime_serde")]
+    pub realtime_below: Option<Duration>,
+    /// Overrides `defaults.offline_from`.
+    #[serde(default, with = "humantime_serde")]
+    pub offline_from: Option<Duration>,
+    /// Overrides `defaults.when_unmet`.
+    pub when_unmet: Option<WhenUnmetFile>,
+    /// Per-tier switches.
+    #[serde(default)]
+    pub flags: FlagsFile,
+    /// The real-time pool.
+    pub realtime: Option<PoolFile>,
+    /// The batch pool and its batcher settings.
+    pub micro_batch: Option<BatchFile>,
+}
+
+/// Per-route flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlagsFile {
+    /// Serve on the real-time tier (default on).
+    pub realtime: Option<bool>,
+    /// Serve on the micro-batch tier (default off).
+    pub micro_batch: Option<bool>,
+    /// Accept offline work (default off).
+    pub offline: Option<bool>,
+    /// Percent of micro-batch-eligible requests that really go to it (default 100).
+    pub micro_batch_percent: Option<i64>,
+}
+
+/// A pool of backend endpoints.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolFile {
+    /// Backend base URLs, `http://host:port`.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Calls in flight across the pool before new ones are shed.
+    pub max_concurrency: Option<i64>,
+    /// Speak HTTP/2 (prior knowledge) to the backends instead of HTTP/1.1.
+    pub http2: Option<bool>,
+    /// How long a TCP connect may take before the endpoint counts as unreachable.
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+}
+
+/// The batch pool plus the batcher's settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchFile {
+    /// Backend base URLs, `http://host:port`.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Speak HTTP/2 (prior knowledge) to the backends.
+    pub http2: Option<bool>,
+    /// TCP connect timeout.
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    /// Most rows in one batch.
+    pub max_batch: Option<i64>,
+    /// Longest a request may wait for its batch to fill (a ceiling, never a floor).
+    #[serde(default, with = "humantime_serde")]
+    pub max_wait: Option<Duration>,
+    /// Batches in flight per endpoint.
+    pub max_in_flight: Option<i64>,
+    /// Rows that may wait in the queue before new ones get 429.
+    pub queue_capacity: Option<i64>,
+}
+
+/// `when_unmet` values.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenUnmetFile {
+    /// Refuse with 503.
+    Reject,
+    /// Serve on the micro-batch tier anyway when it is enabled.
+    BestEffort,
+}

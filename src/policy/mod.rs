@@ -1,0 +1,148 @@
+//! Policy: the routes, their thresholds, flags and pools (file → model → store).
+//!
+//! A leaf module that knows nothing of servers. [`file`] mirrors what operators write
+//! in `policies/*.toml`; [`Policy::load_dir`] parses every file and validates the lot
+//! into [`model`] types, reporting every problem with its file and path; [`Store`]
+//! holds the running policy as an immutable snapshot that readers load without locks
+//! and a reload swaps atomically.
+
+pub mod file;
+pub mod model;
+mod validate;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+pub use file::PolicyFile;
+pub use model::{BatchSpec, Budgets, Flags, Policy, PoolSpec, Route, WhenUnmet};
+pub use validate::{Problem, Problems};
+
+/// Largest policy file read; anything bigger is refused, not parsed.
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+impl Policy {
+    /// Reads every `*.toml` file directly in `dir` (sorted by name) into one policy.
+    pub fn load_dir(dir: &Path) -> Result<Policy, Problems> {
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| single(dir, format!("cannot read the policy directory: {e}")))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(single(dir, "holds no *.toml policy files"));
+        }
+        Self::load_files(&files)
+    }
+
+    /// Reads and validates `files` as one policy.
+    pub fn load_files(files: &[PathBuf]) -> Result<Policy, Problems> {
+        let mut texts = Vec::with_capacity(files.len());
+        let mut problems = Vec::new();
+        for path in files {
+            match read_bounded(path) {
+                Ok(text) => texts.push((path.clone(), text)),
+                Err(message) => problems.push(Problem {
+                    file: path.clone(),
+                    path: String::new(),
+                    message,
+                }),
+            }
+        }
+        let parsed = Self::from_texts(texts);
+        match (parsed, problems.is_empty()) {
+            (Ok(policy), true) => Ok(policy),
+            (Ok(_), false) => Err(Problems(problems)),
+            (Err(Problems(more)), _) => {
+                problems.extend(more);
+                Err(Problems(problems))
+            }
+        }
+    }
+
+    /// Parses and validates policy texts, each named by the file it came from.
+    pub fn from_texts(texts: Vec<(PathBuf, String)>) -> Result<Policy, Problems> {
+        let mut problems = Vec::new();
+        let mut files = Vec::with_capacity(texts.len());
+        for (path, text) in texts {
+            match toml::from_str::<PolicyFile>(&text) {
+                Ok(parsed) => files.push((path, parsed)),
+                Err(e) => problems.push(parse_problem(path, &text, &e)),
+            }
+        }
+        let validated = validate::policy(files);
+        match validated {
+            Ok(policy) if problems.is_empty() => Ok(policy),
+            Ok(_) => Err(Problems(problems)),
+            Err(Problems(more)) => {
+                problems.extend(more);
+                Err(Problems(problems))
+            }
+        }
+    }
+}
+
+/// The running policy, swapped atomically on reload.
+#[derive(Debug)]
+pub struct Store {
+    current: ArcSwap<Policy>,
+}
+
+impl Store {
+    /// A store running `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Store {
+            current: ArcSwap::from_pointee(policy),
+        }
+    }
+
+    /// The current snapshot; a request keeps the one it started with.
+    pub fn load(&self) -> Arc<Policy> {
+        self.current.load_full()
+    }
+
+    /// Replaces the running policy for every request that starts from now on.
+    pub fn swap(&self, policy: Policy) -> Arc<Policy> {
+        self.current.swap(Arc::new(policy))
+    }
+}
+
+fn read_bounded(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "is {} bytes; policy files are limited to {MAX_FILE_BYTES}",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
+}
+
+fn single(file: &Path, message: impl Into<String>) -> Problems {
+    Problems(vec![Problem {
+        file: file.to_owned(),
+        path: String::new(),
+        message: message.into(),
+    }])
+}
+
+/// A TOML syntax or type error, located by line and column.
+fn parse_problem(file: PathBuf, text: &str, e: &toml::de::Error) -> Problem {
+    let location = e.span().map(|span| {
+        let before = text.get(..span.start).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        format!("line {line}, column {column}")
+    });
+    Problem {
+        file,
+        path: location.unwrap_or_default(),
+        message: e.message().trim().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+//! What the gateway runs on: validated policy types.
+//!
+//! These types can only be built through [`super::Policy::from_files`], which checks
+//! every route and reports *every* problem, so an invalid policy cannot be represented:
+//! durations are `Duration`, limits are `NonZeroU32`, endpoints are parsed URIs, and a
+//! tier whose flag is on always has a pool.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+
+/// The whole running policy: every route and the indexes that find them.
+#[derive(Debug, Default)]
+pub struct Policy {
+    pub(super) routes: Vec<Arc<Route>>,
+    pub(super) by_model: HashMap<String, Arc<Route>>,
+    pub(super) by_path: HashMap<String, Arc<Route>>,
+}
+
+/// One route: the unit of policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// The route's name (its key in the file).
+    pub name: String,
+    /// The file that defines it.
+    pub file: PathBuf,
+    /// KServe v2 model names it serves.
+    pub models: Vec<String>,
+    /// Exact paths of the JSON routes it serves.
+    pub paths: Vec<String>,
+    /// Budget thresholds.
+    pub budgets: Budgets,
+    /// What to do when no enabled tier can meet the budget.
+    pub when_unmet: WhenUnmet,
+    /// Header whose value keys the micro-batch rollout.
+    pub rollout_key_header: http::HeaderName,
+    /// Per-tier switches.
+    pub flags: Flags,
+    /// The real-time pool; present whenever the `realtime` flag is on.
+    pub realtime: Option<Arc<PoolSpec>>,
+    /// The batch pool and batcher; present whenever `micro_batch` or `offline` is on.
+    pub micro_batch: Option<Arc<BatchSpec>>,
+}
+
+/// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    /// Budget assumed when the request names none.
+    pub default: Duration,
+    /// Budgets strictly below this go to the real-time tier.
+    pub realtime_below: Duration,
+    /// Budgets from this up go to the offline tier.
+    pub offline_from: Duration,
+}
+
+/// What to do when the tier a budget calls for is off and no other can meet it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenUnmet {
+    /// Answer 503 and name the reason.
+    Reject,
+    /// Serve on the micro-batch tier when enabled, accepting the budget may be missed.
+    BestEffort,
+}
+
+/// Per-route runtime switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flags {
+    /// The real-time tier is on.
+    pub realtime: bool,
+    /// The micro-batch tier is on.
+    pub micro_batch: bool,
+    /// The offline tier is on.
+    pub offline: bool,
+    /// Percent (0..=100) of micro-batch-eligible requests sent to it.
+    pub micro_batch_percent: u8,
+}
+
+/// A pool of backend endpoints and how to talk to them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Base URIs (`http://host:port`), at least one, no duplicates.
+    pub endpoints: Vec<Uri>,
+    /// Calls in flight across the pool before new ones are shed.
+    pub max_concurrency: NonZeroU32,
+    /// HTTP/2 with prior knowledge instead of HTTP/1.1.
+    pub http2: bool,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+}
+
+/// The batch pool and the batcher's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchSpec {
+    /// The batch pool (its `max_concurrency` is endpoints × `max_in_flight`).
+    pub pool: Arc<PoolSpec>,
+    /// Most rows in one batch.
+    pub max_batch: NonZeroU32,
+    /// Ceiling on how long a request waits for its batch.
+    pub max_wait: Duration,
+    /// Batches in flight per endpoint.
+    pub max_in_flight: NonZeroU32,
+    /// Rows that may wait in the queue.
+    pub queue_capacity: NonZeroU32,
+}
+
+impl Policy {
+    /// The route serving KServe model `name`.
+    pub fn route_for_model(&self, name: &str) -> Option<&Arc<Route>> {
+        self.by_model.get(name)
+    }
+
+    /// The JSON route serving exactly `path`.
+    pub fn route_for_path(&self, path: &str) -> Option<&Arc<Route>> {
+        self.by_path.get(path)
+    }
+
+    /// Every route, in file then name order.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+
+    /// The route called `name`.
+    pub fn route(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+}
+
+impl Route {
+    /// The pool that answers metadata and readiness for this route's models.
+    pub fn metadata_pool(&self) -> Option<&Arc<PoolSpec>> {
+        self.realtime.as_ref().or(self.micro_batch.as_ref().map(|b| &b.pool))
+    }
+}

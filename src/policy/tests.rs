@@ -1,0 +1,201 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+
+fn load(files: &[(&str, &str)]) -> Result<Policy, Problems> {
+    Policy::from_texts(
+        files
+            .iter()
+            .map(|(name, text)| (PathBuf::from(name), (*text).to_owned()))
+            .collect(),
+    )
+}
+
+const GOOD: &str = r#"
+[defaults]
+default_budget = "150ms"
+offline_from = "30s"
+
+[routes.resnet50]
+models = ["resnet50", "resnet50_v2"]
+when_unmet = "best_effort"
+[routes.resnet50.flags]
+micro_batch = true
+micro_batch_percent = 25
+[routes.resnet50.realtime]
+endpoints = ["http://127.0.0.1:9000", "http://127.0.0.1:9001/"]
+max_concurrency = 8
+[routes.resnet50.micro_batch]
+endpoints = ["http://127.0.0.1:9100"]
+max_batch = 128
+max_wait = "250ms"
+max_in_flight = 3
+
+[routes.embed]
+paths = ["/v1/embeddings"]
+realtime_below = "100ms"
+[routes.embed.realtime]
+endpoints = ["http://embed.internal:8080"]
+"#;
+
+#[test]
+fn a_good_policy_validates_with_defaults_applied() {
+    let policy = load(&[("a.toml", GOOD)]).expect("valid");
+    let r = policy.route_for_model("resnet50_v2").expect("indexed by model");
+    assert_eq!(r.name, "resnet50");
+    assert_eq!(r.budgets.default, Duration::from_millis(150));
+    assert_eq!(r.budgets.realtime_below, Duration::from_millis(300));
+    assert_eq!(r.budgets.offline_from, Duration::from_secs(30));
+    assert_eq!(r.when_unmet, WhenUnmet::BestEffort);
+    assert_eq!(
+        r.flags,
+        Flags {
+            realtime: true,
+            micro_batch: true,
+            offline: false,
+            micro_batch_percent: 25
+        }
+    );
+    let rt = r.realtime.as_ref().expect("pool");
+    assert_eq!(rt.max_concurrency.get(), 8);
+    assert_eq!(rt.endpoints[1].to_string(), "http://127.0.0.1:9001/");
+    let mb = r.micro_batch.as_ref().expect("batch pool");
+    assert_eq!((mb.max_batch.get(), mb.max_in_flight.get()), (128, 3));
+    assert_eq!(mb.pool.max_concurrency.get(), 3, "one endpoint x max_in_flight");
+    let e = policy.route_for_path("/v1/embeddings").expect("indexed by path");
+    assert_eq!(e.budgets.realtime_below, Duration::from_millis(100));
+    assert_eq!(e.when_unmet, WhenUnmet::Reject);
+    assert!(policy.route_for_model("nope").is_none());
+}
+
+#[test]
+fn every_problem_is_reported_with_file_and_path() {
+    let bad = r#"
+[routes.r1]
+models = ["m"]
+offline_from = "100ms"
+[routes.r1.flags]
+micro_batch = true
+micro_batch_percent = 150
+[routes.r1.realtime]
+endpoints = ["ftp://x:1", "http://h", "http://h:1/path", "http://a:1", "http://a:1"]
+max_concurrency = 0
+
+[routes."bad name"]
+paths = ["/v2/models/x/infer", "relative"]
+[routes."bad name".realtime]
+endpoints = []
+[routes."bad name".micro_batch]
+endpoints = ["http://b:2"]
+max_batch = 100
+queue_capacity = 10
+max_wait = "10s"
+"#;
+    let other = r#"
+[routes.r2]
+models = ["m"]
+[routes.r2.flags]
+realtime = false
+offline = true
+"#;
+    let problems = load(&[("bad.toml", bad), ("other.toml", other)])
+        .expect_err("invalid")
+        .0;
+    let lines: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "bad.toml: routes.r1.offline_from: must be above realtime_below",
+        "bad.toml: routes.r1.flags.micro_batch_percent: must be 0 to 100, got 150",
+        "bad.toml: routes.r1.realtime.endpoints[0]: \"ftp://x:1\" must start with http://",
+        "bad.toml: routes.r1.realtime.endpoints[1]: \"http://h\" has no port",
+        "bad.toml: routes.r1.realtime.endpoints[2]: \"http://h:1/path\" must not have a path",
+        "bad.toml: routes.r1.realtime.endpoints[4]: \"http://a:1\" is listed twice",
+        "bad.toml: routes.r1.realtime.max_concurrency: must be between 1",
+        "bad.toml: routes.r1.flags.micro_batch: is on but the route has no [micro_batch] pool",
+        "bad.toml: routes.bad name: route names use only letters",
+        "bad.toml: routes.bad name.realtime.endpoints: needs at least one backend URL",
+        "bad.toml: routes.bad name.micro_batch.queue_capacity: must hold at least one full batch",
+        "bad.toml: routes.bad name.micro_batch.max_wait: must be more than 0ms and at most 5s",
+        "bad.toml: routes.bad name.paths[0]: \"/v2/models/x/infer\" must start with '/' and must not be under /v2",
+        "bad.toml: routes.bad name.paths[1]: \"relative\"",
+        "other.toml: routes.r2.flags.offline: is on but the route has no [micro_batch] pool",
+        "other.toml: routes.r2.models[0]: model \"m\" is already served by route r1 (bad.toml)",
+    ];
+    for e in expect {
+        assert!(
+            lines.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in:\n{}",
+            lines.join("\n")
+        );
+    }
+    assert_eq!(
+        lines.len(),
+        expect.len(),
+        "unexpected extra problems:\n{}",
+        lines.join("\n")
+    );
+}
+
+#[test]
+fn syntax_and_unknown_keys_are_located() {
+    let problems = load(&[
+        ("typo.toml", "[routes.a]\nmodels = [\"m\"]\nmax_batch = 3\n"),
+        ("syntax.toml", "[routes.b\nmodels = 1\n"),
+        ("dur.toml", "[routes.c]\nmodels = [\"c\"]\ndefault_budget = \"soon\"\n[routes.c.realtime]\nendpoints=[\"http://a:1\"]\n"),
+    ])
+    .expect_err("invalid")
+    .0;
+    let text = Problems(problems.clone()).to_string();
+    assert_eq!(problems.len(), 3, "{text}");
+    assert!(
+        text.contains("typo.toml: line 3, column 1: unknown field `max_batch`"),
+        "{text}"
+    );
+    assert!(text.contains("syntax.toml: line 1"), "{text}");
+    assert!(text.contains("dur.toml: line 3"), "{text}");
+}
+
+#[test]
+fn defaults_may_be_set_once() {
+    let a = "[defaults]\ndefault_budget = \"1s\"\n";
+    let problems = load(&[("a.toml", a), ("b.toml", a)]).expect_err("twice").0;
+    assert_eq!(problems.len(), 1);
+    assert_eq!(
+        problems[0].to_string(),
+        "b.toml: defaults: already set in a.toml; keep one [defaults] table"
+    );
+}
+
+#[test]
+fn a_directory_loads_sorted_and_reports_unreadable_input() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("b.toml"),
+        "[routes.b]\nmodels=[\"b\"]\n[routes.b.realtime]\nendpoints=[\"http://x:1\"]\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("a.toml"),
+        "[routes.a]\nmodels=[\"a\"]\n[routes.a.realtime]\nendpoints=[\"http://x:1\"]\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("notes.txt"), "ignored").expect("write");
+    let policy = Policy::load_dir(dir.path()).expect("valid");
+    let names: Vec<&str> = policy.routes().iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    let empty = tempfile::tempdir().expect("tempdir");
+    let problems = Policy::load_dir(empty.path()).expect_err("no files");
+    assert!(problems.to_string().contains("holds no *.toml policy files"));
+}
+
+#[test]
+fn store_swaps_snapshots_without_touching_held_ones() {
+    let store = Store::new(load(&[("a.toml", GOOD)]).expect("valid"));
+    let held = store.load();
+    store.swap(Policy::default());
+    assert!(
+        held.route_for_model("resnet50").is_some(),
+        "a request keeps its snapshot"
+    );
+    assert!(store.load().route_for_model("resnet50").is_none());
+}

@@ -1,0 +1,415 @@
+//! From file types to runtime types, collecting every problem with its file and path.
+//!
+//! Validation never stops at the first mistake: an operator fixing a policy sees the
+//! whole list at once, each line as `FILE: routes.NAME.KEY: what is wrong`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+
+use super::file::{BatchFile, DefaultsFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile};
+use super::model::{BatchSpec, Budgets, Flags, Policy, PoolSpec, Route, WhenUnmet};
+
+/// One thing wrong with a policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file it is in.
+    pub file: PathBuf,
+    /// Dotted path to the key, e.g. `routes.resnet50.realtime.endpoints[0]`.
+    pub path: String,
+    /// What is wrong and, where it helps, what would be right.
+    pub message: String,
+}
+
+/// Every problem found in a policy; never empty.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Problems(pub Vec<Problem>);
+
+/// Built-in defaults used when no `[defaults]` table sets them.
+const DEFAULT_BUDGET: Duration = Duration::from_millis(200);
+const REALTIME_BELOW: Duration = Duration::from_millis(300);
+const OFFLINE_FROM: Duration = Duration::from_secs(60);
+const MAX_CONCURRENCY: u32 = 64;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const MAX_BATCH: u32 = 64;
+const MAX_WAIT: Duration = Duration::from_millis(20);
+const MAX_IN_FLIGHT: u32 = 2;
+const QUEUE_CAPACITY: u32 = 4096;
+/// A batcher may hold a request at most this long: the micro-batch SLO.
+const MAX_WAIT_CEILING: Duration = Duration::from_secs(5);
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}: {}", self.file.display(), self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file.display(), self.path, self.message)
+        }
+    }
+}
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects problems while one file is validated.
+struct Check<'a> {
+    file: &'a Path,
+    problems: &'a mut Vec<Problem>,
+}
+
+impl Check<'_> {
+    fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            file: self.file.to_owned(),
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn nonzero(&mut self, path: String, value: Option<i64>, default: u32) -> NonZeroU32 {
+        let fallback = NonZeroU32::new(default).expect("defaults are non-zero");
+        match value {
+            None => fallback,
+            Some(v) => match u32::try_from(v).ok().and_then(NonZeroU32::new) {
+                Some(n) => n,
+                None => {
+                    self.fail(path, format!("must be between 1 and {}, got {v}", u32::MAX));
+                    fallback
+                }
+            },
+        }
+    }
+}
+
+/// Validates parsed files, in order, into one policy.
+pub(super) fn policy(files: Vec<(PathBuf, PolicyFile)>) -> Result<Policy, Problems> {
+    let mut problems = Vec::new();
+    let defaults = defaults(&files, &mut problems);
+    let mut policy = Policy::default();
+    for (file, parsed) in &files {
+        let mut check = Check {
+            file,
+            problems: &mut problems,
+        };
+        for (name, route_file) in &parsed.routes {
+            let route = Arc::new(route(&mut check, name, route_file, &defaults));
+            index(&mut check, &mut policy, route);
+        }
+    }
+    if problems.is_empty() {
+        Ok(policy)
+    } else {
+        Err(Problems(problems))
+    }
+}
+
+/// The effective defaults, and a problem for every file past the first that sets them.
+fn defaults(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Defaults {
+    let mut found: Option<(&Path, &DefaultsFile)> = None;
+    for (file, parsed) in files {
+        let Some(d) = &parsed.defaults else { continue };
+        match found {
+            None => found = Some((file, d)),
+            Some((first, _)) => problems.push(Problem {
+                file: file.clone(),
+                path: "defaults".into(),
+                message: format!("already set in {}; keep one [defaults] table", first.display()),
+            }),
+        }
+    }
+    let d = found.map(|(_, d)| d);
+    let header = d
+        .and_then(|d| d.rollout_key_header.as_deref())
+        .unwrap_or("x-request-id");
+    let rollout_key_header = match http::HeaderName::try_from(header) {
+        Ok(h) => h,
+        Err(_) => {
+            problems.push(Problem {
+                file: found.map(|(f, _)| f.to_owned()).unwrap_or_default(),
+                path: "defaults.rollout_key_header".into(),
+                message: format!("{header:?} is not a valid HTTP header name"),
+            });
+            http::HeaderName::from_static("x-request-id")
+        }
+    };
+    Defaults {
+        default_budget: d.and_then(|d| d.default_budget).unwrap_or(DEFAULT_BUDGET),
+        realtime_below: d.and_then(|d| d.realtime_below).unwrap_or(REALTIME_BELOW),
+        offline_from: d.and_then(|d| d.offline_from).unwrap_or(OFFLINE_FROM),
+        when_unmet: d.and_then(|d| d.when_unmet).unwrap_or(WhenUnmetFile::Reject),
+        rollout_key_header,
+    }
+}
+
+struct Defaults {
+    default_budget: Duration,
+    realtime_below: Duration,
+    offline_from: Duration,
+    when_unmet: WhenUnmetFile,
+    rollout_key_header: http::HeaderName,
+}
+
+fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Defaults) -> Route {
+    let at = format!("routes.{name}");
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        check.fail(&at, "route names use only letters, digits, '_' and '-'");
+    }
+    if file.models.is_empty() && file.paths.is_empty() {
+        check.fail(
+            &at,
+            "matches nothing: set `models` (KServe model names) or `paths` (JSON routes)",
+        );
+    }
+    let budgets = budgets(check, &at, file, defaults);
+    let flags = flags(check, &at, file);
+    let realtime = file
+        .realtime
+        .as_ref()
+        .map(|p| Arc::new(pool(check, &format!("{at}.realtime"), p)));
+    let micro_batch = file
+        .micro_batch
+        .as_ref()
+        .map(|b| Arc::new(batch(check, &format!("{at}.micro_batch"), b)));
+    if flags.realtime && realtime.is_none() {
+        check.fail(
+            format!("{at}.flags.realtime"),
+            "is on but the route has no [realtime] pool",
+        );
+    }
+    for (on, flag) in [(flags.micro_batch, "micro_batch"), (flags.offline, "offline")] {
+        if on && micro_batch.is_none() {
+            check.fail(
+                format!("{at}.flags.{flag}"),
+                "is on but the route has no [micro_batch] pool",
+            );
+        }
+    }
+    Route {
+        name: name.to_owned(),
+        file: check.file.to_owned(),
+        models: file.models.clone(),
+        paths: file.paths.clone(),
+        budgets,
+        when_unmet: match file.when_unmet.unwrap_or(defaults.when_unmet) {
+            WhenUnmetFile::Reject => WhenUnmet::Reject,
+            WhenUnmetFile::BestEffort => WhenUnmet::BestEffort,
+        },
+        rollout_key_header: defaults.rollout_key_header.clone(),
+        flags,
+        realtime,
+        micro_batch,
+    }
+}
+
+fn budgets(check: &mut Check<'_>, at: &str, file: &RouteFile, defaults: &Defaults) -> Budgets {
+    let budgets = Budgets {
+        default: file.default_budget.unwrap_or(defaults.default_budget),
+        realtime_below: file.realtime_below.unwrap_or(defaults.realtime_below),
+        offline_from: file.offline_from.unwrap_or(defaults.offline_from),
+    };
+    if budgets.default.is_zero() {
+        check.fail(format!("{at}.default_budget"), "must be more than 0ms");
+    }
+    if budgets.realtime_below >= budgets.offline_from {
+        check.fail(
+            format!("{at}.offline_from"),
+            format!(
+                "must be above realtime_below ({}), got {}",
+                humantime::format_duration(budgets.realtime_below),
+                humantime::format_duration(budgets.offline_from)
+            ),
+        );
+    }
+    budgets
+}
+
+fn flags(check: &mut Check<'_>, at: &str, file: &RouteFile) -> Flags {
+    let f = &file.flags;
+    let percent = match f.micro_batch_percent {
+        None => 100,
+        Some(p) => u8::try_from(p).ok().filter(|p| *p <= 100).unwrap_or_else(|| {
+            check.fail(
+                format!("{at}.flags.micro_batch_percent"),
+                format!("must be 0 to 100, got {p}"),
+            );
+            100
+        }),
+    };
+    Flags {
+        realtime: f.realtime.unwrap_or(true),
+        micro_batch: f.micro_batch.unwrap_or(false),
+        offline: f.offline.unwrap_or(false),
+        micro_batch_percent: percent,
+    }
+}
+
+fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile) -> PoolSpec {
+    PoolSpec {
+        endpoints: endpoints(check, at, &file.endpoints),
+        max_concurrency: check.nonzero(format!("{at}.max_concurrency"), file.max_concurrency, MAX_CONCURRENCY),
+        http2: file.http2.unwrap_or(false),
+        connect_timeout: connect_timeout(check, at, file.connect_timeout),
+    }
+}
+
+fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile) -> BatchSpec {
+    let endpoints = endpoints(check, at, &file.endpoints);
+    let max_batch = check.nonzero(format!("{at}.max_batch"), file.max_batch, MAX_BATCH);
+    let max_in_flight = check.nonzero(format!("{at}.max_in_flight"), file.max_in_flight, MAX_IN_FLIGHT);
+    let queue_capacity = check.nonzero(format!("{at}.queue_capacity"), file.queue_capacity, QUEUE_CAPACITY);
+    if queue_capacity < max_batch {
+        check.fail(
+            format!("{at}.queue_capacity"),
+            format!("must hold at least one full batch (max_batch = {max_batch}), got {queue_capacity}"),
+        );
+    }
+    let max_wait = file.max_wait.unwrap_or(MAX_WAIT);
+    if max_wait.is_zero() || max_wait > MAX_WAIT_CEILING {
+        check.fail(
+            format!("{at}.max_wait"),
+            "must be more than 0ms and at most 5s (the micro-batch SLO)",
+        );
+    }
+    let endpoint_count = u32::try_from(endpoints.len().max(1)).unwrap_or(u32::MAX);
+    let max_concurrency = NonZeroU32::new(endpoint_count.saturating_mul(max_in_flight.get()))
+        .expect("product of non-zero numbers, saturating");
+    BatchSpec {
+        pool: Arc::new(PoolSpec {
+            endpoints,
+            max_concurrency,
+            http2: file.http2.unwrap_or(false),
+            connect_timeout: connect_timeout(check, at, file.connect_timeout),
+        }),
+        max_batch,
+        max_wait,
+        max_in_flight,
+        queue_capacity,
+    }
+}
+
+fn connect_timeout(check: &mut Check<'_>, at: &str, value: Option<Duration>) -> Duration {
+    let timeout = value.unwrap_or(CONNECT_TIMEOUT);
+    if timeout.is_zero() {
+        check.fail(format!("{at}.connect_timeout"), "must be more than 0ms");
+    }
+    timeout
+}
+
+fn endpoints(check: &mut Check<'_>, at: &str, raw: &[String]) -> Vec<Uri> {
+    if raw.is_empty() {
+        check.fail(
+            format!("{at}.endpoints"),
+            "needs at least one backend URL such as \"http://10.0.0.5:8000\"",
+        );
+    }
+    let mut out: Vec<Uri> = Vec::with_capacity(raw.len());
+    for (i, text) in raw.iter().enumerate() {
+        let path = format!("{at}.endpoints[{i}]");
+        match endpoint(text) {
+            Ok(uri) if out.contains(&uri) => check.fail(path, format!("{text:?} is listed twice")),
+            Ok(uri) => out.push(uri),
+            Err(why) => check.fail(path, format!("{text:?} {why}")),
+        }
+    }
+    out
+}
+
+/// Parses one backend base URL: `http://host:port`, nothing after the authority.
+fn endpoint(text: &str) -> Result<Uri, &'static str> {
+    let uri: Uri = text.parse().map_err(|_| "is not a URL; write it as http://host:port")?;
+    if uri.scheme_str() != Some("http") {
+        return Err("must start with http:// (https and grpc backends are not supported yet)");
+    }
+    let authority = uri.authority().ok_or("has no host")?;
+    if authority.port_u16().is_none() {
+        return Err("has no port; write it as http://host:port");
+    }
+    if authority.as_str().contains('@') {
+        return Err("must not carry credentials");
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err("must not have a path or query: the request path is appended to it");
+    }
+    Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query("/")
+        .build()
+        .map_err(|_| "is not a valid URL")
+}
+
+/// Adds `route` to the policy and its model and path indexes, refusing overlaps.
+fn index(check: &mut Check<'_>, policy: &mut Policy, route: Arc<Route>) {
+    let at = format!("routes.{}", route.name);
+    if let Some(other) = policy.route(&route.name) {
+        check.fail(&at, format!("route name already used in {}", other.file.display()));
+        return;
+    }
+    claim(
+        check,
+        &mut policy.by_model,
+        &route,
+        &route.models,
+        &format!("{at}.models"),
+        "model",
+    );
+    for (i, path) in route.paths.iter().enumerate() {
+        if !path.starts_with('/') || path.starts_with("/v2/") || path == "/v2" {
+            check.fail(
+                format!("{at}.paths[{i}]"),
+                format!("{path:?} must start with '/' and must not be under /v2 (the KServe door owns it)"),
+            );
+        }
+    }
+    claim(
+        check,
+        &mut policy.by_path,
+        &route,
+        &route.paths,
+        &format!("{at}.paths"),
+        "path",
+    );
+    policy.routes.push(route);
+}
+
+fn claim(
+    check: &mut Check<'_>,
+    index: &mut HashMap<String, Arc<Route>>,
+    route: &Arc<Route>,
+    keys: &[String],
+    at: &str,
+    what: &str,
+) {
+    for (i, key) in keys.iter().enumerate() {
+        if key.is_empty() {
+            check.fail(format!("{at}[{i}]"), format!("an empty {what} matches nothing"));
+        } else if let Some(owner) = index.get(key) {
+            let message = format!(
+                "{what} {key:?} is already served by route {} ({})",
+                owner.name,
+                owner.file.display()
+            );
+            check.fail(format!("{at}[{i}]"), message);
+        } else {
+            index.insert(key.clone(), route.clone());
+        }
+    }
+}

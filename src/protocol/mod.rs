@@ -1,0 +1,45 @@
+//! KServe v2 / Open Inference Protocol wire formats over HTTP: JSON tensors and
+//! Triton's binary tensor extension. Doors call [`inspect_request`] (real-time path,
+//! body forwarded as is) or [`decode_request`] (micro-batch path, tensors concatenated);
+//! backend clients call [`encode_request`] and [`decode_response`]; doors answer with
+//! [`encode_response`] or [`error_body`]. A leaf module: it knows nothing of servers,
+//! and treats every body as untrusted (no panics, no allocation sized by a declared
+//! length before it is checked against the body, bounded nesting).
+//!
+//! # Layout
+//!
+//! `datatype` (element types) · `tensor` ([`Tensor`], raw ↔ JSON rendering) ·
+//! `data` (JSON `data` arrays parsed in one pass) · `wire` (shared JSON shapes and
+//! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
+//! `inspect` · `error`.
+
+mod binary;
+mod data;
+mod datatype;
+mod error;
+mod inspect;
+mod request;
+mod response;
+mod tensor;
+mod wire;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use binary::header_len;
+pub use datatype::{Datatype, ParseDatatypeError};
+pub use error::Error;
+pub use inspect::{inspect_request, RequestInfo};
+pub use request::{decode_request, encode_request, InferRequest, RequestedOutput};
+pub use response::{decode_response, encode_response, InferResponse};
+pub use tensor::Tensor;
+
+/// Header carrying the JSON header length of a binary-extension body.
+pub const HEADER_LEN: &str = "inference-header-content-length";
+
+/// The protocol's error body: `{"error": "..."}`.
+pub fn error_body(message: &str) -> bytes::Bytes {
+    serde_json::json!({ "error": message }).to_string().into()
+}

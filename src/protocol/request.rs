@@ -1,0 +1,140 @@
+//! Infer requests: [`decode_request`] turns a client's body into tensors (the
+//! micro-batch path, which must concatenate inputs) and [`encode_request`] writes the
+//! body of a backend call.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::binary::{assemble, split};
+use super::data::{Leaves, Sink};
+use super::wire::{check_tensors, into_tensor, out_tensors, param_bool, param_u64, parse_json, OutTensor, WireTensor};
+use super::{Error, Tensor};
+
+/// An output the client asks for, by name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestedOutput {
+    /// Output name.
+    pub name: String,
+    /// `parameters.binary_data`: whether the client wants this output in the binary
+    /// section; `None` leaves it to the request's `binary_data_output`.
+    pub binary_data: Option<bool>,
+    /// The output's other parameters (`binary_data` is kept in the field above only).
+    pub parameters: Map<String, Value>,
+}
+
+/// A decoded infer request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InferRequest {
+    /// The client's request id, echoed in the response.
+    pub id: Option<String>,
+    /// Request parameters as sent (`timeout`, `binary_data_output`, custom ones).
+    pub parameters: Map<String, Value>,
+    /// Input tensors, at least one, names unique. Per-input parameters other than
+    /// `binary_data_size` (which only frames the data) are not kept.
+    pub inputs: Vec<Tensor>,
+    /// Requested outputs; empty means all of the model's outputs.
+    pub outputs: Vec<RequestedOutput>,
+}
+
+#[derive(Deserialize)]
+#[serde(bound(deserialize = "S: Sink"))]
+pub(crate) struct WireRequest<S> {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Map<String, Value>>,
+    pub inputs: Vec<WireTensor<S>>,
+    #[serde(default)]
+    pub outputs: Option<Vec<WireOutput>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WireOutput {
+    pub name: String,
+    #[serde(default)]
+    pub parameters: Option<Map<String, Value>>,
+}
+
+#[derive(Serialize)]
+struct OutRequest<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    parameters: &'a Map<String, Value>,
+    inputs: Vec<OutTensor<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    outputs: Vec<OutOutput<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutOutput<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    parameters: Map<String, Value>,
+}
+
+/// Decodes an infer request body; `header_len` is the `inference-header-content-length`
+/// header (see [`header_len`](super::header_len)), `None` for a JSON-only body.
+/// Binary tensors share `body`'s buffer (no copy).
+pub fn decode_request(body: &Bytes, header_len: Option<usize>) -> Result<InferRequest, Error> {
+    let (json, start) = split(body, header_len)?;
+    let wire: WireRequest<Leaves> = parse_json("request", json)?;
+    let parameters = wire.parameters.unwrap_or_default();
+    request_params(&parameters)?;
+    if wire.inputs.is_empty() {
+        return Err(Error::NoInputs);
+    }
+    let section = body.slice(start..);
+    let inputs = check_tensors("inputs", wire.inputs, &section)?;
+    let outputs = wire.outputs.unwrap_or_default().into_iter().enumerate();
+    Ok(InferRequest {
+        id: wire.id,
+        parameters,
+        inputs: inputs.into_iter().map(|c| into_tensor(c, &section)).collect(),
+        outputs: outputs.map(requested_output).collect::<Result<_, _>>()?,
+    })
+}
+
+/// Checks the request parameters the protocol defines; returns `timeout` (µs).
+pub(crate) fn request_params(params: &Map<String, Value>) -> Result<Option<u64>, Error> {
+    param_bool(Some(params), "", "binary_data_output")?;
+    param_u64(Some(params), "", "timeout", "a non-negative integer (microseconds)")
+}
+
+fn requested_output((i, wire): (usize, WireOutput)) -> Result<RequestedOutput, Error> {
+    let mut parameters = wire.parameters.unwrap_or_default();
+    let binary_data = param_bool(Some(&parameters), &format!("outputs[{i}]"), "binary_data")?;
+    parameters.remove("binary_data");
+    Ok(RequestedOutput {
+        name: wire.name,
+        binary_data,
+        parameters,
+    })
+}
+
+/// Encodes an infer request for a backend: every input binary when `binary_inputs`,
+/// else JSON except inputs JSON cannot carry exactly (FP16, NaN, non-UTF-8 BYTES).
+/// Returns the body and, when it has a binary section, the JSON header length for
+/// `inference-header-content-length`.
+pub fn encode_request(req: &InferRequest, binary_inputs: bool) -> (Bytes, Option<usize>) {
+    let (inputs, parts) = out_tensors(&req.inputs, &|_| binary_inputs);
+    let outputs = req.outputs.iter().map(|o| {
+        let mut parameters = o.parameters.clone();
+        if let Some(b) = o.binary_data {
+            parameters.insert("binary_data".into(), b.into());
+        }
+        OutOutput {
+            name: &o.name,
+            parameters,
+        }
+    });
+    let header = OutRequest {
+        id: req.id.as_deref(),
+        parameters: &req.parameters,
+        inputs,
+        outputs: outputs.collect(),
+    };
+    let json = serde_json::to_vec(&header).expect("a request header always serializes: string keys only");
+    assemble(json, &parts)
+}

@@ -1,0 +1,322 @@
+//! The JSON shapes shared by requests and responses, and the checks that turn a wire
+//! tensor list into validated tensors: names, datatypes, shapes, JSON element counts
+//! and values, and the placement of binary tensors in the binary section.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::binary::check_bytes_layout;
+use super::data::{Data, Leaves, Problem, Sink, Summary, MAX_DEPTH};
+use super::tensor::{fmt_shape, JsonData};
+use super::{Datatype, Error, Tensor};
+
+/// A tensor as the JSON header describes it.
+#[derive(Deserialize)]
+#[serde(bound(deserialize = "S: Sink"))]
+pub(crate) struct WireTensor<S> {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    #[serde(default)]
+    pub parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub data: Option<Data<S>>,
+}
+
+/// A tensor as encoders describe it in a JSON header.
+#[derive(Serialize)]
+pub(crate) struct OutTensor<'a> {
+    pub name: &'a str,
+    pub datatype: &'static str,
+    pub shape: &'a [u64],
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub parameters: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<JsonData<'a>>,
+}
+
+/// A tensor that passed every check.
+pub(crate) struct Checked<S> {
+    pub name: String,
+    pub datatype: Datatype,
+    pub shape: Vec<u64>,
+    pub source: Source<S>,
+}
+
+/// Where a checked tensor's data is.
+pub(crate) enum Source<S> {
+    /// In the JSON `data` field.
+    Json(S),
+    /// In the binary section, at `range` (offsets within the section).
+    Binary { size: u64, range: Range<usize> },
+}
+
+/// Parses a JSON header, telling broken JSON apart from JSON of the wrong shape.
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &'static str, json: &[u8]) -> Result<T, Error> {
+    serde_json::from_slice(json).map_err(|e| {
+        let detail = e.to_string();
+        match e.classify() {
+            serde_json::error::Category::Data => Error::Malformed { body, detail },
+            _ => Error::NotJson { body, detail },
+        }
+    })
+}
+
+/// The path of a parameter: `parameters.x` or `inputs[0].parameters.x`.
+fn param_path(owner: &str, name: &str) -> String {
+    if owner.is_empty() {
+        format!("parameters.{name}")
+    } else {
+        format!("{owner}.parameters.{name}")
+    }
+}
+
+fn bad_param(owner: &str, name: &str, expected: &'static str, value: &Value) -> Error {
+    Error::BadParameter {
+        param: param_path(owner, name),
+        expected,
+        value: value.to_string(),
+    }
+}
+
+/// Reads an optional non-negative integer parameter.
+pub(crate) fn param_u64(
+    params: Option<&Map<String, Value>>,
+    owner: &str,
+    name: &str,
+    expected: &'static str,
+) -> Result<Option<u64>, Error> {
+    match params.and_then(|p| p.get(name)) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| bad_param(owner, name, expected, v)),
+    }
+}
+
+/// Reads an optional boolean parameter.
+pub(crate) fn param_bool(params: Option<&Map<String, Value>>, owner: &str, name: &str) -> Result<Option<bool>, Error> {
+    match params.and_then(|p| p.get(name)) {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| bad_param(owner, name, "true or false", v)),
+    }
+}
+
+/// Describes tensors for a JSON header; tensors chosen by `binary`, and those JSON
+/// cannot carry exactly, go to the returned binary parts, in order.
+pub(crate) fn out_tensors<'a>(
+    tensors: &'a [Tensor],
+    binary: &dyn Fn(&Tensor) -> bool,
+) -> (Vec<OutTensor<'a>>, Vec<&'a Bytes>) {
+    let mut parts = Vec::new();
+    let out = tensors
+        .iter()
+        .map(|t| {
+            let mut parameters = Map::new();
+            let data = if binary(t) || !t.json_representable() {
+                parameters.insert("binary_data_size".into(), t.data.len().into());
+                parts.push(&t.data);
+                None
+            } else {
+                Some(JsonData(t))
+            };
+            OutTensor {
+                name: &t.name,
+                datatype: t.datatype.as_str(),
+                shape: &t.shape,
+                parameters,
+                data,
+            }
+        })
+        .collect();
+    (out, parts)
+}
+
+/// Builds a tensor from checked parts; binary data is a slice of `section`.
+pub(crate) fn into_tensor(checked: Checked<Leaves>, section: &Bytes) -> Tensor {
+    let data = match checked.source {
+        Source::Json(leaves) => Bytes::from(leaves.to_raw(checked.datatype)),
+        Source::Binary { range, .. } => section.slice(range),
+    };
+    Tensor {
+        name: checked.name,
+        datatype: checked.datatype,
+        shape: checked.shape,
+        data,
+    }
+}
+
+/// Checks a tensor list (`kind` is `"inputs"` or `"outputs"`) against the binary section.
+pub(crate) fn check_tensors<S: Sink>(
+    kind: &'static str,
+    wires: Vec<WireTensor<S>>,
+    section: &[u8],
+) -> Result<Vec<Checked<S>>, Error> {
+    check_unique(kind, &wires)?;
+    let mut checked = Vec::with_capacity(wires.len());
+    for (i, wire) in wires.into_iter().enumerate() {
+        checked.push(check_tensor(&format!("{kind}[{i}]"), wire)?);
+    }
+    place_binary(kind, &mut checked, section)?;
+    Ok(checked)
+}
+
+fn check_unique<S>(kind: &str, wires: &[WireTensor<S>]) -> Result<(), Error> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(wires.len());
+    for (i, wire) in wires.iter().enumerate() {
+        if let Some(first) = seen.insert(&wire.name, i) {
+            return Err(Error::DuplicateName {
+                path: format!("{kind}[{i}]"),
+                name: wire.name.clone(),
+                first: format!("{kind}[{first}]"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_tensor<S: Sink>(path: &str, wire: WireTensor<S>) -> Result<Checked<S>, Error> {
+    let datatype: Datatype = wire.datatype.parse().map_err(|_| Error::UnknownDatatype {
+        path: path.to_owned(),
+        value: wire.datatype.clone(),
+    })?;
+    let shape = check_shape(path, &wire.shape)?;
+    let expected = "a non-negative integer (bytes)";
+    let size = param_u64(wire.parameters.as_ref(), path, "binary_data_size", expected)?;
+    let path = path.to_owned();
+    let source = match (wire.data, size) {
+        (Some(_), Some(_)) => return Err(Error::DataAndBinary { path }),
+        (None, None) => return Err(Error::NoData { path }),
+        (Some(Data(sink)), None) => {
+            check_json(&path, datatype, &shape, sink.summary())?;
+            Source::Json(sink)
+        }
+        (None, Some(size)) => {
+            check_binary_size(&path, datatype, &shape, size)?;
+            Source::Binary { size, range: 0..0 }
+        }
+    };
+    Ok(Checked {
+        name: wire.name,
+        datatype,
+        shape,
+        source,
+    })
+}
+
+/// Checks that every dimension is non-negative and the element count fits in a u64.
+fn check_shape(path: &str, dims: &[i64]) -> Result<Vec<u64>, Error> {
+    let mut shape = Vec::with_capacity(dims.len());
+    let mut elements: u64 = 1;
+    for (index, &value) in dims.iter().enumerate() {
+        let dim = u64::try_from(value).map_err(|_| Error::NegativeDim {
+            path: path.to_owned(),
+            index,
+            value,
+        })?;
+        elements = elements.checked_mul(dim).ok_or_else(|| Error::ShapeOverflow {
+            path: path.to_owned(),
+            shape: fmt_shape(dims),
+        })?;
+        shape.push(dim);
+    }
+    Ok(shape)
+}
+
+fn element_count(shape: &[u64]) -> u64 {
+    // check_shape has ruled out overflow.
+    shape.iter().product()
+}
+
+fn check_json(path: &str, datatype: Datatype, shape: &[u64], summary: &Summary) -> Result<(), Error> {
+    let path = path.to_owned();
+    if datatype == Datatype::Fp16 {
+        return Err(Error::JsonFp16 { path });
+    }
+    match summary.problem {
+        Some(Problem::NotArray) => {
+            let problem = "must be an array (flat or nested)".to_owned();
+            return Err(Error::BadData { path, problem });
+        }
+        Some(Problem::TooDeep) => {
+            let problem = format!("is nested deeper than {MAX_DEPTH} arrays");
+            return Err(Error::BadData { path, problem });
+        }
+        Some(Problem::NotScalar(index, what)) => {
+            let problem = format!("expected a number, boolean or string, got {what}");
+            return Err(Error::BadElement { path, index, problem });
+        }
+        None => {}
+    }
+    let expected = element_count(shape);
+    if summary.count != expected {
+        return Err(Error::ElementCount {
+            path,
+            shape: fmt_shape(shape),
+            expected,
+            actual: summary.count,
+        });
+    }
+    summary
+        .check(datatype)
+        .map_err(|(index, problem)| Error::BadElement { path, index, problem })
+}
+
+fn check_binary_size(path: &str, datatype: Datatype, shape: &[u64], size: u64) -> Result<(), Error> {
+    let Some(element_size) = datatype.element_size() else {
+        return Ok(()); // BYTES: checked against the data once it is placed
+    };
+    let expected = u128::from(element_count(shape)) * element_size as u128;
+    if u128::from(size) != expected {
+        return Err(Error::BinarySize {
+            path: path.to_owned(),
+            size,
+            datatype,
+            shape: fmt_shape(shape),
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// Gives each binary tensor its range of the section, in tensor order, once the sizes
+/// are known to add up to the section exactly; then checks BYTES layouts.
+fn place_binary<S>(kind: &'static str, checked: &mut [Checked<S>], section: &[u8]) -> Result<(), Error> {
+    let declared: u128 = checked
+        .iter()
+        .map(|c| match c.source {
+            Source::Binary { size, .. } => u128::from(size),
+            Source::Json(_) => 0,
+        })
+        .sum();
+    if declared != section.len() as u128 {
+        return Err(Error::BinarySection {
+            tensors: kind,
+            actual: section.len(),
+            declared,
+        });
+    }
+    let mut offset = 0usize;
+    for (i, c) in checked.iter_mut().enumerate() {
+        if let Source::Binary { size, range } = &mut c.source {
+            // Every size fits: their sum equals the section length.
+            let end = offset.saturating_add(usize::try_from(*size).unwrap_or(usize::MAX));
+            *range = offset..end;
+            offset = end;
+            if c.datatype == Datatype::Bytes {
+                let data = section.get(range.clone()).unwrap_or_default();
+                check_bytes_layout(data, element_count(&c.shape)).map_err(|problem| Error::BadBytes {
+                    path: format!("{kind}[{i}]"),
+                    problem,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! The infer handler: read and decode the body, queue one batch for the model's
+//! instances, and answer with `OUTPUT0` (a copy of the first input) and `OUTPUT1`
+//! (per-row sums), JSON or binary as the client asked.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Request, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use tokio::sync::{oneshot, watch};
+
+use super::instance::{Job, Outcome};
+use super::server::{error, reply, Reply};
+use super::{Model, Stats};
+use crate::protocol::{self, Datatype, InferRequest, InferResponse, Tensor, HEADER_LEN};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 << 20;
+/// Largest batch accepted, so `OUTPUT1` stays small whatever `shape[0]` claims.
+const MAX_ROWS: u64 = 1 << 20;
+const OUTPUTS: [&str; 2] = ["OUTPUT0", "OUTPUT1"];
+
+/// Why an infer request gets no outputs: the status and the protocol error message.
+struct Refusal(StatusCode, String);
+
+/// A checked request whose batch is queued.
+struct Queued {
+    request: InferRequest,
+    /// The outputs to send, each with whether it goes binary.
+    outputs: Vec<(&'static str, bool)>,
+    done: oneshot::Receiver<Outcome>,
+}
+
+/// Counts a handler in flight; a handler dropped before answering counts as cancelled.
+struct InFlight {
+    stats: Arc<watch::Sender<Stats>>,
+    answered: bool,
+}
+
+impl InFlight {
+    fn enter(stats: &Arc<watch::Sender<Stats>>) -> Self {
+        stats.send_modify(|s| {
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+        });
+        InFlight {
+            stats: Arc::clone(stats),
+            answered: false,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let cancelled = !self.answered;
+        self.stats.send_modify(|s| {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            s.cancelled += u64::from(cancelled);
+        });
+    }
+}
+
+/// Answers `POST /v2/models/{model}/infer` for the model `m`.
+pub(crate) async fn infer(m: &Model, model: &str, req: Request<Incoming>) -> Reply {
+    let mut guard = InFlight::enter(&m.stats);
+    let reply = match answer(m, model, req).await {
+        Ok(reply) => reply,
+        Err(Refusal(status, message)) => error(status, &message),
+    };
+    guard.answered = true;
+    reply
+}
+
+async fn answer(m: &Model, model: &str, req: Request<Incoming>) -> Result<Reply, Refusal> {
+    let header_len = protocol::header_len(req.headers()).map_err(Refusal::bad)?;
+    let body = read_body(req).await?;
+    let queued = queue(m, model, &body, header_len);
+    // Counted after queueing, so `requests == n` tells a test the batches are queued.
+    m.stats.send_modify(|s| {
+        s.requests += 1;
+        s.last_request = body.clone();
+    });
+    let queued = queued?;
+    match queued.done.await {
+        Ok(Outcome::Done) => Ok(respond(model, queued.request, &queued.outputs)),
+        Ok(Outcome::Fault) => Err(Refusal(StatusCode::INTERNAL_SERVER_ERROR, "injected fault".into())),
+        Err(_) => Err(Refusal::no_instance(model)),
+    }
+}
+
+/// Checks the request and queues its batch.
+fn queue(m: &Model, model: &str, body: &Bytes, header_len: Option<usize>) -> Result<Queued, Refusal> {
+    let request = protocol::decode_request(body, header_len).map_err(Refusal::bad)?;
+    let rows = batch_rows(&request).map_err(Refusal::bad)?;
+    let outputs = select_outputs(model, &request).map_err(Refusal::bad)?;
+    let (reply, done) = oneshot::channel();
+    m.jobs
+        .send(Job { rows, reply })
+        .map_err(|_| Refusal::no_instance(model))?;
+    Ok(Queued { request, outputs, done })
+}
+
+impl Refusal {
+    fn bad(message: impl ToString) -> Self {
+        Refusal(StatusCode::BAD_REQUEST, message.to_string())
+    }
+
+    fn no_instance(model: &str) -> Self {
+        let message = format!("model '{model}' has no running instance");
+        Refusal(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        let message = format!("request body is larger than {} MiB", MAX_BODY >> 20);
+        Refusal(StatusCode::PAYLOAD_TOO_LARGE, message)
+    };
+    let declared = req.headers().get(header::CONTENT_LENGTH);
+    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(Refusal::bad(format!("cannot read the request body: {e}"))),
+    }
+}
+
+/// The batch size: `shape[0]`, the same for every input.
+fn batch_rows(request: &InferRequest) -> Result<u64, String> {
+    let Some(first) = request.inputs.first() else {
+        return Err("inputs is empty".into()); // decode_request refuses this already
+    };
+    let Some(&rows) = first.shape.first() else {
+        return Err("inputs[0] has rank 0; the simulator needs a batch dimension".into());
+    };
+    for (i, input) in request.inputs.iter().enumerate().skip(1) {
+        if input.shape.first() != Some(&rows) {
+            let dims = input.shape.first().map_or("missing".into(), u64::to_string);
+            return Err(format!("inputs[{i}].shape[0] is {dims} but inputs[0].shape[0] is {rows}; all inputs must share the batch dimension"));
+        }
+    }
+    if rows > MAX_ROWS {
+        return Err(format!(
+            "inputs[0].shape[0] is {rows}; the simulator takes at most {MAX_ROWS} rows per batch"
+        ));
+    }
+    Ok(rows)
+}
+
+/// The outputs to send, each with whether it goes binary: per-output
+/// `binary_data`, else the request's `binary_data_output`, else JSON.
+fn select_outputs(model: &str, request: &InferRequest) -> Result<Vec<(&'static str, bool)>, String> {
+    let default = request
+        .parameters
+        .get("binary_data_output")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    if request.outputs.is_empty() {
+        return Ok(OUTPUTS.iter().map(|name| (*name, default)).collect());
+    }
+    let mut selected: Vec<(&'static str, bool)> = Vec::new();
+    for (i, out) in request.outputs.iter().enumerate() {
+        let Some(name) = OUTPUTS.iter().find(|n| **n == out.name) else {
+            return Err(format!(
+                "outputs[{i}].name '{}' is not an output of model '{model}' (OUTPUT0, OUTPUT1)",
+                out.name
+            ));
+        };
+        if selected.iter().any(|(n, _)| n == name) {
+            return Err(format!("outputs[{i}].name '{name}' is requested twice"));
+        }
+        selected.push((name, out.binary_data.unwrap_or(default)));
+    }
+    Ok(selected)
+}
+
+fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)]) -> Reply {
+    let Some(first) = request.inputs.first() else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "no inputs"); // checked by batch_rows
+    };
+    let outputs = binary
+        .iter()
+        .map(|(name, _)| match *name {
+            "OUTPUT0" => Tensor {
+                name: (*name).into(),
+                ..first.clone()
+            },
+            _ => row_sums(first),
+        })
+        .collect();
+    let response = InferResponse {
+        model_name: model.to_owned(),
+        model_version: Some("1".into()),
+        id: request.id,
+        parameters: Default::default(),
+        outputs,
+    };
+    let is_binary = |t: &Tensor| binary.iter().any(|(n, b)| *b && *n == t.name);
+    let (body, header_len) = protocol::encode_response(&response, &is_binary);
+    let Some(len) = header_len else {
+        return reply(StatusCode::OK, "application/json", body);
+    };
+    let mut answer = reply(StatusCode::OK, "application/octet-stream", body);
+    answer.headers_mut().insert(HEADER_LEN, len.into());
+    answer
+}
+
+/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input`.
+fn row_sums(input: &Tensor) -> Tensor {
+    let rows = input.rows();
+    let per_row = input.shape.iter().skip(1).product::<u64>();
+    let mut sums = vec![0f64; usize::try_from(rows).unwrap_or(0)];
+    for (i, value) in values(input).enumerate() {
+        // per_row is 0 only when there are no elements at all.
+        let row = (i as u64).checked_div(per_row).and_then(|r| usize::try_from(r).ok());
+        if let Some(sum) = row.and_then(|r| sums.get_mut(r)) {
+            *sum += value;
+        }
+    }
+    Tensor {
+        name: "OUTPUT1".into(),
+        datatype: Datatype::Fp64,
+        shape: vec![rows],
+        data: sums.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>().into(),
+    }
+}
+
+fn le<const N: usize>(chunk: &[u8]) -> [u8; N] {
+    chunk.try_into().unwrap_or([0; N])
+}
+
+macro_rules! le_values {
+    ($data:expr, $t:ty) => {
+        Box::new(
+            $data
+                .chunks_exact(std::mem::size_of::<$t>())
+                .map(|c| <$t>::from_le_bytes(le(c)) as f64),
+        )
+    };
+}
+
+/// Every element of `t` as a number, row-major (BOOL: 0 or 1; BYTES: its length).
+fn values(t: &Tensor) -> Box<dyn Iterator<Item = f64> + '_> {
+    let data = &t.data[..];
+    match t.datatype {
+        Datatype::Bool => Box::new(data.iter().map(|b| f64::from(u8::from(*b != 0)))),
+        Datatype::Uint8 => Box::new(data.iter().map(|b| f64::from(*b))),
+        Datatype::Int8 => Box::new(data.iter().map(|b| f64::from(*b as i8))),
+        Datatype::Uint16 => le_values!(data, u16),
+        Datatype::Int16 => le_values!(data, i16),
+        Datatype::Uint32 => le_values!(data, u32),
+        Datatype::Int32 => le_values!(data, i32),
+        Datatype::Uint64 => le_values!(data, u64),
+        Datatype::Int64 => le_values!(data, i64),
+        Datatype::Fp16 => Box::new(
+            data.chunks_exact(2)
+                .map(|c| f64::from(f16_to_f32(u16::from_le_bytes(le(c))))),
+        ),
+        Datatype::Fp32 => le_values!(data, f32),
+        Datatype::Fp64 => le_values!(data, f64),
+        Datatype::Bytes => Box::new(t.bytes_elements().map(|e| e.len() as f64)),
+    }
+}
+
+/// Widens an IEEE half to f32 exactly.
+fn f16_to_f32(bits: u16) -> f32 {
+    let exp = u32::from((bits >> 10) & 0x1f);
+    let frac = u32::from(bits & 0x3ff);
+    let magnitude = match exp {
+        0 => frac as f32 * 2f32.powi(-24),
+        0x1f if frac == 0 => f32::INFINITY,
+        0x1f => f32::NAN,
+        _ => f32::from_bits(((exp + 112) << 23) | (frac << 13)),
+    };
+    if bits & 0x8000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_widen_exactly() {
+        let table = [
+            (0x3c00, 1.0),
+            (0xc000, -2.0),
+            (0x3555, 0.333_251_95),
+            (0x0001, 5.960_464_5e-8),
+            (0x7bff, 65504.0),
+            (0x7c00, f32::INFINITY),
+            (0x0000, 0.0),
+        ];
+        for (bits, want) in table {
+            assert_eq!(f16_to_f32(bits), want, "{bits:#06x}");
+        }
+        assert!(f16_to_f32(0x7e00).is_nan());
+    }
+
+    #[test]
+    fn sums_per_row() {
+        let data: Vec<u8> = [1i32, 2, 3, -4, 5, 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor {
+            name: "x".into(),
+            datatype: Datatype::Int32,
+            shape: vec![2, 3],
+            data: data.into(),
+        };
+        let out = row_sums(&t);
+        assert_eq!(out.shape, vec![2]);
+        assert_eq!(&out.data[..], &[6f64.to_le_bytes(), 7f64.to_le_bytes()].concat()[..]);
+        let empty = Tensor {
+            shape: vec![3, 0],
+            data: Bytes::new(),
+            ..t
+        };
+        assert_eq!(&row_sums(&empty).data[..], &[0u8; 24][..]);
+    }
+}

@@ -1,0 +1,148 @@
+//! The simulated model server (`tiergate sim`): a real KServe v2 HTTP server
+//! (HTTP/1.1 and h2c) whose models cost `t(B) = max(floor, a + b·B)` per batch on `k`
+//! instances, with optional jitter and faults. It stands in for the backends at the
+//! bottom of the request path, for the tests, the demo and the load tests. Its outputs
+//! are a deterministic function of each input row (see [`Simulator`]), so a caller can
+//! check it got its own rows back however a gateway batched them, and its [`Stats`]
+//! let a test see what reached the backend.
+//!
+//! # Layout
+//!
+//! `profile` (cost model, faults, model specs) · `instance` (instance threads, FIFO
+//! queue, hold gate) · `server` (accept loop, routes) · `infer` (the infer handler and
+//! the outputs).
+
+mod infer;
+mod instance;
+mod profile;
+mod server;
+
+#[cfg(test)]
+mod scheduling_tests;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use profile::{Faults, ModelSpec, Profile};
+
+use instance::{Gate, Job};
+
+/// A handle on the simulated server: cheap to clone, shared by every connection.
+///
+/// Each infer request is one batch of `B` rows (`B` = `shape[0]` of the inputs, which
+/// must agree). `OUTPUT0` is an exact copy of the first input; `OUTPUT1` is FP64 of
+/// shape `[B]` whose element `r` sums the elements of the first input's row `r` (BOOL:
+/// count of true; BYTES: sum of element lengths).
+#[derive(Clone)]
+pub struct Simulator {
+    inner: Arc<Inner>,
+}
+
+/// A snapshot of one model's counters.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Infer requests received with a readable body; counted once the request is
+    /// queued for an instance (or refused), so a test that saw `requests == n` knows
+    /// the first `n` are queued in order.
+    pub requests: u64,
+    /// Infer requests inside the handler now.
+    pub in_flight: u64,
+    /// Highest `in_flight` seen.
+    pub max_in_flight: u64,
+    /// Batches executed to the end (injected errors are not batches).
+    pub batches: u64,
+    /// Rows over all executed batches.
+    pub rows: u64,
+    /// Executed batches by size in rows.
+    pub batch_sizes: BTreeMap<u64, u64>,
+    /// Handlers dropped before answering (the client went away). A queued batch whose
+    /// client left is then skipped, and not counted again.
+    pub cancelled: u64,
+    /// Injected error faults.
+    pub errors: u64,
+    /// The raw body of the most recent infer request, for byte-exact pass-through checks.
+    pub last_request: Bytes,
+}
+
+struct Inner {
+    models: HashMap<String, Model>,
+    gate: Arc<Gate>,
+}
+
+/// One model's queue and counters.
+struct Model {
+    jobs: std::sync::mpsc::Sender<Job>,
+    stats: Arc<watch::Sender<Stats>>,
+}
+
+impl Simulator {
+    /// Starts the instance threads of every model (a later spec with the same name
+    /// replaces an earlier one). The threads end when the last handle is dropped.
+    pub fn new(models: Vec<ModelSpec>) -> Self {
+        let gate = Arc::new(Gate::default());
+        let models = models
+            .into_iter()
+            .map(|spec| {
+                let stats = Arc::new(watch::Sender::new(Stats::default()));
+                let jobs = instance::spawn(&spec, &gate, &stats);
+                (spec.name, Model { jobs, stats })
+            })
+            .collect();
+        Simulator {
+            inner: Arc::new(Inner { models, gate }),
+        }
+    }
+
+    /// Serves KServe v2 over HTTP/1.1 and h2c on `listener` until `shutdown` fires;
+    /// then stops accepting and returns, while each open connection, told by the same
+    /// token, finishes its in-flight requests and closes gracefully.
+    pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+        server::serve(self, listener, shutdown).await
+    }
+
+    /// A snapshot of `model`'s counters; `None` for an unknown model.
+    pub fn stats(&self, model: &str) -> Option<Stats> {
+        self.model(model).map(|m| m.stats.borrow().clone())
+    }
+
+    /// Test hook: from now on instances start no batch (requests wait in the queue)
+    /// until [`release`](Self::release). Batches already running finish.
+    pub fn hold(&self) {
+        self.inner.gate.set_held(true);
+    }
+
+    /// Lets instances start batches again, in queue order.
+    pub fn release(&self) {
+        self.inner.gate.set_held(false);
+    }
+
+    /// Resolves once `pred` holds for `model`'s counters; re-checked on every change,
+    /// never by polling. An unknown model never resolves (wrap the call in a timeout).
+    pub async fn wait_for(&self, model: &str, pred: impl Fn(&Stats) -> bool) {
+        let Some(m) = self.model(model) else {
+            tracing::warn!(model, "wait_for on a model the simulator does not serve");
+            return std::future::pending().await;
+        };
+        let mut changes = m.stats.subscribe();
+        // Fails only if the sender is dropped, and `self` keeps it alive.
+        let _ = changes.wait_for(|s| pred(s)).await;
+    }
+
+    fn model(&self, name: &str) -> Option<&Model> {
+        self.inner.models.get(name)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Wake held instances so their threads can end.
+        self.gate.close();
+    }
+}

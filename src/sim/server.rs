@@ -1,0 +1,212 @@
+//! The simulator's HTTP side: the accept loop, one task per connection (HTTP/1.1 or
+//! h2c, detected per connection), and the KServe v2 route table.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::{infer, Model, Simulator};
+use crate::protocol::error_body;
+
+/// The simulator's response type.
+pub(crate) type Reply = Response<Full<Bytes>>;
+
+/// A KServe v2 endpoint, with the model and version it names.
+#[derive(Debug, PartialEq, Eq)]
+enum Endpoint<'a> {
+    Live,
+    Ready,
+    Server,
+    Model(&'a str, Option<&'a str>),
+    ModelReady(&'a str, Option<&'a str>),
+    Infer(&'a str, Option<&'a str>),
+}
+
+pub(crate) async fn serve(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(connection(sim.clone(), stream, shutdown.clone()));
+            }
+            Err(error) => {
+                // Out of file descriptors and the like: back off rather than spin.
+                tracing::warn!(%error, "simulator accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn connection(sim: Simulator, stream: TcpStream, shutdown: CancellationToken) {
+    // Latency matters more than packet count for small infer answers.
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |req| {
+        let sim = sim.clone();
+        async move { Ok::<_, Infallible>(route(&sim, req).await) }
+    });
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(%error, "simulator connection ended with an error");
+    }
+}
+
+async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
+    let path = req.uri().path().to_owned();
+    let Some(endpoint) = parse(&path) else {
+        return error(StatusCode::NOT_FOUND, &format!("no route for {path}"));
+    };
+    let (method, allow) = match endpoint {
+        Endpoint::Infer(..) => (Method::POST, "POST"),
+        _ => (Method::GET, "GET"),
+    };
+    if req.method() != method {
+        let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes {allow}"));
+        reply
+            .headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+        return reply;
+    }
+    match endpoint {
+        Endpoint::Live | Endpoint::Ready => empty(StatusCode::OK),
+        Endpoint::Server => json_reply(StatusCode::OK, &server_metadata()),
+        Endpoint::Model(m, v) => match lookup(sim, m, v) {
+            Ok(_) => json_reply(StatusCode::OK, &model_metadata(m)),
+            Err(unknown) => *unknown,
+        },
+        Endpoint::ModelReady(m, v) => lookup(sim, m, v).map_or_else(|unknown| *unknown, |_| empty(StatusCode::OK)),
+        Endpoint::Infer(m, v) => match lookup(sim, m, v) {
+            Ok(model) => infer::infer(model, m, req).await,
+            Err(unknown) => *unknown,
+        },
+    }
+}
+
+/// Parses `/v2/...` paths; `None` for anything else.
+fn parse(path: &str) -> Option<Endpoint<'_>> {
+    let segments: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
+    let (model, version, rest) = match segments.as_slice() {
+        ["v2"] => return Some(Endpoint::Server),
+        ["v2", "health", "live"] => return Some(Endpoint::Live),
+        ["v2", "health", "ready"] => return Some(Endpoint::Ready),
+        ["v2", "models", m, "versions", v, rest @ ..] => (*m, Some(*v), rest),
+        ["v2", "models", m, rest @ ..] => (*m, None, rest),
+        _ => return None,
+    };
+    match rest {
+        [] => Some(Endpoint::Model(model, version)),
+        ["ready"] => Some(Endpoint::ModelReady(model, version)),
+        ["infer"] => Some(Endpoint::Infer(model, version)),
+        _ => None,
+    }
+}
+
+/// The model named in a path (version 1 or none), or the 404 to send.
+fn lookup<'s>(sim: &'s Simulator, model: &str, version: Option<&str>) -> Result<&'s Model, Box<Reply>> {
+    let unknown = |what: String| {
+        let message = format!("Request for unknown model: {what} is not found");
+        Box::new(error(StatusCode::NOT_FOUND, &message))
+    };
+    match (sim.model(model), version) {
+        (None, _) => Err(unknown(format!("'{model}'"))),
+        (Some(_), Some(v)) if v != "1" => Err(unknown(format!("'{model}' version {v}"))),
+        (Some(found), _) => Ok(found),
+    }
+}
+
+fn server_metadata() -> serde_json::Value {
+    json!({
+        "name": "tiergate-sim",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data"],
+    })
+}
+
+fn model_metadata(model: &str) -> serde_json::Value {
+    json!({
+        "name": model,
+        "versions": ["1"],
+        "platform": "tiergate_sim",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]},
+            {"name": "OUTPUT1", "datatype": "FP64", "shape": [-1]},
+        ],
+    })
+}
+
+/// A response with a body and a content type.
+pub(crate) fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
+    let mut reply = Response::new(Full::new(body));
+    *reply.status_mut() = status;
+    let value = header::HeaderValue::from_static(content_type);
+    reply.headers_mut().insert(header::CONTENT_TYPE, value);
+    reply
+}
+
+fn json_reply(status: StatusCode, value: &serde_json::Value) -> Reply {
+    reply(status, "application/json", Bytes::from(value.to_string()))
+}
+
+/// The protocol's `{"error": message}` answer.
+pub(crate) fn error(status: StatusCode, message: &str) -> Reply {
+    reply(status, "application/json", error_body(message))
+}
+
+fn empty(status: StatusCode) -> Reply {
+    let mut reply = Response::new(Full::new(Bytes::new()));
+    *reply.status_mut() = status;
+    reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let table = [
+            ("/v2", Some(Endpoint::Server)),
+            ("/v2/health/live", Some(Endpoint::Live)),
+            ("/v2/health/ready", Some(Endpoint::Ready)),
+            ("/v2/models/m", Some(Endpoint::Model("m", None))),
+            ("/v2/models/m/versions/1", Some(Endpoint::Model("m", Some("1")))),
+            ("/v2/models/m/ready", Some(Endpoint::ModelReady("m", None))),
+            (
+                "/v2/models/m/versions/2/ready",
+                Some(Endpoint::ModelReady("m", Some("2"))),
+            ),
+            ("/v2/models/m/infer", Some(Endpoint::Infer("m", None))),
+            ("/v2/models/m/versions/1/infer", Some(Endpoint::Infer("m", Some("1")))),
+            ("/v2/models/m/explain", None),
+            ("/v2/models", None),
+            ("/v1/models/m", None),
+            ("", None),
+        ];
+        for (path, want) in table {
+            assert_eq!(parse(path), want, "{path}");
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The real-time tier: one request, one backend call, on the route's real-time pool.
+//!
+//! Its backpressure is a limit and a deadline, never a queue: the pool sheds at its
+//! concurrency limit, refuses a call whose budget is already spent, and drops the
+//! backend call when the deadline passes (see [`crate::backend::Pool::forward`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::backend::Pools;
+use crate::classify::Tier;
+use crate::error::{Error, Kind};
+
+use super::{Call, Reply};
+
+/// The real-time tier service.
+#[derive(Debug, Clone)]
+pub struct Realtime {
+    pools: Arc<Pools>,
+}
+
+impl Realtime {
+    /// A real-time tier whose pools read at most `max_response_bytes` per answer.
+    pub fn new(max_response_bytes: usize) -> Self {
+        Realtime {
+            pools: Arc::new(Pools::new(Tier::Realtime, max_response_bytes)),
+        }
+    }
+}
+
+impl tower::Service<Call> for Realtime {
+    type Response = Reply;
+    type Error = Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
+
+    /// Always ready: admission happens per call, in the pool, so a full pool sheds
+    /// its own callers and never stalls the router.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: Call) -> Self::Future {
+        let pools = self.pools.clone();
+        Box::pin(async move {
+            let Some(spec) = call.route.realtime.as_ref() else {
+                return Err(Error::new(
+                    Kind::NoTier,
+                    format!("route {} has no realtime pool", call.route.name),
+                ));
+            };
+            let pool = pools.get(&call.route.name, spec);
+            pool.forward(call.request, call.deadline).await
+        })
+    }
+}

@@ -1,0 +1,181 @@
+//! Test support: simulated backends and gateways on 127.0.0.1:0, and a small client.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tiergate::app::Gateway;
+use tiergate::config::Config;
+use tiergate::policy::Policy;
+use tiergate::sim::{ModelSpec, Profile, Simulator};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A simulated model server on a free port, stopped on drop.
+pub struct Backend {
+    pub sim: Simulator,
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Backend {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A backend serving `models` (each `name` with the zero-cost "instant" profile).
+pub async fn backend(models: &[&str]) -> Backend {
+    let specs = models
+        .iter()
+        .map(|m| ModelSpec::new(m, Profile::named("instant").expect("profile")))
+        .collect();
+    backend_with(specs).await
+}
+
+pub async fn backend_with(specs: Vec<ModelSpec>) -> Backend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let sim = Simulator::new(specs);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
+    Backend { sim, addr, shutdown }
+}
+
+/// An address nothing listens on.
+pub async fn dead_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+pub fn config() -> Config {
+    let mut config = Config::default();
+    config.listen.http = "127.0.0.1:0".parse().expect("addr");
+    config.listen.metrics = "127.0.0.1:0".parse().expect("addr");
+    config
+}
+
+pub fn policy(toml: &str) -> Policy {
+    Policy::from_texts(vec![(PathBuf::from("test.toml"), toml.to_owned())])
+        .unwrap_or_else(|p| panic!("test policy is invalid:\n{p}"))
+}
+
+pub async fn gateway(toml: &str) -> Gateway {
+    gateway_with(config(), toml).await
+}
+
+pub async fn gateway_with(config: Config, toml: &str) -> Gateway {
+    Gateway::start(&config, policy(toml)).await.expect("gateway starts")
+}
+
+/// One finished exchange.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    pub fn tier(&self) -> (Option<&str>, Option<&str>) {
+        (self.header("x-tiergate-tier"), self.header("x-tiergate-reason"))
+    }
+}
+
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn send(
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let request = builder.body(Full::new(body.into())).expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(30), client().request(request))
+        .await
+        .expect("answered within 30 s")
+        .expect("exchange");
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Answer {
+        status: head.status.as_u16(),
+        headers: head.headers,
+        body,
+    }
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    send("GET", addr, path, &[], Bytes::new()).await
+}
+
+pub async fn infer(addr: SocketAddr, model: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(
+        "POST",
+        addr,
+        &format!("/v2/models/{model}/infer"),
+        &all,
+        body.to_owned(),
+    )
+    .await
+}
+
+/// Two rows of four FP32 values.
+pub const BODY: &str =
+    r#"{"id":"req-1","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
+
+/// A one-route policy for model `m` with every tier's flag as given, the real-time
+/// pool on `realtime` and the batch pool on `batch`.
+pub fn route(realtime: &str, batch: &str, flags: &str, extra: &str) -> String {
+    format!(
+        r#"
+[routes.r]
+models = ["m"]
+{extra}
+[routes.r.flags]
+{flags}
+[routes.r.realtime]
+endpoints = ["{realtime}"]
+max_concurrency = 4
+[routes.r.micro_batch]
+endpoints = ["{batch}"]
+"#
+    )
+}
+
+/// Waits for `pred` on model `m`'s stats, failing the test after 10 s instead of hanging.
+pub async fn wait_for(backend: &Backend, pred: impl Fn(&tiergate::sim::Stats) -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), backend.sim.wait_for("m", pred))
+        .await
+        .expect("the backend reached the expected state within 10 s");
+}

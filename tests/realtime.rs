@@ -1,0 +1,145 @@
+//! The real-time tier under pressure: shedding at the limit, deadlines, dead backends,
+//! balancing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[tokio::test]
+async fn sheds_at_the_concurrency_limit_and_never_calls_past_it() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await; // max_concurrency = 4
+    let addr = gw.http_addr();
+    rt.sim.hold();
+    let held: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", "250")], BODY).await }))
+        .collect();
+    wait_for(&rt, |s| s.in_flight == 4).await;
+    for _ in 0..6 {
+        let a = infer(addr, "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
+        assert_eq!(a.status, 503, "{}", a.text());
+        assert_eq!(a.header("retry-after"), Some("1"));
+        assert_eq!(a.tier(), (Some("realtime"), Some("budget_realtime")));
+        assert!(a.json()["error"]
+            .as_str()
+            .expect("error")
+            .contains("concurrency limit (4"));
+    }
+    rt.sim.release();
+    for h in held {
+        assert_eq!(h.await.expect("task").status, 200);
+    }
+    let stats = rt.sim.stats("m").expect("stats");
+    assert_eq!(
+        (stats.requests, stats.max_in_flight),
+        (4, 4),
+        "shed requests never reached the backend"
+    );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_passed_deadline_is_504_and_the_backend_call_is_dropped() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    rt.sim.hold();
+    let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY).await;
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert!(a.json()["error"]
+        .as_str()
+        .expect("error")
+        .contains("the call was dropped"));
+    // the backend sees its caller go away: the handler is cancelled, not answered
+    wait_for(&rt, |s| s.cancelled == 1).await;
+    rt.sim.release();
+    assert_eq!(
+        rt.sim.stats("m").expect("stats").batches,
+        0,
+        "the dropped call never ran"
+    );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_refused_at_once() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "0")], BODY).await;
+    assert_eq!((a.status, a.header("retry-after")), (503, Some("1")), "{}", a.text());
+    assert_eq!(rt.sim.stats("m").expect("stats").requests, 0);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_dead_backend_is_502_quickly() {
+    let dead = format!("http://{}", dead_addr().await);
+    let gw = gateway(&route(&dead, &dead, "realtime = true", "")).await;
+    let started = Instant::now();
+    let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
+    assert_eq!(a.status, 502, "{}", a.text());
+    assert!(
+        a.json()["error"].as_str().expect("error").contains("is unreachable"),
+        "{}",
+        a.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "failed fast, inside the budget"
+    );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn balances_over_endpoints_and_steps_around_a_dead_one() {
+    let a = backend(&["m"]).await;
+    let b = backend(&["m"]).await;
+    let dead = format!("http://{}", dead_addr().await);
+    let policy = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\", \"{}\"]\n",
+        a.url(),
+        b.url()
+    );
+    let gw = gateway(&policy).await;
+    for _ in 0..40 {
+        assert_eq!(infer(gw.http_addr(), "m", &[], BODY).await.status, 200);
+    }
+    let (na, nb) = (
+        a.sim.stats("m").expect("a").requests,
+        b.sim.stats("m").expect("b").requests,
+    );
+    assert_eq!(na + nb, 40);
+    assert!(na > 0 && nb > 0, "both endpoints served: {na} / {nb}");
+    gw.stop().await.expect("stops");
+
+    let policy = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{dead}\", \"{}\"]\n",
+        a.url()
+    );
+    let gw = gateway(&policy).await;
+    for _ in 0..20 {
+        assert_eq!(
+            infer(gw.http_addr(), "m", &[], BODY).await.status,
+            200,
+            "a connect failure moves to the live endpoint"
+        );
+    }
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn speaks_http2_to_backends_when_the_pool_says_so() {
+    let rt = backend(&["m"]).await;
+    let policy = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\nhttp2 = true\n",
+        rt.url()
+    );
+    let gw = gateway(&policy).await;
+    for _ in 0..3 {
+        let a = infer(gw.http_addr(), "m", &[], BODY).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(rt.sim.stats("m").expect("stats").requests, 3);
+    gw.stop().await.expect("stops");
+}
