@@ -1,12 +1,36 @@
 //! tiergate: a hybrid tiered inference gateway.
-pub mod app;
-pub mod backend;
+//!
+//! tiergate sits in front of KServe v2 model servers and serves every request on the
+//! tier its latency budget and its route's flags call for: `realtime` (one request,
+//! one backend call), `micro_batch` (coalesced with other callers into one batch) or
+//! `offline` (a durable queue drained later). The tiers share no queue, connection
+//! pool or limit, so batch load cannot inflate interactive latency.
+//!
+//! # Layout
+//!
+//! Modules follow the request path, from the client to the backend:
+//!
+//! - [`front`]: the doors (KServe v2 over HTTP, JSON routes) and request metadata.
+//! - [`protocol`]: KServe v2 wire formats, JSON and Triton's binary tensor extension.
+//! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason.
+//! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
+//! - [`backend`]: pools of backend endpoints and the calls to them.
+//!
+//! Beside the path: [`policy`] (files → validated snapshot), [`metrics`], [`config`]
+//! (startup settings), [`error`] (one table from failure to status); [`sim`], the
+//! simulated model server; and [`app`], which composes a running [`app::Gateway`].
+
+pub mod front;
+pub mod protocol;
+
 pub mod classify;
+pub mod tiers;
+
+pub mod backend;
+
+pub mod app;
 pub mod config;
 pub mod error;
-pub mod front;
 pub mod metrics;
 pub mod policy;
-pub mod protocol;
 pub mod sim;
-pub mod tiers;

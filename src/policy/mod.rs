@@ -1,6 +1,6 @@
 //! Policy: the routes, their thresholds, flags and pools (file → model → store).
 //!
-//! A leaf module that knows nothing of servers. [`file`] mirrors what operators write
+//! A leaf module that knows nothing of servers. [`mod@file`] mirrors what operators write
 //! in `policies/*.toml`; [`Policy::load_dir`] parses every file and validates the lot
 //! into [`model`] types, reporting every problem with its file and path; [`Store`]
 //! holds the running policy as an immutable snapshot that readers load without locks

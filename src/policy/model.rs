@@ -1,6 +1,6 @@
 //! What the gateway runs on: validated policy types.
 //!
-//! These types can only be built through [`super::Policy::from_files`], which checks
+//! These types can only be built through [`super::Policy::from_texts`] (and the `load_*` functions over it), which checks
 //! every route and reports *every* problem, so an invalid policy cannot be represented:
 //! durations are `Duration`, limits are `NonZeroU32`, endpoints are parsed URIs, and a
 //! tier whose flag is on always has a pool.
