@@ -1,33 +1,18 @@
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
-use crate::policy::{Budgets, Flags, Route, WhenUnmet};
+use crate::policy::{Flags, Route, WhenUnmet};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
 fn route(flags: &str, when_unmet: WhenUnmet) -> Route {
-    Route {
-        name: "r".into(),
-        file: PathBuf::from("r.toml"),
-        models: vec!["m".into()],
-        paths: vec![],
-        budgets: Budgets {
-            default: MS(200),
-            realtime_below: MS(300),
-            offline_from: MS(60_000),
-        },
-        when_unmet,
-        rollout_key_header: http::HeaderName::from_static("x-request-id"),
-        flags: Flags {
-            realtime: flags.contains('R'),
-            micro_batch: flags.contains('M'),
-            offline: flags.contains('O'),
-            micro_batch_percent: if flags.contains('%') { 50 } else { 100 },
-        },
-        realtime: None,
-        micro_batch: None,
-    }
+    let flags = Flags {
+        realtime: flags.contains('R'),
+        micro_batch: flags.contains('M'),
+        offline: flags.contains('O'),
+        micro_batch_percent: if flags.contains('%') { 50 } else { 100 },
+    };
+    Route::test(flags, when_unmet)
 }
 
 fn meta(budget_ms: Option<u64>, prefer_async: bool, key: u64) -> Meta {

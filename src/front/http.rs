@@ -47,6 +47,15 @@ pub struct Door {
     shutdown: CancellationToken,
 }
 
+/// How a route's request body is checked before it is forwarded unchanged.
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    /// A KServe v2 infer request, JSON or binary extension.
+    Kserve,
+    /// Any JSON document (TF-Serving, OpenAI-style embeddings, ...).
+    Json,
+}
+
 /// What a request path asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Target<'a> {
@@ -102,42 +111,42 @@ impl Door {
     }
 
     async fn infer(&self, model: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let received = Instant::now();
-        let Some(route) = self.policy.load().route_for_model(model).cloned() else {
-            ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
-            return failure(&Error::new(
-                Kind::NotFound,
-                format!("unknown model '{model}': no route in the policy serves it"),
-            ));
-        };
-        let (parts, body) = req.into_parts();
-        let prepared = async {
-            let body = self.read_body(&parts.headers, body).await?;
-            let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
-            let info = protocol::inspect_request(&body, header_len).map_err(bad_request)?;
-            let meta = meta::read(&parts.headers, info.timeout_us, info.id.as_deref(), &route)?;
-            Ok::<_, Error>((body, meta))
-        };
-        match prepared.await {
-            Ok((body, meta)) => {
-                self.classified(route, meta, Request::from_parts(parts, body), received)
-                    .await
+        match self.policy.load().route_for_model(model).cloned() {
+            Some(route) => self.serve(route, req, Body::Kserve).await,
+            None => {
+                ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
+                let message = format!("unknown model '{model}': no route in the policy serves it");
+                failure(&Error::new(Kind::NotFound, message))
             }
-            Err(e) => finish(&route, None, Err(e), received),
         }
     }
 
     async fn json_route(&self, path: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        match self.policy.load().route_for_path(path).cloned() {
+            Some(route) => self.serve(route, req, Body::Json).await,
+            None => failure(&Error::new(Kind::NotFound, format!("no route serves POST {path}"))),
+        }
+    }
+
+    /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
+    async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
         let received = Instant::now();
-        let Some(route) = self.policy.load().route_for_path(path).cloned() else {
-            return failure(&Error::new(Kind::NotFound, format!("no route serves POST {path}")));
-        };
         let (parts, body) = req.into_parts();
         let prepared = async {
             let body = self.read_body(&parts.headers, body).await?;
-            serde_json::from_slice::<serde::de::IgnoredAny>(&body)
-                .map_err(|e| Error::new(Kind::BadRequest, format!("request body is not JSON: {e}")))?;
-            let meta = meta::read(&parts.headers, None, None, &route)?;
+            let (timeout_us, id) = match kind {
+                Body::Kserve => {
+                    let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
+                    let info = protocol::inspect_request(&body, header_len).map_err(bad_request)?;
+                    (info.timeout_us, info.id)
+                }
+                Body::Json => {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+                        .map_err(|e| Error::new(Kind::BadRequest, format!("request body is not JSON: {e}")))?;
+                    (None, None)
+                }
+            };
+            let meta = meta::read(&parts.headers, timeout_us, id.as_deref(), &route)?;
             Ok::<_, Error>((body, meta))
         };
         match prepared.await {

@@ -109,33 +109,17 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
-    use crate::policy::{Budgets, Flags, WhenUnmet};
+    use crate::policy::{Flags, WhenUnmet};
 
     fn route() -> Route {
-        Route {
-            name: "r".into(),
-            file: PathBuf::from("r.toml"),
-            models: vec!["m".into()],
-            paths: vec![],
-            budgets: Budgets {
-                default: Duration::from_millis(200),
-                realtime_below: Duration::from_millis(300),
-                offline_from: Duration::from_secs(60),
-            },
-            when_unmet: WhenUnmet::Reject,
-            rollout_key_header: http::HeaderName::from_static("x-request-id"),
-            flags: Flags {
-                realtime: true,
-                micro_batch: false,
-                offline: false,
-                micro_batch_percent: 100,
-            },
-            realtime: None,
-            micro_batch: None,
-        }
+        let flags = Flags {
+            realtime: true,
+            micro_batch: false,
+            offline: false,
+            micro_batch_percent: 100,
+        };
+        Route::test(flags, WhenUnmet::Reject)
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -135,3 +135,26 @@ impl Route {
         self.realtime.as_ref().or(self.micro_batch.as_ref().map(|b| &b.pool))
     }
 }
+
+#[cfg(test)]
+impl Route {
+    /// A route for unit tests: model `m`, budgets 200 ms default / 300 ms / 60 s, no pools.
+    pub(crate) fn test(flags: Flags, when_unmet: WhenUnmet) -> Route {
+        Route {
+            name: "r".into(),
+            file: PathBuf::from("r.toml"),
+            models: vec!["m".into()],
+            paths: vec![],
+            budgets: Budgets {
+                default: Duration::from_millis(200),
+                realtime_below: Duration::from_millis(300),
+                offline_from: Duration::from_secs(60),
+            },
+            when_unmet,
+            rollout_key_header: http::HeaderName::from_static("x-request-id"),
+            flags,
+            realtime: None,
+            micro_batch: None,
+        }
+    }
+}

@@ -95,37 +95,22 @@ impl std::fmt::Debug for Tiers {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
     use std::time::Duration;
 
     use tower::service_fn;
 
     use super::*;
     use crate::classify::{BudgetSource, Reason};
-    use crate::policy::{Budgets, Flags, WhenUnmet};
+    use crate::policy::{Flags, WhenUnmet};
 
     fn call(tier: Tier) -> Call {
-        let route = Route {
-            name: "r".into(),
-            file: PathBuf::from("r.toml"),
-            models: vec!["m".into()],
-            paths: vec![],
-            budgets: Budgets {
-                default: Duration::from_millis(200),
-                realtime_below: Duration::from_millis(300),
-                offline_from: Duration::from_secs(60),
-            },
-            when_unmet: WhenUnmet::Reject,
-            rollout_key_header: http::HeaderName::from_static("x-request-id"),
-            flags: Flags {
-                realtime: true,
-                micro_batch: true,
-                offline: true,
-                micro_batch_percent: 100,
-            },
-            realtime: None,
-            micro_batch: None,
+        let flags = Flags {
+            realtime: true,
+            micro_batch: true,
+            offline: true,
+            micro_batch_percent: 100,
         };
+        let route = Route::test(flags, WhenUnmet::Reject);
         Call {
             route: Arc::new(route),
             decision: Decision {
