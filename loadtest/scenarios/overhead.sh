@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Real-time pass-through overhead, side by side in one run: the simulator called
+# directly, through tiergate, through a bare hyper proxy (loadtest's `bare_proxy`: the
+# HTTP stack with none of tiergate's work) and through nginx as a plain reverse proxy,
+# all to the same simulator. Open loop, same offered rate, targets interleaved in rounds.
+#
+#   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 30s 6)
+#
+# Installs nginx from the distribution's packages when it is missing (needs root), builds
+# tiergate and loadtest in release mode, and writes results to $OUT (default
+# target/loadtest/overhead): summary.txt, results.json and SVG plots.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RATE=${1:-200}
+DURATION=${2:-30s}
+ROUNDS=${3:-6}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+OUT=${OUT:-$TARGET_DIR/loadtest/overhead}
+
+if ! command -v nginx >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
+fi
+cargo build --release --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/release
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+SIM=$(free_port); GW=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
+
+wait_ready() {
+  for _ in $(seq 1 250); do
+    curl -fs -o /dev/null "http://127.0.0.1:$1$2" && return 0
+    sleep 0.02
+  done
+  echo "port $1 never became ready" >&2; exit 1
+}
+
+"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
+mkdir -p "$WORK/policy"
+cat > "$WORK/policy/overhead.toml" <<TOML
+[routes.resnet50]
+models = ["resnet50"]
+[routes.resnet50.realtime]
+endpoints = ["http://127.0.0.1:$SIM"]
+max_concurrency = 1024
+TOML
+"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+
+"$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
+
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  upstream sim { server 127.0.0.1:$SIM; keepalive 64; }
+  server {
+    listen 127.0.0.1:$NGX;
+    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGINX
+nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+
+wait_ready "$SIM" /v2/health/ready
+wait_ready "$GW" /v2/health/ready
+wait_ready "$BARE" /v2/health/ready
+wait_ready "$NGX" /v2/health/ready
+
+mkdir -p "$OUT"
+"$BIN/loadtest" compare \
+  --target "direct=http://127.0.0.1:$SIM" \
+  --target "tiergate=http://127.0.0.1:$GW" \
+  --target "bare_hyper=http://127.0.0.1:$BARE" \
+  --target "nginx=http://127.0.0.1:$NGX" \
+  --model resnet50 --rate "$RATE" --duration "$DURATION" --rounds "$ROUNDS" \
+  --budget-ms 200 --json "$OUT/results.json" --plot "$OUT" | tee "$OUT/summary.txt"
