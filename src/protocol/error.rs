@@ -168,4 +168,12 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A gRPC message that breaks a rule of the protocol's protobuf form.
+    #[error("{path}: {problem}")]
+    Grpc {
+        /// Where, e.g. `raw_input_contents` or `inputs[1].contents`.
+        path: String,
+        /// What is wrong and what would be right.
+        problem: String,
+    },
 }

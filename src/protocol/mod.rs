@@ -11,12 +11,13 @@
 //! `datatype` (element types) · `tensor` ([`Tensor`], raw ↔ JSON rendering) ·
 //! `data` (JSON `data` arrays parsed in one pass) · `wire` (shared JSON shapes and
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
-//! `inspect` · `error`.
+//! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions).
 
 mod binary;
 mod data;
 mod datatype;
 mod error;
+pub mod grpc;
 mod inspect;
 mod request;
 mod response;

@@ -211,7 +211,7 @@ fn check_tensor<S: Sink>(path: &str, wire: WireTensor<S>) -> Result<Checked<S>, 
 }
 
 /// Checks that every dimension is non-negative and the element count fits in a u64.
-fn check_shape(path: &str, dims: &[i64]) -> Result<Vec<u64>, Error> {
+pub(crate) fn check_shape(path: &str, dims: &[i64]) -> Result<Vec<u64>, Error> {
     let mut shape = Vec::with_capacity(dims.len());
     let mut elements: u64 = 1;
     for (index, &value) in dims.iter().enumerate() {
@@ -229,7 +229,7 @@ fn check_shape(path: &str, dims: &[i64]) -> Result<Vec<u64>, Error> {
     Ok(shape)
 }
 
-fn element_count(shape: &[u64]) -> u64 {
+pub(crate) fn element_count(shape: &[u64]) -> u64 {
     // check_shape has ruled out overflow.
     shape.iter().product()
 }
