@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::front::dispatch::Dispatch;
 use crate::front::http::Door;
 use crate::policy::{Policy, Store};
 use crate::tiers::{Realtime, TierService, Tiers};
@@ -52,12 +53,9 @@ impl Gateway {
         let policy = Arc::new(Store::new(policy));
         let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
         let tiers = Tiers::new(realtime);
-        let door = Arc::new(Door::new(
-            policy.clone(),
-            tiers,
-            config.limits.clone(),
-            shutdown.clone(),
-        ));
+        let max_response = config.limits.max_response_bytes;
+        let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
+        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()));
         let addrs = (local(&http), local(&metrics));
 
         let mut tasks = JoinSet::new();

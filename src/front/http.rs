@@ -10,41 +10,32 @@
 //! [`crate::error`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::backend::Pools;
-use crate::classify::{classify, Decision, Refusal, Tier};
 use crate::config::Limits;
 use crate::error::{Error, Kind};
 use crate::metrics;
-use crate::policy::{Route, Store};
+use crate::policy::Route;
 use crate::protocol;
-use crate::tiers::{Call, Reply, Tiers};
 
+use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::meta;
 
 /// Response header naming the tier that served the request.
 pub const TIER_HEADER: &str = "x-tiergate-tier";
 /// Response header naming the reason for the decision (or refusal).
 pub const REASON_HEADER: &str = "x-tiergate-reason";
-/// How long a model metadata or readiness call to a backend may take.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The HTTP door's shared state.
+/// The HTTP door.
 #[derive(Debug)]
 pub struct Door {
-    policy: Arc<Store>,
-    tiers: Tiers,
-    control: Pools,
+    dispatch: Arc<Dispatch>,
     limits: Limits,
-    shutdown: CancellationToken,
 }
 
 /// How a route's request body is checked before it is forwarded unchanged.
@@ -72,17 +63,9 @@ enum Target<'a> {
 }
 
 impl Door {
-    /// A door serving `policy` through `tiers`, enforcing `limits`; it reports not
-    /// ready once `shutdown` fires so load balancers drain it.
-    pub fn new(policy: Arc<Store>, tiers: Tiers, limits: Limits, shutdown: CancellationToken) -> Self {
-        let control = Pools::new(Tier::Realtime, limits.max_response_bytes);
-        Door {
-            policy,
-            tiers,
-            control,
-            limits,
-            shutdown,
-        }
+    /// An HTTP door over `dispatch`, enforcing `limits`.
+    pub fn new(dispatch: Arc<Dispatch>, limits: Limits) -> Self {
+        Door { dispatch, limits }
     }
 
     /// Answers one request. Never fails: every problem becomes a response.
@@ -91,40 +74,35 @@ impl Door {
         let method = req.method().clone();
         match (target(&path), &method) {
             (Target::Live, &Method::GET) => empty(StatusCode::OK),
-            (Target::Ready, &Method::GET) if self.shutdown.is_cancelled() => empty(StatusCode::SERVICE_UNAVAILABLE),
+            (Target::Ready, &Method::GET) if !self.dispatch.ready() => empty(StatusCode::SERVICE_UNAVAILABLE),
             (Target::Ready, &Method::GET) => empty(StatusCode::OK),
             (Target::Server, &Method::GET) => json(StatusCode::OK, server_metadata()),
-            (Target::Model { name, rest: "/infer" }, &Method::POST) => self.infer(name, req).await,
-            (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => self.control(name, req).await,
-            (Target::Other(p), &Method::POST) if self.policy.load().route_for_path(p).is_some() => {
-                self.json_route(p, req).await
+            (Target::Model { name, rest: "/infer" }, &Method::POST) => {
+                match self.dispatch.policy().route_for_model(name).cloned() {
+                    Some(route) => self.serve(route, req, Body::Kserve).await,
+                    None => failure(&unmatched_model("http", name)),
+                }
             }
+            (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => {
+                let (parts, _) = req.into_parts();
+                match self
+                    .dispatch
+                    .control(name, Request::from_parts(parts, Bytes::new()))
+                    .await
+                {
+                    Ok(reply) => reply.map(Full::new),
+                    Err(e) => failure(&e),
+                }
+            }
+            (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
+                Some(route) => self.serve(route, req, Body::Json).await,
+                None => not_found(&method, &path),
+            },
             (Target::Live | Target::Ready | Target::Server, _) | (Target::Model { .. }, _) => failure(&Error::new(
                 Kind::MethodNotAllowed,
                 format!("{method} is not allowed on {path}"),
             )),
-            (Target::Other(_), _) => {
-                ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
-                failure(&Error::new(Kind::NotFound, format!("no route serves {method} {path}")))
-            }
-        }
-    }
-
-    async fn infer(&self, model: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        match self.policy.load().route_for_model(model).cloned() {
-            Some(route) => self.serve(route, req, Body::Kserve).await,
-            None => {
-                ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
-                let message = format!("unknown model '{model}': no route in the policy serves it");
-                failure(&Error::new(Kind::NotFound, message))
-            }
-        }
-    }
-
-    async fn json_route(&self, path: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        match self.policy.load().route_for_path(path).cloned() {
-            Some(route) => self.serve(route, req, Body::Json).await,
-            None => failure(&Error::new(Kind::NotFound, format!("no route serves POST {path}"))),
+            (Target::Other(_), _) => not_found(&method, &path),
         }
     }
 
@@ -149,76 +127,15 @@ impl Door {
             let meta = meta::read(&parts.headers, timeout_us, id.as_deref(), &route)?;
             Ok::<_, Error>((body, meta))
         };
-        match prepared.await {
+        let served = match prepared.await {
             Ok((body, meta)) => {
-                self.classified(route, meta, Request::from_parts(parts, body), received)
+                self.dispatch
+                    .serve(&route, meta, Request::from_parts(parts, body), received)
                     .await
             }
-            Err(e) => finish(&route, None, Err(e), received),
-        }
-    }
-
-    /// Classifies and serves a request whose body is read and checked.
-    async fn classified(
-        &self,
-        route: Arc<Route>,
-        meta: crate::classify::Meta,
-        request: Request<Bytes>,
-        received: Instant,
-    ) -> Response<Full<Bytes>> {
-        let decision = match classify(&route, &meta) {
-            Ok(d) => d,
-            Err(refusal) => return refused(&route, refusal, received),
+            Err(e) => self.dispatch.failed(&route, e),
         };
-        metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
-        let deadline = received
-            .checked_add(decision.budget)
-            .unwrap_or_else(|| received + meta::MAX_BUDGET);
-        let labels = [
-            ("route", route.name.clone()),
-            ("tier", decision.tier.as_str().to_owned()),
-        ];
-        let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, &labels);
-        in_flight.increment(1.0);
-        let call = Call {
-            route: route.clone(),
-            decision,
-            deadline,
-            request,
-        };
-        let result = self.tiers.serve(call).await;
-        in_flight.decrement(1.0);
-        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(received.elapsed().as_secs_f64());
-        finish(&route, Some(&decision), result, received)
-    }
-
-    /// Model metadata, readiness and other model GETs, answered by the route's backend.
-    async fn control(&self, model: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let policy = self.policy.load();
-        let Some(route) = policy.route_for_model(model) else {
-            return failure(&Error::new(
-                Kind::NotFound,
-                format!("unknown model '{model}': no route in the policy serves it"),
-            ));
-        };
-        let Some(spec) = route.metadata_pool() else {
-            return failure(&Error::new(
-                Kind::NoTier,
-                format!("route {} has no pool to ask", route.name),
-            ));
-        };
-        let (parts, _) = req.into_parts();
-        let pool = self.control.get(&route.name, spec);
-        match pool
-            .forward(
-                Request::from_parts(parts, Bytes::new()),
-                Instant::now() + METADATA_TIMEOUT,
-            )
-            .await
-        {
-            Ok(reply) => reply.map(Full::new),
-            Err(e) => failure(&e),
-        }
+        render(served)
     }
 
     async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
@@ -279,53 +196,27 @@ fn bad_request(e: protocol::Error) -> Error {
     Error::new(Kind::BadRequest, e.to_string())
 }
 
-/// Builds the answer for a classified (or failed) request and counts it.
-fn finish(
-    route: &Route,
-    decision: Option<&Decision>,
-    result: Result<Reply, Error>,
-    received: Instant,
-) -> Response<Full<Bytes>> {
-    let tier = decision.map(|d| d.tier);
-    let mut response = match result {
-        Ok(reply) => {
-            let outcome = match reply.status().as_u16() {
-                0..=399 => "ok",
-                400..=499 => "backend_rejected",
-                _ => "backend_error",
-            };
-            metrics::count_request(&route.name, tier, outcome);
-            reply.map(Full::new)
-        }
-        Err(e) => {
-            metrics::count_request(&route.name, tier, e.kind.outcome());
-            failure(&e)
-        }
+/// Renders a served request: the backend's answer or the error, with the decision's
+/// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only).
+fn render(served: Served) -> Response<Full<Bytes>> {
+    let mut response = match served.result {
+        Ok(reply) => reply.map(Full::new),
+        Err(e) => failure(&e),
     };
-    if let Some(d) = decision {
-        let headers = response.headers_mut();
+    let headers = response.headers_mut();
+    if let Some(d) = served.decision {
         headers.insert(TIER_HEADER, HeaderValue::from_static(d.tier.as_str()));
         headers.insert(REASON_HEADER, HeaderValue::from_static(d.reason.as_str()));
     }
-    tracing::debug!(route = %route.name, tier = tier.map(Tier::as_str), status = response.status().as_u16(), elapsed_us = received.elapsed().as_micros() as u64, "served");
+    if let Some(refusal) = served.refusal {
+        headers.insert(REASON_HEADER, HeaderValue::from_static(refusal.as_str()));
+    }
     response
 }
 
-fn refused(route: &Route, refusal: Refusal, received: Instant) -> Response<Full<Bytes>> {
-    let message = match refusal {
-        Refusal::RouteDisabled => format!("route {} has every tier switched off", route.name),
-        Refusal::NoTier { wanted, budget } => format!(
-            "route {}: a budget of {} ms calls for the {} tier, which is off, and no enabled tier can meet it",
-            route.name,
-            budget.as_millis(),
-            wanted.as_str()
-        ),
-    };
-    let mut response = finish(route, None, Err(Error::new(Kind::NoTier, message)), received);
-    response
-        .headers_mut()
-        .insert(REASON_HEADER, HeaderValue::from_static(refusal.as_str()));
-    response
+fn not_found(method: &Method, path: &str) -> Response<Full<Bytes>> {
+    ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
+    failure(&Error::new(Kind::NotFound, format!("no route serves {method} {path}")))
 }
 
 /// The protocol's error shape with the status (and `Retry-After`) from the error table.

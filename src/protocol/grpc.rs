@@ -35,7 +35,11 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
     if !raw.is_empty() && raw.len() != msg.inputs.len() {
         return Err(grpc(
             "raw_input_contents",
-            format!("has {} entries for {} inputs; send one per input, in input order", raw.len(), msg.inputs.len()),
+            format!(
+                "has {} entries for {} inputs; send one per input, in input order",
+                raw.len(),
+                msg.inputs.len()
+            ),
         ));
     }
     let mut raw = raw.into_iter();
@@ -43,7 +47,11 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
     for (i, input) in msg.inputs.into_iter().enumerate() {
         let path = format!("inputs[{i}]");
         if let Some(first) = inputs.iter().position(|t| t.name == input.name) {
-            return Err(Error::DuplicateName { path, name: input.name, first: format!("inputs[{first}]") });
+            return Err(Error::DuplicateName {
+                path,
+                name: input.name,
+                first: format!("inputs[{first}]"),
+            });
         }
         inputs.push(input_tensor(&path, input, raw.next())?);
     }
@@ -82,7 +90,10 @@ pub fn request_to_grpc(model: &str, version: Option<&str>, req: &InferRequest) -
                 if let Some(binary) = o.binary_data {
                     parameters.insert("binary_data".into(), param(ParameterChoice::BoolParam(binary)));
                 }
-                InferRequestedOutputTensor { name: o.name.clone(), parameters }
+                InferRequestedOutputTensor {
+                    name: o.name.clone(),
+                    parameters,
+                }
             })
             .collect(),
         raw_input_contents: req.inputs.iter().map(|t| t.data.clone()).collect(),
@@ -143,34 +154,49 @@ pub fn response_to_grpc(resp: &InferResponse) -> ModelInferResponse {
 
 /// Checks one tensor and takes its data from `raw` or from its typed contents.
 fn input_tensor(path: &str, input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, Error> {
-    let datatype: Datatype = input
-        .datatype
-        .parse()
-        .map_err(|_| Error::UnknownDatatype { path: path.to_owned(), value: input.datatype.clone() })?;
+    let datatype: Datatype = input.datatype.parse().map_err(|_| Error::UnknownDatatype {
+        path: path.to_owned(),
+        value: input.datatype.clone(),
+    })?;
     let shape = check_shape(path, &input.shape)?;
     let count = element_count(&shape);
     let data = match (raw, input.contents) {
         (Some(_), Some(c)) if c != InferTensorContents::default() => {
-            return Err(grpc(path, "has typed contents while raw contents are used; send one form".into()));
+            return Err(grpc(
+                path,
+                "has typed contents while raw contents are used; send one form".into(),
+            ));
         }
         (Some(raw), _) => check_raw(path, datatype, count, raw)?,
         (None, Some(contents)) => typed_to_raw(path, datatype, count, contents)?,
         (None, None) if count == 0 => Bytes::new(),
         (None, None) => return Err(grpc(path, "has no contents and no raw contents".into())),
     };
-    Ok(Tensor { name: input.name, datatype, shape, data })
+    Ok(Tensor {
+        name: input.name,
+        datatype,
+        shape,
+        data,
+    })
 }
 
 fn check_raw(path: &str, datatype: Datatype, count: u64, raw: Bytes) -> Result<Bytes, Error> {
     match datatype.element_size() {
         Some(size) if u128::from(count) * size as u128 != raw.len() as u128 => Err(grpc(
             path,
-            format!("raw contents are {} bytes but {count} {datatype} elements need {}", raw.len(), u128::from(count) * size as u128),
+            format!(
+                "raw contents are {} bytes but {count} {datatype} elements need {}",
+                raw.len(),
+                u128::from(count) * size as u128
+            ),
         )),
         Some(_) => Ok(raw),
         None => check_bytes_layout(&raw, count)
             .map(|()| raw)
-            .map_err(|problem| Error::BadBytes { path: path.to_owned(), problem }),
+            .map_err(|problem| Error::BadBytes {
+                path: path.to_owned(),
+                problem,
+            }),
     }
 }
 
@@ -180,11 +206,17 @@ fn typed_to_raw(path: &str, datatype: Datatype, count: u64, c: InferTensorConten
     let n = match datatype {
         Datatype::Bool => put(&mut out, &c.bool_contents, |o, v| o.put_u8(u8::from(*v))),
         Datatype::Int8 => narrow(path, "int_contents", &mut out, &c.int_contents, |o, v: i8| o.put_i8(v))?,
-        Datatype::Int16 => narrow(path, "int_contents", &mut out, &c.int_contents, |o, v: i16| o.put_i16_le(v))?,
+        Datatype::Int16 => narrow(path, "int_contents", &mut out, &c.int_contents, |o, v: i16| {
+            o.put_i16_le(v)
+        })?,
         Datatype::Int32 => put(&mut out, &c.int_contents, |o, v| o.put_i32_le(*v)),
         Datatype::Int64 => put(&mut out, &c.int64_contents, |o, v| o.put_i64_le(*v)),
-        Datatype::Uint8 => narrow(path, "uint_contents", &mut out, &c.uint_contents, |o, v: u8| o.put_u8(v))?,
-        Datatype::Uint16 => narrow(path, "uint_contents", &mut out, &c.uint_contents, |o, v: u16| o.put_u16_le(v))?,
+        Datatype::Uint8 => narrow(path, "uint_contents", &mut out, &c.uint_contents, |o, v: u8| {
+            o.put_u8(v)
+        })?,
+        Datatype::Uint16 => narrow(path, "uint_contents", &mut out, &c.uint_contents, |o, v: u16| {
+            o.put_u16_le(v)
+        })?,
         Datatype::Uint32 => put(&mut out, &c.uint_contents, |o, v| o.put_u32_le(*v)),
         Datatype::Uint64 => put(&mut out, &c.uint64_contents, |o, v| o.put_u64_le(*v)),
         Datatype::Fp32 => put(&mut out, &c.fp32_contents, |o, v| o.put_f32_le(*v)),
@@ -198,10 +230,18 @@ fn typed_to_raw(path: &str, datatype: Datatype, count: u64, c: InferTensorConten
             }
             c.bytes_contents.len()
         }
-        Datatype::Fp16 => return Err(grpc(path, "FP16 has no typed contents; send it in raw_input_contents".into())),
+        Datatype::Fp16 => {
+            return Err(grpc(
+                path,
+                "FP16 has no typed contents; send it in raw_input_contents".into(),
+            ))
+        }
     };
     if n as u64 != count {
-        return Err(grpc(path, format!("contents hold {n} {datatype} elements but the shape needs {count}")));
+        return Err(grpc(
+            path,
+            format!("contents hold {n} {datatype} elements but the shape needs {count}"),
+        ));
     }
     Ok(out.freeze())
 }
@@ -241,7 +281,11 @@ fn requested_output(out: InferRequestedOutputTensor) -> RequestedOutput {
         }
         None => None,
     };
-    RequestedOutput { name: out.name, binary_data, parameters }
+    RequestedOutput {
+        name: out.name,
+        binary_data,
+        parameters,
+    }
 }
 
 fn dims(shape: &[u64]) -> Vec<i64> {
@@ -249,11 +293,16 @@ fn dims(shape: &[u64]) -> Vec<i64> {
 }
 
 fn grpc(path: &str, problem: String) -> Error {
-    Error::Grpc { path: path.to_owned(), problem }
+    Error::Grpc {
+        path: path.to_owned(),
+        problem,
+    }
 }
 
 fn param(choice: ParameterChoice) -> InferParameter {
-    InferParameter { parameter_choice: Some(choice) }
+    InferParameter {
+        parameter_choice: Some(choice),
+    }
 }
 
 /// gRPC parameters as JSON values (an unset parameter becomes `null`).
@@ -293,7 +342,12 @@ pub fn params_to_grpc(params: &Map<String, Value>) -> HashMap<String, InferParam
                 Value::Null => None,
                 other => Some(ParameterChoice::StringParam(other.to_string())),
             };
-            (k.clone(), InferParameter { parameter_choice: choice })
+            (
+                k.clone(),
+                InferParameter {
+                    parameter_choice: choice,
+                },
+            )
         })
         .collect()
 }

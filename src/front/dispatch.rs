@@ -1,0 +1,178 @@
+//! What every door does once it has read a request: classify it, hand it to its tier,
+//! count it, and ask a route's backend for model metadata.
+//!
+//! Between the doors and the tiers. A door parses its protocol, builds the KServe v2
+//! HTTP form of the request ([`crate::tiers::Call`] carries it to the tiers) and calls
+//! [`Dispatch::serve`]; the [`Served`] it gets back holds the decision (or refusal) and
+//! the tier's answer, which the door renders in its own protocol. Metrics are counted
+//! here, once, so both doors count alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Pools;
+use crate::classify::{classify, Decision, Meta, Refusal, Tier};
+use crate::error::{Error, Kind};
+use crate::metrics;
+use crate::policy::{Policy, Route, Store};
+use crate::tiers::{Call, Reply, Tiers};
+
+use super::meta::MAX_BUDGET;
+
+/// How long a model metadata or readiness call to a backend may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The door-independent part of serving: policy, tiers and control-plane pools.
+#[derive(Debug)]
+pub struct Dispatch {
+    policy: Arc<Store>,
+    tiers: Tiers,
+    control: Pools,
+    shutdown: CancellationToken,
+}
+
+/// The outcome of one request on a route, for its door to render.
+#[derive(Debug)]
+pub struct Served {
+    /// The classifier's decision, when there was one.
+    pub decision: Option<Decision>,
+    /// Why no tier serves it, when the classifier refused.
+    pub refusal: Option<Refusal>,
+    /// The tier's answer or the error that ended the request.
+    pub result: Result<Reply, Error>,
+}
+
+impl Dispatch {
+    /// Serves `policy` through `tiers`; model metadata calls read at most
+    /// `max_response_bytes`; not ready once `shutdown` fires.
+    pub fn new(policy: Arc<Store>, tiers: Tiers, max_response_bytes: usize, shutdown: CancellationToken) -> Self {
+        Dispatch {
+            policy,
+            tiers,
+            control: Pools::new(Tier::Realtime, max_response_bytes),
+            shutdown,
+        }
+    }
+
+    /// The running policy snapshot.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load()
+    }
+
+    /// Whether the gateway takes new work (false once shutdown begins).
+    pub fn ready(&self) -> bool {
+        !self.shutdown.is_cancelled()
+    }
+
+    /// Classifies `request` (KServe v2 HTTP form, body read and checked) on `route` and
+    /// serves it on its tier; `received` is when the door got it (the budget's start).
+    pub async fn serve(&self, route: &Arc<Route>, meta: Meta, request: Request<Bytes>, received: Instant) -> Served {
+        let decision = match classify(route, &meta) {
+            Ok(d) => d,
+            Err(refusal) => {
+                let served = Served {
+                    decision: None,
+                    refusal: Some(refusal),
+                    result: Err(refused(route, refusal)),
+                };
+                return count(route, served);
+            }
+        };
+        metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+        let deadline = received
+            .checked_add(decision.budget)
+            .unwrap_or_else(|| received + MAX_BUDGET);
+        let labels = [
+            ("route", route.name.clone()),
+            ("tier", decision.tier.as_str().to_owned()),
+        ];
+        let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, &labels);
+        in_flight.increment(1.0);
+        let call = Call {
+            route: route.clone(),
+            decision,
+            deadline,
+            request,
+        };
+        let result = self.tiers.serve(call).await;
+        in_flight.decrement(1.0);
+        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(received.elapsed().as_secs_f64());
+        count(
+            route,
+            Served {
+                decision: Some(decision),
+                refusal: None,
+                result,
+            },
+        )
+    }
+
+    /// A request on `route` that failed before classification (bad body, bad budget).
+    pub fn failed(&self, route: &Route, error: Error) -> Served {
+        count(
+            route,
+            Served {
+                decision: None,
+                refusal: None,
+                result: Err(error),
+            },
+        )
+    }
+
+    /// Sends a model GET (metadata, readiness, config) to the route serving `model`,
+    /// over the route's control pool, which shares nothing with the tiers' pools.
+    pub async fn control(&self, model: &str, request: Request<Bytes>) -> Result<Reply, Error> {
+        let policy = self.policy.load();
+        let route = policy.route_for_model(model).ok_or_else(|| unknown_model(model))?;
+        let spec = route
+            .metadata_pool()
+            .ok_or_else(|| Error::new(Kind::NoTier, format!("route {} has no pool to ask", route.name)))?;
+        let pool = self.control.get(&route.name, spec);
+        pool.forward(request, Instant::now() + CONTROL_TIMEOUT).await
+    }
+}
+
+/// The error for a model no route serves, counted as unmatched for `door`.
+pub fn unmatched_model(door: &'static str, model: &str) -> Error {
+    ::metrics::counter!(metrics::UNMATCHED, "door" => door).increment(1);
+    unknown_model(model)
+}
+
+fn unknown_model(model: &str) -> Error {
+    Error::new(
+        Kind::NotFound,
+        format!("unknown model '{model}': no route in the policy serves it"),
+    )
+}
+
+fn refused(route: &Route, refusal: Refusal) -> Error {
+    let message = match refusal {
+        Refusal::RouteDisabled => format!("route {} has every tier switched off", route.name),
+        Refusal::NoTier { wanted, budget } => format!(
+            "route {}: a budget of {} ms calls for the {} tier, which is off, and no enabled tier can meet it",
+            route.name,
+            budget.as_millis(),
+            wanted.as_str()
+        ),
+    };
+    Error::new(Kind::NoTier, message)
+}
+
+/// Counts the request by its outcome: the error's kind, or the backend's status class.
+fn count(route: &Route, served: Served) -> Served {
+    let outcome = match &served.result {
+        Ok(reply) => match reply.status().as_u16() {
+            0..=399 => "ok",
+            400..=499 => "backend_rejected",
+            _ => "backend_error",
+        },
+        Err(e) => e.kind.outcome(),
+    };
+    metrics::count_request(&route.name, served.decision.map(|d| d.tier), outcome);
+    served
+}
