@@ -10,10 +10,12 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::front::dispatch::Dispatch;
+use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
 use crate::policy::{Policy, Store};
 use crate::tiers::{Realtime, TierService, Tiers};
@@ -22,10 +24,22 @@ use crate::tiers::{Realtime, TierService, Tiers};
 #[derive(Debug)]
 pub struct Gateway {
     http: SocketAddr,
+    grpc: SocketAddr,
     metrics: SocketAddr,
     policy: Arc<Store>,
     shutdown: CancellationToken,
     tasks: JoinSet<std::io::Result<()>>,
+}
+
+/// The bound listeners a gateway serves on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The KServe v2 HTTP door.
+    pub http: TcpListener,
+    /// The KServe v2 gRPC door.
+    pub grpc: TcpListener,
+    /// The metrics endpoint.
+    pub metrics: TcpListener,
 }
 
 /// A listener that could not be bound, named for the operator.
@@ -40,13 +54,17 @@ pub struct BindError {
 impl Gateway {
     /// Binds the listeners in `config` and starts serving `policy`.
     pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, BindError> {
-        let http = bind("HTTP door", config.listen.http).await?;
-        let metrics = bind("metrics endpoint", config.listen.metrics).await?;
-        Ok(Self::start_on(http, metrics, config, policy))
+        let listeners = Listeners {
+            http: bind("HTTP door", config.listen.http).await?,
+            grpc: bind("gRPC door", config.listen.grpc).await?,
+            metrics: bind("metrics endpoint", config.listen.metrics).await?,
+        };
+        Ok(Self::start_on(listeners, config, policy))
     }
 
     /// Starts serving `policy` on already bound listeners.
-    pub fn start_on(http: TcpListener, metrics: TcpListener, config: &Config, policy: Policy) -> Gateway {
+    pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Gateway {
+        let Listeners { http, grpc, metrics } = listeners;
         let prometheus = crate::metrics::install();
         ::metrics::gauge!(crate::metrics::POLICY_ROUTES).set(policy.routes().len() as f64);
         let shutdown = CancellationToken::new();
@@ -56,7 +74,8 @@ impl Gateway {
         let max_response = config.limits.max_response_bytes;
         let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
         let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()));
-        let addrs = (local(&http), local(&metrics));
+        let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
+        let addrs = (local(&http), local(&grpc), local(&metrics));
 
         let mut tasks = JoinSet::new();
         let answer = move |req| door.clone().answer(req);
@@ -66,11 +85,20 @@ impl Gateway {
             shutdown.clone(),
             answer,
         ));
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(grpc_door)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stop.cancelled())
+                .await
+                .map_err(std::io::Error::other)
+        });
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
-        tracing::info!(http = %addrs.0, metrics = %addrs.1, "tiergate is serving");
+        tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, "tiergate is serving");
         Gateway {
             http: addrs.0,
-            metrics: addrs.1,
+            grpc: addrs.1,
+            metrics: addrs.2,
             policy,
             shutdown,
             tasks,
@@ -80,6 +108,11 @@ impl Gateway {
     /// The bound address of the HTTP door.
     pub fn http_addr(&self) -> SocketAddr {
         self.http
+    }
+
+    /// The bound address of the gRPC door.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
     }
 
     /// The bound address of the metrics endpoint.

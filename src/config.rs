@@ -36,6 +36,8 @@ pub struct Config {
 pub struct Listen {
     /// The KServe v2 HTTP door and JSON routes (Triton: 8000).
     pub http: SocketAddr,
+    /// The KServe v2 gRPC door (Triton: 8001).
+    pub grpc: SocketAddr,
     /// Prometheus metrics (Triton: 8002).
     pub metrics: SocketAddr,
     /// The admin API: loopback by default and never on a data port.
@@ -54,9 +56,11 @@ pub struct Threads {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Largest request body accepted, in bytes (413 above it).
+    /// Largest request body (HTTP) or message (gRPC) accepted, in bytes: 413 or
+    /// RESOURCE_EXHAUSTED above it.
     pub max_body_bytes: usize,
-    /// Largest backend response body accepted, in bytes (502 above it).
+    /// Largest backend response body accepted, in bytes (502 above it); also the
+    /// largest gRPC message the gateway sends.
     pub max_response_bytes: usize,
     /// How long a client may take to send its request headers (slow clients are cut).
     #[serde(with = "humantime_serde")]
@@ -109,6 +113,7 @@ impl Default for Listen {
         let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
         Listen {
             http: loopback(8000),
+            grpc: loopback(8001),
             metrics: loopback(8002),
             admin: loopback(8003),
         }
@@ -162,6 +167,7 @@ mod tests {
     fn defaults_bind_loopback_on_triton_ports() {
         let config = Config::load(None, Vec::new()).expect("defaults load");
         assert_eq!(config.listen.http.to_string(), "127.0.0.1:8000");
+        assert_eq!(config.listen.grpc.to_string(), "127.0.0.1:8001");
         assert_eq!(config.listen.metrics.to_string(), "127.0.0.1:8002");
         assert_eq!(config.listen.admin.to_string(), "127.0.0.1:8003");
     }

@@ -3,8 +3,8 @@
 //! Any module on the request path fails with an [`Error`]: a [`Kind`] saying *who*
 //! caused it (client, gateway, backend) and a message written for the person who must
 //! act on it. The doors never pick status codes themselves: they ask [`Kind::status`],
-//! [`Kind::retry_after`] and [`Kind::outcome`], so HTTP (and later gRPC) answers and the
-//! `outcome` metric label always agree. The table is covered by one table test.
+//! [`Kind::grpc_code`], [`Kind::retry_after`] and [`Kind::outcome`], so HTTP and gRPC
+//! answers and the `outcome` metric label always agree. The table is covered by one table test.
 
 use std::time::Duration;
 
@@ -76,6 +76,19 @@ impl Kind {
         }
     }
 
+    /// The gRPC status code the gRPC door answers with.
+    pub fn grpc_code(self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Kind::BadRequest => Code::InvalidArgument,
+            Kind::NotFound => Code::NotFound,
+            Kind::MethodNotAllowed | Kind::TierUnavailable => Code::Unimplemented,
+            Kind::TooLarge | Kind::Shed => Code::ResourceExhausted,
+            Kind::ClientTimeout | Kind::Deadline => Code::DeadlineExceeded,
+            Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Backend | Kind::Unavailable => Code::Unavailable,
+        }
+    }
+
     /// The `outcome` metric label.
     pub fn outcome(self) -> &'static str {
         match self {
@@ -111,23 +124,31 @@ mod tests {
 
     #[test]
     fn table() {
+        use tonic::Code;
         use Kind::*;
-        let rows: &[(Kind, u16, Option<u64>, &str)] = &[
-            (BadRequest, 400, None, "bad_request"),
-            (NotFound, 404, None, "not_found"),
-            (MethodNotAllowed, 405, None, "method_not_allowed"),
-            (TooLarge, 413, None, "too_large"),
-            (ClientTimeout, 408, None, "client_timeout"),
-            (Shed, 503, Some(1), "shed"),
-            (DeadlineUnmeetable, 503, Some(1), "deadline_unmeetable"),
-            (NoTier, 503, None, "no_tier"),
-            (TierUnavailable, 501, None, "tier_unavailable"),
-            (Deadline, 504, None, "deadline"),
-            (Backend, 502, None, "backend_error"),
-            (Unavailable, 503, Some(1), "unavailable"),
+        let rows: &[(Kind, u16, Code, Option<u64>, &str)] = &[
+            (BadRequest, 400, Code::InvalidArgument, None, "bad_request"),
+            (NotFound, 404, Code::NotFound, None, "not_found"),
+            (MethodNotAllowed, 405, Code::Unimplemented, None, "method_not_allowed"),
+            (TooLarge, 413, Code::ResourceExhausted, None, "too_large"),
+            (ClientTimeout, 408, Code::DeadlineExceeded, None, "client_timeout"),
+            (Shed, 503, Code::ResourceExhausted, Some(1), "shed"),
+            (
+                DeadlineUnmeetable,
+                503,
+                Code::Unavailable,
+                Some(1),
+                "deadline_unmeetable",
+            ),
+            (NoTier, 503, Code::Unavailable, None, "no_tier"),
+            (TierUnavailable, 501, Code::Unimplemented, None, "tier_unavailable"),
+            (Deadline, 504, Code::DeadlineExceeded, None, "deadline"),
+            (Backend, 502, Code::Unavailable, None, "backend_error"),
+            (Unavailable, 503, Code::Unavailable, Some(1), "unavailable"),
         ];
-        for &(kind, status, retry, outcome) in rows {
+        for &(kind, status, code, retry, outcome) in rows {
             assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+            assert_eq!(kind.grpc_code(), code, "{kind:?}");
             assert_eq!(kind.retry_after().map(|d| d.as_secs()), retry, "{kind:?}");
             assert_eq!(kind.outcome(), outcome, "{kind:?}");
         }

@@ -64,6 +64,9 @@ struct ServeArgs {
     /// Address of the HTTP door (overrides listen.http).
     #[arg(long)]
     http: Option<SocketAddr>,
+    /// Address of the gRPC door (overrides listen.grpc).
+    #[arg(long)]
+    grpc: Option<SocketAddr>,
     /// Address of the metrics endpoint (overrides listen.metrics).
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -78,6 +81,9 @@ struct DemoArgs {
     /// Address of the gateway's HTTP door.
     #[arg(long, default_value = "127.0.0.1:8000")]
     http: SocketAddr,
+    /// Address of the gateway's gRPC door.
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    grpc: SocketAddr,
     /// Address of the gateway's metrics endpoint.
     #[arg(long, default_value = "127.0.0.1:8002")]
     metrics: SocketAddr,
@@ -139,6 +145,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
             config.listen.http = args.http.unwrap_or(config.listen.http);
+            config.listen.grpc = args.grpc.unwrap_or(config.listen.grpc);
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
             init_logs(&config);
             runtime(config.threads.workers)?.block_on(serve(config))
@@ -146,6 +153,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => {
             let mut config = Config::default();
             config.listen.http = args.http;
+            config.listen.grpc = args.grpc;
             config.listen.metrics = args.metrics;
             init_logs(&config);
             runtime(0)?.block_on(run_demo(config, args.self_check))

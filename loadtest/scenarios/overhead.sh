@@ -48,7 +48,7 @@ models = ["resnet50"]
 endpoints = ["http://127.0.0.1:$SIM"]
 max_concurrency = 1024
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc 127.0.0.1:0 --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 
 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 

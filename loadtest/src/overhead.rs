@@ -61,6 +61,8 @@ pub async fn run(tiergate: &Path, mut cmp: Comparison) -> anyhow::Result<Report>
         policy_arg,
         "--http",
         &gateway_addr,
+        "--grpc",
+        "127.0.0.1:0",
         "--metrics",
         "127.0.0.1:0",
     ];

@@ -62,6 +62,7 @@ pub async fn dead_addr() -> SocketAddr {
 pub fn config() -> Config {
     let mut config = Config::default();
     config.listen.http = "127.0.0.1:0".parse().expect("addr");
+    config.listen.grpc = "127.0.0.1:0".parse().expect("addr");
     config.listen.metrics = "127.0.0.1:0".parse().expect("addr");
     config
 }

@@ -1,0 +1,367 @@
+//! The KServe v2 gRPC door: `inference.GRPCInferenceService` on Triton's port 8001.
+//!
+//! First on the request path for gRPC clients (tritonclient's gRPC flavour and any
+//! KServe v2 gRPC client). An infer request is checked and converted exactly to the
+//! KServe v2 HTTP form (binary tensor extension) that the tiers carry, served through
+//! the same [`Dispatch`] as the HTTP door, and the answer converted back. The budget
+//! comes from the gRPC deadline (`grpc-timeout`) or the request's `timeout` parameter;
+//! tier and reason travel as response metadata; errors map through the same table as
+//! HTTP, with `google.rpc.RetryInfo` where waiting helps.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Status, Streaming};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::config::Limits;
+use crate::error::{Error, Kind};
+use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use crate::protocol::grpc::pb::{self, model_metadata_response::TensorMetadata};
+use crate::protocol::{self, grpc::request_from_grpc, grpc::response_to_grpc, InferRequest};
+
+use super::dispatch::{unmatched_model, Dispatch, Served};
+use super::http::{REASON_HEADER, TIER_HEADER};
+use super::meta;
+
+/// The gRPC door.
+#[derive(Debug, Clone)]
+pub struct GrpcDoor {
+    dispatch: Arc<Dispatch>,
+}
+
+/// The outcome of one infer call: its answer and the metadata to send with it.
+type Answered = (MetadataMap, Result<pb::ModelInferResponse, Status>);
+
+impl GrpcDoor {
+    /// A gRPC door over `dispatch`.
+    pub fn new(dispatch: Arc<Dispatch>) -> Self {
+        GrpcDoor { dispatch }
+    }
+
+    /// The tonic service, refusing messages over `limits.max_body_bytes` and sending none
+    /// over `limits.max_response_bytes`.
+    pub fn service(self, limits: &Limits) -> GrpcInferenceServiceServer<GrpcDoor> {
+        GrpcInferenceServiceServer::new(self)
+            .max_decoding_message_size(limits.max_body_bytes)
+            .max_encoding_message_size(limits.max_response_bytes)
+    }
+
+    /// Serves one infer request; `headers` are the call's metadata as HTTP headers.
+    async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Answered {
+        let received = Instant::now();
+        let Some(route) = self.dispatch.policy().route_for_model(&msg.model_name).cloned() else {
+            return (
+                MetadataMap::new(),
+                Err(status(&unmatched_model("grpc", &msg.model_name))),
+            );
+        };
+        let model = msg.model_name.clone();
+        let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
+        let prepared = request_from_grpc(msg)
+            .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))
+            .and_then(|req| {
+                let timeout_us = req.parameters.get("timeout").and_then(Value::as_u64);
+                let meta = meta::read(headers, timeout_us, req.id.as_deref(), &route)?;
+                Ok((http_form(&model, version.as_deref(), req), meta))
+            });
+        let served = match prepared {
+            Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,
+            Err(e) => self.dispatch.failed(&route, e),
+        };
+        answer(served)
+    }
+
+    async fn control(&self, model: &str, version: &str, suffix: &str) -> Result<crate::tiers::Reply, Status> {
+        let path = match version {
+            "" => format!("/v2/models/{model}{suffix}"),
+            v => format!("/v2/models/{model}/versions/{v}{suffix}"),
+        };
+        let mut request = Request::new(Bytes::new());
+        *request.uri_mut() = path
+            .parse()
+            .map_err(|_| Status::invalid_argument("the model name is not valid in a URL path"))?;
+        self.dispatch.control(model, request).await.map_err(|e| status(&e))
+    }
+}
+
+/// The KServe v2 HTTP form of a request: binary tensors, outputs asked back in binary.
+fn http_form(model: &str, version: Option<&str>, mut req: InferRequest) -> Request<Bytes> {
+    if req.outputs.is_empty() {
+        req.parameters.insert("binary_data_output".into(), Value::Bool(true));
+    }
+    for out in &mut req.outputs {
+        out.binary_data.get_or_insert(true);
+    }
+    let (body, header_len) = protocol::encode_request(&req, true);
+    let path = match version {
+        Some(v) => format!("/v2/models/{model}/versions/{v}/infer"),
+        None => format!("/v2/models/{model}/infer"),
+    };
+    let mut request = Request::new(body);
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = path.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
+    let headers = request.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Some(len) = header_len {
+        headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
+    }
+    request
+}
+
+/// Converts a served request to a gRPC answer with the decision as metadata.
+fn answer(served: Served) -> Answered {
+    let mut pairs: Vec<(&str, &'static str)> = Vec::with_capacity(2);
+    if let Some(d) = served.decision {
+        pairs.extend([(TIER_HEADER, d.tier.as_str()), (REASON_HEADER, d.reason.as_str())]);
+    }
+    if let Some(r) = served.refusal {
+        pairs.push((REASON_HEADER, r.as_str()));
+    }
+    let tag = |metadata: &mut MetadataMap| {
+        for (key, value) in &pairs {
+            metadata.insert(*key, tonic::metadata::MetadataValue::from_static(value));
+        }
+    };
+    let result = served.result.map_err(|e| status(&e)).and_then(|reply| {
+        let (head, body) = reply.into_parts();
+        if !head.status.is_success() {
+            return Err(backend_status(head.status, &body));
+        }
+        let header_len = protocol::header_len(&head.headers).map_err(|e| bad_backend(&e))?;
+        let decoded = protocol::decode_response(&body, header_len).map_err(|e| bad_backend(&e))?;
+        Ok(response_to_grpc(&decoded))
+    });
+    let result = result.map_err(|mut s| {
+        tag(s.metadata_mut());
+        s
+    });
+    let mut metadata = MetadataMap::new();
+    tag(&mut metadata);
+    (metadata, result)
+}
+
+/// The gRPC status for a gateway error, with `RetryInfo` when waiting helps.
+pub fn status(e: &Error) -> Status {
+    match e.kind.retry_after() {
+        Some(after) => Status::with_error_details(
+            e.kind.grpc_code(),
+            &e.message,
+            ErrorDetails::with_retry_info(Some(after)),
+        ),
+        None => Status::new(e.kind.grpc_code(), &e.message),
+    }
+}
+
+/// A backend's own HTTP error answer, as the gRPC status a gRPC backend would give.
+fn backend_status(code: http::StatusCode, body: &[u8]) -> Status {
+    let message = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let grpc = match code.as_u16() {
+        400 | 422 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        429 => Code::ResourceExhausted,
+        501 => Code::Unimplemented,
+        502..=503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    };
+    Status::new(grpc, message)
+}
+
+fn bad_backend(e: &protocol::Error) -> Status {
+    Status::unavailable(format!("the backend's answer is not a KServe v2 response: {e}"))
+}
+
+fn with_metadata<T>((metadata, result): (MetadataMap, Result<T, Status>)) -> Result<tonic::Response<T>, Status> {
+    result.map(|body| {
+        let mut response = tonic::Response::new(body);
+        *response.metadata_mut() = metadata;
+        response
+    })
+}
+
+/// Model metadata from a backend's KServe v2 JSON answer.
+fn metadata_from_json(body: &[u8]) -> Result<pb::ModelMetadataResponse, Status> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        bad_backend(&protocol::Error::Grpc {
+            path: "model metadata".into(),
+            problem: e.to_string(),
+        })
+    })?;
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let tensors = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_array)
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| TensorMetadata {
+                        name: text(t, "name"),
+                        datatype: text(t, "datatype"),
+                        shape: t
+                            .get("shape")
+                            .and_then(Value::as_array)
+                            .map(|s| s.iter().filter_map(Value::as_i64).collect())
+                            .unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Ok(pb::ModelMetadataResponse {
+        name: text(&v, "name"),
+        versions: v
+            .get("versions")
+            .and_then(Value::as_array)
+            .map(|vs| vs.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        platform: text(&v, "platform"),
+        inputs: tensors("inputs"),
+        outputs: tensors("outputs"),
+    })
+}
+
+type StreamOf<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcDoor {
+    async fn server_live(
+        &self,
+        _: tonic::Request<pb::ServerLiveRequest>,
+    ) -> Result<tonic::Response<pb::ServerLiveResponse>, Status> {
+        Ok(tonic::Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: tonic::Request<pb::ServerReadyRequest>,
+    ) -> Result<tonic::Response<pb::ServerReadyResponse>, Status> {
+        Ok(tonic::Response::new(pb::ServerReadyResponse {
+            ready: self.dispatch.ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        req: tonic::Request<pb::ModelReadyRequest>,
+    ) -> Result<tonic::Response<pb::ModelReadyResponse>, Status> {
+        let req = req.into_inner();
+        let reply = self.control(&req.name, &req.version, "/ready").await?;
+        Ok(tonic::Response::new(pb::ModelReadyResponse {
+            ready: reply.status().is_success(),
+        }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: tonic::Request<pb::ServerMetadataRequest>,
+    ) -> Result<tonic::Response<pb::ServerMetadataResponse>, Status> {
+        Ok(tonic::Response::new(pb::ServerMetadataResponse {
+            name: "tiergate".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: vec!["binary_tensor_data".into()],
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: tonic::Request<pb::ModelMetadataRequest>,
+    ) -> Result<tonic::Response<pb::ModelMetadataResponse>, Status> {
+        let req = req.into_inner();
+        let reply = self.control(&req.name, &req.version, "").await?;
+        if !reply.status().is_success() {
+            return Err(backend_status(reply.status(), reply.body()));
+        }
+        Ok(tonic::Response::new(metadata_from_json(reply.body())?))
+    }
+
+    async fn model_infer(
+        &self,
+        req: tonic::Request<pb::ModelInferRequest>,
+    ) -> Result<tonic::Response<pb::ModelInferResponse>, Status> {
+        let (metadata, _, msg) = req.into_parts();
+        with_metadata(self.infer(&metadata.into_headers(), msg).await)
+    }
+
+    type ModelStreamInferStream = StreamOf<pb::ModelStreamInferResponse>;
+
+    /// Serves a stream's requests in order; each gets its answer or its error message on
+    /// the response stream. The stream's own deadline bounds the stream, not each request,
+    /// so each request's budget comes from its `timeout` parameter or the route default.
+    async fn model_stream_infer(
+        &self,
+        req: tonic::Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<tonic::Response<Self::ModelStreamInferStream>, Status> {
+        let (metadata, _, mut inbound) = req.into_parts();
+        let mut headers = metadata.into_headers();
+        headers.remove(meta::GRPC_TIMEOUT);
+        let (tx, rx) = mpsc::channel(16);
+        let door = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) => return,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                let id = msg.id.clone();
+                let item = match door.infer(&headers, msg).await.1 {
+                    Ok(response) => pb::ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(response),
+                    },
+                    Err(status) => pb::ModelStreamInferResponse {
+                        error_message: status.message().to_owned(),
+                        infer_response: Some(pb::ModelInferResponse {
+                            id,
+                            ..Default::default()
+                        }),
+                    },
+                };
+                if tx.send(Ok(item)).await.is_err() {
+                    return; // the client went away
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn model_config(
+        &self,
+        _: tonic::Request<pb::ModelConfigRequest>,
+    ) -> Result<tonic::Response<pb::ModelConfigResponse>, Status> {
+        Err(Status::unimplemented(
+            "model config over gRPC is passed through from gRPC backends only; this route's backends speak HTTP \
+             (ask GET /v2/models/{name}/config on the HTTP door)",
+        ))
+    }
+
+    async fn model_statistics(
+        &self,
+        _: tonic::Request<pb::ModelStatisticsRequest>,
+    ) -> Result<tonic::Response<pb::ModelStatisticsResponse>, Status> {
+        Err(Status::unimplemented(
+            "model statistics over gRPC are passed through from gRPC backends only; this route's backends speak HTTP \
+             (ask GET /v2/models/{name}/stats on the HTTP door)",
+        ))
+    }
+}

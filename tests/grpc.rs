@@ -1,0 +1,324 @@
+//! The KServe v2 gRPC door: health, metadata, infer with raw and typed contents,
+//! streaming, deadlines, shedding and malformed messages.
+
+mod common;
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use common::*;
+use tiergate::protocol::grpc::pb;
+use tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tiergate::protocol::grpc::pb::model_infer_request::InferInputTensor;
+use tonic::transport::Channel;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+async fn client(addr: std::net::SocketAddr) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connects")
+}
+
+fn fp32_request(id: &str, rows: &[[f32; 2]]) -> pb::ModelInferRequest {
+    let raw: Vec<u8> = rows.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    pb::ModelInferRequest {
+        model_name: "m".into(),
+        id: id.into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![rows.len() as i64, 2],
+            parameters: HashMap::new(),
+            contents: None,
+        }],
+        raw_input_contents: vec![Bytes::from(raw)],
+        ..Default::default()
+    }
+}
+
+fn with_budget<T>(msg: T, ms: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("x-tiergate-budget-ms", ms.parse().expect("ascii"));
+    req
+}
+
+fn sums(resp: &pb::ModelInferResponse) -> Vec<f64> {
+    let i = resp.outputs.iter().position(|o| o.name == "OUTPUT1").expect("OUTPUT1");
+    resp.raw_output_contents[i]
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+#[tokio::test]
+async fn health_metadata_and_readiness() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    assert!(
+        c.server_live(pb::ServerLiveRequest {})
+            .await
+            .expect("live")
+            .into_inner()
+            .live
+    );
+    assert!(
+        c.server_ready(pb::ServerReadyRequest {})
+            .await
+            .expect("ready")
+            .into_inner()
+            .ready
+    );
+    assert_eq!(
+        c.server_metadata(pb::ServerMetadataRequest {})
+            .await
+            .expect("meta")
+            .into_inner()
+            .name,
+        "tiergate"
+    );
+    let meta = c
+        .model_metadata(pb::ModelMetadataRequest {
+            name: "m".into(),
+            version: String::new(),
+        })
+        .await
+        .expect("meta");
+    let meta = meta.into_inner();
+    assert_eq!(
+        (meta.name.as_str(), meta.versions.as_slice()),
+        ("m", &["1".to_owned()][..])
+    );
+    assert_eq!(meta.outputs[1].datatype, "FP64");
+    let ready = c
+        .model_ready(pb::ModelReadyRequest {
+            name: "m".into(),
+            version: "1".into(),
+        })
+        .await
+        .expect("ready");
+    assert!(ready.into_inner().ready);
+    let err = c
+        .model_metadata(pb::ModelMetadataRequest {
+            name: "nope".into(),
+            version: String::new(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(err.code(), Code::NotFound);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn infer_with_raw_and_typed_contents_and_the_decision_in_metadata() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true\nmicro_batch = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    let sent = fp32_request("g1", &[[1.0, 2.0], [3.5, -4.0]]);
+    let response = c.model_infer(with_budget(sent.clone(), "100")).await.expect("served");
+    let tier = |r: &tonic::metadata::MetadataMap, k: &str| r.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(
+        tier(response.metadata(), "x-tiergate-tier").as_deref(),
+        Some("realtime")
+    );
+    assert_eq!(
+        tier(response.metadata(), "x-tiergate-reason").as_deref(),
+        Some("budget_realtime")
+    );
+    let out = response.into_inner();
+    assert_eq!(out.id, "g1");
+    assert_eq!(
+        out.raw_output_contents[0], sent.raw_input_contents[0],
+        "OUTPUT0 echoes the input bit for bit"
+    );
+    assert_eq!(sums(&out), vec![3.0, -0.5]);
+
+    let typed = pb::ModelInferRequest {
+        model_name: "m".into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "BYTES".into(),
+            shape: vec![2, 1],
+            parameters: HashMap::new(),
+            contents: Some(pb::InferTensorContents {
+                bytes_contents: vec![Bytes::from_static(b"abc"), Bytes::from_static(b"")],
+                ..Default::default()
+            }),
+        }],
+        ..Default::default()
+    };
+    let out = c
+        .model_infer(with_budget(typed, "100"))
+        .await
+        .expect("served")
+        .into_inner();
+    assert_eq!(
+        out.raw_output_contents[0].as_ref(),
+        &[3, 0, 0, 0, b'a', b'b', b'c', 0, 0, 0, 0][..]
+    );
+    assert_eq!(sums(&out), vec![3.0, 0.0]);
+
+    // the gRPC deadline is a budget source: 2 s calls for the micro-batch tier
+    let mut req = tonic::Request::new(fp32_request("g2", &[[1.0, 1.0]]));
+    req.set_timeout(std::time::Duration::from_secs(2));
+    let err = c.model_infer(req).await.expect_err("micro_batch is not built yet");
+    assert_eq!(err.code(), Code::Unimplemented);
+    assert_eq!(tier(err.metadata(), "x-tiergate-tier").as_deref(), Some("micro_batch"));
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn streaming_answers_every_request_in_order() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    let mut requests = vec![
+        fp32_request("s1", &[[1.0, 1.0]]),
+        fp32_request("s2", &[[2.0, 2.0]]),
+        fp32_request("s3", &[[3.0, 3.0]]),
+    ];
+    requests[1].inputs[0].datatype = "FP33".into();
+    let mut responses = c
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(item) = responses.message().await.expect("stream item") {
+        let r = item.infer_response.expect("response");
+        got.push((
+            r.id.clone(),
+            item.error_message.clone(),
+            if item.error_message.is_empty() {
+                sums(&r)
+            } else {
+                vec![]
+            },
+        ));
+    }
+    assert_eq!(got.len(), 3);
+    assert_eq!((got[0].0.as_str(), got[0].2.as_slice()), ("s1", &[2.0][..]));
+    assert_eq!(got[1].0, "s2");
+    assert!(got[1].1.contains("FP33"), "{:?}", got[1]);
+    assert_eq!((got[2].0.as_str(), got[2].2.as_slice()), ("s3", &[6.0][..]));
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn deadline_exceeded_drops_the_backend_call() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    rt.sim.hold();
+    let err = c
+        .model_infer(with_budget(fp32_request("d", &[[1.0, 1.0]]), "100"))
+        .await
+        .expect_err("deadline");
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    wait_for(&rt, |s| s.cancelled == 1).await;
+    rt.sim.release();
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn shedding_is_resource_exhausted_with_retry_info() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await; // max_concurrency = 4
+    rt.sim.hold();
+    let addr = gw.grpc_addr();
+    let held: Vec<_> = (0..4)
+        .map(|i| {
+            tokio::spawn(async move {
+                client(addr)
+                    .await
+                    .model_infer(with_budget(fp32_request(&format!("h{i}"), &[[1.0, 1.0]]), "250"))
+                    .await
+            })
+        })
+        .collect();
+    wait_for(&rt, |s| s.in_flight == 4).await;
+    let err = client(addr)
+        .await
+        .model_infer(with_budget(fp32_request("x", &[[1.0, 1.0]]), "250"))
+        .await
+        .expect_err("shed");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    let retry = err.get_details_retry_info().expect("retry info");
+    assert_eq!(retry.retry_delay, Some(std::time::Duration::from_secs(1)));
+    rt.sim.release();
+    for h in held {
+        h.await.expect("task").expect("served once released");
+    }
+    assert_eq!(rt.sim.stats("m").expect("stats").requests, 4);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_messages_are_refused_without_harm() {
+    let rt = backend(&["m"]).await;
+    let mut config = config();
+    config.limits.max_body_bytes = 4096;
+    let gw = gateway_with(config, &route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    let mut short = fp32_request("bad", &[[1.0, 2.0]]);
+    short.inputs[0].shape = vec![2, 2];
+    let err = c.model_infer(short).await.expect_err("invalid");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("raw contents are 8 bytes but 4 FP32 elements need 16"),
+        "{}",
+        err.message()
+    );
+    let mut unknown = fp32_request("u", &[[1.0, 2.0]]);
+    unknown.model_name = "nope".into();
+    assert_eq!(
+        c.model_infer(unknown).await.expect_err("unknown").code(),
+        Code::NotFound
+    );
+    let huge = fp32_request("big", &vec![[0.5f32, 0.5]; 1024]);
+    let err = c.model_infer(huge).await.expect_err("too large");
+    assert!(
+        matches!(err.code(), Code::ResourceExhausted | Code::OutOfRange),
+        "{err}"
+    );
+    // A malformed protobuf body: a length-delimited field whose length runs past the end.
+    let raw = raw_grpc_call(gw.grpc_addr(), &[0x0a, 0xff, 0x01, b'x']).await;
+    assert_eq!(raw, "3", "a malformed message is INVALID_ARGUMENT: the client sent it");
+    assert_eq!(
+        rt.sim.stats("m").expect("stats").requests,
+        0,
+        "nothing bad reached the backend"
+    );
+    // and everyone else is still served, on the same connection
+    let ok = c
+        .model_infer(with_budget(fp32_request("fine", &[[1.0, 2.0]]), "100"))
+        .await
+        .expect("served");
+    assert_eq!(sums(&ok.into_inner()), vec![3.0]);
+    gw.stop().await.expect("stops");
+}
+
+/// Sends `payload` as one gRPC message to ModelInfer over h2c and returns `grpc-status`.
+async fn raw_grpc_call(addr: std::net::SocketAddr, payload: &[u8]) -> String {
+    use http_body_util::{BodyExt, Full};
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from(frame)))
+        .expect("request");
+    let response = client.request(request).await.expect("exchange");
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.expect("body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let status = trailers.get("grpc-status").or_else(|| headers.get("grpc-status"));
+    status.and_then(|v| v.to_str().ok()).unwrap_or("missing").to_owned()
+}
