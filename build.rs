@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Tensor contents as `Bytes`: raw contents pass between HTTP and gRPC without copies.
         .bytes(".")
+        // A message that does not decode is the sender's mistake: INVALID_ARGUMENT.
+        .codec_path("crate::protocol::grpc::codec::Codec")
         .compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
     Ok(())
 }

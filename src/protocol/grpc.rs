@@ -15,6 +15,8 @@ use super::binary::check_bytes_layout;
 use super::wire::{check_shape, element_count};
 use super::{Datatype, Error, InferRequest, InferResponse, RequestedOutput, Tensor};
 
+pub mod codec;
+
 /// The generated protobuf messages, client and server of `inference.GRPCInferenceService`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod pb {
@@ -254,16 +256,13 @@ fn put<T>(out: &mut BytesMut, values: &[T], mut write: impl FnMut(&mut BytesMut,
 }
 
 /// Writes wide protobuf integers into a narrower datatype, refusing values out of range.
-fn narrow<W: Copy, N: TryFrom<W>>(
+fn narrow<W: Copy + std::fmt::Display, N: TryFrom<W>>(
     path: &str,
     field: &str,
     out: &mut BytesMut,
     values: &[W],
     mut write: impl FnMut(&mut BytesMut, N),
-) -> Result<usize, Error>
-where
-    W: std::fmt::Display,
-{
+) -> Result<usize, Error> {
     for (j, v) in values.iter().enumerate() {
         let n = N::try_from(*v).map_err(|_| grpc(path, format!("contents.{field}[{j}] = {v} is out of range")))?;
         write(out, n);
