@@ -1,0 +1,194 @@
+"""Triton's own Python client (tritonclient, HTTP and gRPC) against tiergate.
+
+Run by tests/conformance_tritonclient.rs, which starts a simulated backend and a
+gateway on free ports and passes the gateway's HTTP and gRPC addresses:
+
+    python tritonclient_test.py HTTP_HOST:PORT GRPC_HOST:PORT
+
+The simulator's model "m" echoes its first input as OUTPUT0 and answers each row's sum
+as OUTPUT1 (FP64; for BYTES the sum of element lengths), so every check below knows the
+exact answer. The route sends budgets under 300 ms to the real-time tier.
+"""
+
+import queue
+import sys
+import unittest
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+HTTP_URL = sys.argv.pop(1)
+GRPC_URL = sys.argv.pop(1)
+
+
+def budget(ms="200"):
+    """A fresh headers dict: tritonclient adds its own headers to the dict it is given."""
+    return {"x-tiergate-budget-ms": ms}
+
+SAMPLES = {
+    "FP32": np.array([[1.5, -2.0, 3.25], [0.0, 4.0, 8.0]], dtype=np.float32),
+    "INT64": np.array([[-(2**40), 7], [3, 2**53 + 1]], dtype=np.int64),
+    "BYTES": np.array([[b"ab"], [b"cde"], [b""]], dtype=np.object_),
+}
+
+
+def row_sums(datatype, arr):
+    if datatype == "BYTES":
+        return np.array([sum(len(x) for x in row) for row in arr], dtype=np.float64)
+    return arr.astype(np.float64).sum(axis=1)
+
+
+class HttpClient(unittest.TestCase):
+    def setUp(self):
+        self.client = httpclient.InferenceServerClient(HTTP_URL, concurrency=4)
+
+    def tearDown(self):
+        self.client.close()
+
+    def inputs(self, datatype, binary):
+        arr = SAMPLES[datatype]
+        inp = httpclient.InferInput("INPUT0", list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr, binary_data=binary)
+        return arr, [inp]
+
+    def test_health_and_metadata(self):
+        self.assertTrue(self.client.is_server_live())
+        self.assertTrue(self.client.is_server_ready())
+        self.assertTrue(self.client.is_model_ready("m"))
+        self.assertEqual(self.client.get_server_metadata()["name"], "tiergate")
+        meta = self.client.get_model_metadata("m")
+        self.assertEqual(meta["name"], "m")
+        self.assertEqual([o["name"] for o in meta["outputs"]], ["OUTPUT0", "OUTPUT1"])
+        self.assertFalse(self.client.is_model_ready("nope"))
+
+    def test_infer_every_datatype_json_and_binary(self):
+        for datatype in SAMPLES:
+            for binary in (False, True):
+                if datatype == "BYTES" and not binary:
+                    continue  # tritonclient sends BYTES as JSON strings; covered below
+                with self.subTest(datatype=datatype, binary=binary):
+                    arr, inputs = self.inputs(datatype, binary)
+                    outputs = [
+                        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+                        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+                    ]
+                    result = self.client.infer("m", inputs, outputs=outputs, headers=budget())
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums(datatype, arr))
+
+    def test_bytes_as_json_strings(self):
+        arr = np.array([["héllo"], ["x"]], dtype=np.object_)
+        inp = httpclient.InferInput("INPUT0", [2, 1], "BYTES")
+        inp.set_data_from_numpy(arr, binary_data=False)
+        result = self.client.infer("m", [inp], headers=budget())
+        out = result.as_numpy("OUTPUT0")
+        self.assertEqual([[x.decode() if isinstance(x, bytes) else x for x in row] for row in out], [["héllo"], ["x"]])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [6.0, 1.0])
+
+    def test_requested_outputs_only(self):
+        arr, inputs = self.inputs("FP32", True)
+        outputs = [httpclient.InferRequestedOutput("OUTPUT1", binary_data=True)]
+        result = self.client.infer("m", inputs, outputs=outputs, headers=budget())
+        self.assertIsNone(result.as_numpy("OUTPUT0"))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
+
+    def test_async_infer(self):
+        arr, inputs = self.inputs("INT64", True)
+        pending = [self.client.async_infer("m", inputs, request_id=str(i), headers=budget()) for i in range(8)]
+        for i, p in enumerate(pending):
+            result = p.get_result()
+            self.assertEqual(result.get_response()["id"], str(i))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+
+    def test_errors(self):
+        _, inputs = self.inputs("FP32", True)
+        with self.assertRaises(InferenceServerException) as unknown:
+            self.client.infer("nope", inputs)
+        self.assertIn("unknown model 'nope'", str(unknown.exception))
+        with self.assertRaises(InferenceServerException) as spent:
+            self.client.infer("m", inputs, headers=budget("0"))
+        self.assertIn("budget", str(spent.exception))
+        with self.assertRaises(InferenceServerException) as batch:
+            self.client.infer("m", inputs, headers=budget("2000"))
+        self.assertIn("micro_batch", str(batch.exception))
+
+
+class GrpcClient(unittest.TestCase):
+    def setUp(self):
+        self.client = grpcclient.InferenceServerClient(GRPC_URL)
+
+    def tearDown(self):
+        self.client.close()
+
+    def inputs(self, datatype):
+        arr = SAMPLES[datatype]
+        inp = grpcclient.InferInput("INPUT0", list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr)
+        return arr, [inp]
+
+    def test_health_and_metadata(self):
+        self.assertTrue(self.client.is_server_live())
+        self.assertTrue(self.client.is_server_ready())
+        self.assertTrue(self.client.is_model_ready("m"))
+        self.assertEqual(self.client.get_server_metadata(as_json=True)["name"], "tiergate")
+        meta = self.client.get_model_metadata("m", as_json=True)
+        self.assertEqual(meta["name"], "m")
+        self.assertEqual([o["name"] for o in meta["outputs"]], ["OUTPUT0", "OUTPUT1"])
+
+    def test_infer_every_datatype(self):
+        for datatype in SAMPLES:
+            with self.subTest(datatype=datatype):
+                arr, inputs = self.inputs(datatype)
+                result = self.client.infer("m", inputs, headers=budget())
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums(datatype, arr))
+
+    def test_requested_outputs_only(self):
+        arr, inputs = self.inputs("FP32")
+        outputs = [grpcclient.InferRequestedOutput("OUTPUT1")]
+        result = self.client.infer("m", inputs, outputs=outputs, headers=budget())
+        self.assertIsNone(result.as_numpy("OUTPUT0"))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
+
+    def test_async_infer(self):
+        arr, inputs = self.inputs("FP32")
+        done = queue.Queue()
+        for i in range(8):
+            self.client.async_infer("m", inputs, lambda result, error: done.put((result, error)), request_id=str(i), headers=budget())
+        ids = set()
+        for _ in range(8):
+            result, error = done.get(timeout=30)
+            self.assertIsNone(error, error and f"{error.status()}: {error.message()}")
+            ids.add(result.get_response().id)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+        self.assertEqual(ids, {str(i) for i in range(8)})
+
+    def test_streaming(self):
+        arr, inputs = self.inputs("INT64")
+        done = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: done.put((result, error)))
+        for i in range(5):
+            self.client.async_stream_infer("m", inputs, request_id=str(i))
+        got = [done.get(timeout=30) for _ in range(5)]
+        self.client.stop_stream()
+        for i, (result, error) in enumerate(got):
+            self.assertIsNone(error)
+            self.assertEqual(result.get_response().id, str(i))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("INT64", arr))
+
+    def test_errors(self):
+        _, inputs = self.inputs("FP32")
+        with self.assertRaises(InferenceServerException) as unknown:
+            self.client.infer("nope", inputs)
+        self.assertEqual(unknown.exception.status(), "StatusCode.NOT_FOUND")
+        # the gRPC deadline is the budget: 2 s calls for the micro-batch tier
+        with self.assertRaises(InferenceServerException) as batch:
+            self.client.infer("m", inputs, client_timeout=2.0)
+        self.assertEqual(batch.exception.status(), "StatusCode.UNIMPLEMENTED")
+        self.assertIn("micro_batch", str(batch.exception))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
