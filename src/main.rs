@@ -91,9 +91,12 @@ struct DemoArgs {
 
 #[derive(Debug, Args)]
 struct SimArgs {
-    /// Address to listen on.
+    /// Address of the KServe v2 HTTP side.
     #[arg(long, default_value = "127.0.0.1:9000")]
     http: SocketAddr,
+    /// Address of the KServe v2 gRPC side (none unless given).
+    #[arg(long)]
+    grpc: Option<SocketAddr>,
     /// A model as NAME:PROFILE (profiles: resnet50-trt, resnet50-eager, bert-base-trt,
     /// instant); repeat for several models.
     #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
@@ -249,9 +252,16 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("cannot listen on {}", args.http))?;
-    tracing::info!(http = %args.http, models = ?args.models, "simulated model server is serving");
+    tracing::info!(http = %args.http, grpc = ?args.grpc, models = ?args.models, "simulated model server is serving");
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(Simulator::new(models).serve(listener, shutdown.clone()));
+    let sim = Simulator::new(models);
+    if let Some(addr) = args.grpc {
+        let grpc = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        tokio::spawn(sim.clone().serve_grpc(grpc, shutdown.clone()));
+    }
+    let server = tokio::spawn(sim.serve(listener, shutdown.clone()));
     stopped().await;
     shutdown.cancel();
     server.await??;

@@ -1,10 +1,11 @@
 //! Backends: the model servers tiergate calls, grouped into pools.
 //!
 //! The bottom of the request path. [`Pool`] sends calls to the endpoints of one tier
-//! of one route; [`Pools`] finds or builds the pool for a route's current spec, so a
+//! of one route, over HTTP or, for `grpc://` endpoints, over gRPC; [`Pools`] finds or builds the pool for a route's current spec, so a
 //! tier keeps its connections and counters for as long as a route's pool is unchanged
 //! and gets fresh ones when a policy reload changes it.
 
+mod grpc;
 mod pool;
 
 use std::sync::Arc;

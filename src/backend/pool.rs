@@ -33,9 +33,18 @@ pub struct Pool {
     endpoints: Vec<Endpoint>,
     limit: Arc<Semaphore>,
     max_concurrency: u32,
-    client: Client<HttpConnector, Full<Bytes>>,
+    transport: Transport,
     max_response_bytes: usize,
     instruments: Instruments,
+}
+
+/// How the pool talks to its endpoints.
+#[derive(Debug)]
+enum Transport {
+    /// KServe v2 over HTTP, one keep-alive connection pool for all endpoints.
+    Http(Box<Client<HttpConnector, Full<Bytes>>>),
+    /// KServe v2 over gRPC, one multiplexed channel per endpoint (same order).
+    Grpc(Vec<super::grpc::Client>),
 }
 
 #[derive(Debug)]
@@ -44,23 +53,27 @@ struct Endpoint {
     in_flight: AtomicUsize,
 }
 
+/// A keep-alive HTTP client for one pool, HTTP/1.1 or HTTP/2 as `spec` says.
+fn http_client(spec: &PoolSpec) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(spec.connect_timeout));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .http2_only(spec.http2)
+        .build(connector)
+}
+
 /// Marks one call in flight on an endpoint until dropped.
 struct InFlight<'a>(&'a AtomicUsize);
 
 impl Pool {
     /// A pool for `tier` of `route`, as `spec` describes; connects lazily.
     pub fn new(route: &str, tier: Tier, spec: &PoolSpec, max_response_bytes: usize) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(spec.connect_timeout));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .http2_only(spec.http2)
-            .build(connector);
-        let endpoints = spec
+        let endpoints: Vec<Endpoint> = spec
             .endpoints
             .iter()
             .filter_map(|uri| uri.authority().cloned())
@@ -69,13 +82,22 @@ impl Pool {
                 in_flight: AtomicUsize::new(0),
             })
             .collect();
+        let transport = match spec.is_grpc() {
+            true => Transport::Grpc(
+                endpoints
+                    .iter()
+                    .map(|e| super::grpc::client(&e.authority, spec.connect_timeout, max_response_bytes))
+                    .collect(),
+            ),
+            false => Transport::Http(Box::new(http_client(spec))),
+        };
         Pool {
             route: route.to_owned(),
             tier,
             endpoints,
             limit: Arc::new(Semaphore::new(spec.max_concurrency.get() as usize)),
             max_concurrency: spec.max_concurrency.get(),
-            client,
+            transport,
             max_response_bytes,
             instruments: Instruments::new(route, tier),
         }
@@ -153,9 +175,30 @@ impl Pool {
     ) -> Result<Response<Bytes>, Failure> {
         let endpoint = &self.endpoints[at];
         let _in_flight = InFlight::enter(&endpoint.in_flight);
+        let started = Instant::now();
+        let call = async {
+            match &self.transport {
+                Transport::Http(client) => self.send_http(client, &endpoint.authority, parts, body).await,
+                Transport::Grpc(clients) => super::grpc::call(clients[at].clone(), parts, body, deadline).await,
+            }
+        };
+        let result = tokio::time::timeout_at(deadline, call)
+            .await
+            .unwrap_or(Err(Failure::Deadline));
+        self.instruments.backend_seconds.record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn send_http(
+        &self,
+        client: &Client<HttpConnector, Full<Bytes>>,
+        authority: &Authority,
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response<Bytes>, Failure> {
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(Scheme::HTTP);
-        uri.authority = Some(endpoint.authority.clone());
+        uri.authority = Some(authority.clone());
         uri.path_and_query = Some(
             parts
                 .uri
@@ -167,32 +210,23 @@ impl Pool {
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
         copy_end_to_end(&parts.headers, request.headers_mut());
-
-        let started = Instant::now();
-        let call = async {
-            let response = self.client.request(request).await.map_err(|e| {
-                let detail = chain(&e);
-                if e.is_connect() {
-                    Failure::Connect(detail)
-                } else {
-                    Failure::Other(detail)
-                }
-            })?;
-            let (mut head, body) = response.into_parts();
-            let body = Limited::new(body, self.max_response_bytes)
-                .collect()
-                .await
-                .map_err(|e| Failure::Body(e.to_string()))?
-                .to_bytes();
-            let headers = std::mem::take(&mut head.headers);
-            copy_end_to_end(&headers, &mut head.headers);
-            Ok(Response::from_parts(head, body))
-        };
-        let result = tokio::time::timeout_at(deadline, call)
+        let response = client.request(request).await.map_err(|e| {
+            let detail = chain(&e);
+            if e.is_connect() {
+                Failure::Connect(detail)
+            } else {
+                Failure::Other(detail)
+            }
+        })?;
+        let (mut head, body) = response.into_parts();
+        let body = Limited::new(body, self.max_response_bytes)
+            .collect()
             .await
-            .unwrap_or(Err(Failure::Deadline));
-        self.instruments.backend_seconds.record(started.elapsed().as_secs_f64());
-        result
+            .map_err(|e| Failure::Body(e.to_string()))?
+            .to_bytes();
+        let headers = std::mem::take(&mut head.headers);
+        copy_end_to_end(&headers, &mut head.headers);
+        Ok(Response::from_parts(head, body))
     }
 
     fn error(&self, at: usize, failure: Failure) -> Error {
@@ -216,7 +250,7 @@ impl Pool {
 }
 
 /// How a call to one endpoint failed.
-enum Failure {
+pub(super) enum Failure {
     /// No connection could be made: the request never left, so it may go elsewhere.
     Connect(String),
     /// The exchange failed after connecting.
@@ -275,7 +309,7 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// An error and its causes on one line: `client error (Connect): tcp connect error: Connection refused`.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(super) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

@@ -19,14 +19,14 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
-use tonic::{Code, Status, Streaming};
+use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::config::Limits;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
-use crate::protocol::grpc::pb::{self, model_metadata_response::TensorMetadata};
-use crate::protocol::{self, grpc::request_from_grpc, grpc::response_to_grpc, InferRequest};
+use crate::protocol::grpc::{bridge, pb, request_from_grpc};
+use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::http::{REASON_HEADER, TIER_HEADER};
@@ -71,7 +71,7 @@ impl GrpcDoor {
             .and_then(|req| {
                 let timeout_us = req.parameters.get("timeout").and_then(Value::as_u64);
                 let meta = meta::read(headers, timeout_us, req.id.as_deref(), &route)?;
-                Ok((http_form(&model, version.as_deref(), req), meta))
+                Ok((bridge::http_infer_request(&model, version.as_deref(), req, true), meta))
             });
         let served = match prepared {
             Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,
@@ -80,44 +80,41 @@ impl GrpcDoor {
         answer(served)
     }
 
-    async fn control(&self, model: &str, version: &str, suffix: &str) -> Result<crate::tiers::Reply, Status> {
-        let path = match version {
-            "" => format!("/v2/models/{model}{suffix}"),
-            v => format!("/v2/models/{model}/versions/{v}{suffix}"),
-        };
+    /// A model GET on the route's backend; `accept` asks a gRPC backend for protobuf.
+    async fn control(
+        &self,
+        model: &str,
+        version: &str,
+        suffix: &str,
+        accept: Option<&'static str>,
+    ) -> Result<Reply, Status> {
         let mut request = Request::new(Bytes::new());
-        *request.uri_mut() = path
-            .parse()
-            .map_err(|_| Status::invalid_argument("the model name is not valid in a URL path"))?;
+        *request.uri_mut() = bridge::model_path(model, Some(version), suffix);
+        if let Some(accept) = accept {
+            request
+                .headers_mut()
+                .insert(http::header::ACCEPT, HeaderValue::from_static(accept));
+        }
         self.dispatch.control(model, request).await.map_err(|e| status(&e))
     }
-}
 
-/// The KServe v2 HTTP form of a request: binary tensors, outputs asked back in binary.
-fn http_form(model: &str, version: Option<&str>, mut req: InferRequest) -> Request<Bytes> {
-    if req.outputs.is_empty() {
-        req.parameters.insert("binary_data_output".into(), Value::Bool(true));
+    /// Model config or statistics: a gRPC backend's protobuf answer, passed through.
+    async fn protobuf(&self, model: &str, version: &str, suffix: &str) -> Result<Bytes, Status> {
+        let reply = self.control(model, version, suffix, Some(bridge::PROTOBUF)).await?;
+        let protobuf = reply
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v == bridge::PROTOBUF);
+        match (reply.status().is_success(), protobuf) {
+            (true, true) => Ok(reply.into_body()),
+            (true, false) => Err(Status::unimplemented(format!(
+                "model {what} over gRPC is passed through from gRPC backends; this route's backend speaks HTTP \
+                 (ask GET /v2/models/{model}{suffix} on the HTTP door)",
+                what = &suffix[1..]
+            ))),
+            (false, _) => Err(bridge::status_from_http(reply.status(), reply.body())),
+        }
     }
-    for out in &mut req.outputs {
-        out.binary_data.get_or_insert(true);
-    }
-    let (body, header_len) = protocol::encode_request(&req, true);
-    let path = match version {
-        Some(v) => format!("/v2/models/{model}/versions/{v}/infer"),
-        None => format!("/v2/models/{model}/infer"),
-    };
-    let mut request = Request::new(body);
-    *request.method_mut() = http::Method::POST;
-    *request.uri_mut() = path.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
-    let headers = request.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    if let Some(len) = header_len {
-        headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
-    }
-    request
 }
 
 /// Converts a served request to a gRPC answer with the decision as metadata.
@@ -134,15 +131,10 @@ fn answer(served: Served) -> Answered {
             metadata.insert(*key, tonic::metadata::MetadataValue::from_static(value));
         }
     };
-    let result = served.result.map_err(|e| status(&e)).and_then(|reply| {
-        let (head, body) = reply.into_parts();
-        if !head.status.is_success() {
-            return Err(backend_status(head.status, &body));
-        }
-        let header_len = protocol::header_len(&head.headers).map_err(|e| bad_backend(&e))?;
-        let decoded = protocol::decode_response(&body, header_len).map_err(|e| bad_backend(&e))?;
-        Ok(response_to_grpc(&decoded))
-    });
+    let result = served
+        .result
+        .map_err(|e| status(&e))
+        .and_then(bridge::infer_response_from_http);
     let result = result.map_err(|mut s| {
         tag(s.metadata_mut());
         s
@@ -164,76 +156,11 @@ pub fn status(e: &Error) -> Status {
     }
 }
 
-/// A backend's own HTTP error answer, as the gRPC status a gRPC backend would give.
-fn backend_status(code: http::StatusCode, body: &[u8]) -> Status {
-    let message = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    let grpc = match code.as_u16() {
-        400 | 422 => Code::InvalidArgument,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::AlreadyExists,
-        429 => Code::ResourceExhausted,
-        501 => Code::Unimplemented,
-        502..=503 => Code::Unavailable,
-        504 => Code::DeadlineExceeded,
-        _ => Code::Internal,
-    };
-    Status::new(grpc, message)
-}
-
-fn bad_backend(e: &protocol::Error) -> Status {
-    Status::unavailable(format!("the backend's answer is not a KServe v2 response: {e}"))
-}
-
 fn with_metadata<T>((metadata, result): (MetadataMap, Result<T, Status>)) -> Result<tonic::Response<T>, Status> {
     result.map(|body| {
         let mut response = tonic::Response::new(body);
         *response.metadata_mut() = metadata;
         response
-    })
-}
-
-/// Model metadata from a backend's KServe v2 JSON answer.
-fn metadata_from_json(body: &[u8]) -> Result<pb::ModelMetadataResponse, Status> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        bad_backend(&protocol::Error::Grpc {
-            path: "model metadata".into(),
-            problem: e.to_string(),
-        })
-    })?;
-    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let tensors = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_array)
-            .map(|ts| {
-                ts.iter()
-                    .map(|t| TensorMetadata {
-                        name: text(t, "name"),
-                        datatype: text(t, "datatype"),
-                        shape: t
-                            .get("shape")
-                            .and_then(Value::as_array)
-                            .map(|s| s.iter().filter_map(Value::as_i64).collect())
-                            .unwrap_or_default(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    Ok(pb::ModelMetadataResponse {
-        name: text(&v, "name"),
-        versions: v
-            .get("versions")
-            .and_then(Value::as_array)
-            .map(|vs| vs.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-            .unwrap_or_default(),
-        platform: text(&v, "platform"),
-        inputs: tensors("inputs"),
-        outputs: tensors("outputs"),
     })
 }
 
@@ -262,7 +189,7 @@ impl GrpcInferenceService for GrpcDoor {
         req: tonic::Request<pb::ModelReadyRequest>,
     ) -> Result<tonic::Response<pb::ModelReadyResponse>, Status> {
         let req = req.into_inner();
-        let reply = self.control(&req.name, &req.version, "/ready").await?;
+        let reply = self.control(&req.name, &req.version, "/ready", None).await?;
         Ok(tonic::Response::new(pb::ModelReadyResponse {
             ready: reply.status().is_success(),
         }))
@@ -284,11 +211,11 @@ impl GrpcInferenceService for GrpcDoor {
         req: tonic::Request<pb::ModelMetadataRequest>,
     ) -> Result<tonic::Response<pb::ModelMetadataResponse>, Status> {
         let req = req.into_inner();
-        let reply = self.control(&req.name, &req.version, "").await?;
+        let reply = self.control(&req.name, &req.version, "", None).await?;
         if !reply.status().is_success() {
-            return Err(backend_status(reply.status(), reply.body()));
+            return Err(bridge::status_from_http(reply.status(), reply.body()));
         }
-        Ok(tonic::Response::new(metadata_from_json(reply.body())?))
+        Ok(tonic::Response::new(bridge::metadata_from_json(reply.body())?))
     }
 
     async fn model_infer(
@@ -347,21 +274,22 @@ impl GrpcInferenceService for GrpcDoor {
 
     async fn model_config(
         &self,
-        _: tonic::Request<pb::ModelConfigRequest>,
+        req: tonic::Request<pb::ModelConfigRequest>,
     ) -> Result<tonic::Response<pb::ModelConfigResponse>, Status> {
-        Err(Status::unimplemented(
-            "model config over gRPC is passed through from gRPC backends only; this route's backends speak HTTP \
-             (ask GET /v2/models/{name}/config on the HTTP door)",
-        ))
+        let req = req.into_inner();
+        let config = self.protobuf(&req.name, &req.version, "/config").await?;
+        Ok(tonic::Response::new(pb::ModelConfigResponse { config }))
     }
 
     async fn model_statistics(
         &self,
-        _: tonic::Request<pb::ModelStatisticsRequest>,
+        req: tonic::Request<pb::ModelStatisticsRequest>,
     ) -> Result<tonic::Response<pb::ModelStatisticsResponse>, Status> {
-        Err(Status::unimplemented(
-            "model statistics over gRPC are passed through from gRPC backends only; this route's backends speak HTTP \
-             (ask GET /v2/models/{name}/stats on the HTTP door)",
-        ))
+        let req = req.into_inner();
+        let encoded = self.protobuf(&req.name, &req.version, "/stats").await?;
+        // The backend's whole ModelStatisticsResponse, passed through as it is.
+        let stats = <pb::ModelStatisticsResponse as prost::Message>::decode(encoded)
+            .map_err(|e| Status::unavailable(format!("the backend's statistics do not decode: {e}")))?;
+        Ok(tonic::Response::new(stats))
     }
 }

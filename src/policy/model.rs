@@ -82,11 +82,12 @@ pub struct Flags {
 /// A pool of backend endpoints and how to talk to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSpec {
-    /// Base URIs (`http://host:port`), at least one, no duplicates.
+    /// Base URIs (`http://host:port` or `grpc://host:port`, all of one scheme), at least
+    /// one, no duplicates.
     pub endpoints: Vec<Uri>,
     /// Calls in flight across the pool before new ones are shed.
     pub max_concurrency: NonZeroU32,
-    /// HTTP/2 with prior knowledge instead of HTTP/1.1.
+    /// HTTP/2 with prior knowledge instead of HTTP/1.1 (gRPC endpoints always use it).
     pub http2: bool,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
@@ -126,6 +127,13 @@ impl Policy {
     /// The route called `name`.
     pub fn route(&self, name: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|r| r.name == name)
+    }
+}
+
+impl PoolSpec {
+    /// Whether the endpoints speak KServe v2 over gRPC (`grpc://`) rather than HTTP.
+    pub fn is_grpc(&self) -> bool {
+        self.endpoints.first().is_some_and(|e| e.scheme_str() == Some("grpc"))
     }
 }
 

@@ -27,7 +27,7 @@ micro_batch_percent = 25
 endpoints = ["http://127.0.0.1:9000", "http://127.0.0.1:9001/"]
 max_concurrency = 8
 [routes.resnet50.micro_batch]
-endpoints = ["http://127.0.0.1:9100"]
+endpoints = ["grpc://127.0.0.1:9100", "grpc://127.0.0.1:9101"]
 max_batch = 128
 max_wait = "250ms"
 max_in_flight = 3
@@ -62,7 +62,8 @@ fn a_good_policy_validates_with_defaults_applied() {
     assert_eq!(rt.endpoints[1].to_string(), "http://127.0.0.1:9001/");
     let mb = r.micro_batch.as_ref().expect("batch pool");
     assert_eq!((mb.max_batch.get(), mb.max_in_flight.get()), (128, 3));
-    assert_eq!(mb.pool.max_concurrency.get(), 3, "one endpoint x max_in_flight");
+    assert_eq!(mb.pool.max_concurrency.get(), 6, "two endpoints x max_in_flight");
+    assert!(mb.pool.is_grpc() && !rt.is_grpc());
     let e = policy.route_for_path("/v1/embeddings").expect("indexed by path");
     assert_eq!(e.budgets.realtime_below, Duration::from_millis(100));
     assert_eq!(e.when_unmet, WhenUnmet::Reject);
@@ -79,7 +80,7 @@ offline_from = "100ms"
 micro_batch = true
 micro_batch_percent = 150
 [routes.r1.realtime]
-endpoints = ["ftp://x:1", "http://h", "http://h:1/path", "http://a:1", "http://a:1"]
+endpoints = ["ftp://x:1", "http://h", "http://h:1/path", "http://a:1", "http://a:1", "grpc://a:2"]
 max_concurrency = 0
 
 [routes."bad name"]
@@ -110,6 +111,7 @@ offline = true
         "bad.toml: routes.r1.realtime.endpoints[1]: \"http://h\" has no port",
         "bad.toml: routes.r1.realtime.endpoints[2]: \"http://h:1/path\" must not have a path",
         "bad.toml: routes.r1.realtime.endpoints[4]: \"http://a:1\" is listed twice",
+        "bad.toml: routes.r1.realtime.endpoints[5]: \"grpc://a:2\" speaks another protocol than http://a:1/",
         "bad.toml: routes.r1.realtime.max_concurrency: must be between 1",
         "bad.toml: routes.r1.flags.micro_batch: is on but the route has no [micro_batch] pool",
         "bad.toml: routes.bad name: route names use only letters",

@@ -325,6 +325,13 @@ fn endpoints(check: &mut Check<'_>, at: &str, raw: &[String]) -> Vec<Uri> {
         let path = format!("{at}.endpoints[{i}]");
         match endpoint(text) {
             Ok(uri) if out.contains(&uri) => check.fail(path, format!("{text:?} is listed twice")),
+            Ok(uri) if out.first().is_some_and(|first| first.scheme() != uri.scheme()) => check.fail(
+                path,
+                format!(
+                    "{text:?} speaks another protocol than {}; a pool's endpoints speak one",
+                    out[0]
+                ),
+            ),
             Ok(uri) => out.push(uri),
             Err(why) => check.fail(path, format!("{text:?} {why}")),
         }
@@ -335,9 +342,14 @@ fn endpoints(check: &mut Check<'_>, at: &str, raw: &[String]) -> Vec<Uri> {
 /// Parses one backend base URL: `http://host:port`, nothing after the authority.
 fn endpoint(text: &str) -> Result<Uri, &'static str> {
     let uri: Uri = text.parse().map_err(|_| "is not a URL; write it as http://host:port")?;
-    if uri.scheme_str() != Some("http") {
-        return Err("must start with http:// (https and grpc backends are not supported yet)");
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "grpc")) => s.to_owned(),
+        _ => {
+            return Err(
+                "must start with http:// (KServe v2 over HTTP) or grpc:// (over gRPC); https is not supported yet",
+            )
+        }
+    };
     let authority = uri.authority().ok_or("has no host")?;
     if authority.port_u16().is_none() {
         return Err("has no port; write it as http://host:port");
@@ -349,7 +361,7 @@ fn endpoint(text: &str) -> Result<Uri, &'static str> {
         return Err("must not have a path or query: the request path is appended to it");
     }
     Uri::builder()
-        .scheme("http")
+        .scheme(scheme.as_str())
         .authority(authority.clone())
         .path_and_query("/")
         .build()

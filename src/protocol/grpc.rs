@@ -15,6 +15,7 @@ use super::binary::check_bytes_layout;
 use super::wire::{check_shape, element_count};
 use super::{Datatype, Error, InferRequest, InferResponse, RequestedOutput, Tensor};
 
+pub mod bridge;
 pub mod codec;
 
 /// The generated protobuf messages, client and server of `inference.GRPCInferenceService`.

@@ -16,7 +16,7 @@ use super::{Model, Stats};
 use crate::protocol::{self, Datatype, InferRequest, InferResponse, Tensor, HEADER_LEN};
 
 /// Largest request body accepted.
-const MAX_BODY: usize = 64 << 20;
+pub(crate) const MAX_BODY: usize = 64 << 20;
 /// Largest batch accepted, so `OUTPUT1` stays small whatever `shape[0]` claims.
 const MAX_ROWS: u64 = 1 << 20;
 const OUTPUTS: [&str; 2] = ["OUTPUT0", "OUTPUT1"];
@@ -72,9 +72,25 @@ pub(crate) async fn infer(m: &Model, model: &str, req: Request<Incoming>) -> Rep
     reply
 }
 
+/// Answers an infer request already read: `body` in the KServe v2 HTTP form (binary
+/// extension when `header_len` is set). The gRPC side of the simulator uses this.
+pub(crate) async fn infer_bytes(m: &Model, model: &str, header_len: Option<usize>, body: Bytes) -> Reply {
+    let mut guard = InFlight::enter(&m.stats);
+    let reply = match run(m, model, header_len, body).await {
+        Ok(reply) => reply,
+        Err(Refusal(status, message)) => error(status, &message),
+    };
+    guard.answered = true;
+    reply
+}
+
 async fn answer(m: &Model, model: &str, req: Request<Incoming>) -> Result<Reply, Refusal> {
     let header_len = protocol::header_len(req.headers()).map_err(Refusal::bad)?;
     let body = read_body(req).await?;
+    run(m, model, header_len, body).await
+}
+
+async fn run(m: &Model, model: &str, header_len: Option<usize>, body: Bytes) -> Result<Reply, Refusal> {
     let queued = queue(m, model, &body, header_len);
     // Counted after queueing, so `requests == n` tells a test the batches are queued.
     m.stats.send_modify(|s| {

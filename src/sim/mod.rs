@@ -12,6 +12,7 @@
 //! queue, hold gate) · `server` (accept loop, routes) · `infer` (the infer handler and
 //! the outputs).
 
+mod grpc;
 mod infer;
 mod instance;
 mod profile;
@@ -98,6 +99,12 @@ impl Simulator {
         Simulator {
             inner: Arc::new(Inner { models, gate }),
         }
+    }
+
+    /// Serves KServe v2 over gRPC (`inference.GRPCInferenceService`) on `listener` until
+    /// `shutdown` fires: the same models, instances and statistics as [`Self::serve`].
+    pub async fn serve_grpc(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+        grpc::serve(self, listener, shutdown).await
     }
 
     /// Serves KServe v2 over HTTP/1.1 and h2c on `listener` until `shutdown` fires;

@@ -144,7 +144,7 @@ fn server_metadata() -> serde_json::Value {
     })
 }
 
-fn model_metadata(model: &str) -> serde_json::Value {
+pub(crate) fn model_metadata(model: &str) -> serde_json::Value {
     json!({
         "name": model,
         "versions": ["1"],

@@ -19,7 +19,10 @@ use tokio_util::sync::CancellationToken;
 /// A simulated model server on a free port, stopped on drop.
 pub struct Backend {
     pub sim: Simulator,
+    /// Its KServe v2 HTTP address.
     pub addr: SocketAddr,
+    /// Its KServe v2 gRPC address.
+    pub grpc: SocketAddr,
     shutdown: CancellationToken,
 }
 
@@ -32,6 +35,9 @@ impl Drop for Backend {
 impl Backend {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+    pub fn grpc_url(&self) -> String {
+        format!("grpc://{}", self.grpc)
     }
 }
 
@@ -46,11 +52,21 @@ pub async fn backend(models: &[&str]) -> Backend {
 
 pub async fn backend_with(specs: Vec<ModelSpec>) -> Backend {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
+    let grpc_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let (addr, grpc) = (
+        listener.local_addr().expect("addr"),
+        grpc_listener.local_addr().expect("addr"),
+    );
     let sim = Simulator::new(specs);
     let shutdown = CancellationToken::new();
     tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
-    Backend { sim, addr, shutdown }
+    tokio::spawn(sim.clone().serve_grpc(grpc_listener, shutdown.clone()));
+    Backend {
+        sim,
+        addr,
+        grpc,
+        shutdown,
+    }
 }
 
 /// An address nothing listens on.

@@ -1,0 +1,192 @@
+//! The bridge between KServe v2 over HTTP and over gRPC: one call, one answer, one
+//! error, converted exactly in either direction.
+//!
+//! Used wherever the two protocols meet: the gRPC door (gRPC client, HTTP form inside),
+//! gRPC backends (HTTP form inside, gRPC backend) and the simulator's gRPC side.
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tonic::{Code, Status};
+
+use super::pb::{self, model_metadata_response::TensorMetadata};
+use super::response_to_grpc;
+use crate::protocol::{self, InferRequest, InferResponse, Tensor};
+
+/// Content type of a protobuf message carried over HTTP inside the gateway (model config
+/// and statistics passed through from gRPC backends).
+pub const PROTOBUF: &str = "application/x-protobuf";
+
+/// The KServe v2 HTTP form of an infer request: binary tensors; with `binary_outputs`,
+/// every output is asked back in binary too (exact, and what a gRPC caller needs).
+pub fn http_infer_request(
+    model: &str,
+    version: Option<&str>,
+    mut req: InferRequest,
+    binary_outputs: bool,
+) -> Request<Bytes> {
+    if binary_outputs {
+        if req.outputs.is_empty() {
+            req.parameters.insert("binary_data_output".into(), Value::Bool(true));
+        }
+        for out in &mut req.outputs {
+            out.binary_data.get_or_insert(true);
+        }
+    }
+    let (body, header_len) = protocol::encode_request(&req, true);
+    let mut request = Request::new(body);
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = model_path(model, version, "/infer");
+    let headers = request.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Some(len) = header_len {
+        headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
+    }
+    request
+}
+
+/// The HTTP path of a model endpoint (`suffix`: "", "/ready", "/infer", "/config").
+pub fn model_path(model: &str, version: Option<&str>, suffix: &str) -> http::Uri {
+    let path = match version.filter(|v| !v.is_empty()) {
+        Some(v) => format!("/v2/models/{model}/versions/{v}{suffix}"),
+        None => format!("/v2/models/{model}{suffix}"),
+    };
+    path.parse()
+        .unwrap_or_else(|_| http::Uri::from_static("/v2/models/invalid"))
+}
+
+/// A KServe v2 HTTP answer to an infer request as a gRPC answer.
+pub fn infer_response_from_http(reply: Response<Bytes>) -> Result<pb::ModelInferResponse, Status> {
+    let (head, body) = reply.into_parts();
+    if !head.status.is_success() {
+        return Err(status_from_http(head.status, &body));
+    }
+    let header_len = protocol::header_len(&head.headers).map_err(|e| not_kserve(&e))?;
+    let decoded = protocol::decode_response(&body, header_len).map_err(|e| not_kserve(&e))?;
+    Ok(response_to_grpc(&decoded))
+}
+
+/// A gRPC infer answer as the KServe v2 HTTP answer, each output in binary when
+/// `binary(output)` says so.
+pub fn infer_response_to_http(resp: &InferResponse, binary: &dyn Fn(&Tensor) -> bool) -> Response<Bytes> {
+    let (body, header_len) = protocol::encode_response(resp, binary);
+    let mut reply = Response::new(body);
+    let headers = reply.headers_mut();
+    match header_len {
+        Some(len) => {
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
+        }
+        None => {
+            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    reply
+}
+
+/// An HTTP error answer (`{"error": "..."}`) as the gRPC status a gRPC server would give.
+pub fn status_from_http(code: StatusCode, body: &[u8]) -> Status {
+    let message = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let grpc = match code.as_u16() {
+        400 | 422 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        413 | 429 => Code::ResourceExhausted,
+        501 => Code::Unimplemented,
+        502 | 503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    };
+    Status::new(grpc, message)
+}
+
+/// A gRPC error as the HTTP error answer an HTTP server would give.
+pub fn status_to_http(status: &Status) -> Response<Bytes> {
+    let code = match status.code() {
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let mut reply = Response::new(protocol::error_body(status.message()));
+    *reply.status_mut() = code;
+    reply
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    reply
+}
+
+/// Model metadata from its KServe v2 JSON form.
+pub fn metadata_from_json(body: &[u8]) -> Result<pb::ModelMetadataResponse, Status> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::unavailable(format!("the backend's model metadata is not JSON: {e}")))?;
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let tensors = |k: &str| -> Vec<TensorMetadata> {
+        let list = v
+            .get(k)
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        list.iter()
+            .map(|t| TensorMetadata {
+                name: text(t, "name"),
+                datatype: text(t, "datatype"),
+                shape: t
+                    .get("shape")
+                    .and_then(Value::as_array)
+                    .map(|s| s.iter().filter_map(Value::as_i64).collect())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    };
+    let versions = v
+        .get("versions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    Ok(pb::ModelMetadataResponse {
+        name: text(&v, "name"),
+        versions: versions.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        platform: text(&v, "platform"),
+        inputs: tensors("inputs"),
+        outputs: tensors("outputs"),
+    })
+}
+
+/// Model metadata in its KServe v2 JSON form.
+pub fn metadata_to_json(m: &pb::ModelMetadataResponse) -> Bytes {
+    let tensors = |ts: &[TensorMetadata]| -> Vec<Value> {
+        ts.iter()
+            .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
+            .collect()
+    };
+    let body = json!({
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
+    });
+    Bytes::from(body.to_string())
+}
+
+fn not_kserve(e: &protocol::Error) -> Status {
+    Status::unavailable(format!("the backend's answer is not a KServe v2 response: {e}"))
+}

@@ -1,0 +1,149 @@
+//! The simulator's gRPC side: `inference.GRPCInferenceService` on a port of its own (as
+//! Triton serves gRPC on 8001 beside HTTP on 8000), answering through the same models,
+//! instances and statistics as the HTTP side.
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{infer, server, Model, Simulator};
+use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use crate::protocol::grpc::{bridge, pb, request_from_grpc};
+
+/// The simulator as a gRPC service.
+#[derive(Clone)]
+struct SimGrpc(Simulator);
+
+/// Serves the simulator's models over gRPC on `listener` until `shutdown` fires.
+pub(crate) async fn serve(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    tonic::transport::Server::builder()
+        .add_service(GrpcInferenceServiceServer::new(SimGrpc(sim)).max_decoding_message_size(infer::MAX_BODY))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .await
+        .map_err(std::io::Error::other)
+}
+
+impl SimGrpc {
+    fn model(&self, name: &str, version: &str) -> Result<&Model, Status> {
+        match (self.0.model(name), version) {
+            (Some(model), "" | "1") => Ok(model),
+            _ => Err(Status::not_found(format!(
+                "Request for unknown model: '{name}' version '{version}' is not found"
+            ))),
+        }
+    }
+}
+
+/// A `ModelConfig` message (Triton's model_config.proto) with its name (1), platform (2)
+/// and max_batch_size (4), encoded by hand: the simulator only needs to give one.
+fn config(name: &str) -> Bytes {
+    let mut buf = BytesMut::new();
+    prost::encoding::string::encode(1, &name.to_owned(), &mut buf);
+    prost::encoding::string::encode(2, &"tiergate_sim".to_owned(), &mut buf);
+    prost::encoding::int32::encode(4, &0, &mut buf);
+    buf.freeze()
+}
+
+/// A `ModelStatistics` message: name (1), version (2), inference_count (4), execution_count (5).
+fn statistics(name: &str, requests: u64, batches: u64) -> Bytes {
+    let mut buf = BytesMut::new();
+    prost::encoding::string::encode(1, &name.to_owned(), &mut buf);
+    prost::encoding::string::encode(2, &"1".to_owned(), &mut buf);
+    prost::encoding::uint64::encode(4, &requests, &mut buf);
+    prost::encoding::uint64::encode(5, &batches, &mut buf);
+    buf.freeze()
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for SimGrpc {
+    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse { ready: true }))
+    }
+
+    async fn model_ready(
+        &self,
+        req: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let req = req.into_inner();
+        self.model(&req.name, &req.version)?;
+        Ok(Response::new(pb::ModelReadyResponse { ready: true }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "tiergate-sim".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: vec![],
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let req = req.into_inner();
+        self.model(&req.name, &req.version)?;
+        let json = server::model_metadata(&req.name).to_string();
+        Ok(Response::new(bridge::metadata_from_json(json.as_bytes())?))
+    }
+
+    async fn model_infer(
+        &self,
+        req: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let msg = req.into_inner();
+        let name = msg.model_name.clone();
+        let model = self.model(&name, &msg.model_version)?;
+        let version = Some(msg.model_version.clone());
+        let request = request_from_grpc(msg).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (parts, body) = bridge::http_infer_request(&name, version.as_deref(), request, true).into_parts();
+        let header_len = crate::protocol::header_len(&parts.headers).map_err(|e| Status::internal(e.to_string()))?;
+        let (head, body) = infer::infer_bytes(model, &name, header_len, body).await.into_parts();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        bridge::infer_response_from_http(http::Response::from_parts(head, body)).map(Response::new)
+    }
+
+    type ModelStreamInferStream = tokio_stream::Empty<Result<pb::ModelStreamInferResponse, Status>>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        Err(Status::unimplemented("the simulator serves unary ModelInfer calls"))
+    }
+
+    async fn model_config(
+        &self,
+        req: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let req = req.into_inner();
+        self.model(&req.name, &req.version)?;
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: config(&req.name),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        req: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let req = req.into_inner();
+        self.model(&req.name, &req.version)?;
+        let stats = self.0.stats(&req.name).unwrap_or_default();
+        let model_stats = vec![statistics(&req.name, stats.requests, stats.batches)];
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+}
