@@ -12,15 +12,7 @@ use common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tritonclient_http_and_grpc() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let venv = Command::new(root.join("tests/conformance/venv.sh"))
-        .output()
-        .expect("venv.sh runs");
-    assert!(
-        venv.status.success(),
-        "cannot prepare the Python environment:\n{}",
-        String::from_utf8_lossy(&venv.stderr)
-    );
-    let python = Path::new(String::from_utf8_lossy(&venv.stdout).trim()).join("bin/python");
+    let python = python("tritonclient");
 
     let rt = backend(&["m"]).await;
     // Room for the clients' concurrent calls: this test is about the protocol, not shedding.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -24,6 +24,7 @@ use crate::classify::Tier;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
 use crate::policy::PoolSpec;
+use crate::protocol;
 
 /// The endpoints of one tier of one route, with their connections and limit.
 #[derive(Debug)]
@@ -33,6 +34,7 @@ pub struct Pool {
     endpoints: Vec<Endpoint>,
     limit: Arc<Semaphore>,
     max_concurrency: u32,
+    binary_tensors: bool,
     transport: Transport,
     max_response_bytes: usize,
     instruments: Instruments,
@@ -97,6 +99,7 @@ impl Pool {
             endpoints,
             limit: Arc::new(Semaphore::new(spec.max_concurrency.get() as usize)),
             max_concurrency: spec.max_concurrency.get(),
+            binary_tensors: spec.binary_tensors,
             transport,
             max_response_bytes,
             instruments: Instruments::new(route, tier),
@@ -132,7 +135,8 @@ impl Pool {
                 ),
             ));
         };
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        let body = self.adapt(&mut parts, body)?;
         let first = self.pick(None);
         match self.send(first, &parts, body.clone(), deadline).await {
             Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
@@ -142,6 +146,45 @@ impl Pool {
                     .map_err(|f| self.error(second, f))
             }
             other => other.map_err(|f| self.error(first, f)),
+        }
+    }
+
+    /// Fits an infer request to what the pool's HTTP backends read: JSON bodies get the
+    /// content type some servers insist on; binary-extension bodies are re-encoded as
+    /// JSON tensors when the pool says its backends do not read binary tensors.
+    fn adapt(&self, parts: &mut http::request::Parts, body: Bytes) -> Result<Bytes, Error> {
+        if !matches!(self.transport, Transport::Http(_)) || !parts.uri.path().ends_with("/infer") {
+            return Ok(body);
+        }
+        let header_len =
+            protocol::header_len(&parts.headers).map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
+        let json = HeaderValue::from_static("application/json");
+        match header_len {
+            None => {
+                parts.headers.entry(http::header::CONTENT_TYPE).or_insert(json);
+                Ok(body)
+            }
+            Some(_) if self.binary_tensors => Ok(body),
+            Some(_) => {
+                let mut req = protocol::decode_request(&body, header_len)
+                    .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
+                req.parameters.remove("binary_data_output");
+                req.outputs.iter_mut().for_each(|o| o.binary_data = None);
+                let (encoded, header_len) = protocol::encode_request(&req, false);
+                if header_len.is_some() {
+                    return Err(Error::new(
+                        Kind::BadRequest,
+                        format!(
+                            "route {}'s backends read JSON tensors only (binary_tensors = false), and a tensor in this \
+                             request cannot be carried as JSON (FP16, NaN or infinity, or BYTES that are not UTF-8)",
+                            self.route
+                        ),
+                    ));
+                }
+                parts.headers.remove(protocol::HEADER_LEN);
+                parts.headers.insert(http::header::CONTENT_TYPE, json);
+                Ok(encoded)
+            }
         }
     }
 

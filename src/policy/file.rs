@@ -94,6 +94,8 @@ pub struct PoolFile {
     pub max_concurrency: Option<i64>,
     /// Speak HTTP/2 (prior knowledge) to the backends instead of HTTP/1.1.
     pub http2: Option<bool>,
+    /// The HTTP backends read Triton's binary tensor extension (default true).
+    pub binary_tensors: Option<bool>,
     /// How long a TCP connect may take before the endpoint counts as unreachable.
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
@@ -108,6 +110,8 @@ pub struct BatchFile {
     pub endpoints: Vec<String>,
     /// Speak HTTP/2 (prior knowledge) to the backends.
     pub http2: Option<bool>,
+    /// The HTTP backends read Triton's binary tensor extension (default true).
+    pub binary_tensors: Option<bool>,
     /// TCP connect timeout.
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,

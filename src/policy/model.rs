@@ -89,6 +89,9 @@ pub struct PoolSpec {
     pub max_concurrency: NonZeroU32,
     /// HTTP/2 with prior knowledge instead of HTTP/1.1 (gRPC endpoints always use it).
     pub http2: bool,
+    /// HTTP endpoints read Triton's binary tensor extension; when false, binary requests
+    /// are re-encoded as JSON tensors for them (MLServer, for one, reads only JSON).
+    pub binary_tensors: bool,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
 }

@@ -266,6 +266,7 @@ fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile) -> PoolSpec {
         endpoints: endpoints(check, at, &file.endpoints),
         max_concurrency: check.nonzero(format!("{at}.max_concurrency"), file.max_concurrency, MAX_CONCURRENCY),
         http2: file.http2.unwrap_or(false),
+        binary_tensors: file.binary_tensors.unwrap_or(true),
         connect_timeout: connect_timeout(check, at, file.connect_timeout),
     }
 }
@@ -296,6 +297,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile) -> BatchSpec {
             endpoints,
             max_concurrency,
             http2: file.http2.unwrap_or(false),
+            binary_tensors: file.binary_tensors.unwrap_or(true),
             connect_timeout: connect_timeout(check, at, file.connect_timeout),
         }),
         max_batch,

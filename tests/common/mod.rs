@@ -196,3 +196,49 @@ pub async fn wait_for(backend: &Backend, pred: impl Fn(&tiergate::sim::Stats) ->
         .await
         .expect("the backend reached the expected state within 10 s");
 }
+
+/// The Python interpreter of conformance environment `name` (see
+/// tests/conformance/venv.sh), created from PyPI on first use.
+pub fn python(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("tests/conformance/venv.sh"))
+        .arg(name)
+        .output()
+        .expect("venv.sh runs");
+    assert!(
+        out.status.success(),
+        "cannot prepare the Python environment {name}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
+}
+
+/// A free loopback port (bound, read, released) for a server the test does not start itself.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Waits until `GET http://127.0.0.1:{port}{path}` answers 200, for a process the test
+/// started; fails after `limit`. Polling is the only readiness signal such a process gives.
+pub async fn wait_ready(port: u16, path: &str, limit: Duration) {
+    let started = std::time::Instant::now();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    loop {
+        let request = http::Request::get(format!("http://{addr}{path}"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), client().request(request)).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < limit,
+            "127.0.0.1:{port}{path} was not ready within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

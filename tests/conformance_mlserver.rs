@@ -1,0 +1,73 @@
+//! Conformance: MLServer, a real KServe v2 server, behind tiergate over HTTP and gRPC.
+//! Triton's own client must get the same answers through tiergate as from MLServer
+//! directly. The test trains the scikit-learn model itself and starts MLServer from the
+//! Python environment `tests/conformance/venv.sh mlserver` creates.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// A route to MLServer; its HTTP side reads JSON tensors only, so `binary_tensors = false`.
+fn route(model: &str, endpoint: &str) -> String {
+    let binary = !endpoint.starts_with("http://");
+    format!(
+        "[routes.{model}]\nmodels = [\"{model}\"]\n[routes.{model}.realtime]\nendpoints = [\"{endpoint}\"]\nmax_concurrency = 16\nbinary_tensors = {binary}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritonclient_through_tiergate_matches_mlserver() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+    let (server_py, client_py) = (python("mlserver"), python("tritonclient"));
+    let repo = tempfile::tempdir().expect("tempdir");
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
+    let ports = [http, grpc, metrics].map(|p| p.to_string());
+    let trained = Command::new(&server_py)
+        .arg(root.join("mlserver_model.py"))
+        .arg(repo.path())
+        .args(&ports)
+        .output()
+        .expect("python runs");
+    assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+
+    let mlserver = server_py.with_file_name("mlserver");
+    let log = std::fs::File::create(repo.path().join("mlserver.log")).expect("log");
+    let _server = tokio::process::Command::new(mlserver)
+        .arg("start")
+        .arg(repo.path())
+        .stdout(Stdio::from(log.try_clone().expect("log")))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mlserver starts");
+    wait_ready(http, "/v2/models/iris/ready", Duration::from_secs(120)).await;
+
+    let over_http = gateway(&route("iris", &format!("http://127.0.0.1:{http}"))).await;
+    let over_grpc = gateway(&route("iris", &format!("grpc://127.0.0.1:{grpc}"))).await;
+    let args = [
+        format!("127.0.0.1:{http}"),
+        format!("127.0.0.1:{grpc}"),
+        over_http.http_addr().to_string(),
+        over_http.grpc_addr().to_string(),
+        over_grpc.http_addr().to_string(),
+        over_grpc.grpc_addr().to_string(),
+    ];
+    let script = root.join("mlserver_compare.py");
+    let out = tokio::task::spawn_blocking(move || Command::new(client_py).arg(script).args(args).output())
+        .await
+        .expect("joins")
+        .expect("python runs");
+    let report = String::from_utf8_lossy(&out.stderr);
+    println!("{report}");
+    let server_log = std::fs::read_to_string(repo.path().join("mlserver.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "MLServer conformance failed:\n{report}\nMLServer log:\n{server_log}"
+    );
+    over_http.stop().await.expect("stops");
+    over_grpc.stop().await.expect("stops");
+}
