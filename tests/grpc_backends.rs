@@ -193,3 +193,45 @@ async fn backend_errors_and_deadlines_cross_the_protocols() {
     assert!(a.text().contains("is unreachable"), "{}", a.text());
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn the_simulator_streams_over_grpc() {
+    let rt = backend(&["m"]).await;
+    let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", rt.grpc))
+        .await
+        .expect("connects");
+    let request = |id: &str, datatype: &str| pb::ModelInferRequest {
+        model_name: "m".into(),
+        id: id.into(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: datatype.into(),
+            shape: vec![1, 1],
+            parameters: HashMap::new(),
+            contents: Some(pb::InferTensorContents {
+                fp32_contents: vec![2.5],
+                ..Default::default()
+            }),
+        }],
+        ..Default::default()
+    };
+    let requests = vec![request("a", "FP32"), request("b", "INT8"), request("c", "FP32")];
+    let mut stream = c
+        .model_stream_infer(tokio_stream::iter(requests))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(item) = stream.message().await.expect("item") {
+        got.push((item.infer_response.expect("response").id, item.error_message.is_empty()));
+    }
+    assert_eq!(
+        got,
+        [("a".to_owned(), true), ("b".to_owned(), false), ("c".to_owned(), true)]
+    );
+    assert_eq!(
+        rt.sim.stats("m").expect("stats").batches,
+        2,
+        "the two valid requests ran"
+    );
+}

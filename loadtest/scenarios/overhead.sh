@@ -5,6 +5,8 @@
 # all to the same simulator. Open loop, same offered rate, targets interleaved in rounds.
 #
 #   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 30s 6)
+#   PROTOCOL=grpc loadtest/scenarios/overhead.sh ...                 (the gRPC door and a
+#       grpc:// backend; nginx with grpc_pass; no bare hyper proxy, it speaks HTTP/1)
 #
 # Installs nginx from the distribution's packages when it is missing (needs root), builds
 # tiergate and loadtest in release mode, and writes results to $OUT (default
@@ -15,7 +17,8 @@ RATE=${1:-200}
 DURATION=${2:-30s}
 ROUNDS=${3:-6}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-OUT=${OUT:-$TARGET_DIR/loadtest/overhead}
+PROTOCOL=${PROTOCOL:-http}
+OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL}
 
 if ! command -v nginx >/dev/null; then
   apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
@@ -29,7 +32,15 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-SIM=$(free_port); GW=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
+SIM=$(free_port); SIMG=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
+
+wait_port() {
+  for _ in $(seq 1 250); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.02
+  done
+  echo "port $1 never opened" >&2; exit 1
+}
 
 wait_ready() {
   for _ in $(seq 1 250); do
@@ -39,16 +50,17 @@ wait_ready() {
   echo "port $1 never became ready" >&2; exit 1
 }
 
-"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
+"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
+if [ "$PROTOCOL" = grpc ]; then BACKEND="grpc://127.0.0.1:$SIMG"; else BACKEND="http://127.0.0.1:$SIM"; fi
 mkdir -p "$WORK/policy"
 cat > "$WORK/policy/overhead.toml" <<TOML
 [routes.resnet50]
 models = ["resnet50"]
 [routes.resnet50.realtime]
-endpoints = ["http://127.0.0.1:$SIM"]
+endpoints = ["$BACKEND"]
 max_concurrency = 1024
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc 127.0.0.1:0 --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 
 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 
@@ -63,11 +75,18 @@ http {
   access_log off;
   client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
   fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+$(if [ "$PROTOCOL" = grpc ]; then cat <<GRPC
+  upstream sim { server 127.0.0.1:$SIMG; keepalive 64; }
+  server { listen 127.0.0.1:$NGX http2; location / { grpc_pass grpc://sim; } }
+GRPC
+else cat <<HTTP
   upstream sim { server 127.0.0.1:$SIM; keepalive 64; }
   server {
     listen 127.0.0.1:$NGX;
     location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; }
   }
+HTTP
+fi)
 }
 NGINX
 nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
@@ -75,13 +94,17 @@ nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 wait_ready "$BARE" /v2/health/ready
-wait_ready "$NGX" /v2/health/ready
+wait_port "$NGX"
+wait_port "$SIMG"
+wait_port "$GWG"
 
 mkdir -p "$OUT"
-"$BIN/loadtest" compare \
-  --target "direct=http://127.0.0.1:$SIM" \
-  --target "tiergate=http://127.0.0.1:$GW" \
-  --target "bare_hyper=http://127.0.0.1:$BARE" \
-  --target "nginx=http://127.0.0.1:$NGX" \
+if [ "$PROTOCOL" = grpc ]; then
+  TARGETS=(--grpc --target "direct=http://127.0.0.1:$SIMG" --target "tiergate=http://127.0.0.1:$GWG" --target "nginx=http://127.0.0.1:$NGX")
+else
+  TARGETS=(--target "direct=http://127.0.0.1:$SIM" --target "tiergate=http://127.0.0.1:$GW"
+           --target "bare_hyper=http://127.0.0.1:$BARE" --target "nginx=http://127.0.0.1:$NGX")
+fi
+"$BIN/loadtest" compare "${TARGETS[@]}" \
   --model resnet50 --rate "$RATE" --duration "$DURATION" --rounds "$ROUNDS" \
   --budget-ms 200 --json "$OUT/results.json" --plot "$OUT" | tee "$OUT/summary.txt"

@@ -141,6 +141,10 @@ pub struct PayloadArgs {
     /// Triton binary tensor extension (JSON header + raw bytes) instead of JSON tensors.
     #[arg(long)]
     pub binary: bool,
+    /// KServe v2 over gRPC (ModelInfer with raw contents, HTTP/2) instead of HTTP; the
+    /// URL is the gRPC port. Implies --http2.
+    #[arg(long, conflicts_with = "binary")]
+    pub grpc: bool,
 }
 
 /// Connection and client-side limits.
@@ -182,6 +186,7 @@ impl PayloadArgs {
             rows: self.rows,
             cols: self.cols,
             binary: self.binary,
+            grpc: self.grpc,
         })
     }
 }

@@ -126,7 +126,11 @@ pub async fn run(cmp: &Comparison) -> anyhow::Result<Report> {
         .map(|t| Template::new(&t.url, &cmp.model, &cmp.payload, cmp.budget_ms, &cmp.headers).map(Arc::new))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // One client (one keep-alive pool) per target, kept across rounds.
-    let clients: Vec<_> = cmp.targets.iter().map(|_| client::new(cmp.http2)).collect();
+    let clients: Vec<_> = cmp
+        .targets
+        .iter()
+        .map(|_| client::new(cmp.http2 || cmp.payload.grpc))
+        .collect();
     let mut merged: Vec<Option<Recording>> = vec![None; cmp.targets.len()];
     let mut order = Vec::new();
     for round in 0..cmp.rounds {

@@ -88,6 +88,7 @@ async fn tokio_pacer_over_http2_with_binary_tensors() -> anyhow::Result<()> {
         rows: 4,
         cols: 8,
         binary: true,
+        grpc: false,
     };
     let template = Arc::new(Template::new(&server.url, "m", &payload, None, &[])?);
     let rec = generator::run(&client::new(true), &template, &plan(100.0, 50, 300, Pacer::Tokio)?).await?;
@@ -115,6 +116,7 @@ async fn wrong_path_is_a_status_error_with_tier_none() -> anyhow::Result<()> {
             rows: 1,
             cols: 1,
             binary: false,
+            grpc: false,
         },
         None,
         &[],
@@ -136,6 +138,7 @@ async fn max_in_flight_drops_are_counted_not_skipped() -> anyhow::Result<()> {
             rows: 1,
             cols: 1,
             binary: false,
+            grpc: false,
         },
         None,
         &[],
@@ -178,6 +181,7 @@ async fn compare_interleaves_and_merges_rounds() -> anyhow::Result<()> {
             rows: 1,
             cols: 16,
             binary: false,
+            grpc: false,
         },
         budget_ms: Some(200),
         headers: Vec::new(),

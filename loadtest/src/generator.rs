@@ -175,19 +175,42 @@ async fn exchange(client: &Client, request: Request<Full<Bytes>>) -> Result<Repl
         .request(request)
         .await
         .map_err(|e| Failure::Transport(error_kind("request", &e)))?;
-    let status = response.status().as_u16();
+    let mut status = response.status().as_u16();
     let tier = response
         .headers()
         .get(TIER_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or(NO_TIER)
         .to_owned();
-    response
+    let grpc_in_headers = response.headers().get("grpc-status").cloned();
+    let collected = response
         .into_body()
         .collect()
         .await
         .map_err(|e| Failure::Transport(error_kind("body", &e)))?;
+    // gRPC answers 200 at the HTTP level; the outcome is in grpc-status.
+    if let Some(code) = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .or(grpc_in_headers.as_ref())
+    {
+        status = grpc_as_http(code.to_str().unwrap_or("2"));
+    }
     Ok(Reply { status, tier })
+}
+
+/// The HTTP status that matches a gRPC status code, so reports count both alike.
+fn grpc_as_http(code: &str) -> u16 {
+    match code {
+        "0" => 200,
+        "3" | "9" | "11" => 400,
+        "5" => 404,
+        "8" => 429,
+        "12" => 501,
+        "14" => 503,
+        "4" => 504,
+        _ => 500,
+    }
 }
 
 /// Paces on a dedicated OS thread: `std::thread::sleep` has µs resolution where the

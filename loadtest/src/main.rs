@@ -100,7 +100,7 @@ async fn run(args: &RunArgs) -> anyhow::Result<Summary> {
         plan.warmup,
         template.uri()
     );
-    let client = client::new(args.client.http2);
+    let client = client::new(args.client.http2 || args.payload.grpc);
     let recording = generator::run(&client, &Arc::new(template), &plan).await?;
     Ok(Summary::new(&meta, &recording))
 }

@@ -25,6 +25,8 @@ pub struct Payload {
     pub cols: usize,
     /// Triton binary tensor extension instead of JSON tensors.
     pub binary: bool,
+    /// KServe v2 over gRPC (`ModelInfer`, raw contents) instead of HTTP.
+    pub grpc: bool,
 }
 
 /// What every request of one target carries: URI, headers and the pre-built body.
@@ -58,6 +60,28 @@ impl Payload {
     }
 }
 
+impl Payload {
+    /// One gRPC message frame carrying a `ModelInferRequest` for `model` (raw contents),
+    /// encoded field by field as `proto/grpc_service.proto` numbers them.
+    pub fn encode_grpc(&self, model: &str) -> Bytes {
+        use prost::encoding::{bytes as pb_bytes, int64, string};
+        let mut tensor = Vec::new();
+        string::encode(1, &INPUT_NAME.to_owned(), &mut tensor);
+        string::encode(2, &"FP32".to_owned(), &mut tensor);
+        int64::encode_packed(3, &[self.rows as i64, self.cols as i64], &mut tensor);
+        let raw: Vec<u8> = self.values().flat_map(f32::to_le_bytes).collect();
+        let mut message = Vec::new();
+        string::encode(1, &model.to_owned(), &mut message);
+        pb_bytes::encode(5, &tensor, &mut message);
+        pb_bytes::encode(7, &raw, &mut message);
+        let mut frame = BytesMut::with_capacity(5 + message.len());
+        frame.put_u8(0); // not compressed
+        frame.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
+        frame.put_slice(&message);
+        frame.freeze()
+    }
+}
+
 impl Template {
     /// A `POST {base_url}/v2/models/{model}/infer` template; `budget_ms` becomes the
     /// budget header, `extra` headers are added last (and may override the others).
@@ -68,13 +92,19 @@ impl Template {
         budget_ms: Option<u64>,
         extra: &[(HeaderName, HeaderValue)],
     ) -> anyhow::Result<Self> {
-        let uri = infer_uri(base_url, model)?;
-        let (body, header_length) = payload.encode()?;
         let mut headers = HeaderMap::new();
-        let content_type = if payload.binary {
-            "application/octet-stream"
+        let (uri, body, header_length) = if payload.grpc {
+            headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+            let uri = join_url(base_url, "/inference.GRPCInferenceService/ModelInfer")?;
+            (uri, payload.encode_grpc(model), None)
         } else {
-            "application/json"
+            let (body, header_length) = payload.encode()?;
+            (infer_uri(base_url, model)?, body, header_length)
+        };
+        let content_type = match (payload.grpc, payload.binary) {
+            (true, _) => "application/grpc",
+            (false, true) => "application/octet-stream",
+            (false, false) => "application/json",
         };
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(len) = header_length {
@@ -134,6 +164,7 @@ mod tests {
             rows: 2,
             cols: 300,
             binary: false,
+            grpc: false,
         };
         let (body, header_length) = payload.encode()?;
         assert_eq!(header_length, None);
@@ -157,6 +188,7 @@ mod tests {
             rows: 3,
             cols: 4,
             binary: true,
+            grpc: false,
         };
         let (body, header_length) = payload.encode()?;
         let header_length = header_length.context("binary bodies declare a header length")?;
@@ -177,6 +209,7 @@ mod tests {
             rows: 1,
             cols: 2,
             binary: true,
+            grpc: false,
         };
         let t = Template::new("http://127.0.0.1:9/", "resnet50", &payload, Some(200), &extra)?;
         let request = t.request();
@@ -192,6 +225,7 @@ mod tests {
             "m",
             &Payload {
                 binary: false,
+                grpc: false,
                 ..payload
             },
             None,
@@ -207,6 +241,7 @@ mod tests {
             rows: 1,
             cols: 1,
             binary: false,
+            grpc: false,
         };
         assert!(Template::new("https://h:1", "m", &p, None, &[]).is_err());
         assert!(Template::new("127.0.0.1:8000", "m", &p, None, &[]).is_err());

@@ -2,10 +2,13 @@
 //! Triton serves gRPC on 8001 beside HTTP on 8000), answering through the same models,
 //! instances and statistics as the HTTP side.
 
+use std::pin::Pin;
+
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -27,6 +30,19 @@ pub(crate) async fn serve(sim: Simulator, listener: TcpListener, shutdown: Cance
 }
 
 impl SimGrpc {
+    /// One infer call, through the same instances and counters as the HTTP side.
+    async fn infer(&self, msg: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
+        let name = msg.model_name.clone();
+        let model = self.model(&name, &msg.model_version)?;
+        let version = Some(msg.model_version.clone());
+        let request = request_from_grpc(msg).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (parts, body) = bridge::http_infer_request(&name, version.as_deref(), request, true).into_parts();
+        let header_len = crate::protocol::header_len(&parts.headers).map_err(|e| Status::internal(e.to_string()))?;
+        let (head, body) = infer::infer_bytes(model, &name, header_len, body).await.into_parts();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        bridge::infer_response_from_http(http::Response::from_parts(head, body))
+    }
+
     fn model(&self, name: &str, version: &str) -> Result<&Model, Status> {
         match (self.0.model(name), version) {
             (Some(model), "" | "1") => Ok(model),
@@ -104,25 +120,41 @@ impl GrpcInferenceService for SimGrpc {
         &self,
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let msg = req.into_inner();
-        let name = msg.model_name.clone();
-        let model = self.model(&name, &msg.model_version)?;
-        let version = Some(msg.model_version.clone());
-        let request = request_from_grpc(msg).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let (parts, body) = bridge::http_infer_request(&name, version.as_deref(), request, true).into_parts();
-        let header_len = crate::protocol::header_len(&parts.headers).map_err(|e| Status::internal(e.to_string()))?;
-        let (head, body) = infer::infer_bytes(model, &name, header_len, body).await.into_parts();
-        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-        bridge::infer_response_from_http(http::Response::from_parts(head, body)).map(Response::new)
+        self.infer(req.into_inner()).await.map(Response::new)
     }
 
-    type ModelStreamInferStream = tokio_stream::Empty<Result<pb::ModelStreamInferResponse, Status>>;
+    type ModelStreamInferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
 
+    /// Answers a stream's requests in order, each with its answer or its error message.
     async fn model_stream_infer(
         &self,
-        _: Request<Streaming<pb::ModelInferRequest>>,
+        req: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        Err(Status::unimplemented("the simulator serves unary ModelInfer calls"))
+        let mut inbound = req.into_inner();
+        let sim = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Ok(Some(msg)) = inbound.message().await {
+                let id = msg.id.clone();
+                let item = match sim.infer(msg).await {
+                    Ok(response) => pb::ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(response),
+                    },
+                    Err(status) => pb::ModelStreamInferResponse {
+                        error_message: status.message().to_owned(),
+                        infer_response: Some(pb::ModelInferResponse {
+                            id,
+                            ..Default::default()
+                        }),
+                    },
+                };
+                if tx.send(Ok(item)).await.is_err() {
+                    return; // the client went away
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn model_config(
