@@ -48,26 +48,14 @@ async fn tritonclient_through_tiergate_matches_mlserver() {
 
     let over_http = gateway(&route("iris", &format!("http://127.0.0.1:{http}"))).await;
     let over_grpc = gateway(&route("iris", &format!("grpc://127.0.0.1:{grpc}"))).await;
-    let args = [
-        format!("127.0.0.1:{http}"),
-        format!("127.0.0.1:{grpc}"),
-        over_http.http_addr().to_string(),
-        over_http.grpc_addr().to_string(),
-        over_grpc.http_addr().to_string(),
-        over_grpc.grpc_addr().to_string(),
-    ];
-    let script = root.join("mlserver_compare.py");
-    let out = tokio::task::spawn_blocking(move || Command::new(client_py).arg(script).args(args).output())
-        .await
-        .expect("joins")
-        .expect("python runs");
-    let report = String::from_utf8_lossy(&out.stderr);
-    println!("{report}");
-    let server_log = std::fs::read_to_string(repo.path().join("mlserver.log")).unwrap_or_default();
-    assert!(
-        out.status.success(),
-        "MLServer conformance failed:\n{report}\nMLServer log:\n{server_log}"
-    );
+    let args = addresses(http, grpc, &[&over_http, &over_grpc]);
+    run_conformance(
+        client_py,
+        "mlserver_compare.py",
+        args,
+        &repo.path().join("mlserver.log"),
+    )
+    .await;
     over_http.stop().await.expect("stops");
     over_grpc.stop().await.expect("stops");
 }

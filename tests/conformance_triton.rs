@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -31,31 +31,12 @@ async fn tritonclient_through_tiergate_matches_triton() {
         .kill_on_drop(true)
         .spawn()
         .expect("pytriton starts");
-    let log_text = || std::fs::read_to_string(work.path().join("triton.log")).unwrap_or_default();
     // Triton's start (model load, Python backend stub) takes tens of seconds on CPU.
     wait_ready(http, "/v2/models/echo/ready", Duration::from_secs(240)).await;
     let over_http = gateway(&route(&format!("http://127.0.0.1:{http}"))).await;
     let over_grpc = gateway(&route(&format!("grpc://127.0.0.1:{grpc}"))).await;
-    let args = [
-        format!("127.0.0.1:{http}"),
-        format!("127.0.0.1:{grpc}"),
-        over_http.http_addr().to_string(),
-        over_http.grpc_addr().to_string(),
-        over_grpc.http_addr().to_string(),
-        over_grpc.grpc_addr().to_string(),
-    ];
-    let script = root.join("triton_compare.py");
-    let out = tokio::task::spawn_blocking(move || Command::new(client_py).arg(script).args(args).output())
-        .await
-        .expect("joins")
-        .expect("python runs");
-    let report = String::from_utf8_lossy(&out.stderr);
-    println!("{report}");
-    assert!(
-        out.status.success(),
-        "Triton conformance failed:\n{report}\nTriton log:\n{}",
-        log_text()
-    );
+    let args = addresses(http, grpc, &[&over_http, &over_grpc]);
+    run_conformance(client_py, "triton_compare.py", args, &work.path().join("triton.log")).await;
     over_http.stop().await.expect("stops");
     over_grpc.stop().await.expect("stops");
 }

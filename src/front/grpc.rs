@@ -8,16 +8,12 @@
 //! tier and reason travel as response metadata; errors map through the same table as
 //! HTTP, with `google.rpc.RetryInfo` where waiting helps.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request};
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -164,8 +160,6 @@ fn with_metadata<T>((metadata, result): (MetadataMap, Result<T, Status>)) -> Res
     })
 }
 
-type StreamOf<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
 #[tonic::async_trait]
 impl GrpcInferenceService for GrpcDoor {
     async fn server_live(
@@ -226,7 +220,7 @@ impl GrpcInferenceService for GrpcDoor {
         with_metadata(self.infer(&metadata.into_headers(), msg).await)
     }
 
-    type ModelStreamInferStream = StreamOf<pb::ModelStreamInferResponse>;
+    type ModelStreamInferStream = bridge::InferStream;
 
     /// Serves a stream's requests in order; each gets its answer or its error message on
     /// the response stream. The stream's own deadline bounds the stream, not each request,
@@ -235,41 +229,15 @@ impl GrpcInferenceService for GrpcDoor {
         &self,
         req: tonic::Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<tonic::Response<Self::ModelStreamInferStream>, Status> {
-        let (metadata, _, mut inbound) = req.into_parts();
+        let (metadata, _, inbound) = req.into_parts();
         let mut headers = metadata.into_headers();
         headers.remove(meta::GRPC_TIMEOUT);
-        let (tx, rx) = mpsc::channel(16);
-        let door = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let msg = match inbound.message().await {
-                    Ok(Some(msg)) => msg,
-                    Ok(None) => return,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
-                let id = msg.id.clone();
-                let item = match door.infer(&headers, msg).await.1 {
-                    Ok(response) => pb::ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(response),
-                    },
-                    Err(status) => pb::ModelStreamInferResponse {
-                        error_message: status.message().to_owned(),
-                        infer_response: Some(pb::ModelInferResponse {
-                            id,
-                            ..Default::default()
-                        }),
-                    },
-                };
-                if tx.send(Ok(item)).await.is_err() {
-                    return; // the client went away
-                }
-            }
+        let (door, headers) = (self.clone(), Arc::new(headers));
+        let stream = bridge::stream_in_order(inbound, move |msg| {
+            let (door, headers) = (door.clone(), headers.clone());
+            async move { door.infer(&headers, msg).await.1 }
         });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(tonic::Response::new(stream))
     }
 
     async fn model_config(

@@ -2,13 +2,10 @@
 //! Triton serves gRPC on 8001 beside HTTP on 8000), answering through the same models,
 //! instances and statistics as the HTTP side.
 
-use std::pin::Pin;
-
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tokio_stream::Stream;
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -123,38 +120,19 @@ impl GrpcInferenceService for SimGrpc {
         self.infer(req.into_inner()).await.map(Response::new)
     }
 
-    type ModelStreamInferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+    type ModelStreamInferStream = bridge::InferStream;
 
     /// Answers a stream's requests in order, each with its answer or its error message.
     async fn model_stream_infer(
         &self,
         req: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let mut inbound = req.into_inner();
         let sim = self.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
-            while let Ok(Some(msg)) = inbound.message().await {
-                let id = msg.id.clone();
-                let item = match sim.infer(msg).await {
-                    Ok(response) => pb::ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(response),
-                    },
-                    Err(status) => pb::ModelStreamInferResponse {
-                        error_message: status.message().to_owned(),
-                        infer_response: Some(pb::ModelInferResponse {
-                            id,
-                            ..Default::default()
-                        }),
-                    },
-                };
-                if tx.send(Ok(item)).await.is_err() {
-                    return; // the client went away
-                }
-            }
+        let stream = bridge::stream_in_order(req.into_inner(), move |msg| {
+            let sim = sim.clone();
+            async move { sim.infer(msg).await }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(stream))
     }
 
     async fn model_config(

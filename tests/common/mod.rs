@@ -242,3 +242,32 @@ pub async fn wait_ready(port: u16, path: &str, limit: Duration) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Runs a conformance script (`tests/conformance/SCRIPT`) with `python` and `args`, and
+/// fails the test with its report, and with the peer's `log` file, when it fails.
+pub async fn run_conformance(python: std::path::PathBuf, script: &str, args: Vec<String>, log: &std::path::Path) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/conformance")
+        .join(script);
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(python).arg(script).args(args).output())
+        .await
+        .expect("joins")
+        .expect("python runs");
+    let report = String::from_utf8_lossy(&out.stderr);
+    println!("{report}");
+    let peer_log = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "conformance failed:\n{report}\npeer log:\n{peer_log}"
+    );
+}
+
+/// The (HTTP, gRPC) addresses a conformance script compares: the peer's, then each gateway's.
+pub fn addresses(peer_http: u16, peer_grpc: u16, gateways: &[&Gateway]) -> Vec<String> {
+    let mut args = vec![format!("127.0.0.1:{peer_http}"), format!("127.0.0.1:{peer_grpc}")];
+    for gw in gateways {
+        args.push(gw.http_addr().to_string());
+        args.push(gw.grpc_addr().to_string());
+    }
+    args
+}

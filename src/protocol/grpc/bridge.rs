@@ -187,6 +187,51 @@ pub fn metadata_to_json(m: &pb::ModelMetadataResponse) -> Bytes {
     Bytes::from(body.to_string())
 }
 
+/// A `ModelStreamInfer` response stream: answers `inbound`'s requests in order with
+/// `infer`, each with its answer or its error message (and its id), and stops when the
+/// client goes away.
+pub fn stream_in_order<F, Fut>(mut inbound: tonic::Streaming<pb::ModelInferRequest>, infer: F) -> InferStream
+where
+    F: Fn(pb::ModelInferRequest) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<pb::ModelInferResponse, Status>> + Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let msg = match inbound.message().await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return,
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+            let id = msg.id.clone();
+            let item = match infer(msg).await {
+                Ok(response) => pb::ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(response),
+                },
+                Err(status) => pb::ModelStreamInferResponse {
+                    error_message: status.message().to_owned(),
+                    infer_response: Some(pb::ModelInferResponse {
+                        id,
+                        ..Default::default()
+                    }),
+                },
+            };
+            if tx.send(Ok(item)).await.is_err() {
+                return; // the client went away
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The response stream of `ModelStreamInfer`.
+pub type InferStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send + 'static>>;
+
 fn not_kserve(e: &protocol::Error) -> Status {
     Status::unavailable(format!("the backend's answer is not a KServe v2 response: {e}"))
 }
