@@ -13,6 +13,7 @@
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
 //! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions).
 
+pub mod batch;
 mod binary;
 mod data;
 mod datatype;
