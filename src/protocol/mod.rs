@@ -11,7 +11,8 @@
 //! `datatype` (element types) · `tensor` ([`Tensor`], raw ↔ JSON rendering) ·
 //! `data` (JSON `data` arrays parsed in one pass) · `wire` (shared JSON shapes and
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
-//! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions).
+//! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions) ·
+//! [`batch`] (batch signatures, concatenation along dimension 0 and the split back).
 
 pub mod batch;
 mod binary;
