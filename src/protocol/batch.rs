@@ -1,8 +1,8 @@
 //! Tensor surgery for the micro-batch tier: requests from many callers that share a
 //! [`Signature`] are concatenated along dimension 0 into one backend request
-//! ([`concat`]), and the backend's answer is cut back into one response per caller by
-//! each caller's row count ([`split`]). It sits between the micro-batch queue (which
-//! keys its queues by [`signature`]) and the backend client. Like the rest of
+//! ([`concat()`]), and the backend's answer is cut back into one response per caller by
+//! each caller's row count ([`split()`]). It sits between the micro-batch queue (which
+//! keys its queues by [`signature()`]) and the backend client. Like the rest of
 //! `protocol`, it never panics: caller tensors and backend answers are checked against
 //! their shapes before any slicing, with checked arithmetic throughout.
 
@@ -40,7 +40,7 @@ pub struct Signature {
 /// means the backend broke the protocol (see [`BatchError::is_backend_fault`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BatchError {
-    /// [`concat`] was given no requests.
+    /// [`concat()`] was given no requests.
     #[error("no requests to batch")]
     Empty,
     /// A request without inputs has no rows to batch.
