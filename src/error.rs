@@ -25,6 +25,8 @@ pub enum Kind {
     ClientTimeout,
     /// The tier's concurrency limit is reached; shed at once rather than queued.
     Shed,
+    /// The micro-batch queue is full (bounded in rows).
+    QueueFull,
     /// The deadline cannot be met: the request was refused before any work was done.
     DeadlineUnmeetable,
     /// The route has no enabled tier that can meet the request's budget.
@@ -60,6 +62,7 @@ impl Kind {
             Kind::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Kind::TierUnavailable => StatusCode::NOT_IMPLEMENTED,
+            Kind::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
             Kind::Backend => StatusCode::BAD_GATEWAY,
         }
@@ -71,7 +74,7 @@ impl Kind {
     /// request does not, because retrying the same request would fail the same way.
     pub fn retry_after(self) -> Option<Duration> {
         match self {
-            Kind::Shed | Kind::DeadlineUnmeetable | Kind::Unavailable => Some(Duration::from_secs(1)),
+            Kind::Shed | Kind::QueueFull | Kind::DeadlineUnmeetable | Kind::Unavailable => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -83,7 +86,7 @@ impl Kind {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::NotFound => Code::NotFound,
             Kind::MethodNotAllowed | Kind::TierUnavailable => Code::Unimplemented,
-            Kind::TooLarge | Kind::Shed => Code::ResourceExhausted,
+            Kind::TooLarge | Kind::Shed | Kind::QueueFull => Code::ResourceExhausted,
             Kind::ClientTimeout | Kind::Deadline => Code::DeadlineExceeded,
             Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Backend | Kind::Unavailable => Code::Unavailable,
         }
@@ -98,6 +101,7 @@ impl Kind {
             Kind::TooLarge => "too_large",
             Kind::ClientTimeout => "client_timeout",
             Kind::Shed => "shed",
+            Kind::QueueFull => "queue_full",
             Kind::DeadlineUnmeetable => "deadline_unmeetable",
             Kind::NoTier => "no_tier",
             Kind::TierUnavailable => "tier_unavailable",
@@ -133,6 +137,7 @@ mod tests {
             (TooLarge, 413, Code::ResourceExhausted, None, "too_large"),
             (ClientTimeout, 408, Code::DeadlineExceeded, None, "client_timeout"),
             (Shed, 503, Code::ResourceExhausted, Some(1), "shed"),
+            (QueueFull, 429, Code::ResourceExhausted, Some(1), "queue_full"),
             (
                 DeadlineUnmeetable,
                 503,

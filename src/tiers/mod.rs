@@ -7,6 +7,7 @@
 //! no tier's load reaches another's callers. A tier this build does not serve answers
 //! with an error that names it.
 
+pub mod batcher;
 pub mod realtime;
 
 use std::sync::Arc;

@@ -1,0 +1,181 @@
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+use super::*;
+
+type Log = Arc<Mutex<Vec<Vec<u32>>>>;
+
+fn settings(max_batch: u64, slots: usize, capacity: u64) -> Settings {
+    Settings {
+        max_batch,
+        max_wait: Duration::from_millis(20),
+        slots,
+        capacity,
+    }
+}
+
+/// Starts a worker whose backend echoes each payload and records every batch; while
+/// `gate` is set, each batch waits for a `notify_one` before answering.
+fn start(settings: Settings, gate: Option<Arc<Notify>>) -> (Queue<u32, u32>, Log, CancellationToken) {
+    let (queue, worker) = pair::<u32, u32>(settings);
+    let log: Log = Arc::default();
+    let shutdown = CancellationToken::new();
+    let seen = log.clone();
+    let send = move |batch: Batch<u32, u32>| {
+        let (seen, gate) = (seen.clone(), gate.clone());
+        async move {
+            seen.lock()
+                .expect("lock")
+                .push(batch.iter().map(|e| e.payload).collect());
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
+            for entry in batch {
+                let _ = entry.reply.send(Ok(entry.payload * 10));
+            }
+        }
+    };
+    tokio::spawn(worker.run(send, shutdown.clone()));
+    (queue, log, shutdown)
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_request_is_sent_at_once() {
+    let (queue, log, _stop) = start(settings(8, 1, 64), None);
+    let started = Instant::now();
+    let answer = queue.submit(7, 1, far()).expect("queued").await.expect("answered");
+    assert_eq!(answer.expect("ok"), 70);
+    assert_eq!(started.elapsed(), Duration::ZERO, "max_wait is a ceiling, not a floor");
+    assert_eq!(*log.lock().expect("lock"), vec![vec![7]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_coalesce_while_every_slot_is_busy_and_batches_respect_max_batch() {
+    let gate = Arc::new(Notify::new());
+    let (queue, log, _stop) = start(settings(4, 1, 64), Some(gate.clone()));
+    let first = queue.submit(1, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    let rest: Vec<_> = (2..=6).map(|p| queue.submit(p, 2, far()).expect("queued")).collect();
+    // release batches one by one
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        gate.notify_one();
+    }
+    assert_eq!(first.await.expect("answered").expect("ok"), 10);
+    for (i, answer) in rest.into_iter().enumerate() {
+        assert_eq!(
+            answer.await.expect("answered").expect("ok"),
+            (i as u32 + 2) * 10,
+            "each caller gets its own answer"
+        );
+    }
+    let batches = log.lock().expect("lock").clone();
+    assert_eq!(
+        batches,
+        vec![vec![1], vec![2, 3], vec![4, 5], vec![6]],
+        "2-row callers, max_batch 4 rows"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_refuses_at_once() {
+    let gate = Arc::new(Notify::new());
+    let (queue, _log, _stop) = start(settings(100, 1, 4), Some(gate.clone()));
+    let mut answers = vec![queue.submit(0, 1, far()).expect("queued")];
+    tokio::task::yield_now().await; // the first batch is out, holding the only slot
+    for p in 1..=4 {
+        answers.push(queue.submit(p, 1, far()).expect("fits"));
+    }
+    let refused = queue.submit(5, 1, far()).expect_err("full");
+    assert_eq!(refused.kind, Kind::QueueFull);
+    assert!(refused.message.contains("capacity 4"), "{refused}");
+    for _ in 0..2 {
+        gate.notify_one();
+        tokio::task::yield_now().await;
+    }
+    for answer in answers {
+        assert!(answer.await.expect("answered").is_ok());
+    }
+    assert!(queue.submit(6, 1, far()).is_ok(), "room again once the batch left");
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_and_departed_callers_are_never_sent() {
+    let gate = Arc::new(Notify::new());
+    let (queue, log, _stop) = start(settings(8, 1, 64), Some(gate.clone()));
+    let busy = queue.submit(1, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    let expiring = queue
+        .submit(2, 1, Instant::now() + Duration::from_millis(5))
+        .expect("queued");
+    drop(queue.submit(3, 1, far()).expect("queued")); // the caller goes away
+    let kept = queue.submit(4, 1, far()).expect("queued");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gate.notify_one();
+    gate.notify_one();
+    assert!(busy.await.expect("answered").is_ok());
+    let err = expiring.await.expect("answered").expect_err("expired");
+    assert_eq!(err.kind, Kind::Deadline);
+    assert_eq!(kept.await.expect("answered").expect("ok"), 40);
+    assert_eq!(*log.lock().expect("lock"), vec![vec![1], vec![4]]);
+    assert_eq!(queue.queued_rows(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_answers_whatever_is_queued() {
+    let gate = Arc::new(Notify::new());
+    let (queue, _log, stop) = start(settings(1, 1, 64), Some(gate.clone()));
+    let busy = queue.submit(1, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    let waiting = queue.submit(2, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    let late = queue.submit(3, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    stop.cancel();
+    gate.notify_one(); // the busy batch finishes; the waiting one takes the slot and goes
+    assert!(busy.await.expect("answered").is_ok());
+    gate.notify_one();
+    assert!(
+        waiting.await.expect("answered").is_ok(),
+        "a batch already formed is still sent"
+    );
+    let late = late.await.expect("answered").expect_err("refused at shutdown");
+    assert_eq!(late.kind, Kind::Unavailable);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_caller_is_answered_exactly_once_with_its_own_result() {
+    let gate = Arc::new(Notify::new());
+    let (queue, log, _stop) = start(settings(5, 2, 10_000), Some(gate.clone()));
+    let mut answers = Vec::new();
+    for p in 0..200u32 {
+        answers.push((p, queue.submit(p, u64::from(p % 3) + 1, far()).expect("queued")));
+        if p % 7 == 0 {
+            tokio::task::yield_now().await;
+            gate.notify_one();
+        }
+    }
+    let releaser = tokio::spawn(async move {
+        loop {
+            gate.notify_one();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    for (p, answer) in answers {
+        assert_eq!(answer.await.expect("answered").expect("ok"), p * 10);
+    }
+    releaser.abort();
+    let batches = log.lock().expect("lock").clone();
+    let mut sent: Vec<u32> = batches.iter().flatten().copied().collect();
+    sent.sort_unstable();
+    assert_eq!(sent, (0..200).collect::<Vec<_>>(), "each caller sent exactly once");
+    for batch in batches {
+        let rows: u64 = batch.iter().map(|p| u64::from(p % 3) + 1).sum();
+        assert!(rows <= 5, "no batch over max_batch rows: {batch:?}");
+    }
+}
