@@ -18,7 +18,7 @@ use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
 use crate::policy::{Policy, Store};
-use crate::tiers::{Realtime, TierService, Tiers};
+use crate::tiers::{MicroBatch, Realtime, TierService, Tiers};
 
 /// A running gateway.
 #[derive(Debug)]
@@ -70,7 +70,8 @@ impl Gateway {
         let shutdown = CancellationToken::new();
         let policy = Arc::new(Store::new(policy));
         let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
-        let tiers = Tiers::new(realtime);
+        let micro_batch = MicroBatch::new(config.limits.max_response_bytes, shutdown.clone());
+        let tiers = Tiers::new(realtime).with_micro_batch(TierService::new(micro_batch));
         let max_response = config.limits.max_response_bytes;
         let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
         let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()));

@@ -166,7 +166,7 @@ pub fn examples() -> Vec<Example> {
             vec![("x-tiergate-budget-ms", "2000")],
             "resnet50",
             true,
-            501,
+            200,
             Some("micro_batch"),
             Some("budget_micro_batch"),
         ),

@@ -30,6 +30,25 @@ pub const BACKEND_SECONDS: &str = "tiergate_backend_duration_seconds";
 pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
 /// Requests no route matched (unknown model or path), by `door`.
 pub const UNMATCHED: &str = "tiergate_unmatched_requests_total";
+/// Rows waiting in a route's micro-batch queues, by `route`.
+pub const BATCH_QUEUE_ROWS: &str = "tiergate_batch_queue_rows";
+/// Time a request waited in the micro-batch queue before its batch went out, by `route` (histogram, seconds).
+pub const BATCH_QUEUE_SECONDS: &str = "tiergate_batch_queue_duration_seconds";
+/// Rows per batch sent, by `route` (histogram).
+pub const BATCH_ROWS: &str = "tiergate_batch_rows";
+/// Rows per batch sent as a fraction of `max_batch`, by `route` (histogram).
+pub const BATCH_FILL_RATIO: &str = "tiergate_batch_fill_ratio";
+/// Batches sent, by `route` and `reason` (full, idle_backend, deadline, max_wait).
+pub const BATCH_FLUSHES: &str = "tiergate_batch_flushes_total";
+/// Requests the micro-batch tier refused before queueing, by `route` and `reason`
+/// (queue_full, deadline_unmeetable, too_many_signatures).
+pub const BATCH_REJECTIONS: &str = "tiergate_batch_rejections_total";
+/// Failed batches split in two to isolate a request the backend refused, by `route`.
+pub const BATCH_ISOLATIONS: &str = "tiergate_batch_isolations_total";
+/// Learned fixed cost `a` of a batch on the route's batch pool, by `route` (seconds).
+pub const BATCH_COST_FIXED: &str = "tiergate_batch_cost_fixed_seconds";
+/// Learned cost per row `b` on the route's batch pool, by `route` (seconds).
+pub const BATCH_COST_PER_ROW: &str = "tiergate_batch_cost_per_row_seconds";
 /// Routes in the running policy.
 pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
 /// Always 1, labelled with the running `version`.
@@ -39,6 +58,13 @@ pub const BUILD_INFO: &str = "tiergate_build_info";
 const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
+
+/// Buckets for rows per batch: powers of two up to the largest `max_batch`.
+const ROW_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 65536.0,
+];
+/// Buckets for the fill ratio.
+const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
 
 /// Pre-registered handles for one route and tier.
 #[derive(Clone)]
@@ -87,7 +113,9 @@ pub fn install() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
-                .expect("the bucket list is a non-empty constant")
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_ROWS.into()), ROW_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_FILL_RATIO.into()), RATIO_BUCKETS))
+                .expect("the bucket lists are non-empty constants")
                 .build_recorder();
             let handle = recorder.handle();
             // Fails only when another recorder was installed first (a host program

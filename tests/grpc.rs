@@ -163,9 +163,16 @@ async fn infer_with_raw_and_typed_contents_and_the_decision_in_metadata() {
     // the gRPC deadline is a budget source: 2 s calls for the micro-batch tier
     let mut req = tonic::Request::new(fp32_request("g2", &[[1.0, 1.0]]));
     req.set_timeout(std::time::Duration::from_secs(2));
-    let err = c.model_infer(req).await.expect_err("micro_batch is not built yet");
-    assert_eq!(err.code(), Code::Unimplemented);
-    assert_eq!(tier(err.metadata(), "x-tiergate-tier").as_deref(), Some("micro_batch"));
+    let batched = c.model_infer(req).await.expect("served by the micro-batch tier");
+    assert_eq!(
+        tier(batched.metadata(), "x-tiergate-tier").as_deref(),
+        Some("micro_batch")
+    );
+    assert_eq!(tier(batched.metadata(), "x-tiergate-batch-size").as_deref(), Some("1"));
+    assert!(tier(batched.metadata(), "x-tiergate-queue-ms").is_some());
+    let out = batched.into_inner();
+    assert_eq!(out.id, "g2");
+    assert_eq!(sums(&out), vec![2.0]);
     gw.stop().await.expect("stops");
 }
 

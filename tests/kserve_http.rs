@@ -181,8 +181,8 @@ async fn json_routes_match_by_path() {
     );
     let gw = gateway(&policy).await;
     let headers = [("content-type", "application/json"), ("x-tiergate-budget-ms", "100")];
-    // The simulator speaks only KServe v2, so it answers 404 for this path: what
-    // matters is that the gateway classified and forwarded it, byte for byte.
+    // The simulator's TF-Serving service answers; the gateway classified the request
+    // and forwarded it byte for byte.
     let a = send(
         "POST",
         gw.http_addr(),
@@ -192,7 +192,12 @@ async fn json_routes_match_by_path() {
     )
     .await;
     assert_eq!(a.tier(), (Some("realtime"), Some("budget_realtime")));
-    assert_eq!(a.status, 404, "the backend's own answer passes through");
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        a.json(),
+        serde_json::json!({"predictions": [3.0]}),
+        "the backend's own answer passes through"
+    );
     let bad = send("POST", gw.http_addr(), "/v1/models/m:predict", &headers, "{oops").await;
     assert_eq!(bad.status, 400);
     gw.stop().await.expect("stops");

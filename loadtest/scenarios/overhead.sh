@@ -26,29 +26,11 @@ fi
 cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
+. loadtest/scenarios/lib.sh
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 SIM=$(free_port); SIMG=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
 
-wait_port() {
-  for _ in $(seq 1 250); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.02
-  done
-  echo "port $1 never opened" >&2; exit 1
-}
 
-wait_ready() {
-  for _ in $(seq 1 250); do
-    curl -fs -o /dev/null "http://127.0.0.1:$1$2" && return 0
-    sleep 0.02
-  done
-  echo "port $1 never became ready" >&2; exit 1
-}
 
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 if [ "$PROTOCOL" = grpc ]; then BACKEND="grpc://127.0.0.1:$SIMG"; else BACKEND="http://127.0.0.1:$SIM"; fi

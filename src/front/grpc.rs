@@ -22,6 +22,7 @@ use crate::config::Limits;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use crate::protocol::grpc::{bridge, pb, request_from_grpc};
+use crate::tiers::micro_batch::{BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
@@ -127,6 +128,16 @@ fn answer(served: Served) -> Answered {
             metadata.insert(*key, tonic::metadata::MetadataValue::from_static(value));
         }
     };
+    let mut metadata = MetadataMap::new();
+    if let Ok(reply) = &served.result {
+        // How a batched request was batched, as on HTTP.
+        for key in [BATCH_SIZE_HEADER, QUEUE_MS_HEADER] {
+            let value = reply.headers().get(key).and_then(|v| v.to_str().ok());
+            if let Some(value) = value.and_then(|v| v.parse().ok()) {
+                metadata.insert(key, value);
+            }
+        }
+    }
     let result = served
         .result
         .map_err(|e| status(&e))
@@ -135,7 +146,6 @@ fn answer(served: Served) -> Answered {
         tag(s.metadata_mut());
         s
     });
-    let mut metadata = MetadataMap::new();
     tag(&mut metadata);
     (metadata, result)
 }

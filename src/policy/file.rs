@@ -124,6 +124,18 @@ pub struct BatchFile {
     pub max_in_flight: Option<i64>,
     /// Rows that may wait in the queue before new ones get 429.
     pub queue_capacity: Option<i64>,
+    /// How requests on the route's JSON `paths` are merged and split.
+    pub json_adapter: Option<JsonAdapterFile>,
+}
+
+/// `json_adapter` values.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum JsonAdapterFile {
+    /// TF-Serving `{"instances": [...]}` / `{"inputs": ...}` with `predictions` / `outputs`.
+    TfServing,
+    /// OpenAI-style embeddings `{"input": [...]}` with `data[].index`.
+    OpenaiEmbeddings,
 }
 
 /// `when_unmet` values.

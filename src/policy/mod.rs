@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use file::PolicyFile;
-pub use model::{BatchSpec, Budgets, Flags, Policy, PoolSpec, Route, WhenUnmet};
+pub use model::{BatchSpec, Budgets, Flags, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 pub use validate::{Problem, Problems};
 
 /// Largest policy file read; anything bigger is refused, not parsed.

@@ -109,6 +109,19 @@ pub struct BatchSpec {
     pub max_in_flight: NonZeroU32,
     /// Rows that may wait in the queue.
     pub queue_capacity: NonZeroU32,
+    /// How requests on the route's JSON paths are merged and split; without one they
+    /// are served one per backend call on the batch pool.
+    pub json_adapter: Option<JsonAdapter>,
+}
+
+/// A JSON batching protocol for routes whose backends do not speak KServe v2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonAdapter {
+    /// TF-Serving REST: `{"instances": [...]}` → `{"predictions": [...]}`, or columnar
+    /// `{"inputs": ...}` → `{"outputs": ...}`.
+    TfServing,
+    /// OpenAI-style embeddings: `{"input": [...]}` → `{"data": [{"index": i, ...}]}`.
+    OpenaiEmbeddings,
 }
 
 impl Policy {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use http::Uri;
 
-use super::file::{BatchFile, DefaultsFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile};
-use super::model::{BatchSpec, Budgets, Flags, Policy, PoolSpec, Route, WhenUnmet};
+use super::file::{BatchFile, DefaultsFile, JsonAdapterFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile};
+use super::model::{BatchSpec, Budgets, Flags, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 
 /// One thing wrong with a policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +188,20 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         .micro_batch
         .as_ref()
         .map(|b| Arc::new(batch(check, &format!("{at}.micro_batch"), b)));
+    if let Some(b) = micro_batch.as_ref().filter(|b| b.json_adapter.is_some()) {
+        let at = format!("{at}.micro_batch.json_adapter");
+        if file.paths.is_empty() {
+            check.fail(
+                at,
+                "is set but the route serves no JSON paths; add `paths` or remove it",
+            );
+        } else if b.pool.is_grpc() {
+            check.fail(
+                at,
+                "needs http:// endpoints: JSON routes are not KServe v2 and cannot go over gRPC",
+            );
+        }
+    }
     if flags.realtime && realtime.is_none() {
         check.fail(
             format!("{at}.flags.realtime"),
@@ -304,6 +318,10 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile) -> BatchSpec {
         max_wait,
         max_in_flight,
         queue_capacity,
+        json_adapter: file.json_adapter.map(|a| match a {
+            JsonAdapterFile::TfServing => JsonAdapter::TfServing,
+            JsonAdapterFile::OpenaiEmbeddings => JsonAdapter::OpenaiEmbeddings,
+        }),
     }
 }
 

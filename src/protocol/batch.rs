@@ -315,7 +315,9 @@ fn row_cuts(t: &Tensor, rows: &[u64]) -> Result<Vec<usize>, String> {
 
 /// Canonical JSON of a parameter map without the `skip` keys: keys sorted at every
 /// level, so equal parameters give equal strings whatever order they were sent in.
-fn canonical(map: &Map<String, Value>, skip: &[&str]) -> String {
+/// `map` as canonical JSON (keys sorted at every level), leaving out the keys in `skip`:
+/// equal JSON objects give equal strings, whatever order their keys came in.
+pub fn canonical(map: &Map<String, Value>, skip: &[&str]) -> String {
     let mut out = String::new();
     write_object(map.iter().filter(|(k, _)| !skip.contains(&k.as_str())), &mut out);
     out

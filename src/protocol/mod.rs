@@ -42,6 +42,22 @@ pub use tensor::Tensor;
 /// Header carrying the JSON header length of a binary-extension body.
 pub const HEADER_LEN: &str = "inference-header-content-length";
 
+/// Sets the headers that frame an encoded body: `application/octet-stream` plus
+/// `inference-header-content-length` for the binary extension (`header_len` set), else
+/// `application/json`.
+pub fn set_framing(headers: &mut http::HeaderMap, header_len: Option<usize>) {
+    use http::header::{HeaderValue, CONTENT_TYPE};
+    match header_len {
+        Some(len) => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(HEADER_LEN, HeaderValue::from(len));
+        }
+        None => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+}
+
 /// The protocol's error body: `{"error": "..."}`.
 pub fn error_body(message: &str) -> bytes::Bytes {
     serde_json::json!({ "error": message }).to_string().into()

@@ -21,8 +21,11 @@ pub(crate) const MAX_BODY: usize = 64 << 20;
 const MAX_ROWS: u64 = 1 << 20;
 const OUTPUTS: [&str; 2] = ["OUTPUT0", "OUTPUT1"];
 
+/// The BYTES element (or JSON row) a simulated model refuses with 400: a poison request.
+pub(crate) const POISON: &str = "poison";
+
 /// Why an infer request gets no outputs: the status and the protocol error message.
-struct Refusal(StatusCode, String);
+pub(crate) struct Refusal(pub StatusCode, pub String);
 
 /// A checked request whose batch is queued.
 struct Queued {
@@ -33,13 +36,13 @@ struct Queued {
 }
 
 /// Counts a handler in flight; a handler dropped before answering counts as cancelled.
-struct InFlight {
+pub(crate) struct InFlight {
     stats: Arc<watch::Sender<Stats>>,
-    answered: bool,
+    pub answered: bool,
 }
 
 impl InFlight {
-    fn enter(stats: &Arc<watch::Sender<Stats>>) -> Self {
+    pub(crate) fn enter(stats: &Arc<watch::Sender<Stats>>) -> Self {
         stats.send_modify(|s| {
             s.in_flight += 1;
             s.max_in_flight = s.max_in_flight.max(s.in_flight);
@@ -109,6 +112,7 @@ async fn run(m: &Model, model: &str, header_len: Option<usize>, body: Bytes) -> 
 fn queue(m: &Model, model: &str, body: &Bytes, header_len: Option<usize>) -> Result<Queued, Refusal> {
     let request = protocol::decode_request(body, header_len).map_err(Refusal::bad)?;
     let rows = batch_rows(&request).map_err(Refusal::bad)?;
+    refuse_poison(&request).map_err(Refusal::bad)?;
     let outputs = select_outputs(model, &request).map_err(Refusal::bad)?;
     let (reply, done) = oneshot::channel();
     m.jobs
@@ -118,17 +122,17 @@ fn queue(m: &Model, model: &str, body: &Bytes, header_len: Option<usize>) -> Res
 }
 
 impl Refusal {
-    fn bad(message: impl ToString) -> Self {
+    pub(crate) fn bad(message: impl ToString) -> Self {
         Refusal(StatusCode::BAD_REQUEST, message.to_string())
     }
 
-    fn no_instance(model: &str) -> Self {
+    pub(crate) fn no_instance(model: &str) -> Self {
         let message = format!("model '{model}' has no running instance");
         Refusal(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<Bytes, Refusal> {
+pub(crate) async fn read_body(req: Request<Incoming>) -> Result<Bytes, Refusal> {
     let too_large = || {
         let message = format!("request body is larger than {} MiB", MAX_BODY >> 20);
         Refusal(StatusCode::PAYLOAD_TOO_LARGE, message)
@@ -165,6 +169,21 @@ fn batch_rows(request: &InferRequest) -> Result<u64, String> {
         ));
     }
     Ok(rows)
+}
+
+/// Refuses a request with a BYTES element equal to [`POISON`], naming its row.
+fn refuse_poison(request: &InferRequest) -> Result<(), String> {
+    for input in request.inputs.iter().filter(|t| t.datatype == Datatype::Bytes) {
+        let per_row = input.shape.iter().skip(1).product::<u64>().max(1);
+        if let Some(i) = input.bytes_elements().position(|e| e == POISON.as_bytes()) {
+            return Err(format!(
+                "row {} of input '{}' is \"{POISON}\": the model refuses it",
+                i as u64 / per_row,
+                input.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The outputs to send, each with whether it goes binary: per-output

@@ -10,11 +10,15 @@
 //!
 //! `profile` (cost model, faults, model specs) · `instance` (instance threads, FIFO
 //! queue, hold gate) · `server` (accept loop, routes) · `infer` (the infer handler and
-//! the outputs).
+//! the outputs) · `json` (TF-Serving predict and OpenAI-style embeddings, for JSON routes).
+//!
+//! A BYTES element (or a JSON row) equal to `poison` is refused with 400, as a model
+//! refuses input it cannot read: the micro-batch tier's poison isolation is tested with it.
 
 mod grpc;
 mod infer;
 mod instance;
+mod json;
 mod profile;
 mod server;
 

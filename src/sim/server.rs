@@ -75,6 +75,16 @@ async fn connection(sim: Simulator, stream: TcpStream, shutdown: CancellationTok
 
 async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_owned();
+    if let Some(service) = super::json::parse(&path) {
+        if req.method() != Method::POST {
+            let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes POST"));
+            reply
+                .headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+            return reply;
+        }
+        return super::json::serve(sim, service, req).await;
+    }
     let Some(endpoint) = parse(&path) else {
         return error(StatusCode::NOT_FOUND, &format!("no route for {path}"));
     };

@@ -5,10 +5,12 @@
 //! hands each to the `send` function with the callers' reply channels, which answers
 //! every caller. The policy is work-conserving: a batch goes out as soon as a backend
 //! slot is free, or when it is full (`max_batch` rows); while every slot is busy it keeps
-//! filling. `max_wait` is a ceiling on waiting for a slot to fill a batch, never a floor,
-//! so a lone request at low load is sent at once. The queue is bounded in rows (a full
-//! queue refuses at once); a caller whose deadline passed or who went away is answered
-//! or dropped before its batch is sent, never sent to the backend.
+//! filling, unless one more caller would make the batch's earliest deadline miss under
+//! the pool's learned cost (see [`super::cost`]). `max_wait` is a ceiling on waiting for
+//! a slot to fill a batch, never a floor, so a lone request at low load is sent at once.
+//! The queues in front of one pool share its slots, its cost and one capacity in rows
+//! ([`Shared`]; a full queue refuses at once); a caller whose deadline passed or who went
+//! away is answered or dropped before its batch is sent, never sent to the backend.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +21,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::cost::Cost;
 use crate::error::{Error, Kind};
 
 /// How a queue forms batches.
@@ -34,6 +37,62 @@ pub struct Settings {
     pub capacity: u64,
 }
 
+/// What every queue in front of one batch pool shares: the pool's backend slots, the
+/// rows waiting (one capacity for the pool), its learned cost and the depth gauge.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Backend slots: a batch holds one from sending until it is answered.
+    pub slots: Arc<Semaphore>,
+    /// Rows waiting across the queues.
+    pub queued: Arc<AtomicU64>,
+    /// The pool's learned cost `t(n)`.
+    pub cost: Arc<Cost>,
+    /// Queue depth in rows, as a metric.
+    pub depth: metrics::Gauge,
+}
+
+impl Shared {
+    /// Fresh slots, counter and cost for `settings`; the depth is not exported.
+    pub fn new(settings: &Settings) -> Self {
+        Shared {
+            slots: Arc::new(Semaphore::new(settings.slots.max(1))),
+            queued: Arc::default(),
+            cost: Arc::default(),
+            depth: metrics::Gauge::noop(),
+        }
+    }
+
+    fn release(&self, rows: u64) {
+        self.queued.fetch_sub(rows, Ordering::AcqRel);
+        self.depth.decrement(rows as f64);
+    }
+}
+
+/// Why a batch stopped growing and went out (the `reason` label of the flush metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// It reached `max_batch` rows, or the next caller would not fit.
+    Full,
+    /// A backend slot was free: nothing is gained by waiting.
+    IdleBackend,
+    /// One more caller would make the batch's earliest deadline miss under the learned cost.
+    Deadline,
+    /// It waited `max_wait` for a slot.
+    MaxWait,
+}
+
+impl Flush {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Flush::Full => "full",
+            Flush::IdleBackend => "idle_backend",
+            Flush::Deadline => "deadline",
+            Flush::MaxWait => "max_wait",
+        }
+    }
+}
+
 /// One caller's place in a batch: its payload, rows, deadline and reply channel.
 #[derive(Debug)]
 pub struct Entry<T, R> {
@@ -43,6 +102,8 @@ pub struct Entry<T, R> {
     pub rows: u64,
     /// When its budget runs out.
     pub deadline: Instant,
+    /// When it was queued.
+    pub queued_at: Instant,
     /// Where its answer goes; answered exactly once.
     pub reply: oneshot::Sender<Result<R, Error>>,
 }
@@ -51,7 +112,7 @@ pub struct Entry<T, R> {
 #[derive(Debug)]
 pub struct Queue<T, R> {
     tx: mpsc::UnboundedSender<Entry<T, R>>,
-    queued: Arc<AtomicU64>,
+    shared: Shared,
     capacity: u64,
 }
 
@@ -59,29 +120,28 @@ pub struct Queue<T, R> {
 #[derive(Debug)]
 pub struct Worker<T, R> {
     rx: mpsc::UnboundedReceiver<Entry<T, R>>,
-    queued: Arc<AtomicU64>,
     settings: Settings,
-    slots: Arc<Semaphore>,
+    shared: Shared,
 }
 
 /// A batch: the callers, in arrival order.
 pub type Batch<T, R> = Vec<Entry<T, R>>;
 
-/// A queue and its worker.
+/// A queue and its worker, with slots, counter and cost of their own.
 pub fn pair<T, R>(settings: Settings) -> (Queue<T, R>, Worker<T, R>) {
+    let shared = Shared::new(&settings);
+    pair_sharing(settings, shared)
+}
+
+/// A queue and its worker over `shared` slots, queued rows and cost (one batch pool).
+pub fn pair_sharing<T, R>(settings: Settings, shared: Shared) -> (Queue<T, R>, Worker<T, R>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let queued = Arc::new(AtomicU64::new(0));
     let queue = Queue {
         tx,
-        queued: queued.clone(),
+        shared: shared.clone(),
         capacity: settings.capacity,
     };
-    let worker = Worker {
-        rx,
-        queued,
-        settings,
-        slots: Arc::new(Semaphore::new(settings.slots.max(1))),
-    };
+    let worker = Worker { rx, settings, shared };
     (queue, worker)
 }
 
@@ -89,7 +149,7 @@ impl<T, R> Clone for Queue<T, R> {
     fn clone(&self) -> Self {
         Queue {
             tx: self.tx.clone(),
-            queued: self.queued.clone(),
+            shared: self.shared.clone(),
             capacity: self.capacity,
         }
     }
@@ -104,48 +164,64 @@ impl<T, R> Queue<T, R> {
         rows: u64,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
-        let after = self.queued.fetch_add(rows, Ordering::AcqRel) + rows;
+        let after = self
+            .shared
+            .queued
+            .fetch_add(rows, Ordering::AcqRel)
+            .saturating_add(rows);
         if after > self.capacity {
-            self.queued.fetch_sub(rows, Ordering::AcqRel);
+            self.shared.queued.fetch_sub(rows, Ordering::AcqRel);
             return Err(Error::new(
                 Kind::QueueFull,
                 format!(
                     "the micro-batch queue is full ({} rows waiting, capacity {})",
-                    after - rows,
+                    after.saturating_sub(rows),
                     self.capacity
                 ),
             ));
         }
+        self.shared.depth.increment(rows as f64);
         let (reply, answer) = oneshot::channel();
-        if self
-            .tx
-            .send(Entry {
-                payload,
-                rows,
-                deadline,
-                reply,
-            })
-            .is_err()
-        {
-            self.queued.fetch_sub(rows, Ordering::AcqRel);
+        let entry = Entry {
+            payload,
+            rows,
+            deadline,
+            queued_at: Instant::now(),
+            reply,
+        };
+        if self.tx.send(entry).is_err() {
+            self.shared.release(rows);
             return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
         }
         Ok(answer)
     }
 
-    /// Rows waiting now.
+    /// Rows waiting now, across every queue sharing this one's pool.
     pub fn queued_rows(&self) -> u64 {
-        self.queued.load(Ordering::Acquire)
+        self.shared.queued.load(Ordering::Acquire)
     }
+
+    /// Whether the worker has stopped (shutdown), so nothing submitted would be served.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// A batch being filled.
+struct Filling<T, R> {
+    entries: Batch<T, R>,
+    rows: u64,
+    earliest: Instant,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
     /// Forms batches until `shutdown` fires (then answers what is still queued with
-    /// [`Kind::Unavailable`]) and hands each to `send`, which must answer every entry.
-    /// The batch holds its backend slot until `send` completes.
+    /// [`Kind::Unavailable`]) or every [`Queue`] is dropped (then it drains the queue
+    /// first), and hands each batch to `send` with why it went, which must answer every
+    /// entry. The batch holds its backend slot until `send` completes.
     pub async fn run<F, Fut>(mut self, send: F, shutdown: CancellationToken)
     where
-        F: Fn(Batch<T, R>) -> Fut + Send + Sync + 'static,
+        F: Fn(Batch<T, R>, Flush) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let send = Arc::new(send);
@@ -162,66 +238,99 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
             };
             let (batch, next) = self.fill(first).await;
             carry = next;
-            if let Some((batch, slot)) = batch {
+            if let Some((batch, slot, flush)) = batch {
                 let send = send.clone();
                 tokio::spawn(async move {
-                    send(batch).await;
+                    send(batch, flush).await;
                     drop(slot); // the backend slot frees only once the batch is answered
                 });
             }
         }
         self.rx.close();
         while let Ok(entry) = self.rx.try_recv() {
-            self.answer(entry, Kind::Unavailable, "the gateway is shutting down");
+            self.shared.release(entry.rows);
+            answer(entry, Kind::Unavailable, "the gateway is shutting down");
         }
     }
 
-    /// Grows a batch from `first` until a slot frees (or it is full, then it waits for
-    /// one); returns the batch (none when every caller dropped out) and an entry that did
-    /// not fit, which starts the next batch.
-    async fn fill(&mut self, first: Entry<T, R>) -> (Option<(Batch<T, R>, OwnedSemaphorePermit)>, Option<Entry<T, R>>) {
+    /// Grows a batch from `first` until a slot frees (or it is sealed: full, at the
+    /// deadline limit, or past `max_wait`; then it waits for a slot); returns the batch
+    /// (none when every caller dropped out) and an entry that did not fit, which starts
+    /// the next batch.
+    async fn fill(
+        &mut self,
+        first: Entry<T, R>,
+    ) -> (Option<(Batch<T, R>, OwnedSemaphorePermit, Flush)>, Option<Entry<T, R>>) {
         let opened = Instant::now();
-        let mut entries = vec![first];
-        let mut rows = entries[0].rows;
+        let mut batch = Filling {
+            rows: first.rows,
+            earliest: first.deadline,
+            entries: vec![first],
+        };
+        let mut sealed = (batch.rows >= self.settings.max_batch).then_some(Flush::Full);
         let mut carry = None;
-        let slot = loop {
-            while carry.is_none() && rows < self.settings.max_batch {
+        let mut open = true; // the channel still has senders
+        let (slot, flush) = loop {
+            while sealed.is_none() {
                 match self.rx.try_recv() {
-                    Ok(e) if rows + e.rows <= self.settings.max_batch => {
-                        rows += e.rows;
-                        entries.push(e);
-                    }
-                    Ok(e) => carry = Some(e),
+                    Ok(e) => sealed = self.offer(&mut batch, e, &mut carry),
                     Err(_) => break,
                 }
             }
-            let full = carry.is_some() || rows >= self.settings.max_batch;
-            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-                break slot;
+            let ready = || sealed.unwrap_or(Flush::IdleBackend);
+            if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                break (slot, ready());
             }
-            if full {
-                break self
-                    .slots
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the semaphore is never closed");
+            if let Some(flush) = sealed {
+                break (self.slot().await, flush);
             }
             tokio::select! {
-                slot = self.slots.clone().acquire_owned() => break slot.expect("the semaphore is never closed"),
-                entry = self.rx.recv(), if carry.is_none() => match entry {
-                    Some(e) if rows + e.rows <= self.settings.max_batch => { rows += e.rows; entries.push(e); }
-                    Some(e) => carry = Some(e),
-                    None => {}
-                },
-                _ = tokio::time::sleep_until(opened + self.settings.max_wait) => {
-                    break self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+                slot = self.shared.slots.clone().acquire_owned() => {
+                    break (slot.expect("the semaphore is never closed"), ready());
                 }
+                entry = self.rx.recv(), if open => match entry {
+                    Some(e) => sealed = self.offer(&mut batch, e, &mut carry),
+                    None => open = false,
+                },
+                _ = tokio::time::sleep_until(opened + self.settings.max_wait) => sealed = Some(Flush::MaxWait),
             }
         };
-        let entries = self.prune(entries);
-        let batch = (!entries.is_empty()).then_some((entries, slot));
+        let entries = self.prune(batch.entries);
+        let batch = (!entries.is_empty()).then_some((entries, slot, flush));
         (batch, carry)
+    }
+
+    /// Adds `e` to the batch unless it would overflow `max_batch` or, under the learned
+    /// cost, make the batch's earliest deadline miss; then `e` is carried to the next
+    /// batch. Returns why the batch is sealed, if it now is.
+    fn offer(&self, batch: &mut Filling<T, R>, e: Entry<T, R>, carry: &mut Option<Entry<T, R>>) -> Option<Flush> {
+        let rows = batch.rows.saturating_add(e.rows);
+        if rows > self.settings.max_batch {
+            *carry = Some(e);
+            return Some(Flush::Full);
+        }
+        let cost = &self.shared.cost;
+        if let (Some(now), Some(then)) = (cost.predict(batch.rows), cost.predict(rows)) {
+            // Seal only if the batch can still make its earliest deadline without `e`.
+            let start = Instant::now();
+            if start + now <= batch.earliest && start + then > batch.earliest {
+                *carry = Some(e);
+                return Some(Flush::Deadline);
+            }
+        }
+        batch.rows = rows;
+        batch.earliest = batch.earliest.min(e.deadline);
+        batch.entries.push(e);
+        (rows >= self.settings.max_batch).then_some(Flush::Full)
+    }
+
+    async fn slot(&self) -> OwnedSemaphorePermit {
+        self.shared
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// Leaves out callers who went away and answers those whose deadline has passed.
@@ -229,12 +338,12 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         let now = Instant::now();
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries {
-            self.queued.fetch_sub(entry.rows, Ordering::AcqRel);
+            self.shared.release(entry.rows);
             if entry.reply.is_closed() {
                 continue; // the caller went away: nothing to answer, nothing to send
             }
             if entry.deadline <= now {
-                self.answer(
+                answer(
                     entry,
                     Kind::Deadline,
                     "the budget ran out while the request waited for its batch",
@@ -245,11 +354,13 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         }
         kept
     }
-
-    fn answer(&self, entry: Entry<T, R>, kind: Kind, message: &str) {
-        let _ = entry.reply.send(Err(Error::new(kind, message)));
-    }
 }
 
+fn answer<T, R>(entry: Entry<T, R>, kind: Kind, message: &str) {
+    let _ = entry.reply.send(Err(Error::new(kind, message)));
+}
+
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

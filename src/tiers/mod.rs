@@ -3,11 +3,14 @@
 //! After the doors and the classifier. Every tier is a `tower::Service<Call>` with the
 //! same response and error types, boxed at this module's edge so generics stay inside.
 //! [`Tiers`] is always ready and hands each call to its tier with `oneshot`; each tier
-//! owns its own backpressure (real-time: limit + shed + deadline, never a queue), so
-//! no tier's load reaches another's callers. A tier this build does not serve answers
+//! owns its own backpressure (real-time: limit + shed + deadline, never a queue;
+//! micro-batch: a bounded queue per route, deadline-aware admission), so no tier's load
+//! reaches another's callers. A tier this build does not serve answers
 //! with an error that names it.
 
 pub mod batcher;
+pub mod cost;
+pub mod micro_batch;
 pub mod realtime;
 
 use std::sync::Arc;
@@ -21,6 +24,7 @@ use crate::classify::{Decision, Tier};
 use crate::error::{Error, Kind};
 use crate::policy::Route;
 
+pub use micro_batch::MicroBatch;
 pub use realtime::Realtime;
 
 /// One classified request on its way to a tier.
@@ -58,6 +62,12 @@ impl Tiers {
             micro_batch: None,
             offline: None,
         }
+    }
+
+    /// The same router with `service` serving the micro-batch tier.
+    pub fn with_micro_batch(mut self, service: TierService) -> Self {
+        self.micro_batch = Some(service);
+        self
     }
 
     /// Serves `call` on the tier its decision names.

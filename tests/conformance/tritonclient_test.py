@@ -7,7 +7,8 @@ gateway on free ports and passes the gateway's HTTP and gRPC addresses:
 
 The simulator's model "m" echoes its first input as OUTPUT0 and answers each row's sum
 as OUTPUT1 (FP64; for BYTES the sum of element lengths), so every check below knows the
-exact answer. The route sends budgets under 300 ms to the real-time tier.
+exact answer. The route sends budgets under 300 ms to the real-time tier and longer
+ones to the micro-batch tier.
 """
 
 import queue
@@ -110,9 +111,22 @@ class HttpClient(unittest.TestCase):
         with self.assertRaises(InferenceServerException) as spent:
             self.client.infer("m", inputs, headers=budget("0"))
         self.assertIn("budget", str(spent.exception))
-        with self.assertRaises(InferenceServerException) as batch:
-            self.client.infer("m", inputs, headers=budget("2000"))
-        self.assertIn("micro_batch", str(batch.exception))
+
+    def test_micro_batch_tier(self):
+        # A 2 s budget calls for the micro-batch tier: concurrent callers share batches
+        # and each gets exactly its own rows and id back, JSON or binary as it asked.
+        pending = []
+        for i in range(12):
+            arr = np.full((1 + i % 3, 3), i, dtype=np.float32)
+            inp = httpclient.InferInput("INPUT0", list(arr.shape), "FP32")
+            inp.set_data_from_numpy(arr, binary_data=i % 2 == 0)
+            out = [httpclient.InferRequestedOutput("OUTPUT1", binary_data=i % 3 == 0)]
+            call = self.client.async_infer("m", [inp], request_id=str(i), outputs=out, headers=budget("2000"))
+            pending.append((arr, call))
+        for i, (arr, call) in enumerate(pending):
+            result = call.get_result()
+            self.assertEqual(result.get_response()["id"], str(i))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
 
 
 class GrpcClient(unittest.TestCase):
@@ -183,11 +197,27 @@ class GrpcClient(unittest.TestCase):
         with self.assertRaises(InferenceServerException) as unknown:
             self.client.infer("nope", inputs)
         self.assertEqual(unknown.exception.status(), "StatusCode.NOT_FOUND")
-        # the gRPC deadline is the budget: 2 s calls for the micro-batch tier
-        with self.assertRaises(InferenceServerException) as batch:
-            self.client.infer("m", inputs, client_timeout=2.0)
-        self.assertEqual(batch.exception.status(), "StatusCode.UNIMPLEMENTED")
-        self.assertIn("micro_batch", str(batch.exception))
+
+    def test_micro_batch_tier(self):
+        # The gRPC deadline is the budget: 2 s calls for the micro-batch tier, where
+        # concurrent callers share batches and each gets exactly its own rows and id.
+        done = queue.Queue()
+        arrays = {}
+        for i in range(12):
+            arr = np.full((1 + i % 3, 2), i, dtype=np.int64)
+            arrays[str(i)] = arr
+            inp = grpcclient.InferInput("INPUT0", list(arr.shape), "INT64")
+            inp.set_data_from_numpy(arr)
+            self.client.async_infer(
+                "m", [inp], lambda result, error: done.put((result, error)), request_id=str(i), client_timeout=2.0
+            )
+        for _ in range(12):
+            result, error = done.get(timeout=30)
+            self.assertIsNone(error)
+            arr = arrays.pop(result.get_response().id)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("INT64", arr))
+        self.assertEqual(arrays, {})
 
 
 if __name__ == "__main__":

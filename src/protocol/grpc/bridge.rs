@@ -26,26 +26,24 @@ pub fn http_infer_request(
     binary_outputs: bool,
 ) -> Request<Bytes> {
     if binary_outputs {
-        if req.outputs.is_empty() {
-            req.parameters.insert("binary_data_output".into(), Value::Bool(true));
-        }
-        for out in &mut req.outputs {
-            out.binary_data.get_or_insert(true);
-        }
+        ask_binary_outputs(&mut req);
     }
     let (body, header_len) = protocol::encode_request(&req, true);
     let mut request = Request::new(body);
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = model_path(model, version, "/infer");
-    let headers = request.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    if let Some(len) = header_len {
-        headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
-    }
+    protocol::set_framing(request.headers_mut(), header_len);
     request
+}
+
+/// Asks for every output in the binary section, leaving explicit per-output choices be.
+pub fn ask_binary_outputs(req: &mut InferRequest) {
+    if req.outputs.is_empty() {
+        req.parameters.insert("binary_data_output".into(), Value::Bool(true));
+    }
+    for out in &mut req.outputs {
+        out.binary_data.get_or_insert(true);
+    }
 }
 
 /// The HTTP path of a model endpoint (`suffix`: "", "/ready", "/infer", "/config").
@@ -74,19 +72,7 @@ pub fn infer_response_from_http(reply: Response<Bytes>) -> Result<pb::ModelInfer
 pub fn infer_response_to_http(resp: &InferResponse, binary: &dyn Fn(&Tensor) -> bool) -> Response<Bytes> {
     let (body, header_len) = protocol::encode_response(resp, binary);
     let mut reply = Response::new(body);
-    let headers = reply.headers_mut();
-    match header_len {
-        Some(len) => {
-            headers.insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            headers.insert(protocol::HEADER_LEN, HeaderValue::from(len));
-        }
-        None => {
-            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        }
-    }
+    protocol::set_framing(reply.headers_mut(), header_len);
     reply
 }
 

@@ -22,7 +22,7 @@ fn start(settings: Settings, gate: Option<Arc<Notify>>) -> (Queue<u32, u32>, Log
     let log: Log = Arc::default();
     let shutdown = CancellationToken::new();
     let seen = log.clone();
-    let send = move |batch: Batch<u32, u32>| {
+    let send = move |batch: Batch<u32, u32>, _flush: Flush| {
         let (seen, gate) = (seen.clone(), gate.clone());
         async move {
             seen.lock()

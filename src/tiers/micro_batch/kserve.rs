@@ -1,0 +1,81 @@
+//! The KServe v2 form of the micro-batch tier: a caller's infer request decoded into
+//! tensors, many callers' tensors concatenated into one backend request, and the
+//! backend's answer split back into one KServe v2 answer per caller, each with its own
+//! id and its own choice of JSON or binary outputs.
+
+use bytes::Bytes;
+use http::Request;
+use serde_json::Value;
+
+use super::Unbatched;
+use crate::error::{Error, Kind};
+use crate::protocol::batch::{self, BatchError, Signature};
+use crate::protocol::grpc::bridge;
+use crate::protocol::{self, InferRequest, Tensor};
+use crate::tiers::Reply;
+
+/// A caller's request, decoded, with its signature and rows; or why it cannot share a batch.
+pub(super) fn parse(request: &Request<Bytes>) -> Result<Result<(Signature, InferRequest, u64), Unbatched>, Error> {
+    let bad = |e: protocol::Error| Error::new(Kind::BadRequest, e.to_string());
+    let header_len = protocol::header_len(request.headers()).map_err(bad)?;
+    let decoded = protocol::decode_request(request.body(), header_len).map_err(bad)?;
+    Ok(match batch::signature(&decoded) {
+        Ok((signature, rows)) => Ok((signature, decoded, rows)),
+        Err(why) => Err(Unbatched(why.to_string())),
+    })
+}
+
+/// One backend request carrying every caller's rows, on `path`; outputs come back in
+/// binary when the pool's backends read the binary extension. A caller whose tensors do
+/// not match their shapes is named by its index so it alone can be refused.
+pub(super) fn build(
+    path: &str,
+    reqs: &[&InferRequest],
+    binary: bool,
+) -> Result<Request<Bytes>, (Option<usize>, Error)> {
+    let mut merged = batch::concat(reqs).map_err(|e| match e {
+        BatchError::BadInput { index, .. } => (Some(index), Error::new(Kind::BadRequest, e.to_string())),
+        other => (None, Error::new(Kind::BadRequest, other.to_string())),
+    })?;
+    if binary {
+        bridge::ask_binary_outputs(&mut merged); // concat() left every output's choice unset
+    }
+    let (body, header_len) = protocol::encode_request(&merged, binary);
+    let mut request = Request::new(body);
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = path.parse().map_err(|_| {
+        (
+            None,
+            Error::new(Kind::BadRequest, format!("{path} is not a valid path")),
+        )
+    })?;
+    protocol::set_framing(request.headers_mut(), header_len);
+    Ok(request)
+}
+
+/// The backend's answer to a batch, cut into one answer per caller by `rows`.
+pub(super) fn scatter(reply: &Reply, reqs: &[&InferRequest], rows: &[u64]) -> Result<Vec<Reply>, Error> {
+    let broke = |why: String| Error::new(Kind::Backend, format!("the batch's backend broke the protocol: {why}"));
+    let header_len = protocol::header_len(reply.headers()).map_err(|e| broke(e.to_string()))?;
+    let decoded = protocol::decode_response(reply.body(), header_len).map_err(|e| broke(e.to_string()))?;
+    let answers = batch::split(&decoded, rows).map_err(|e| Error::new(Kind::Backend, e.to_string()))?;
+    Ok(answers
+        .into_iter()
+        .zip(reqs)
+        .map(|(mut answer, req)| {
+            answer.id.clone_from(&req.id);
+            bridge::infer_response_to_http(&answer, &|t| wants_binary(req, t))
+        })
+        .collect())
+}
+
+/// Whether the caller asked for `output` in the binary section: its own `binary_data`
+/// parameter, else the request's `binary_data_output`, else JSON.
+fn wants_binary(req: &InferRequest, output: &Tensor) -> bool {
+    req.outputs
+        .iter()
+        .find(|o| o.name == output.name)
+        .and_then(|o| o.binary_data)
+        .or_else(|| req.parameters.get("binary_data_output").and_then(Value::as_bool))
+        .unwrap_or(false)
+}

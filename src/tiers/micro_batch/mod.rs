@@ -1,0 +1,402 @@
+//! The micro-batch tier: near-real-time requests from many callers coalesced into one
+//! backend call on the route's batch pool, and the answer scattered back.
+//!
+//! After the classifier; before the batch pool. Each request is decoded into its rows
+//! (KServe v2 tensors, or a JSON route's array through the route's adapter) and queued in
+//! the *lane* for its route, path and signature, so only requests that can be
+//! concatenated meet; every lane of a route shares the pool's backend slots, one queue
+//! capacity in rows and the pool's learned cost (see [`super::batcher`]). A request the
+//! learned cost says cannot make its deadline is refused at once (503), a full queue
+//! answers 429, and a request that cannot be batched (no batch dimension, no adapter,
+//! more rows than `max_batch`) is sent alone on a batch slot. A caller that leaves (HTTP
+//! disconnect, gRPC cancel) drops its answer channel and is left out of its batch.
+//! When a route's batch settings change, its lanes are replaced and the old ones drain:
+//! nothing queued is lost.
+//!
+//! # Layout
+//!
+//! `kserve` (tensors: decode, concat, split) · `json` (TF-Serving and OpenAI adapters) ·
+//! `send` (one batch: build, call, scatter, isolate).
+
+mod json;
+mod kserve;
+mod send;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use http::HeaderValue;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::batcher::{self, Flush, Queue, Settings, Shared};
+use super::cost::Cost;
+use super::{Call, Reply};
+use crate::backend::{Pool, Pools};
+use crate::classify::Tier;
+use crate::error::{Error, Kind};
+use crate::metrics;
+use crate::policy::{BatchSpec, JsonAdapter};
+use crate::protocol::batch::Signature;
+
+/// Response header: rows in the batch that carried the request.
+pub const BATCH_SIZE_HEADER: &str = "x-tiergate-batch-size";
+/// Response header: milliseconds the request waited for its batch to go out.
+pub const QUEUE_MS_HEADER: &str = "x-tiergate-queue-ms";
+
+/// Most lanes (distinct paths and signatures) one route keeps; idle ones are let go
+/// first, so a client cycling through shapes cannot grow the gateway without bound.
+const MAX_LANES: usize = 256;
+
+/// The micro-batch tier service.
+#[derive(Debug, Clone)]
+pub struct MicroBatch {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pools: Pools,
+    routes: DashMap<String, Arc<RouteLanes>>,
+    shutdown: CancellationToken,
+}
+
+/// One route's lanes under one batch spec, and what they share.
+#[derive(Debug)]
+struct RouteLanes {
+    route: String,
+    spec: Arc<BatchSpec>,
+    pool: Arc<Pool>,
+    settings: Settings,
+    shared: Shared,
+    metrics: Arc<BatchMetrics>,
+    lanes: Mutex<HashMap<LaneKey, Queue<Part, Reply>>>,
+    shutdown: CancellationToken,
+}
+
+/// What must agree for requests to share a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum LaneKey {
+    Kserve { path: String, signature: Signature },
+    Json { path: String, signature: String },
+}
+
+/// How a lane's requests are merged and split.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    Kserve,
+    Json(JsonAdapter),
+}
+
+/// A caller's rows, in its lane's form.
+#[derive(Debug)]
+enum Part {
+    Kserve(Box<crate::protocol::InferRequest>),
+    Json(json::Part),
+}
+
+/// Why a request is served alone rather than batched.
+#[derive(Debug)]
+struct Unbatched(String);
+
+/// What a lane's batches need to be sent.
+#[derive(Debug)]
+struct Lane {
+    path: String,
+    form: Form,
+    pool: Arc<Pool>,
+    binary: bool,
+    cost: Arc<Cost>,
+    max_batch: u64,
+    metrics: Arc<BatchMetrics>,
+}
+
+/// One route's micro-batch instruments, registered once per route spec.
+struct BatchMetrics {
+    flushes: [::metrics::Counter; 4],
+    rows: ::metrics::Histogram,
+    fill: ::metrics::Histogram,
+    queue_seconds: ::metrics::Histogram,
+    isolations: ::metrics::Counter,
+    cost_fixed: ::metrics::Gauge,
+    cost_per_row: ::metrics::Gauge,
+    route: String,
+}
+
+impl std::fmt::Debug for BatchMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BatchMetrics")
+    }
+}
+
+impl BatchMetrics {
+    fn new(route: &str) -> Self {
+        let flush = |reason: Flush| ::metrics::counter!(metrics::BATCH_FLUSHES, "route" => route.to_owned(), "reason" => reason.as_str());
+        let label = || [("route", route.to_owned())];
+        BatchMetrics {
+            flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline, Flush::MaxWait].map(flush),
+            rows: ::metrics::histogram!(metrics::BATCH_ROWS, &label()),
+            fill: ::metrics::histogram!(metrics::BATCH_FILL_RATIO, &label()),
+            queue_seconds: ::metrics::histogram!(metrics::BATCH_QUEUE_SECONDS, &label()),
+            isolations: ::metrics::counter!(metrics::BATCH_ISOLATIONS, &label()),
+            cost_fixed: ::metrics::gauge!(metrics::BATCH_COST_FIXED, &label()),
+            cost_per_row: ::metrics::gauge!(metrics::BATCH_COST_PER_ROW, &label()),
+            route: route.to_owned(),
+        }
+    }
+
+    fn flushed(&self, flush: Flush, rows: u64, max_batch: u64) {
+        let i = match flush {
+            Flush::Full => 0,
+            Flush::IdleBackend => 1,
+            Flush::Deadline => 2,
+            Flush::MaxWait => 3,
+        };
+        self.flushes[i].increment(1);
+        self.rows.record(rows as f64);
+        self.fill.record(rows as f64 / max_batch.max(1) as f64);
+    }
+
+    fn learned(&self, cost: &Cost) {
+        if let Some(e) = cost.estimate() {
+            self.cost_fixed.set(e.fixed.as_secs_f64());
+            self.cost_per_row.set(e.per_row.as_secs_f64());
+        }
+    }
+
+    fn rejected(&self, reason: &'static str) {
+        ::metrics::counter!(metrics::BATCH_REJECTIONS, "route" => self.route.clone(), "reason" => reason).increment(1);
+    }
+}
+
+impl MicroBatch {
+    /// A micro-batch tier whose pools read at most `max_response_bytes` per answer and
+    /// whose batchers stop (answering what is queued) when `shutdown` fires.
+    pub fn new(max_response_bytes: usize, shutdown: CancellationToken) -> Self {
+        MicroBatch {
+            inner: Arc::new(Inner {
+                pools: Pools::new(Tier::MicroBatch, max_response_bytes),
+                routes: DashMap::new(),
+                shutdown,
+            }),
+        }
+    }
+}
+
+impl tower::Service<Call> for MicroBatch {
+    type Response = Reply;
+    type Error = Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
+
+    /// Always ready: admission (queue capacity, deadlines) happens per call.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: Call) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.serve(call).await })
+    }
+}
+
+impl Inner {
+    async fn serve(&self, call: Call) -> Result<Reply, Error> {
+        let Some(spec) = call.route.micro_batch.as_ref() else {
+            return Err(Error::new(
+                Kind::NoTier,
+                format!("route {} has no micro_batch pool", call.route.name),
+            ));
+        };
+        let lanes = self.lanes(&call.route.name, spec);
+        let path = call.request.uri().path().to_owned();
+        let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
+        let parsed = match (kserve, spec.json_adapter) {
+            (true, _) => kserve::parse(&call.request)?
+                .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Part::Kserve(Box::new(req)), rows)),
+            (false, Some(adapter)) => json::parse(adapter, call.request.body())?
+                .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Part::Json(part), rows)),
+            (false, None) => Err(Unbatched("the route has no json_adapter".into())),
+        };
+        let (key, part, rows) = match parsed {
+            Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
+            Ok(_) => return lanes.alone(call, "it has more rows than max_batch").await,
+            Err(Unbatched(why)) => return lanes.alone(call, &why).await,
+        };
+        lanes.admit(rows, call.deadline)?;
+        let queue = lanes.lane(key, spec)?;
+        let answer = queue.submit(part, rows, call.deadline).inspect_err(|e| {
+            if e.kind == Kind::QueueFull {
+                lanes.metrics.rejected("queue_full");
+            }
+        })?;
+        match tokio::time::timeout_at(call.deadline, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::new(Kind::Unavailable, "the micro-batch worker stopped")),
+            Err(_) => Err(Error::new(
+                Kind::Deadline,
+                format!(
+                    "the budget ran out in the micro-batch tier (route {}; {} rows queued)",
+                    call.route.name,
+                    queue.queued_rows()
+                ),
+            )),
+        }
+    }
+
+    /// The lanes serving `route` under `spec`; replaced (the old ones drain) when the
+    /// spec changes. Slots and learned cost carry over while the pool is unchanged.
+    fn lanes(&self, route: &str, spec: &Arc<BatchSpec>) -> Arc<RouteLanes> {
+        if let Some(lanes) = self.routes.get(route) {
+            if Arc::ptr_eq(&lanes.spec, spec) || *lanes.spec == **spec {
+                return lanes.clone();
+            }
+        }
+        let mut entry = self
+            .routes
+            .entry(route.to_owned())
+            .or_insert_with(|| Arc::new(self.build(route, spec, None)));
+        if *entry.spec != **spec {
+            let previous = entry.clone();
+            *entry = Arc::new(self.build(route, spec, Some(&previous)));
+        }
+        entry.clone()
+    }
+
+    fn build(&self, route: &str, spec: &Arc<BatchSpec>, previous: Option<&RouteLanes>) -> RouteLanes {
+        let settings = Settings {
+            max_batch: u64::from(spec.max_batch.get()),
+            max_wait: spec.max_wait,
+            slots: spec.pool.max_concurrency.get() as usize,
+            capacity: u64::from(spec.queue_capacity.get()),
+        };
+        let shared = match previous.filter(|p| p.spec.pool == spec.pool) {
+            Some(p) => p.shared.clone(),
+            None => Shared {
+                depth: ::metrics::gauge!(metrics::BATCH_QUEUE_ROWS, "route" => route.to_owned()),
+                cost: Arc::new(Cost::new()),
+                ..Shared::new(&settings)
+            },
+        };
+        RouteLanes {
+            route: route.to_owned(),
+            spec: spec.clone(),
+            pool: self.pools.get(route, &spec.pool),
+            settings,
+            shared,
+            metrics: Arc::new(BatchMetrics::new(route)),
+            lanes: Mutex::new(HashMap::new()),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+}
+
+impl RouteLanes {
+    /// Refuses a request of `rows` rows at once when the learned cost says it cannot be
+    /// answered by `deadline`: the rows queued ahead (its own included) go out in full
+    /// batches over the pool's slots, after the batches now in flight.
+    fn admit(&self, rows: u64, deadline: Instant) -> Result<(), Error> {
+        let Some(cost) = self.shared.cost.estimate() else {
+            return Ok(()); // still learning: nobody is refused on a guess
+        };
+        let queued = self.shared.queued.load(std::sync::atomic::Ordering::Acquire) + rows;
+        let max_batch = self.settings.max_batch.max(1);
+        let waves = queued.div_ceil(max_batch).div_ceil(self.settings.slots.max(1) as u64);
+        let batch = cost.predict(queued.min(max_batch));
+        let mut expected = batch.saturating_mul(u32::try_from(waves).unwrap_or(u32::MAX));
+        if self.shared.slots.available_permits() == 0 {
+            expected += batch / 2; // the batches in flight are, on average, half done
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if expected <= left {
+            return Ok(());
+        }
+        self.metrics.rejected("deadline_unmeetable");
+        Err(Error::new(
+            Kind::DeadlineUnmeetable,
+            format!(
+                "route {}: the micro-batch tier expects to answer in about {} ms ({queued} rows queued, learned cost \
+                 {:.2} ms + {:.4} ms per row), but the budget leaves {} ms; send a larger budget or retry later",
+                self.route,
+                expected.as_millis(),
+                ms(cost.fixed),
+                ms(cost.per_row),
+                left.as_millis()
+            ),
+        ))
+    }
+
+    /// The queue of the lane for `key`, started on first use.
+    fn lane(&self, key: LaneKey, spec: &BatchSpec) -> Result<Queue<Part, Reply>, Error> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        lanes.retain(|_, queue| !queue.is_closed());
+        if let Some(queue) = lanes.get(&key) {
+            return Ok(queue.clone());
+        }
+        if lanes.len() >= MAX_LANES {
+            // Let idle lanes go (their workers end once their queues are dropped).
+            lanes.retain(|_, queue| queue.queued_rows() > 0);
+            if lanes.len() >= MAX_LANES {
+                self.metrics.rejected("too_many_signatures");
+                return Err(Error::new(
+                    Kind::Shed,
+                    format!(
+                        "route {} has {MAX_LANES} distinct request shapes waiting to be batched; retry later",
+                        self.route
+                    ),
+                ));
+            }
+        }
+        let (path, form) = match &key {
+            LaneKey::Kserve { path, .. } => (path.clone(), Form::Kserve),
+            LaneKey::Json { path, .. } => (
+                path.clone(),
+                Form::Json(spec.json_adapter.unwrap_or(JsonAdapter::TfServing)),
+            ),
+        };
+        let lane = Arc::new(Lane {
+            path,
+            form,
+            pool: self.pool.clone(),
+            binary: spec.pool.binary_tensors,
+            cost: self.shared.cost.clone(),
+            max_batch: self.settings.max_batch,
+            metrics: self.metrics.clone(),
+        });
+        let (queue, worker) = batcher::pair_sharing(self.settings, self.shared.clone());
+        let batches = move |batch, flush| send::send(lane.clone(), batch, flush);
+        tokio::spawn(worker.run(batches, self.shutdown.clone()));
+        lanes.insert(key, queue.clone());
+        Ok(queue)
+    }
+
+    /// Sends a request that cannot share a batch on its own, on a batch slot.
+    async fn alone(&self, call: Call, why: &str) -> Result<Reply, Error> {
+        tracing::debug!(route = %self.route, why, "served alone on the batch pool");
+        let queued_at = Instant::now();
+        let slot = tokio::time::timeout_at(call.deadline, self.shared.slots.clone().acquire_owned()).await;
+        let Ok(Ok(_slot)) = slot else {
+            return Err(Error::new(
+                Kind::Deadline,
+                format!(
+                    "the budget ran out waiting for a slot on route {}'s batch pool",
+                    self.route
+                ),
+            ));
+        };
+        let waited = queued_at.elapsed();
+        let mut reply = self.pool.forward(call.request, call.deadline).await?;
+        if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
+            reply.headers_mut().insert(QUEUE_MS_HEADER, ms);
+        }
+        Ok(reply)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,183 @@
+//! Sending one batch: build the backend request from the callers' parts, call the batch
+//! pool, and scatter the answer back. A batch the backend refuses as a bad request is
+//! split in two and each half sent again, so one poison request fails alone and its
+//! batch-mates still get answers; any other failure reaches every caller in the batch,
+//! saying it was a batch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use tokio::time::Instant;
+
+use super::{json, kserve, Form, Lane, Part, BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
+use crate::error::{Error, Kind};
+use crate::protocol;
+use crate::tiers::batcher::{Batch, Entry, Flush};
+use crate::tiers::Reply;
+
+type Callers = Batch<Part, Reply>;
+
+/// Sends a batch the batcher sealed for `flush`, answering every caller in it.
+pub(super) async fn send(lane: Arc<Lane>, batch: Callers, flush: Flush) {
+    let sent = Instant::now();
+    let rows: u64 = batch.iter().map(|e| e.rows).sum();
+    lane.metrics.flushed(flush, rows, lane.max_batch);
+    for entry in &batch {
+        lane.metrics
+            .queue_seconds
+            .record(sent.saturating_duration_since(entry.queued_at).as_secs_f64());
+    }
+    run(&lane, batch, sent).await;
+}
+
+/// One backend call for `callers`, split and re-sent on a refusal (boxed: it recurses).
+fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        callers.retain(|e| !e.reply.is_closed());
+        let request = loop {
+            if callers.is_empty() {
+                return;
+            }
+            match build(lane, &callers) {
+                Ok(request) => break request,
+                // One caller's tensors do not match their shapes: refuse it alone.
+                Err((Some(index), e)) if index < callers.len() => {
+                    let _ = callers.remove(index).reply.send(Err(e));
+                }
+                Err((_, e)) => return fail(callers, &e),
+            }
+        };
+        let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
+        let total: u64 = rows.iter().sum();
+        let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
+        let started = Instant::now();
+        match lane.pool.forward(request, deadline).await {
+            Ok(reply) if reply.status().is_success() => {
+                lane.cost.observe(total, started.elapsed());
+                lane.metrics.learned(&lane.cost);
+                match scatter(lane, &reply, &callers, &rows) {
+                    Ok(replies) => {
+                        for (caller, reply) in callers.into_iter().zip(replies) {
+                            answer(caller, reply, total, sent);
+                        }
+                    }
+                    Err(e) => fail(callers, &e),
+                }
+            }
+            Ok(reply) if refused(reply.status()) && callers.len() > 1 => {
+                lane.metrics.isolations.increment(1);
+                let second = callers.split_off(callers.len() / 2);
+                run(lane, callers, sent).await;
+                run(lane, second, sent).await;
+            }
+            Ok(reply) if callers.len() == 1 => {
+                for caller in callers {
+                    answer(caller, reply.clone(), total, sent);
+                }
+            }
+            Ok(reply) => {
+                let shared = batch_failure(&reply, callers.len(), total);
+                for caller in callers {
+                    answer(caller, shared.clone(), total, sent);
+                }
+            }
+            Err(e) => {
+                let e = Error::new(
+                    e.kind,
+                    format!("{} (a batch of {} requests, {total} rows)", e.message, callers.len()),
+                );
+                fail(callers, &e);
+            }
+        }
+    })
+}
+
+/// Statuses that mean "this input is wrong": the batch is split to find whose.
+fn refused(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 400 | 413 | 422)
+}
+
+fn build(lane: &Lane, callers: &Callers) -> Result<http::Request<Bytes>, (Option<usize>, Error)> {
+    match &lane.form {
+        Form::Kserve => {
+            let reqs = kserve_parts(callers).map_err(|e| (None, e))?;
+            kserve::build(&lane.path, &reqs, lane.binary)
+        }
+        Form::Json(_) => {
+            let parts = json_parts(callers).map_err(|e| (None, e))?;
+            json::build(&lane.path, &parts).map_err(|e| (None, e))
+        }
+    }
+}
+
+fn scatter(lane: &Lane, reply: &Reply, callers: &Callers, rows: &[u64]) -> Result<Vec<Reply>, Error> {
+    match &lane.form {
+        Form::Kserve => kserve::scatter(reply, &kserve_parts(callers)?, rows),
+        Form::Json(adapter) => json::scatter(*adapter, reply, &json_parts(callers)?),
+    }
+}
+
+fn kserve_parts(callers: &Callers) -> Result<Vec<&protocol::InferRequest>, Error> {
+    callers
+        .iter()
+        .map(|e| match &e.payload {
+            Part::Kserve(req) => Ok(&**req),
+            Part::Json(_) => Err(mixed()),
+        })
+        .collect()
+}
+
+fn json_parts(callers: &Callers) -> Result<Vec<&json::Part>, Error> {
+    callers
+        .iter()
+        .map(|e| match &e.payload {
+            Part::Json(part) => Ok(part),
+            Part::Kserve(_) => Err(mixed()),
+        })
+        .collect()
+}
+
+fn mixed() -> Error {
+    Error::new(
+        Kind::Unavailable,
+        "internal error: a batch mixed KServe v2 and JSON requests",
+    )
+}
+
+/// A non-refusal failure answer for everyone in a batch: the backend's status, and its
+/// message saying it answered a batch.
+fn batch_failure(reply: &Reply, requests: usize, rows: u64) -> Reply {
+    let said = serde_json::from_slice::<serde_json::Value>(reply.body())
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(reply.body()).chars().take(512).collect());
+    let message = format!(
+        "the batch pool's backend answered {} to a batch of {requests} requests ({rows} rows): {said}",
+        reply.status()
+    );
+    let mut failure = http::Response::new(protocol::error_body(&message));
+    *failure.status_mut() = reply.status();
+    failure
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    failure
+}
+
+fn answer(caller: Entry<Part, Reply>, mut reply: Reply, rows: u64, sent: Instant) {
+    let waited = sent.saturating_duration_since(caller.queued_at);
+    let headers = reply.headers_mut();
+    headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(rows));
+    if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
+        headers.insert(QUEUE_MS_HEADER, ms);
+    }
+    let _ = caller.reply.send(Ok(reply));
+}
+
+fn fail(callers: Callers, e: &Error) {
+    for caller in callers {
+        let _ = caller.reply.send(Err(e.clone()));
+    }
+}
