@@ -1,6 +1,7 @@
-//! What the real-time path does per request besides moving bytes: inspect the KServe
-//! body, read the budget, classify. `cargo bench --bench hot_path`; results in
-//! docs/performance.md.
+//! What the request paths do per request besides moving bytes: inspect the KServe
+//! body, read the budget, classify (real time); decode, concatenate 64 callers into one
+//! batch and split the answer back (micro-batch). `cargo bench --bench hot_path`;
+//! results in docs/performance.md.
 #![allow(missing_docs)]
 
 use std::hint::black_box;
@@ -10,7 +11,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tiergate::classify::classify;
 use tiergate::front::meta;
 use tiergate::policy::Policy;
-use tiergate::protocol::inspect_request;
+use tiergate::protocol::batch::{concat, split};
+use tiergate::protocol::{decode_request, inspect_request, InferResponse, Tensor};
 
 fn json_body(elements: usize) -> Vec<u8> {
     let data: Vec<String> = (0..elements).map(|k| format!("{}", (k % 251) as f32 / 251.0)).collect();
@@ -63,5 +65,32 @@ fn decide(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, inspect, decide);
+/// The micro-batch tier's tensor work for a batch of 64 callers of one FP32 `[1, 16]` row.
+fn batch(c: &mut Criterion) {
+    let (binary, header_len) = binary_body(16);
+    let binary = bytes::Bytes::from(binary);
+    let reqs: Vec<_> = (0..64)
+        .map(|_| decode_request(&binary, Some(header_len)).expect("valid"))
+        .collect();
+    let refs: Vec<_> = reqs.iter().collect();
+    let merged = concat(&refs).expect("one signature");
+    let answer = InferResponse {
+        model_name: "m".into(),
+        outputs: vec![Tensor {
+            name: "OUTPUT0".into(),
+            ..merged.inputs[0].clone()
+        }],
+        ..Default::default()
+    };
+    let rows = vec![1u64; 64];
+    let mut group = c.benchmark_group("micro_batch_64x_fp32_16");
+    group.bench_function("decode_one_binary", |b| {
+        b.iter(|| decode_request(black_box(&binary), Some(header_len)))
+    });
+    group.bench_function("concat", |b| b.iter(|| concat(black_box(&refs))));
+    group.bench_function("split", |b| b.iter(|| split(black_box(&answer), &rows)));
+    group.finish();
+}
+
+criterion_group!(benches, inspect, decide, batch);
 criterion_main!(benches);

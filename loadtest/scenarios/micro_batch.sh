@@ -8,8 +8,8 @@
 #   MAX_BATCH=64 IN_FLIGHT=2 loadtest/scenarios/micro_batch.sh ...
 #
 # Builds tiergate and loadtest in release mode and writes to $OUT (default
-# target/loadtest/micro_batch): summary.txt (the table below), one JSON and one plot
-# directory per run. Columns: goodput (200s per second, ended inside the window), its fraction of the cost
+# target/loadtest/micro_batch): summary.txt (the table below), gain.svg (goodput and p99
+# against offered load), one JSON and one plot directory per run. Columns: goodput (200s per second, ended inside the window), its fraction of the cost
 # model's maximum B/t(B) at max_batch, its gain over per-request serving (measured in
 # the same run), p50/p99 against the budget, refusals (429/503) and deadline misses (504),
 # and the mean batch size from the gateway's metrics.
@@ -83,6 +83,7 @@ print(f"resnet50-eager, 1 instance: t(B) = {a} ms + {b} ms x B; max_batch {max_b
 print(f"theoretical maximum B/t(B) = {theory:.0f} rows/s; per request 1/t(1) = {1000 / t(1):.1f}/s")
 print(f"per request (direct, offered {per['offered_rps']:.0f}/s): goodput {per_rps:.1f}/s, p99 {per['latency_ms']['p99']:.0f} ms")
 print()
+points = []
 print(f"{'offered/s':>9} {'goodput/s':>9} {'of max':>6} {'gain':>6} {'p50 ms':>7} {'p99 ms':>7} {'429':>5} {'503':>5} {'504':>5} {'other':>5} {'rows/batch':>10}")
 for line in open(batches):
     rate, s0, c0, s1, c1 = line.split()
@@ -94,4 +95,43 @@ for line in open(batches):
     print(f"{s['offered_rps']:>9.0f} {g:>9.0f} {g / theory:>6.2f} {g / per_rps:>5.1f}x {s['latency_ms']['p50']:>7.1f} "
           f"{s['latency_ms']['p99']:>7.1f} {counts.get('429', 0):>5} {counts.get('503', 0):>5} {counts.get('504', 0):>5} "
           f"{other:>5} {mean:>10.1f}")
+    points.append((s["offered_rps"], g, s["latency_ms"]["p99"]))
+
+# gain.svg: goodput and p99 against offered load, with the cost model's maximum, the
+# per-request goodput and the budget drawn in.
+W, H, L, R, T, B = 640, 360, 60, 60, 30, 40
+xmax = max(p[0] for p in points) * 1.05
+ymax = max(theory, max(p[1] for p in points)) * 1.1
+x = lambda v: L + v / xmax * (W - L - R)
+y = lambda v: H - B - v / ymax * (H - T - B)
+z = lambda ms: H - B - min(ms, budget * 1.1) / (budget * 1.1) * (H - T - B)
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+       f'<rect width="{W}" height="{H}" fill="white"/>',
+       f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+       f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
+       f'<line x1="{W - R}" y1="{T}" x2="{W - R}" y2="{H - B}" stroke="#c33"/>',
+       f'<text x="{W / 2}" y="{H - 8}" text-anchor="middle">offered load (requests/s, 1 row each)</text>',
+       f'<text x="{L - 5}" y="{T - 10}">goodput/s</text>',
+       f'<text x="{W - R + 5}" y="{T - 10}" fill="#c33">p99 ms</text>']
+for frac in (0, 0.25, 0.5, 0.75, 1.0):
+    svg.append(f'<text x="{L - 5}" y="{y(ymax * frac) + 4}" text-anchor="end">{ymax * frac:.0f}</text>')
+    svg.append(f'<text x="{W - R + 5}" y="{z(budget * 1.1 * frac) + 4}" fill="#c33">{budget * 1.1 * frac:.0f}</text>')
+for v in (p[0] for p in points):
+    svg.append(f'<text x="{x(v)}" y="{H - B + 14}" text-anchor="middle">{v:.0f}</text>')
+def hline(yy, text, color, right=False):
+    svg.append(f'<line x1="{L}" y1="{yy}" x2="{W - R}" y2="{yy}" stroke="{color}" stroke-dasharray="4 3"/>')
+    at = f'x="{(L + W - R) / 2}" text-anchor="middle" y="{yy + 12}"' if right else f'x="{L + 5}" y="{yy - 4}"'
+    svg.append(f'<text {at} fill="{color}">{text}</text>')
+hline(y(theory), f"cost model maximum B/t(B) = {theory:.0f}/s", "#555")
+hline(y(per_rps), f"per request, measured: {per_rps:.0f}/s", "#555")
+hline(z(budget), f"budget {budget:.0f} ms", "#c33", right=True)
+svg.append(f'<text x="{L + 5}" y="{T + 40}" fill="#1f5fbf">goodput (200s/s)</text>')
+svg.append(f'<text x="{L + 5}" y="{T + 54}" fill="#c33">p99 latency</text>')
+def series(pts, color):
+    svg.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in pts)}"/>')
+    svg.extend(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>' for a, b in pts)
+series([(x(o), y(g)) for o, g, _ in points], "#1f5fbf")
+series([(x(o), z(p)) for o, _, p in points], "#c33")
+svg.append('</svg>')
+open(f"{out}/gain.svg", "w").write("\n".join(svg))
 PY

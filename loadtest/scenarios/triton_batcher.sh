@@ -56,9 +56,19 @@ wait_ready "$GW" /v2/health/ready
 
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
+# Triton's own counters: inferences (rows) and model executions (batches) of resnet50.
+triton() { curl -fs "http://127.0.0.1:$1/metrics" | awk -v k="nv_inference_$2" '$1 ~ "^" k "\\{model=\"resnet50\"" {s += $2} END {print s + 0}'; }
+gw_rows() { curl -fs "http://127.0.0.1:$GWM/metrics" | awk -v k="$1" '$1 == "tiergate_batch_rows_" k "{route=\"resnet50\"}" {v = $2} END {print v + 0}'; }
+mean_batch() { python3 -c "import sys; r, b = eval(sys.argv[1]), eval(sys.argv[2]); print(f'{r / b:.1f}' if b else '-')" "$1" "$2"; }
 for RATE in $RATES; do
+  D0=$(triton "$DYNM" count); DX0=$(triton "$DYNM" exec_count); P0=$(gw_rows sum); PX0=$(gw_rows count)
   "$BIN/loadtest" compare --target "triton_dynamic_batcher=http://127.0.0.1:$DYN" --target "tiergate_micro_batch=http://127.0.0.1:$GW" \
     --model resnet50 --rows 1 --cols 16 --binary --budget-ms "$BUDGET_MS" --timeout 30s \
     --rate "$RATE" --duration "$DURATION" --rounds "$ROUNDS" \
     --json "$OUT/compare_$RATE.json" --plot "$OUT/compare_$RATE" | tee -a "$OUT/summary.txt"
+  D1=$(triton "$DYNM" count); DX1=$(triton "$DYNM" exec_count); P1=$(gw_rows sum); PX1=$(gw_rows count)
+  echo "mean rows per model call (warmups included): triton_dynamic_batcher $(mean_batch $((D1 - D0)) $((DX1 - DX0)))" \
+       "(Triton's nv_inference_count / nv_inference_exec_count), tiergate_micro_batch $(mean_batch "$P1 - $P0" "$PX1 - $PX0")" \
+       "(tiergate_batch_rows)" | tee -a "$OUT/summary.txt"
+  echo | tee -a "$OUT/summary.txt"
 done
