@@ -18,7 +18,8 @@ use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
 use crate::policy::{Policy, Store};
-use crate::tiers::{MicroBatch, Realtime, TierService, Tiers};
+use crate::queue::{embedded, Embedded, StoreError};
+use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
 
 /// A running gateway.
 #[derive(Debug)]
@@ -42,28 +43,50 @@ pub struct Listeners {
     pub metrics: TcpListener,
 }
 
-/// A listener that could not be bound, named for the operator.
+/// Why a gateway could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} for the {what}: {source}")]
-pub struct BindError {
-    what: &'static str,
-    addr: SocketAddr,
-    source: std::io::Error,
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} for the {what}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Its address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The offline store could not be opened.
+    #[error("cannot open the offline store under {dir}: {source}")]
+    Store {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: StoreError,
+    },
 }
 
 impl Gateway {
     /// Binds the listeners in `config` and starts serving `policy`.
-    pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, BindError> {
+    pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, StartError> {
         let listeners = Listeners {
             http: bind("HTTP door", config.listen.http).await?,
             grpc: bind("gRPC door", config.listen.grpc).await?,
             metrics: bind("metrics endpoint", config.listen.metrics).await?,
         };
-        Ok(Self::start_on(listeners, config, policy))
+        Self::start_on(listeners, config, policy)
     }
 
-    /// Starts serving `policy` on already bound listeners.
-    pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Gateway {
+    /// Starts serving `policy` on already bound listeners, with the offline store under
+    /// `config.data_dir`.
+    pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        let limits = embedded::Limits {
+            max_unfinished: config.offline.max_queued_jobs,
+        };
+        let store = Embedded::open(&config.data_dir, limits).map_err(|source| StartError::Store {
+            dir: config.data_dir.clone(),
+            source,
+        })?;
         let Listeners { http, grpc, metrics } = listeners;
         let prometheus = crate::metrics::install();
         ::metrics::gauge!(crate::metrics::POLICY_ROUTES).set(policy.routes().len() as f64);
@@ -71,14 +94,30 @@ impl Gateway {
         let policy = Arc::new(Store::new(policy));
         let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
         let micro_batch = MicroBatch::new(config.limits.max_response_bytes, shutdown.clone());
-        let tiers = Tiers::new(realtime).with_micro_batch(TierService::new(micro_batch));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
+        let tiers = Tiers::new(realtime)
+            .with_micro_batch(TierService::new(micro_batch.clone()))
+            .with_offline(TierService::new(offline_tier));
         let max_response = config.limits.max_response_bytes;
         let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
-        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()));
+        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_jobs(store.clone()));
         let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
         let addrs = (local(&http), local(&grpc), local(&metrics));
 
         let mut tasks = JoinSet::new();
+        let workers = offline::worker::run(
+            store,
+            policy.clone(),
+            micro_batch,
+            config.offline.clone(),
+            wake,
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            workers.await;
+            Ok(())
+        });
         let answer = move |req| door.clone().answer(req);
         tasks.spawn(crate::front::serve(
             http,
@@ -96,14 +135,14 @@ impl Gateway {
         });
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
         tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, "tiergate is serving");
-        Gateway {
+        Ok(Gateway {
             http: addrs.0,
             grpc: addrs.1,
             metrics: addrs.2,
             policy,
             shutdown,
             tasks,
-        }
+        })
     }
 
     /// The bound address of the HTTP door.
@@ -136,10 +175,10 @@ impl Gateway {
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| BindError { what, addr, source })
+        .map_err(|source| StartError::Bind { what, addr, source })
 }
 
 fn local(listener: &TcpListener) -> SocketAddr {

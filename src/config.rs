@@ -25,8 +25,32 @@ pub struct Config {
     pub threads: Threads,
     /// Request limits applied by every door.
     pub limits: Limits,
+    /// The offline tier: its queue, retries, windows and limits.
+    pub offline: Offline,
     /// Log output.
     pub log: Log,
+}
+
+/// The offline tier's settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Offline {
+    /// How long an accepted job may wait to finish before it expires.
+    #[serde(with = "humantime_serde")]
+    pub completion_window: Duration,
+    /// Attempts before a job that keeps failing (backend unreachable, 5xx) fails for good.
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled for each further one (with jitter).
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// How long one attempt may take at the backend.
+    #[serde(with = "humantime_serde")]
+    pub attempt_timeout: Duration,
+    /// Unfinished jobs the queue holds; past it submissions get 507.
+    pub max_queued_jobs: u64,
+    /// How long finished jobs (and their results) are kept.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
 }
 
 /// Listen addresses. Ports follow Triton's defaults; all bind loopback unless told
@@ -103,7 +127,21 @@ impl Default for Config {
             policy_dir: PathBuf::from("policies"),
             threads: Threads::default(),
             limits: Limits::default(),
+            offline: Offline::default(),
             log: Log::default(),
+        }
+    }
+}
+
+impl Default for Offline {
+    fn default() -> Self {
+        Offline {
+            completion_window: Duration::from_secs(24 * 3600),
+            max_attempts: 5,
+            retry_backoff: Duration::from_secs(1),
+            attempt_timeout: Duration::from_secs(60),
+            max_queued_jobs: 1_000_000,
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -33,6 +33,17 @@ pub const BATCH_POOL: &str = "127.0.0.1:9101";
 pub struct Demo {
     gateway: Gateway,
     sims: CancellationToken,
+    _data_dir: DataDir,
+}
+
+/// The demo's offline store directory, removed when the demo ends.
+#[derive(Debug)]
+struct DataDir(PathBuf);
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// One example request and what the gateway should do with it.
@@ -58,8 +69,13 @@ pub struct Example {
 pub const BODY: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
 
 impl Demo {
-    /// Starts both simulated pools and a gateway on `config`'s listeners.
+    /// Starts both simulated pools and a gateway on `config`'s listeners, with its offline
+    /// store in a fresh temporary directory (removed when the demo ends).
     pub async fn start(config: &Config) -> anyhow::Result<Demo> {
+        let mut config = config.clone();
+        config.data_dir = std::env::temp_dir().join(format!("tiergate-demo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&config.data_dir);
+        let config = &config;
         let policy = Policy::from_texts(vec![(PathBuf::from("policies/demo.toml"), POLICY.to_owned())])
             .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
         let sims = CancellationToken::new();
@@ -71,7 +87,11 @@ impl Demo {
             tokio::spawn(sim.serve(listener, sims.clone()));
         }
         let gateway = Gateway::start(config, policy).await?;
-        Ok(Demo { gateway, sims })
+        Ok(Demo {
+            gateway,
+            sims,
+            _data_dir: DataDir(config.data_dir.clone()),
+        })
     }
 
     /// The gateway's HTTP address.
@@ -175,7 +195,7 @@ pub fn examples() -> Vec<Example> {
             vec![("prefer", "respond-async")],
             "resnet50",
             true,
-            501,
+            202,
             Some("offline"),
             Some("prefer_async"),
         ),

@@ -27,6 +27,8 @@ pub enum Kind {
     Shed,
     /// The micro-batch queue is full (bounded in rows).
     QueueFull,
+    /// The offline store holds its limit of unfinished jobs.
+    StoreFull,
     /// The deadline cannot be met: the request was refused before any work was done.
     DeadlineUnmeetable,
     /// The route has no enabled tier that can meet the request's budget.
@@ -63,6 +65,7 @@ impl Kind {
             Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Kind::TierUnavailable => StatusCode::NOT_IMPLEMENTED,
             Kind::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Kind::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
             Kind::Backend => StatusCode::BAD_GATEWAY,
         }
@@ -75,6 +78,7 @@ impl Kind {
     pub fn retry_after(self) -> Option<Duration> {
         match self {
             Kind::Shed | Kind::QueueFull | Kind::DeadlineUnmeetable | Kind::Unavailable => Some(Duration::from_secs(1)),
+            Kind::StoreFull => Some(Duration::from_secs(30)),
             _ => None,
         }
     }
@@ -86,7 +90,7 @@ impl Kind {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::NotFound => Code::NotFound,
             Kind::MethodNotAllowed | Kind::TierUnavailable => Code::Unimplemented,
-            Kind::TooLarge | Kind::Shed | Kind::QueueFull => Code::ResourceExhausted,
+            Kind::TooLarge | Kind::Shed | Kind::QueueFull | Kind::StoreFull => Code::ResourceExhausted,
             Kind::ClientTimeout | Kind::Deadline => Code::DeadlineExceeded,
             Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Backend | Kind::Unavailable => Code::Unavailable,
         }
@@ -102,6 +106,7 @@ impl Kind {
             Kind::ClientTimeout => "client_timeout",
             Kind::Shed => "shed",
             Kind::QueueFull => "queue_full",
+            Kind::StoreFull => "store_full",
             Kind::DeadlineUnmeetable => "deadline_unmeetable",
             Kind::NoTier => "no_tier",
             Kind::TierUnavailable => "tier_unavailable",
@@ -138,6 +143,7 @@ mod tests {
             (ClientTimeout, 408, Code::DeadlineExceeded, None, "client_timeout"),
             (Shed, 503, Code::ResourceExhausted, Some(1), "shed"),
             (QueueFull, 429, Code::ResourceExhausted, Some(1), "queue_full"),
+            (StoreFull, 507, Code::ResourceExhausted, Some(30), "store_full"),
             (
                 DeadlineUnmeetable,
                 503,

@@ -15,6 +15,7 @@
 //! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason.
 //! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
 //! - [`backend`]: pools of backend endpoints and the calls to them.
+//! - [`queue`]: the offline tier's durable job store, below the offline tier.
 //!
 //! Beside the path: [`policy`] (files → validated snapshot), [`metrics`], [`config`]
 //! (startup settings), [`error`] (one table from failure to status); [`sim`], the
@@ -27,6 +28,7 @@ pub mod classify;
 pub mod tiers;
 
 pub mod backend;
+pub mod queue;
 
 pub mod app;
 pub mod config;

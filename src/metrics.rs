@@ -49,6 +49,8 @@ pub const BATCH_ISOLATIONS: &str = "tiergate_batch_isolations_total";
 pub const BATCH_COST_FIXED: &str = "tiergate_batch_cost_fixed_seconds";
 /// Learned cost per row `b` on the route's batch pool, by `route` (seconds).
 pub const BATCH_COST_PER_ROW: &str = "tiergate_batch_cost_per_row_seconds";
+/// Offline jobs in the store, by `state` (queued, running, succeeded, failed, cancelled, expired).
+pub const OFFLINE_JOBS: &str = "tiergate_offline_jobs";
 /// Routes in the running policy.
 pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
 /// Always 1, labelled with the running `version`.

@@ -23,6 +23,7 @@ use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use crate::protocol::grpc::{bridge, pb, request_from_grpc};
 use crate::tiers::micro_batch::{BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
+use crate::tiers::offline::DOOR_HEADER;
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
@@ -68,7 +69,11 @@ impl GrpcDoor {
             .and_then(|req| {
                 let timeout_us = req.parameters.get("timeout").and_then(Value::as_u64);
                 let meta = meta::read(headers, timeout_us, req.id.as_deref(), &route)?;
-                Ok((bridge::http_infer_request(&model, version.as_deref(), req, true), meta))
+                let mut request = bridge::http_infer_request(&model, version.as_deref(), req, true);
+                request
+                    .headers_mut()
+                    .insert(DOOR_HEADER, http::HeaderValue::from_static("grpc"));
+                Ok((request, meta))
             });
         let served = match prepared {
             Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,

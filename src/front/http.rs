@@ -22,9 +22,14 @@ use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
+use crate::queue::Embedded;
+use crate::tiers::offline::DOOR_HEADER;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::meta;
+
+/// Where offline jobs are answered: `/v1/jobs/{id}`.
+const JOBS: &str = "/v1/jobs/";
 
 /// Response header naming the tier that served the request.
 pub const TIER_HEADER: &str = "x-tiergate-tier";
@@ -36,6 +41,7 @@ pub const REASON_HEADER: &str = "x-tiergate-reason";
 pub struct Door {
     dispatch: Arc<Dispatch>,
     limits: Limits,
+    jobs: Option<Embedded>,
 }
 
 /// How a route's request body is checked before it is forwarded unchanged.
@@ -65,7 +71,17 @@ enum Target<'a> {
 impl Door {
     /// An HTTP door over `dispatch`, enforcing `limits`.
     pub fn new(dispatch: Arc<Dispatch>, limits: Limits) -> Self {
-        Door { dispatch, limits }
+        Door {
+            dispatch,
+            limits,
+            jobs: None,
+        }
+    }
+
+    /// The same door answering `/v1/jobs/{id}` from the offline tier's `store`.
+    pub fn with_jobs(mut self, store: Embedded) -> Self {
+        self.jobs = Some(store);
+        self
     }
 
     /// Answers one request. Never fails: every problem becomes a response.
@@ -94,6 +110,16 @@ impl Door {
                     Err(e) => failure(&e),
                 }
             }
+            (Target::Other(p), _) if p.starts_with(JOBS) && self.jobs.is_some() => {
+                let id = &p[JOBS.len()..];
+                let Some(store) = self.jobs.as_ref() else {
+                    return not_found(&method, &path);
+                };
+                match super::jobs::answer(store, &method, id).await {
+                    Ok(reply) => reply.map(Full::new),
+                    Err(e) => failure(&e),
+                }
+            }
             (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
                 Some(route) => self.serve(route, req, Body::Json).await,
                 None => not_found(&method, &path),
@@ -109,7 +135,8 @@ impl Door {
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
         let received = Instant::now();
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
         let prepared = async {
             let body = self.read_body(&parts.headers, body).await?;
             let (timeout_us, id) = match kind {

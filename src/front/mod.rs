@@ -9,6 +9,7 @@
 pub mod dispatch;
 pub mod grpc;
 pub mod http;
+pub mod jobs;
 pub mod meta;
 
 use std::convert::Infallible;

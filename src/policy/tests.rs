@@ -84,7 +84,7 @@ endpoints = ["ftp://x:1", "http://h", "http://h:1/path", "http://a:1", "http://a
 max_concurrency = 0
 
 [routes."bad name"]
-paths = ["/v2/models/x/infer", "relative"]
+paths = ["/v2/models/x/infer", "relative", "/v1/batches"]
 [routes."bad name".realtime]
 endpoints = []
 [routes."bad name".micro_batch]
@@ -120,6 +120,7 @@ offline = true
         "bad.toml: routes.bad name.micro_batch.max_wait: must be more than 0ms and at most 5s",
         "bad.toml: routes.bad name.paths[0]: \"/v2/models/x/infer\" must start with '/' and must not be under /v2",
         "bad.toml: routes.bad name.paths[1]: \"relative\"",
+        "bad.toml: routes.bad name.paths[2]: \"/v1/batches\" is under /v1/jobs, /v1/files, /v1/batches",
         "other.toml: routes.r2.flags.offline: is on but the route has no [micro_batch] pool",
         "other.toml: routes.r2.models[0]: model \"m\" is already served by route r1 (bad.toml)",
     ];

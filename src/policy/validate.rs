@@ -409,6 +409,14 @@ fn index(check: &mut Check<'_>, policy: &mut Policy, route: Arc<Route>) {
                 format!("{at}.paths[{i}]"),
                 format!("{path:?} must start with '/' and must not be under /v2 (the KServe door owns it)"),
             );
+        } else if RESERVED.iter().any(|r| path == r || path.starts_with(&format!("{r}/"))) {
+            check.fail(
+                format!("{at}.paths[{i}]"),
+                format!(
+                    "{path:?} is under {}, which the offline tier's API owns",
+                    RESERVED.join(", ")
+                ),
+            );
         }
     }
     claim(
@@ -421,6 +429,9 @@ fn index(check: &mut Check<'_>, policy: &mut Policy, route: Arc<Route>) {
     );
     policy.routes.push(route);
 }
+
+/// Paths the gateway answers itself (offline jobs and the Batch API).
+const RESERVED: [&str; 3] = ["/v1/jobs", "/v1/files", "/v1/batches"];
 
 fn claim(
     check: &mut Check<'_>,

@@ -11,6 +11,7 @@
 pub mod batcher;
 pub mod cost;
 pub mod micro_batch;
+pub mod offline;
 pub mod realtime;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::error::{Error, Kind};
 use crate::policy::Route;
 
 pub use micro_batch::MicroBatch;
+pub use offline::Offline;
 pub use realtime::Realtime;
 
 /// One classified request on its way to a tier.
@@ -67,6 +69,12 @@ impl Tiers {
     /// The same router with `service` serving the micro-batch tier.
     pub fn with_micro_batch(mut self, service: TierService) -> Self {
         self.micro_batch = Some(service);
+        self
+    }
+
+    /// The same router with `service` serving the offline tier.
+    pub fn with_offline(mut self, service: TierService) -> Self {
+        self.offline = Some(service);
         self
     }
 

@@ -76,7 +76,15 @@ pub async fn dead_addr() -> SocketAddr {
 }
 
 pub fn config() -> Config {
-    let mut config = Config::default();
+    static GATEWAYS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = GATEWAYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Each gateway owns its offline store (the file is locked exclusively).
+    let data_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gw-{}-{n}", std::process::id()));
+    let mut config = Config {
+        data_dir,
+        ..Config::default()
+    };
+    let _ = std::fs::remove_dir_all(&config.data_dir);
     config.listen.http = "127.0.0.1:0".parse().expect("addr");
     config.listen.grpc = "127.0.0.1:0".parse().expect("addr");
     config.listen.metrics = "127.0.0.1:0".parse().expect("addr");

@@ -174,7 +174,62 @@ impl BatchMetrics {
     }
 }
 
+/// A call on its way: queued in a lane, or to be sent alone on a batch slot.
+enum Pending {
+    Queued {
+        answer: tokio::sync::oneshot::Receiver<Result<Reply, Error>>,
+        queue: Queue<Part, Reply>,
+        route: String,
+        deadline: Instant,
+    },
+    Alone(Arc<RouteLanes>, Box<Call>, String),
+}
+
+impl Pending {
+    /// Waits for the answer, at most until the call's deadline.
+    async fn answer(self) -> Result<Reply, Error> {
+        match self {
+            Pending::Alone(lanes, call, why) => lanes.alone(*call, &why).await,
+            Pending::Queued {
+                answer,
+                queue,
+                route,
+                deadline,
+            } => match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(_)) => Err(Error::new(Kind::Unavailable, "the micro-batch worker stopped")),
+                Err(_) => Err(Error::new(
+                    Kind::Deadline,
+                    format!(
+                        "the budget ran out in the micro-batch tier (route {route}; {} rows queued)",
+                        queue.queued_rows()
+                    ),
+                )),
+            },
+        }
+    }
+}
+
+/// Spare capacity on a route's batch pool: one of its slots, taken while it was free and
+/// no micro-batch request was waiting. Held while offline work is queued; let go on drop.
+#[derive(Debug)]
+pub struct Spare(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
 impl MicroBatch {
+    /// Waits until `route`'s batch pool has spare capacity (a free slot and no
+    /// micro-batch request waiting) and holds it; `None` when the route has no batch pool.
+    pub async fn spare(&self, route: &crate::policy::Route) -> Option<Spare> {
+        let spec = route.micro_batch.as_ref()?;
+        let lanes = self.inner.lanes(&route.name, spec);
+        Some(Spare(lanes.spare_slot().await))
+    }
+
+    /// Serves offline `calls` (of the route `spare` was taken for) as full batches on
+    /// that spare capacity; one answer per call, in order.
+    pub async fn serve_spare(&self, spare: Spare, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        self.inner.serve_spare(spare, calls).await
+    }
+
     /// A micro-batch tier whose pools read at most `max_response_bytes` per answer and
     /// whose batchers stop (answering what is queued) when `shutdown` fires.
     pub fn new(max_response_bytes: usize, shutdown: CancellationToken) -> Self {
@@ -206,6 +261,12 @@ impl tower::Service<Call> for MicroBatch {
 
 impl Inner {
     async fn serve(&self, call: Call) -> Result<Reply, Error> {
+        self.enqueue(call)?.answer().await
+    }
+
+    /// Decodes `call` and queues it in its lane (or readies it to go alone); the answer
+    /// comes from [`Pending::answer`].
+    fn enqueue(&self, call: Call) -> Result<Pending, Error> {
         let Some(spec) = call.route.micro_batch.as_ref() else {
             return Err(Error::new(
                 Kind::NoTier,
@@ -224,8 +285,14 @@ impl Inner {
         };
         let (key, part, rows) = match parsed {
             Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
-            Ok(_) => return lanes.alone(call, "it has more rows than max_batch").await,
-            Err(Unbatched(why)) => return lanes.alone(call, &why).await,
+            Ok(_) => {
+                return Ok(Pending::Alone(
+                    lanes,
+                    Box::new(call),
+                    "it has more rows than max_batch".into(),
+                ))
+            }
+            Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why)),
         };
         lanes.admit(rows, call.deadline)?;
         let queue = lanes.lane(key, spec)?;
@@ -234,18 +301,27 @@ impl Inner {
                 lanes.metrics.rejected("queue_full");
             }
         })?;
-        match tokio::time::timeout_at(call.deadline, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Error::new(Kind::Unavailable, "the micro-batch worker stopped")),
-            Err(_) => Err(Error::new(
-                Kind::Deadline,
-                format!(
-                    "the budget ran out in the micro-batch tier (route {}; {} rows queued)",
-                    call.route.name,
-                    queue.queued_rows()
-                ),
-            )),
+        Ok(Pending::Queued {
+            answer,
+            queue,
+            route: call.route.name.clone(),
+            deadline: call.deadline,
+        })
+    }
+
+    /// Queues `calls` while `spare` holds a slot of their pool, so they leave together
+    /// as full batches once it is let go; then waits for every answer, in order.
+    async fn serve_spare(&self, spare: Spare, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        let pending: Vec<_> = calls.into_iter().map(|call| self.enqueue(call)).collect();
+        drop(spare);
+        let mut answers = Vec::with_capacity(pending.len());
+        for p in pending {
+            answers.push(match p {
+                Ok(p) => p.answer().await,
+                Err(e) => Err(e),
+            });
         }
+        answers
     }
 
     /// The lanes serving `route` under `spec`; replaced (the old ones drain) when the
@@ -328,6 +404,19 @@ impl RouteLanes {
                 left.as_millis()
             ),
         ))
+    }
+
+    /// A slot of the pool taken when it is free and no micro-batch request is waiting:
+    /// spare capacity. Re-checked every few milliseconds while the tier is busy.
+    async fn spare_slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        loop {
+            if let Ok(slot) = self.shared.slots.clone().acquire_owned().await {
+                if self.shared.queued.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                    return slot;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// The queue of the lane for `key`, started on first use.

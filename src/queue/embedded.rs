@@ -1,0 +1,214 @@
+//! The embedded store: one SQLite file (`offline.db` under the data directory) owned by
+//! one writer thread.
+//!
+//! Every operation is a closure sent to the writer. The writer takes whatever has
+//! arrived (up to 1,024 operations), runs each inside its own savepoint within one
+//! transaction, commits once, and only then answers them all: many concurrent
+//! submissions share one fsync (group commit), and nobody is told "accepted" before
+//! the commit is durable (WAL with `synchronous = FULL`). The file is opened in
+//! exclusive locking mode, so two gateways can never share it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{jobs, Finish, Job, JobStore, NewJob, State, StoreError, Submitted};
+
+/// Most operations in one commit.
+const GROUP: usize = 1024;
+/// Operations that may wait for the writer; beyond, callers wait to send.
+const BACKLOG: usize = 65_536;
+
+/// Limits the store enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Unfinished (queued or running) jobs before submissions are refused.
+    pub max_unfinished: u64,
+}
+
+type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// An operation: run against the connection inside the open transaction, or (`None`)
+/// told that no transaction could begin; either way it returns how to answer once the
+/// commit's outcome is known.
+type Op = Box<dyn FnOnce(Option<&Connection>) -> Reply + Send>;
+
+/// The embedded store; cheap to clone.
+#[derive(Clone)]
+pub struct Embedded {
+    ops: mpsc::Sender<Op>,
+    limits: Limits,
+    path: Arc<PathBuf>,
+    /// Unfinished jobs, kept by the writer's operations and recounted on every sweep.
+    unfinished: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedded").field("path", &self.path).finish()
+    }
+}
+
+impl Embedded {
+    /// Opens (creating if needed) `dir/offline.db`, queues again every job that was
+    /// running when the last process stopped, and starts the writer thread.
+    pub fn open(dir: &Path, limits: Limits) -> Result<Embedded, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Io(format!("cannot create the data directory {}: {e}", dir.display())))?;
+        let path = dir.join("offline.db");
+        let conn = Connection::open(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+        conn.execute_batch(
+            "PRAGMA locking_mode = EXCLUSIVE;
+             PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = FULL;
+             PRAGMA foreign_keys = ON;",
+        )?;
+        jobs::schema(&conn)?;
+        let requeued = jobs::requeue_running(&conn)?;
+        let unfinished = Arc::new(AtomicI64::new(jobs::unfinished(&conn)?));
+        if requeued > 0 {
+            tracing::info!(
+                requeued,
+                "jobs that were running when the gateway stopped are queued again"
+            );
+        }
+        let (ops, rx) = mpsc::channel(BACKLOG);
+        std::thread::Builder::new()
+            .name("tiergate-store".into())
+            .spawn(move || writer(conn, rx))
+            .map_err(|e| StoreError::Io(format!("cannot start the store's writer thread: {e}")))?;
+        Ok(Embedded {
+            ops,
+            limits,
+            path: Arc::new(path),
+            unfinished,
+        })
+    }
+
+    /// Runs `f` in the writer's next commit and returns its result once durable.
+    pub async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Op = Box::new(move |conn| {
+            let result = match conn {
+                Some(conn) => savepoint(conn, f),
+                None => Err(StoreError::Io("no transaction could begin".into())),
+            };
+            Box::new(move |committed: Result<(), StoreError>| {
+                let _ = tx.send(committed.and(result));
+            })
+        });
+        self.ops.send(op).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Jobs by state (for metrics and status).
+    pub async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
+        self.call(jobs::counts).await
+    }
+
+    /// Marks unfinished jobs whose window passed as expired and deletes finished jobs
+    /// older than `retention_ms`; returns (expired, deleted).
+    pub async fn sweep(&self, retention_ms: i64) -> Result<(u64, u64), StoreError> {
+        let unfinished = self.unfinished.clone();
+        self.call(move |conn| jobs::sweep(conn, super::now_ms(), retention_ms, &unfinished))
+            .await
+    }
+}
+
+impl JobStore for Embedded {
+    async fn submit(&self, new: Vec<NewJob>) -> Result<Vec<Submitted>, StoreError> {
+        let (max, unfinished) = (self.limits.max_unfinished, self.unfinished.clone());
+        self.call(move |conn| jobs::insert(conn, new, max, &unfinished, super::now_ms()))
+            .await
+    }
+
+    async fn lease(&self, max: usize) -> Result<Vec<Job>, StoreError> {
+        self.call(move |conn| jobs::lease(conn, max, super::now_ms())).await
+    }
+
+    async fn lease_route(&self, route: &str, max: usize) -> Result<Vec<Job>, StoreError> {
+        let route = route.to_owned();
+        self.call(move |conn| jobs::lease_route(conn, &route, max, super::now_ms()))
+            .await
+    }
+
+    async fn runnable_routes(&self) -> Result<Vec<String>, StoreError> {
+        self.call(|conn| jobs::runnable_routes(conn, super::now_ms())).await
+    }
+
+    async fn finish(&self, id: &str, attempt: u32, finish: Finish) -> Result<bool, StoreError> {
+        let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
+        self.call(move |conn| jobs::finish(conn, &id, attempt, finish, super::now_ms(), &unfinished))
+            .await
+    }
+
+    async fn finish_all(&self, ends: Vec<(super::JobId, u32, Finish)>) -> Result<Vec<bool>, StoreError> {
+        let unfinished = self.unfinished.clone();
+        self.call(move |conn| {
+            let now = super::now_ms();
+            ends.into_iter()
+                .map(|(id, attempt, finish)| jobs::finish(conn, &id, attempt, finish, now, &unfinished))
+                .collect()
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |conn| jobs::get(conn, &id)).await
+    }
+
+    async fn cancel(&self, id: &str) -> Result<Option<State>, StoreError> {
+        let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
+        self.call(move |conn| jobs::cancel(conn, &id, super::now_ms(), &unfinished))
+            .await
+    }
+}
+
+/// Runs `f` inside a savepoint: its writes stay if it succeeds and are undone if it
+/// fails, without disturbing the other operations of the same commit.
+fn savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    conn.execute_batch("SAVEPOINT op")?;
+    let result = f(conn);
+    let end = match &result {
+        Ok(_) => "RELEASE op",
+        Err(_) => "ROLLBACK TO op; RELEASE op",
+    };
+    conn.execute_batch(end)?;
+    result
+}
+
+/// The writer thread: group commit until every sender is gone.
+fn writer(conn: Connection, mut rx: mpsc::Receiver<Op>) {
+    let mut replies: Vec<Reply> = Vec::with_capacity(GROUP);
+    while let Some(first) = rx.blocking_recv() {
+        let began = conn.execute_batch("BEGIN IMMEDIATE").map_err(StoreError::from);
+        if let Err(e) = began {
+            first(None)(Err(e));
+            continue;
+        }
+        replies.push(first(Some(&conn)));
+        while replies.len() < GROUP {
+            match rx.try_recv() {
+                Ok(op) => replies.push(op(Some(&conn))),
+                Err(_) => break,
+            }
+        }
+        let committed = conn.execute_batch("COMMIT").map_err(StoreError::from);
+        if committed.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for reply in replies.drain(..) {
+            reply(committed.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

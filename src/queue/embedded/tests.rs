@@ -1,0 +1,176 @@
+#![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use super::*;
+use crate::queue::{after, Answer};
+
+fn job(key: Option<&str>) -> NewJob {
+    NewJob {
+        route: "r".into(),
+        method: "POST".into(),
+        path: "/v2/models/m/infer".into(),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: bytes::Bytes::from_static(b"{\"inputs\":[]}"),
+        expires_at: after(Duration::from_secs(3600)),
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+fn open(dir: &Path, max: u64) -> Embedded {
+    Embedded::open(dir, Limits { max_unfinished: max }).unwrap()
+}
+
+fn answer(status: u16) -> Finish {
+    Finish::Answered(Answer {
+        status,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: bytes::Bytes::from_static(b"{\"outputs\":[]}"),
+    })
+}
+
+#[tokio::test]
+async fn a_job_runs_once_and_keeps_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let ids = store.submit(vec![job(None), job(None)]).await.unwrap();
+    assert_eq!(ids.len(), 2);
+    assert!(ids[0].id < ids[1].id, "ids are time-ordered");
+    let leased = store.lease(10).await.unwrap();
+    assert_eq!(
+        leased.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        vec![&ids[0].id, &ids[1].id]
+    );
+    assert!(leased.iter().all(|j| j.state == State::Running && j.attempts == 1));
+    assert!(
+        store.lease(10).await.unwrap().is_empty(),
+        "a running job is not leased twice"
+    );
+    assert!(store.finish(&ids[0].id, 1, answer(200)).await.unwrap());
+    assert!(
+        !store.finish(&ids[0].id, 1, answer(200)).await.unwrap(),
+        "a second result is refused"
+    );
+    let done = store.get(&ids[0].id).await.unwrap().unwrap();
+    assert_eq!(done.state, State::Succeeded);
+    assert_eq!(done.answer.unwrap().body.as_ref(), b"{\"outputs\":[]}");
+    assert!(store.finish(&ids[1].id, 1, answer(400)).await.unwrap());
+    assert_eq!(store.get(&ids[1].id).await.unwrap().unwrap().state, State::Failed);
+}
+
+#[tokio::test]
+async fn retries_wait_their_backoff_and_a_stale_attempt_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let id = store.submit(vec![job(None)]).await.unwrap().remove(0).id;
+    store.lease(1).await.unwrap();
+    let later = after(Duration::from_secs(60));
+    let retry = Finish::Retry {
+        error: "backend 503".into(),
+        not_before: later,
+    };
+    assert!(store.finish(&id, 1, retry).await.unwrap());
+    assert!(store.lease(1).await.unwrap().is_empty(), "not before its backoff");
+    let job = store.get(&id).await.unwrap().unwrap();
+    assert_eq!((job.state, job.error.as_deref()), (State::Queued, Some("backend 503")));
+    assert!(
+        !store.finish(&id, 1, answer(200)).await.unwrap(),
+        "attempt 1 no longer holds it"
+    );
+}
+
+#[tokio::test]
+async fn idempotency_keys_return_the_first_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let first = store.submit(vec![job(Some("k1"))]).await.unwrap().remove(0);
+    let again = store.submit(vec![job(Some("k1")), job(Some("k2"))]).await.unwrap();
+    assert_eq!(
+        again[0],
+        Submitted {
+            id: first.id,
+            existing: true
+        }
+    );
+    assert!(!again[1].existing);
+}
+
+#[tokio::test]
+async fn a_full_store_refuses_and_keeps_what_it_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 3);
+    store.submit(vec![job(None), job(None)]).await.unwrap();
+    let refused = store.submit(vec![job(None), job(None)]).await.unwrap_err();
+    assert_eq!(refused, StoreError::Full(2));
+    store.submit(vec![job(None)]).await.unwrap();
+    let counts = store.counts().await.unwrap();
+    assert_eq!(counts, vec![(State::Queued, 3)]);
+}
+
+#[tokio::test]
+async fn cancel_and_expiry_end_unfinished_jobs_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let mut short = job(None);
+    short.expires_at = crate::queue::now_ms() - 1;
+    let ids = store.submit(vec![job(None), short, job(None)]).await.unwrap();
+    assert_eq!(store.cancel(&ids[0].id).await.unwrap(), Some(State::Cancelled));
+    assert_eq!(store.sweep(i64::MAX).await.unwrap(), (1, 0));
+    assert_eq!(store.get(&ids[1].id).await.unwrap().unwrap().state, State::Expired);
+    let leased = store.lease(10).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert!(store.finish(&ids[2].id, 1, answer(200)).await.unwrap());
+    assert_eq!(
+        store.cancel(&ids[2].id).await.unwrap(),
+        Some(State::Succeeded),
+        "finished stays finished"
+    );
+    assert_eq!(store.cancel("job_nope").await.unwrap(), None);
+    assert_eq!(store.sweep(0).await.unwrap().1, 3, "retention deletes finished jobs");
+}
+
+#[tokio::test]
+async fn a_restart_queues_running_jobs_again_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = {
+        let store = open(dir.path(), 100);
+        let ids = store.submit((0..50).map(|_| job(None)).collect()).await.unwrap();
+        store.lease(10).await.unwrap();
+        ids
+    };
+    // The writer thread ends once every handle is gone; wait until the file is free.
+    let store = loop {
+        match Embedded::open(dir.path(), Limits { max_unfinished: 100 }) {
+            Ok(store) => break store,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(store.counts().await.unwrap(), vec![(State::Queued, 50)]);
+    let leased = store.lease(100).await.unwrap();
+    assert_eq!(leased.len(), 50);
+    assert_eq!(
+        leased.iter().filter(|j| j.attempts == 2).count(),
+        10,
+        "the interrupted attempts count"
+    );
+    assert_eq!(
+        leased.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
+        ids.into_iter().map(|s| s.id).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn many_concurrent_submissions_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100_000);
+    let tasks: Vec<_> = (0..2000)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.submit(vec![job(None)]).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(store.counts().await.unwrap(), vec![(State::Queued, 2000)]);
+}

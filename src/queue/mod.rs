@@ -1,0 +1,235 @@
+//! The offline tier's durable queue: jobs accepted now, run later, results kept until
+//! fetched.
+//!
+//! Below the offline tier and the Batch API, beside the backends. A job is one HTTP
+//! request to a route (method, path, the headers that frame its body, the body), with
+//! its state, attempts and, once finished, the exact answer the backend gave. The
+//! [`JobStore`] trait is what the tier and its workers need; [`Embedded`] implements it
+//! on one SQLite file under the data directory (WAL, `synchronous = FULL`, one writer
+//! thread with group commit, so many submissions share one fsync). A job is
+//! acknowledged only once its transaction is durable. A job that was running when the
+//! process died is queued again at start, and its result is written only by the attempt
+//! that holds it, so a replay never produces two results.
+//!
+//! # Layout
+//!
+//! `embedded` (the SQLite store: writer thread, group commit, schema) · `jobs` (job SQL).
+
+pub mod embedded;
+mod jobs;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+pub use embedded::Embedded;
+
+/// A job's id: `job_` then time-ordered hex.
+pub type JobId = String;
+
+/// A request to accept as a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// The route that serves it (by name, resolved again when it runs).
+    pub route: String,
+    /// HTTP method (POST for every infer request).
+    pub method: String,
+    /// Path on the gateway: a KServe v2 infer path or a JSON route's path.
+    pub path: String,
+    /// The headers that frame the body (content type, binary header length); never
+    /// credentials.
+    pub headers: Vec<(String, String)>,
+    /// The request body, byte for byte.
+    pub body: Bytes,
+    /// When it expires unless finished (ms since the Unix epoch).
+    pub expires_at: i64,
+    /// The client's `Idempotency-Key`: a second submission with it gets the first job.
+    pub idempotency_key: Option<String>,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Waiting to run (again, after a retryable failure).
+    Queued,
+    /// Handed to a worker.
+    Running,
+    /// The backend answered 2xx; the answer is kept.
+    Succeeded,
+    /// The backend refused it (4xx, kept), or it failed on every attempt (last error kept).
+    Failed,
+    /// Cancelled before it ran.
+    Cancelled,
+    /// Its completion window passed before it finished.
+    Expired,
+}
+
+impl State {
+    /// Every state, in life order.
+    pub const ALL: [State; 6] = [
+        State::Queued,
+        State::Running,
+        State::Succeeded,
+        State::Failed,
+        State::Cancelled,
+        State::Expired,
+    ];
+
+    /// The name used in the API, the store and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+            State::Expired => "expired",
+        }
+    }
+
+    /// The state called `name`.
+    pub fn parse(name: &str) -> Option<State> {
+        State::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// Whether nothing more will happen to the job.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, State::Queued | State::Running)
+    }
+}
+
+/// A backend's answer, as kept for the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// The headers that describe the body (content type, binary header length).
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte.
+    pub body: Bytes,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// What was submitted.
+    pub request: NewJob,
+    /// Where it is.
+    pub state: State,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// When it was accepted (ms since the Unix epoch).
+    pub created_at: i64,
+    /// When it reached a terminal state.
+    pub finished_at: Option<i64>,
+    /// The backend's answer, once there is one to keep.
+    pub answer: Option<Answer>,
+    /// Why it failed, when no answer explains it.
+    pub error: Option<String>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    /// The backend answered; 2xx succeeds, anything else fails for good. Kept as is.
+    Answered(Answer),
+    /// A failure worth retrying (backend unreachable, 5xx, shed) not before `not_before`.
+    Retry {
+        /// What went wrong.
+        error: String,
+        /// Earliest next attempt (ms since the Unix epoch).
+        not_before: i64,
+    },
+    /// A failure that retrying cannot fix, or the last attempt's failure.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// The result of a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The job's id.
+    pub id: JobId,
+    /// Whether an earlier submission with the same idempotency key made it.
+    pub existing: bool,
+}
+
+/// Why the store could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store holds its limit of unfinished jobs.
+    #[error("the offline queue is full ({0} unfinished jobs); retry later")]
+    Full(u64),
+    /// SQLite failed (disk full, I/O error...).
+    #[error("the offline store failed: {0}")]
+    Io(String),
+    /// The store's writer has stopped.
+    #[error("the offline store is closed")]
+    Closed,
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}
+
+/// What the offline tier and its workers need from a queue. Implemented by
+/// [`Embedded`]; a distributed queue (Kafka) implements the same calls.
+pub trait JobStore: Send + Sync + 'static {
+    /// Accepts `jobs` durably, in one commit; each is acknowledged only once durable.
+    fn submit(&self, jobs: Vec<NewJob>)
+        -> impl std::future::Future<Output = Result<Vec<Submitted>, StoreError>> + Send;
+    /// Hands up to `max` runnable jobs to a worker, oldest first, counting an attempt each.
+    fn lease(&self, max: usize) -> impl std::future::Future<Output = Result<Vec<Job>, StoreError>> + Send;
+    /// Like [`JobStore::lease`], for the jobs of `route` only.
+    fn lease_route(
+        &self,
+        route: &str,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<Job>, StoreError>> + Send;
+    /// Routes that have jobs ready to run.
+    fn runnable_routes(&self) -> impl std::future::Future<Output = Result<Vec<String>, StoreError>> + Send;
+    /// Records how attempt `attempt` of job `id` ended; ignored (returns false) unless
+    /// that attempt still holds the job, so a replayed attempt never writes a second result.
+    fn finish(
+        &self,
+        id: &str,
+        attempt: u32,
+        finish: Finish,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send;
+    /// Records several attempts' ends in one commit; one flag per entry, as [`JobStore::finish`].
+    fn finish_all(
+        &self,
+        ends: Vec<(JobId, u32, Finish)>,
+    ) -> impl std::future::Future<Output = Result<Vec<bool>, StoreError>> + Send;
+    /// The job `id`.
+    fn get(&self, id: &str) -> impl std::future::Future<Output = Result<Option<Job>, StoreError>> + Send;
+    /// Cancels job `id` if it has not finished; returns its state afterwards.
+    fn cancel(&self, id: &str) -> impl std::future::Future<Output = Result<Option<State>, StoreError>> + Send;
+}
+
+/// Now, in ms since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `ms` later than now, in ms since the Unix epoch.
+pub fn after(d: Duration) -> i64 {
+    now_ms().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A new id with `prefix` (`job`, `batch`, `file`), ordered by creation: the time in ms,
+/// a process-wide sequence number, then random bits so ids are not guessable.
+pub fn new_id(prefix: &str) -> String {
+    static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+    let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{:012x}{seq:08x}{:016x}", now_ms(), rand::random::<u64>())
+}

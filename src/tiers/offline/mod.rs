@@ -1,0 +1,158 @@
+//! The offline tier: bulk work nobody waits for, accepted durably at once and run later.
+//!
+//! After the classifier; beside the other tiers. A request classified offline (budget
+//! from `offline_from`, or `Prefer: respond-async`) becomes a job in the durable queue
+//! ([`crate::queue`]) and is answered `202 Accepted` with `Location: /v1/jobs/{id}` only
+//! once the job is on disk. An `Idempotency-Key` header returns the job an earlier
+//! submission made. The [`worker`] drains jobs through the micro-batch tier's batching,
+//! only as far as each batch pool has spare capacity. gRPC has no asynchronous answer,
+//! so a gRPC call classified offline is refused with a message saying what to do instead.
+
+pub mod worker;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use serde_json::json;
+use tokio::sync::Notify;
+
+use super::{Call, Reply};
+use crate::config;
+use crate::error::{Error, Kind};
+use crate::protocol;
+use crate::queue::{self, Embedded, JobStore, NewJob, StoreError};
+
+/// Request header a door sets on calls that arrived over gRPC (never taken from clients:
+/// the HTTP door removes it).
+pub const DOOR_HEADER: &str = "x-tiergate-door";
+/// Request header that makes a submission idempotent.
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+/// Headers kept with a job: what frames its body. Credentials are never stored.
+const KEPT_HEADERS: [&str; 2] = ["content-type", protocol::HEADER_LEN];
+
+/// The offline tier service.
+#[derive(Debug, Clone)]
+pub struct Offline {
+    store: Embedded,
+    settings: config::Offline,
+    wake: Arc<Notify>,
+}
+
+impl Offline {
+    /// An offline tier over `store`; `wake` is notified whenever a job is accepted.
+    pub fn new(store: Embedded, settings: config::Offline, wake: Arc<Notify>) -> Self {
+        Offline { store, settings, wake }
+    }
+}
+
+impl tower::Service<Call> for Offline {
+    type Response = Reply;
+    type Error = Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
+
+    /// Always ready: a full store refuses per call (507).
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: Call) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.accept(call).await })
+    }
+}
+
+impl Offline {
+    async fn accept(&self, call: Call) -> Result<Reply, Error> {
+        let headers = call.request.headers();
+        if headers.get(DOOR_HEADER).is_some_and(|v| v == "grpc") {
+            return Err(Error::new(
+                Kind::TierUnavailable,
+                format!(
+                    "route {}: this call is classified to the offline tier, which answers later and so only over HTTP \
+                     (Prefer: respond-async, or the Batch API); over gRPC send a deadline below {} ms",
+                    call.route.name,
+                    call.route.budgets.offline_from.as_millis()
+                ),
+            ));
+        }
+        let idempotency_key = match headers.get(IDEMPOTENCY_HEADER) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .filter(|k| !k.is_empty() && k.len() <= 255)
+                    .ok_or_else(|| {
+                        Error::new(
+                            Kind::BadRequest,
+                            "Idempotency-Key must be 1 to 255 visible ASCII characters",
+                        )
+                    })?
+                    .to_owned(),
+            ),
+        };
+        let kept = KEPT_HEADERS
+            .iter()
+            .filter_map(|k| {
+                headers
+                    .get(*k)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| ((*k).to_owned(), v.to_owned()))
+            })
+            .collect();
+        let path = call
+            .request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| call.request.uri().path().to_owned(), |p| p.as_str().to_owned());
+        let job = NewJob {
+            route: call.route.name.clone(),
+            method: call.request.method().as_str().to_owned(),
+            path,
+            headers: kept,
+            body: call.request.body().clone(),
+            expires_at: queue::after(self.settings.completion_window),
+            idempotency_key,
+        };
+        let submitted = self.store.submit(vec![job]).await.map_err(store_error)?;
+        let Some(submitted) = submitted.into_iter().next() else {
+            return Err(Error::new(Kind::Unavailable, "the offline store accepted nothing"));
+        };
+        self.wake.notify_one();
+        let status = match submitted.existing {
+            false => "queued",
+            true => self
+                .store
+                .get(&submitted.id)
+                .await
+                .map_err(store_error)?
+                .map_or("queued", |j| j.state.as_str()),
+        };
+        let body = json!({
+            "id": submitted.id,
+            "object": "job",
+            "status": status,
+            "existing": submitted.existing,
+            "url": format!("/v1/jobs/{}", submitted.id),
+        });
+        let mut reply = Response::new(Bytes::from(body.to_string()));
+        *reply.status_mut() = StatusCode::ACCEPTED;
+        let h = reply.headers_mut();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Ok(location) = HeaderValue::from_str(&format!("/v1/jobs/{}", submitted.id)) {
+            h.insert(http::header::LOCATION, location);
+        }
+        Ok(reply)
+    }
+}
+
+/// The door's error for a store failure.
+pub fn store_error(e: StoreError) -> Error {
+    match e {
+        StoreError::Full(_) => Error::new(Kind::StoreFull, e.to_string()),
+        StoreError::Io(_) | StoreError::Closed => Error::new(Kind::Unavailable, e.to_string()),
+    }
+}

@@ -1,0 +1,247 @@
+//! The offline workers: for every route with runnable jobs, wait for spare capacity on
+//! its batch pool, lease a batch of its oldest jobs, run them through the micro-batch
+//! tier's batching, and record how each attempt ended (one commit per batch).
+//!
+//! A 2xx answer succeeds and is kept; another 4xx is the client's mistake and is kept as
+//! a failure; a failure that may pass (backend unreachable, 5xx, 429, shed, deadline) is
+//! retried with exponential backoff and jitter until `max_attempts`, after which the job
+//! fails with its last error. A sweep every second expires jobs whose completion window
+//! passed and deletes finished ones past their retention.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, Request};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::{BudgetSource, Decision, Reason, Tier};
+use crate::config;
+use crate::error::Kind;
+use crate::policy::Store;
+use crate::queue::{self, Answer, Embedded, Finish, Job, JobStore};
+use crate::tiers::{Call, MicroBatch, Reply};
+
+/// Runs the offline workers until `shutdown`: jobs of `store`, routes from `policy`,
+/// batches through `micro`; `wake` says a job was accepted. One task per route with
+/// runnable jobs: it waits for spare capacity on the route's batch pool, then leases up
+/// to `max_batch` of the route's oldest jobs and sends them as one batch.
+pub async fn run(
+    store: Embedded,
+    policy: Arc<Store>,
+    micro: MicroBatch,
+    settings: config::Offline,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let active: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let mut tasks = JoinSet::new();
+    let mut sweep = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        match store.runnable_routes().await {
+            Ok(routes) => {
+                for name in routes {
+                    if !active.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone()) {
+                        continue; // already draining
+                    }
+                    let worker = RouteWorker {
+                        name,
+                        store: store.clone(),
+                        policy: policy.clone(),
+                        micro: micro.clone(),
+                        settings: settings.clone(),
+                        active: active.clone(),
+                        wake: wake.clone(),
+                    };
+                    tasks.spawn(worker.run());
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "offline: cannot list runnable jobs"),
+        }
+        while tasks.try_join_next().is_some() {}
+        // Wait for a submission, a route worker that finished, or the next sweep.
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            _ = sweep.tick() => {
+                if let Err(e) = store.sweep(ms(settings.retention)).await {
+                    tracing::warn!(error = %e, "offline sweep failed");
+                }
+                report(&store).await;
+            }
+            _ = wake.notified() => {}
+        }
+    }
+    tasks.shutdown().await;
+}
+
+/// Drains one route's jobs.
+struct RouteWorker {
+    name: String,
+    store: Embedded,
+    policy: Arc<Store>,
+    micro: MicroBatch,
+    settings: config::Offline,
+    active: Arc<Mutex<HashSet<String>>>,
+    wake: Arc<Notify>,
+}
+
+impl RouteWorker {
+    async fn run(self) {
+        loop {
+            let Some(route) = self.policy.load().route(&self.name).cloned() else {
+                self.fail_all("the route no longer exists").await;
+                break;
+            };
+            let Some(spec) = route.micro_batch.clone() else {
+                self.fail_all("the route has no batch pool").await;
+                break;
+            };
+            let Some(spare) = self.micro.spare(&route).await else {
+                break;
+            };
+            let group = usize::try_from(spec.max_batch.get()).unwrap_or(usize::MAX).max(1);
+            let jobs = match self.store.lease_route(&self.name, group).await {
+                Ok(jobs) if jobs.is_empty() => break,
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::warn!(route = %self.name, error = %e, "offline: cannot lease jobs");
+                    break;
+                }
+            };
+            let calls = jobs.iter().map(|job| call(&route, job, &self.settings)).collect();
+            let answers = self.micro.serve_spare(spare, calls).await;
+            let ends = jobs
+                .iter()
+                .zip(answers)
+                .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &self.settings)))
+                .collect();
+            if let Err(e) = self.store.finish_all(ends).await {
+                tracing::warn!(error = %e, "could not record a batch of results; those jobs run again after restart");
+            }
+        }
+        self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
+        self.wake.notify_one(); // jobs may have arrived since the last lease came back empty
+    }
+
+    /// Fails every runnable job of the route (it cannot be served any more).
+    async fn fail_all(&self, why: &str) {
+        loop {
+            let jobs = match self.store.lease_route(&self.name, 1024).await {
+                Ok(jobs) if !jobs.is_empty() => jobs,
+                _ => return,
+            };
+            let error = format!("route {}: {why}", self.name);
+            let ends = jobs
+                .iter()
+                .map(|job| (job.id.clone(), job.attempts, Finish::Failed { error: error.clone() }))
+                .collect();
+            if self.store.finish_all(ends).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline) -> Call {
+    let mut request = Request::new(job.request.body.clone());
+    *request.method_mut() = Method::from_bytes(job.request.method.as_bytes()).unwrap_or(Method::POST);
+    if let Ok(uri) = job.request.path.parse() {
+        *request.uri_mut() = uri;
+    }
+    for (k, v) in &job.request.headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            request.headers_mut().insert(k, v);
+        }
+    }
+    Call {
+        route: route.clone(),
+        decision: Decision {
+            tier: Tier::Offline,
+            reason: Reason::BudgetOffline,
+            budget: settings.attempt_timeout,
+            source: BudgetSource::RouteDefault,
+        },
+        deadline: Instant::now() + settings.attempt_timeout,
+        request,
+    }
+}
+
+/// How an attempt ended, from the tier's answer.
+fn outcome(job: &Job, answer: Result<Reply, crate::error::Error>, settings: &config::Offline) -> Finish {
+    let retry = |error: String| {
+        if job.attempts >= settings.max_attempts {
+            return Finish::Failed {
+                error: format!(
+                    "{error} (attempt {} of {}; giving up)",
+                    job.attempts, settings.max_attempts
+                ),
+            };
+        }
+        let backoff = settings
+            .retry_backoff
+            .saturating_mul(1 << job.attempts.saturating_sub(1).min(16));
+        let jitter = backoff.mul_f64(rand::random::<f64>() * 0.2);
+        Finish::Retry {
+            error: format!("{error} (attempt {} of {})", job.attempts, settings.max_attempts),
+            not_before: queue::after(backoff + jitter),
+        }
+    };
+    match answer {
+        Ok(reply) => {
+            let status = reply.status().as_u16();
+            let answer = kept(reply);
+            match status {
+                429 | 500..=599 if job.attempts < settings.max_attempts => {
+                    retry(format!("the backend answered {status}"))
+                }
+                _ => Finish::Answered(answer),
+            }
+        }
+        Err(e) => match e.kind {
+            Kind::Shed
+            | Kind::QueueFull
+            | Kind::DeadlineUnmeetable
+            | Kind::Deadline
+            | Kind::Backend
+            | Kind::Unavailable => retry(e.message),
+            _ => Finish::Failed { error: e.message },
+        },
+    }
+}
+
+/// The parts of a backend answer kept for the client.
+fn kept(reply: Reply) -> Answer {
+    let (head, body) = reply.into_parts();
+    let headers = ["content-type", crate::protocol::HEADER_LEN]
+        .iter()
+        .filter_map(|k| {
+            head.headers
+                .get(*k)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| ((*k).to_owned(), v.to_owned()))
+        })
+        .collect();
+    Answer {
+        status: head.status.as_u16(),
+        headers,
+        body,
+    }
+}
+
+/// Exports jobs by state.
+async fn report(store: &Embedded) {
+    if let Ok(counts) = store.counts().await {
+        for state in queue::State::ALL {
+            let n = counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
+            ::metrics::gauge!(crate::metrics::OFFLINE_JOBS, "state" => state.as_str()).set(n as f64);
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
