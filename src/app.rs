@@ -14,6 +14,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::front::batch_api::OfflineApi;
 use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
@@ -101,7 +102,13 @@ impl Gateway {
             .with_offline(TierService::new(offline_tier));
         let max_response = config.limits.max_response_bytes;
         let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
-        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_jobs(store.clone()));
+        let api = OfflineApi {
+            store: store.clone(),
+            policy: policy.clone(),
+            settings: config.offline.clone(),
+            wake: wake.clone(),
+        };
+        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
         let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
         let addrs = (local(&http), local(&grpc), local(&metrics));
 

@@ -51,6 +51,10 @@ pub struct Offline {
     /// How long finished jobs (and their results) are kept.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// Largest Batch API input file, in bytes (413 above it).
+    pub max_file_bytes: usize,
+    /// Most lines (requests) in one Batch API input file.
+    pub max_file_lines: usize,
 }
 
 /// Listen addresses. Ports follow Triton's defaults; all bind loopback unless told
@@ -142,6 +146,8 @@ impl Default for Offline {
             attempt_timeout: Duration::from_secs(60),
             max_queued_jobs: 1_000_000,
             retention: Duration::from_secs(7 * 24 * 3600),
+            max_file_bytes: 200 << 20,
+            max_file_lines: 50_000,
         }
     }
 }

@@ -17,12 +17,12 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::batch_api::{OfflineApi, BATCHES, FILES};
 use crate::config::Limits;
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
-use crate::queue::Embedded;
 use crate::tiers::offline::DOOR_HEADER;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
@@ -41,7 +41,7 @@ pub const REASON_HEADER: &str = "x-tiergate-reason";
 pub struct Door {
     dispatch: Arc<Dispatch>,
     limits: Limits,
-    jobs: Option<Embedded>,
+    offline: Option<OfflineApi>,
 }
 
 /// How a route's request body is checked before it is forwarded unchanged.
@@ -74,13 +74,13 @@ impl Door {
         Door {
             dispatch,
             limits,
-            jobs: None,
+            offline: None,
         }
     }
 
-    /// The same door answering `/v1/jobs/{id}` from the offline tier's `store`.
-    pub fn with_jobs(mut self, store: Embedded) -> Self {
-        self.jobs = Some(store);
+    /// The same door answering the offline tier's API: `/v1/jobs/{id}` and the Batch API.
+    pub fn with_offline(mut self, api: OfflineApi) -> Self {
+        self.offline = Some(api);
         self
     }
 
@@ -110,16 +110,7 @@ impl Door {
                     Err(e) => failure(&e),
                 }
             }
-            (Target::Other(p), _) if p.starts_with(JOBS) && self.jobs.is_some() => {
-                let id = &p[JOBS.len()..];
-                let Some(store) = self.jobs.as_ref() else {
-                    return not_found(&method, &path);
-                };
-                match super::jobs::answer(store, &method, id).await {
-                    Ok(reply) => reply.map(Full::new),
-                    Err(e) => failure(&e),
-                }
-            }
+            (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => self.offline(req).await,
             (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
                 Some(route) => self.serve(route, req, Body::Json).await,
                 None => not_found(&method, &path),
@@ -132,13 +123,38 @@ impl Door {
         }
     }
 
+    /// Answers the offline tier's API (`/v1/jobs/`, `/v1/files`, `/v1/batches`).
+    async fn offline(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(api) = self.offline.as_ref() else {
+            return failure(&Error::new(Kind::NotFound, "the offline tier is not running"));
+        };
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path();
+        let answered = async {
+            if let Some(id) = path.strip_prefix(JOBS) {
+                return super::jobs::answer(&api.store, &parts.method, id).await;
+            }
+            let max = match path.starts_with(FILES) {
+                true => api.settings.max_file_bytes,
+                false => self.limits.max_body_bytes,
+            };
+            let body = self.read_body(&parts.headers, body, max).await?;
+            api.answer(&parts.method, path, parts.uri.query(), &parts.headers, body)
+                .await
+        };
+        match answered.await {
+            Ok(reply) => reply.map(Full::new),
+            Err(e) => failure(&e),
+        }
+    }
+
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
         let received = Instant::now();
         let (mut parts, body) = req.into_parts();
         parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
         let prepared = async {
-            let body = self.read_body(&parts.headers, body).await?;
+            let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
             let (timeout_us, id) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
@@ -165,8 +181,8 @@ impl Door {
         render(served)
     }
 
-    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Error> {
-        let max = self.limits.max_body_bytes;
+    /// Reads a body of at most `max` bytes within the body read timeout.
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Error> {
         let declared = headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -174,7 +190,7 @@ impl Door {
         let too_large = || {
             Error::new(
                 Kind::TooLarge,
-                format!("request body is over the {max}-byte limit (limits.max_body_bytes)"),
+                format!("request body is over the {max}-byte limit (limits.max_body_bytes, or offline.max_file_bytes for files)"),
             )
         };
         if declared.is_some_and(|n| n > max as u64) {
@@ -195,6 +211,23 @@ impl Door {
                 ),
             )),
         }
+    }
+}
+
+/// Whether `path` belongs to the offline tier's API.
+fn offline_path(path: &str) -> bool {
+    path.starts_with(JOBS)
+        || [FILES, BATCHES]
+            .iter()
+            .any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
+}
+
+/// The route serving `path` (a KServe v2 infer path or a JSON route's path).
+pub(super) fn route_for(policy: &crate::policy::Policy, path: &str) -> Option<Arc<Route>> {
+    match target(path) {
+        Target::Model { name, rest: "/infer" } => policy.route_for_model(name).cloned(),
+        Target::Other(p) => policy.route_for_path(p).cloned(),
+        _ => None,
     }
 }
 

@@ -6,6 +6,7 @@
 //! every HTTP listener here uses (the door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown.
 
+pub mod batch_api;
 pub mod dispatch;
 pub mod grpc;
 pub mod http;

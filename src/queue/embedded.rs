@@ -15,6 +15,9 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use serde_json::Value;
+
+use super::batches::{self, FileInfo, NewBatch};
 use super::{jobs, Finish, Job, JobStore, NewJob, State, StoreError, Submitted};
 
 /// Most operations in one commit.
@@ -66,6 +69,7 @@ impl Embedded {
              PRAGMA foreign_keys = ON;",
         )?;
         jobs::schema(&conn)?;
+        batches::schema(&conn)?;
         let requeued = jobs::requeue_running(&conn)?;
         let unfinished = Arc::new(AtomicI64::new(jobs::unfinished(&conn)?));
         if requeued > 0 {
@@ -112,12 +116,73 @@ impl Embedded {
         self.call(jobs::counts).await
     }
 
-    /// Marks unfinished jobs whose window passed as expired and deletes finished jobs
-    /// older than `retention_ms`; returns (expired, deleted).
+    /// Marks unfinished jobs whose window passed as expired, deletes finished jobs
+    /// older than `retention_ms`, and finalizes batches whose jobs are all done; returns
+    /// (expired, deleted).
     pub async fn sweep(&self, retention_ms: i64) -> Result<(u64, u64), StoreError> {
         let unfinished = self.unfinished.clone();
-        self.call(move |conn| jobs::sweep(conn, super::now_ms(), retention_ms, &unfinished))
+        self.call(move |conn| {
+            let now = super::now_ms();
+            let swept = jobs::sweep(conn, now, retention_ms, &unfinished)?;
+            batches::finalize(conn, now)?;
+            Ok(swept)
+        })
+        .await
+    }
+
+    /// Stores an uploaded file (durably, whole, or not at all).
+    pub async fn add_file(
+        &self,
+        purpose: String,
+        filename: String,
+        content: bytes::Bytes,
+    ) -> Result<FileInfo, StoreError> {
+        self.call(move |conn| batches::add_file(conn, &purpose, &filename, &content, super::now_ms()))
             .await
+    }
+
+    /// A file's description.
+    pub async fn file(&self, id: &str) -> Result<Option<FileInfo>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |conn| batches::file(conn, &id)).await
+    }
+
+    /// A file's content.
+    pub async fn content(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |conn| batches::content(conn, &id)).await
+    }
+
+    /// Creates a batch and all its jobs in one commit; returns its id and whether an
+    /// earlier request with the same idempotency key made it.
+    pub async fn create_batch(&self, batch: NewBatch) -> Result<(String, bool), StoreError> {
+        let (max, unfinished) = (self.limits.max_unfinished, self.unfinished.clone());
+        self.call(move |conn| batches::create(conn, batch, max, &unfinished, super::now_ms()))
+            .await
+    }
+
+    /// The batch object with its request counts.
+    pub async fn batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |conn| batches::get(conn, &id)).await
+    }
+
+    /// Batches, newest first, older than `after`, at most `limit`; and whether more exist.
+    pub async fn batches(&self, after: Option<String>, limit: usize) -> Result<(Vec<Value>, bool), StoreError> {
+        self.call(move |conn| batches::list(conn, after.as_deref(), limit))
+            .await
+    }
+
+    /// Starts cancelling batch `id`.
+    pub async fn cancel_batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
+        let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
+        self.call(move |conn| batches::cancel(conn, &id, super::now_ms(), &unfinished))
+            .await
+    }
+
+    /// Finalizes the batches whose jobs are all done now (also done by every sweep).
+    pub async fn finalize(&self) -> Result<usize, StoreError> {
+        self.call(|conn| batches::finalize(conn, super::now_ms())).await
     }
 }
 

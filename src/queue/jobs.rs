@@ -28,7 +28,10 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             answer_headers TEXT,
             answer_body BLOB,
             error TEXT,
-            idempotency_key TEXT UNIQUE
+            idempotency_key TEXT UNIQUE,
+            batch_id TEXT,
+            custom_id TEXT,
+            line INTEGER
         );
         CREATE INDEX IF NOT EXISTS jobs_runnable ON jobs (state, route, not_before);
         CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;",

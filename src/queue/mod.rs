@@ -13,8 +13,10 @@
 //!
 //! # Layout
 //!
-//! `embedded` (the SQLite store: writer thread, group commit, schema) · `jobs` (job SQL).
+//! `embedded` (the SQLite store: writer thread, group commit) · `jobs` (the jobs table) ·
+//! `batches` (the Batch API's files and batches, and their output files).
 
+pub mod batches;
 pub mod embedded;
 mod jobs;
 

@@ -122,6 +122,9 @@ impl RouteWorker {
             if let Err(e) = self.store.finish_all(ends).await {
                 tracing::warn!(error = %e, "could not record a batch of results; those jobs run again after restart");
             }
+            if let Err(e) = self.store.finalize().await {
+                tracing::warn!(error = %e, "could not finalize finished batches; the next sweep retries");
+            }
         }
         self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
         self.wake.notify_one(); // jobs may have arrived since the last lease came back empty

@@ -1,0 +1,398 @@
+//! The Batch API's tables: uploaded files, batches, and the jobs a batch made (rows of
+//! the jobs table tagged with the batch, its `custom_id` and input line). Each function
+//! runs on the store's writer thread inside the current transaction.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde_json::{json, Map, Value};
+
+use super::{NewJob, State, StoreError};
+
+/// Creates the tables when missing.
+pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS files (
+            id TEXT PRIMARY KEY,
+            purpose TEXT NOT NULL,
+            filename TEXT NOT NULL,
+            bytes INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            content BLOB NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS batches (
+            id TEXT PRIMARY KEY,
+            input_file_id TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            completion_window TEXT NOT NULL,
+            metadata TEXT,
+            status TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            in_progress_at INTEGER,
+            finalizing_at INTEGER,
+            completed_at INTEGER,
+            failed_at INTEGER,
+            expired_at INTEGER,
+            cancelling_at INTEGER,
+            cancelled_at INTEGER,
+            output_file_id TEXT,
+            error_file_id TEXT,
+            errors TEXT,
+            idempotency_key TEXT UNIQUE
+        );
+        CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, line) WHERE batch_id IS NOT NULL;",
+    )?;
+    Ok(())
+}
+
+/// A file as the API shows it (without its content).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileInfo {
+    /// `file_...`.
+    pub id: String,
+    /// `batch`, `batch_output`.
+    pub purpose: String,
+    /// The name it was uploaded with.
+    pub filename: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Upload time (ms since the Unix epoch).
+    pub created_at: i64,
+}
+
+impl FileInfo {
+    /// The OpenAI file object.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at / 1000,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+        })
+    }
+}
+
+/// A new batch: its row, and its jobs with their `custom_id` and line.
+#[derive(Debug, Clone)]
+pub struct NewBatch {
+    /// The uploaded JSONL file.
+    pub input_file_id: String,
+    /// The endpoint named at creation.
+    pub endpoint: String,
+    /// As given (`24h`).
+    pub completion_window: String,
+    /// When unfinished jobs expire (ms since the Unix epoch).
+    pub expires_at: i64,
+    /// Up to 16 string pairs, as given.
+    pub metadata: Option<Map<String, Value>>,
+    /// The client's `Idempotency-Key`.
+    pub idempotency_key: Option<String>,
+    /// One job per line: (custom_id, line, job).
+    pub jobs: Vec<(String, u64, NewJob)>,
+    /// Validation errors; when any, the batch is created `failed` with no jobs.
+    pub errors: Vec<Value>,
+}
+
+/// Stores an uploaded file.
+pub(super) fn add_file(
+    conn: &Connection,
+    purpose: &str,
+    filename: &str,
+    content: &[u8],
+    now: i64,
+) -> Result<FileInfo, StoreError> {
+    let id = super::new_id("file");
+    conn.prepare_cached(
+        "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![id, purpose, filename, content.len() as i64, now, content])?;
+    Ok(FileInfo {
+        id,
+        purpose: purpose.to_owned(),
+        filename: filename.to_owned(),
+        bytes: content.len() as u64,
+        created_at: now,
+    })
+}
+
+/// A file's description.
+pub(super) fn file(conn: &Connection, id: &str) -> Result<Option<FileInfo>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?1")?
+        .query_row([id], |r| {
+            Ok(FileInfo {
+                id: r.get(0)?,
+                purpose: r.get(1)?,
+                filename: r.get(2)?,
+                bytes: r.get::<_, i64>(3)?.max(0) as u64,
+                created_at: r.get(4)?,
+            })
+        })
+        .optional()?)
+}
+
+/// A file's content.
+pub(super) fn content(conn: &Connection, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT content FROM files WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?)
+}
+
+/// Creates a batch and its jobs in the current commit (an idempotency key seen before
+/// returns the earlier batch); refuses when its jobs would pass `max` unfinished.
+pub(super) fn create(
+    conn: &Connection,
+    batch: NewBatch,
+    max: u64,
+    unfinished: &AtomicI64,
+    now: i64,
+) -> Result<(String, bool), StoreError> {
+    if let Some(key) = &batch.idempotency_key {
+        let found = conn
+            .query_row("SELECT id FROM batches WHERE idempotency_key = ?1", [key], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()?;
+        if let Some(id) = found {
+            return Ok((id, true));
+        }
+    }
+    let held = unfinished.load(Ordering::Acquire).max(0) as u64;
+    if held.saturating_add(batch.jobs.len() as u64) > max {
+        return Err(StoreError::Full(held));
+    }
+    let id = super::new_id("batch");
+    let failed = !batch.errors.is_empty();
+    let errors = failed.then(|| json!({"object": "list", "data": batch.errors}).to_string());
+    conn.prepare_cached(
+        "INSERT INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at, expires_at,
+                              in_progress_at, failed_at, errors, idempotency_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?
+    .execute(params![
+        id,
+        batch.input_file_id,
+        batch.endpoint,
+        batch.completion_window,
+        batch.metadata.map(|m| Value::Object(m).to_string()),
+        if failed { "failed" } else { "in_progress" },
+        now,
+        batch.expires_at,
+        (!failed).then_some(now),
+        failed.then_some(now),
+        errors,
+        batch.idempotency_key,
+    ])?;
+    if failed {
+        return Ok((id, false));
+    }
+    let mut add = conn.prepare_cached(
+        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, batch_id, custom_id, line)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    let count = batch.jobs.len();
+    for (custom_id, line, job) in batch.jobs {
+        add.execute(params![
+            super::new_id("job"),
+            job.route,
+            job.method,
+            job.path,
+            serde_json::to_string(&job.headers).unwrap_or_else(|_| "[]".into()),
+            &job.body[..],
+            now,
+            batch.expires_at,
+            id,
+            custom_id,
+            line as i64,
+        ])?;
+    }
+    unfinished.fetch_add(count as i64, Ordering::AcqRel);
+    Ok((id, false))
+}
+
+/// The batch object as the API shows it, with its request counts.
+pub(super) fn get(conn: &Connection, id: &str) -> Result<Option<Value>, StoreError> {
+    let row = conn
+        .prepare_cached("SELECT * FROM batches WHERE id = ?1")?
+        .query_row([id], batch_json)
+        .optional()?;
+    let Some(mut batch) = row else { return Ok(None) };
+    let counts = request_counts(conn, id)?;
+    batch["request_counts"] = counts;
+    Ok(Some(batch))
+}
+
+/// Batches, newest first, after (older than) `after`, at most `limit`; and whether more exist.
+pub(super) fn list(conn: &Connection, after: Option<&str>, limit: usize) -> Result<(Vec<Value>, bool), StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT id FROM batches WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2")?;
+    let ids = stmt
+        .query_map(params![after, (limit + 1) as i64], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = ids.len() > limit;
+    let mut out = Vec::with_capacity(limit);
+    for id in ids.iter().take(limit) {
+        if let Some(b) = get(conn, id)? {
+            out.push(b);
+        }
+    }
+    Ok((out, more))
+}
+
+/// Starts cancelling a batch: its queued jobs are cancelled now; running ones finish.
+/// Returns the batch, or `None` when unknown.
+pub(super) fn cancel(
+    conn: &Connection,
+    id: &str,
+    now: i64,
+    unfinished: &AtomicI64,
+) -> Result<Option<Value>, StoreError> {
+    let changed = conn.execute(
+        "UPDATE batches SET status = 'cancelling', cancelling_at = ?2 WHERE id = ?1 AND status IN ('validating', 'in_progress')",
+        params![id, now],
+    )?;
+    if changed == 1 {
+        let jobs = conn.execute(
+            "UPDATE jobs SET state = 'cancelled', finished_at = ?2 WHERE batch_id = ?1 AND state = 'queued'",
+            params![id, now],
+        )?;
+        unfinished.fetch_sub(jobs as i64, Ordering::AcqRel);
+    }
+    get(conn, id)
+}
+
+/// Finishes every batch whose jobs are all done: writes its output and error files and
+/// moves it to `completed`, `cancelled` or `expired`. Returns how many it finished.
+pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError> {
+    let ready: Vec<(String, String, i64)> = conn
+        .prepare_cached(
+            "SELECT b.id, b.status, b.expires_at FROM batches b
+             WHERE b.status IN ('in_progress', 'cancelling')
+               AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id AND j.state IN ('queued', 'running'))",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    for (id, status, expires_at) in &ready {
+        let (output, errors) = results(conn, id)?;
+        let output_id = (!output.is_empty())
+            .then(|| add_file(conn, "batch_output", &format!("{id}_output.jsonl"), &output, now))
+            .transpose()?
+            .map(|f| f.id);
+        let error_id = (!errors.is_empty())
+            .then(|| add_file(conn, "batch_output", &format!("{id}_error.jsonl"), &errors, now))
+            .transpose()?
+            .map(|f| f.id);
+        let (end, column) = match (status.as_str(), *expires_at <= now) {
+            ("cancelling", _) => ("cancelled", "cancelled_at"),
+            (_, true) => ("expired", "expired_at"),
+            _ => ("completed", "completed_at"),
+        };
+        conn.execute(
+            &format!(
+                "UPDATE batches SET status = ?2, finalizing_at = ?3, {column} = ?3, output_file_id = ?4, error_file_id = ?5
+                 WHERE id = ?1"
+            ),
+            params![id, end, now, output_id, error_id],
+        )?;
+    }
+    Ok(ready.len())
+}
+
+/// The output and error JSONL of a batch, in input line order.
+fn results(conn: &Connection, batch: &str) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, custom_id, state, status, answer_body, error FROM jobs WHERE batch_id = ?1 ORDER BY line",
+    )?;
+    let mut rows = stmt.query([batch])?;
+    let (mut output, mut errors) = (Vec::new(), Vec::new());
+    while let Some(r) = rows.next()? {
+        let id: String = r.get(0)?;
+        let custom_id: String = r.get(1)?;
+        let state = State::parse(&r.get::<_, String>(2)?).unwrap_or(State::Failed);
+        let status: Option<u16> = r.get(3)?;
+        let body: Option<Vec<u8>> = r.get(4)?;
+        let error: Option<String> = r.get(5)?;
+        let response = status.map(|status| {
+            let body = body.unwrap_or_default();
+            let body = serde_json::from_slice::<Value>(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+            json!({"status_code": status, "request_id": id, "body": body})
+        });
+        let failure = match (state, &response) {
+            (State::Succeeded, _) => None,
+            (State::Failed, Some(_)) => None,
+            (State::Cancelled, _) => Some((
+                "batch_cancelled",
+                "the batch was cancelled before this request ran".into(),
+            )),
+            (State::Expired, _) => Some(("batch_expired", "the batch expired before this request ran".into())),
+            _ => Some(("request_failed", error.unwrap_or_else(|| "the request failed".into()))),
+        };
+        let line = json!({
+            "id": format!("batch_req_{}", id.trim_start_matches("job_")),
+            "custom_id": custom_id,
+            "response": response,
+            "error": failure.map(|(code, message)| json!({"code": code, "message": message})),
+        });
+        let target = match (state, status) {
+            (State::Succeeded, _) => &mut output,
+            _ => &mut errors,
+        };
+        target.extend_from_slice(line.to_string().as_bytes());
+        target.push(b'\n');
+    }
+    Ok((output, errors))
+}
+
+fn request_counts(conn: &Connection, batch: &str) -> Result<Value, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs WHERE batch_id = ?1 GROUP BY state")?;
+    let rows = stmt.query_map([batch], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+    let (mut total, mut completed, mut failed) = (0, 0, 0);
+    for row in rows {
+        let (state, n) = row?;
+        total += n;
+        match State::parse(&state) {
+            Some(State::Succeeded) => completed += n,
+            Some(State::Failed | State::Expired | State::Cancelled) => failed += n,
+            _ => {}
+        }
+    }
+    Ok(json!({"total": total, "completed": completed, "failed": failed}))
+}
+
+fn batch_json(r: &Row<'_>) -> rusqlite::Result<Value> {
+    let secs = |name: &str| -> rusqlite::Result<Value> {
+        Ok(r.get::<_, Option<i64>>(name)?
+            .map_or(Value::Null, |ms| Value::from(ms / 1000)))
+    };
+    let parse = |text: Option<String>| {
+        text.and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .unwrap_or(Value::Null)
+    };
+    Ok(json!({
+        "id": r.get::<_, String>("id")?,
+        "object": "batch",
+        "endpoint": r.get::<_, String>("endpoint")?,
+        "errors": parse(r.get("errors")?),
+        "input_file_id": r.get::<_, String>("input_file_id")?,
+        "completion_window": r.get::<_, String>("completion_window")?,
+        "status": r.get::<_, String>("status")?,
+        "output_file_id": r.get::<_, Option<String>>("output_file_id")?,
+        "error_file_id": r.get::<_, Option<String>>("error_file_id")?,
+        "created_at": secs("created_at")?,
+        "in_progress_at": secs("in_progress_at")?,
+        "expires_at": secs("expires_at")?,
+        "finalizing_at": secs("finalizing_at")?,
+        "completed_at": secs("completed_at")?,
+        "failed_at": secs("failed_at")?,
+        "expired_at": secs("expired_at")?,
+        "cancelling_at": secs("cancelling_at")?,
+        "cancelled_at": secs("cancelled_at")?,
+        "metadata": parse(r.get("metadata")?),
+    }))
+}
