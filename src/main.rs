@@ -70,6 +70,9 @@ struct ServeArgs {
     /// Address of the metrics endpoint (overrides listen.metrics).
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// Directory of the offline tier's durable store (overrides data_dir).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +153,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.http = args.http.unwrap_or(config.listen.http);
             config.listen.grpc = args.grpc.unwrap_or(config.listen.grpc);
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
+            config.data_dir = args.data_dir.unwrap_or(config.data_dir);
             init_logs(&config);
             runtime(config.threads.workers)?.block_on(serve(config))
         }
