@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a Python virtual environment for the conformance tests and prints
-# its path: `venv.sh NAME` installs requirements-NAME.txt (tritonclient, mlserver,
+# its path: `venv.sh NAME` installs requirements-NAME.txt (tritonclient, mlserver, openai,
 # pytriton). Peers get separate environments because they pin different protobuf and
 # grpcio versions. It uses the distribution's Python 3.11 (installing it and venv support
 # with apt-get when missing): PyTriton's bundled Triton links the system's libpython3.11.
@@ -8,7 +8,7 @@
 # and are rebuilt whenever their requirements file changes.
 set -euo pipefail
 cd "$(dirname "$0")"
-NAME=${1:?usage: venv.sh tritonclient|mlserver|pytriton}
+NAME=${1:?usage: venv.sh tritonclient|mlserver|pytriton|openai}
 REQ=requirements-$NAME.txt
 [ -f "$REQ" ] || { echo "no $REQ" >&2; exit 2; }
 VENV=${TIERGATE_VENVS:-/var/tmp/tiergate-venvs}/$NAME
