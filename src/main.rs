@@ -1,6 +1,7 @@
-//! The `tiergate` command: `serve`, `demo`, `sim` and `policy check`.
+//! The `tiergate` command: `serve`, `demo`, `sim`, `policy check` and `jobs`.
 
 mod demo;
+mod jobs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +51,11 @@ enum Command {
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
+    },
+    /// Run Batch API jobs on a running gateway: submit, status, results, cancel.
+    Jobs {
+        #[command(subcommand)]
+        command: jobs::JobsCommand,
     },
 }
 
@@ -147,6 +153,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Policy {
             command: PolicyCommand::Check { dir },
         } => Ok(policy_check(&dir)),
+        Command::Jobs { command } => runtime(1)?.block_on(jobs::run(command)),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);

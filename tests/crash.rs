@@ -63,7 +63,10 @@ async fn submit(addr: std::net::SocketAddr, i: usize) -> Option<String> {
         .header("prefer", "respond-async")
         .body(http_body_util::Full::new(bytes::Bytes::from(body)))
         .expect("request");
-    let response = tokio::time::timeout(Duration::from_secs(5), client().request(request)).await.ok()?.ok()?;
+    let response = tokio::time::timeout(Duration::from_secs(5), client().request(request))
+        .await
+        .ok()?
+        .ok()?;
     (response.status() == 202).then(|| response.headers().get("location")?.to_str().ok().map(str::to_owned))?
 }
 
@@ -104,9 +107,18 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
         content.join("\n")
     );
     let ct = format!("multipart/form-data; boundary={boundary}");
-    let file = send("POST", addr, "/v1/files", &[("content-type", &ct)], upload).await.json();
+    let file = send("POST", addr, "/v1/files", &[("content-type", &ct)], upload)
+        .await
+        .json();
     let create = json!({"input_file_id": file["id"], "endpoint": "/v2/models/m/infer", "completion_window": "24h"});
-    let created = send("POST", addr, "/v1/batches", &[("content-type", "application/json")], create.to_string()).await;
+    let created = send(
+        "POST",
+        addr,
+        "/v1/batches",
+        &[("content-type", "application/json")],
+        create.to_string(),
+    )
+    .await;
     assert_eq!(created.status, 200, "{}", created.text());
     let batch_id = created.json()["id"].as_str().expect("id").to_owned();
 
@@ -143,13 +155,21 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(done["request_counts"], json!({"total": n, "completed": n, "failed": 0}));
-    let output = get(addr, &format!("/v1/files/{}/content", done["output_file_id"].as_str().expect("file"))).await;
+    let output = get(
+        addr,
+        &format!("/v1/files/{}/content", done["output_file_id"].as_str().expect("file")),
+    )
+    .await;
     let mut seen = HashSet::new();
     for l in output.text().lines() {
         let v: Value = serde_json::from_str(l).expect("JSONL");
         let custom = v["custom_id"].as_str().expect("custom_id").to_owned();
         let i: usize = custom[1..].parse().expect("index");
-        assert_eq!(v["response"]["body"]["outputs"][0]["data"], json!([i as f64]), "{custom}");
+        assert_eq!(
+            v["response"]["body"]["outputs"][0]["data"],
+            json!([i as f64]),
+            "{custom}"
+        );
         assert!(seen.insert(custom.clone()), "{custom} has two results");
     }
     assert_eq!(seen.len(), n, "every batch request has exactly one result");

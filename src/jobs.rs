@@ -1,0 +1,284 @@
+//! `tiergate jobs`: the Batch API from the command line, against a running gateway.
+//!
+//! `submit FILE.jsonl --endpoint PATH` uploads the file, creates a batch and shows its
+//! progress until it ends (or returns at once with `--detach`); `status ID`,
+//! `results ID -o FILE` and `cancel ID` take a batch id (`batch_...`) or, for status and
+//! cancel, a single async job id (`job_...`). Exit code 0 when done; 1 when the batch
+//! ended without completing (failed validation, expired, cancelled) or the gateway
+//! refused or could not be reached, with a message saying which.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// `tiergate jobs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Upload a JSONL file of requests and run it as a batch, showing progress.
+    Submit(SubmitArgs),
+    /// Show a batch (or an async job).
+    Status {
+        /// `batch_...` or `job_...`.
+        id: String,
+        #[command(flatten)]
+        gateway: Gateway,
+    },
+    /// Download a batch's results (and its errors next to them).
+    Results {
+        /// `batch_...`.
+        id: String,
+        /// Where to write the output JSONL; errors go to the same name with `.errors.jsonl`.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        gateway: Gateway,
+    },
+    /// Cancel a batch (keeping what finished) or an async job.
+    Cancel {
+        /// `batch_...` or `job_...`.
+        id: String,
+        #[command(flatten)]
+        gateway: Gateway,
+    },
+}
+
+/// Where the gateway is.
+#[derive(Debug, Args)]
+pub struct Gateway {
+    /// The gateway's HTTP door.
+    #[arg(long, default_value = "http://127.0.0.1:8000", env = "TIERGATE_URL")]
+    gateway: String,
+}
+
+/// `tiergate jobs submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The JSONL file: one `{custom_id, method, url, body}` per line.
+    file: PathBuf,
+    /// The endpoint the batch is for (e.g. /v2/models/resnet50/infer or /v1/embeddings).
+    #[arg(long)]
+    endpoint: String,
+    /// How long the batch may take before unfinished requests expire.
+    #[arg(long, default_value = "24h")]
+    completion_window: String,
+    /// Return once the batch is created instead of following it.
+    #[arg(long)]
+    detach: bool,
+    #[command(flatten)]
+    gateway: Gateway,
+}
+
+/// Runs a `jobs` subcommand.
+pub async fn run(command: JobsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        JobsCommand::Submit(args) => submit(args).await,
+        JobsCommand::Status { id, gateway } => {
+            let path = item_path(&id)?;
+            let (status, body) = call(&gateway.gateway, "GET", &path, None, Bytes::new()).await?;
+            print_json(&body);
+            Ok(exit(status < 400))
+        }
+        JobsCommand::Results { id, output, gateway } => results(&gateway.gateway, &id, &output).await,
+        JobsCommand::Cancel { id, gateway } => {
+            let (method, path) = match id.starts_with("job_") {
+                true => ("DELETE", format!("/v1/jobs/{id}")),
+                false => ("POST", format!("{}/cancel", item_path(&id)?)),
+            };
+            let (status, body) = call(&gateway.gateway, method, &path, None, Bytes::new()).await?;
+            print_json(&body);
+            Ok(exit(status < 400))
+        }
+    }
+}
+
+async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let url = &args.gateway.gateway;
+    let content = std::fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let name = args
+        .file
+        .file_name()
+        .map_or("input.jsonl".into(), |n| n.to_string_lossy().into_owned());
+    let boundary = format!("tiergate-{:016x}", rand::random::<u64>());
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/jsonl\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend_from_slice(&content);
+    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, file) = call(url, "POST", "/v1/files", Some(&content_type), form.into()).await?;
+    if status >= 400 {
+        bail!("upload refused ({status}): {}", error_text(&file));
+    }
+    let create = json!({
+        "input_file_id": file["id"],
+        "endpoint": args.endpoint,
+        "completion_window": args.completion_window,
+    });
+    let (status, batch) = call(
+        url,
+        "POST",
+        "/v1/batches",
+        Some("application/json"),
+        create.to_string().into(),
+    )
+    .await?;
+    if status >= 400 {
+        bail!("batch refused ({status}): {}", error_text(&batch));
+    }
+    let id = batch["id"].as_str().unwrap_or_default().to_owned();
+    if batch["status"] == "failed" {
+        eprintln!("batch {id} failed validation:");
+        for e in batch["errors"]["data"].as_array().into_iter().flatten() {
+            eprintln!(
+                "  line {}: {} ({})",
+                e["line"],
+                e["message"].as_str().unwrap_or(""),
+                e["code"].as_str().unwrap_or("")
+            );
+        }
+        return Ok(ExitCode::from(1));
+    }
+    println!("{id}");
+    if args.detach {
+        return Ok(ExitCode::SUCCESS);
+    }
+    loop {
+        let (_, batch) = call(url, "GET", &format!("/v1/batches/{id}"), None, Bytes::new()).await?;
+        let counts = &batch["request_counts"];
+        let (total, done, failed) = (num(&counts["total"]), num(&counts["completed"]), num(&counts["failed"]));
+        let status = batch["status"].as_str().unwrap_or("unknown").to_owned();
+        progress(&status, total, done, failed);
+        if matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled") {
+            eprintln!();
+            return Ok(exit(status == "completed"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn results(url: &str, id: &str, output: &Path) -> anyhow::Result<ExitCode> {
+    let (status, batch) = call(url, "GET", &item_path(id)?, None, Bytes::new()).await?;
+    if status >= 400 {
+        bail!("{id}: {}", error_text(&batch));
+    }
+    let mut wrote = 0;
+    for (key, path) in [
+        ("output_file_id", output.to_path_buf()),
+        ("error_file_id", output.with_extension("errors.jsonl")),
+    ] {
+        let Some(file) = batch[key].as_str() else { continue };
+        let bytes = fetch(url, &format!("/v1/files/{file}/content")).await?;
+        std::fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "{}: {} lines",
+            path.display(),
+            bytes.iter().filter(|b| **b == b'\n').count()
+        );
+        wrote += 1;
+    }
+    if wrote == 0 {
+        eprintln!("batch {id} has no results yet (status {})", batch["status"]);
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn item_path(id: &str) -> anyhow::Result<String> {
+    match id.split_once('_').map(|(kind, _)| kind) {
+        Some("batch") => Ok(format!("/v1/batches/{id}")),
+        Some("job") => Ok(format!("/v1/jobs/{id}")),
+        _ => bail!("{id:?} is neither a batch id (batch_...) nor a job id (job_...)"),
+    }
+}
+
+fn progress(status: &str, total: u64, done: u64, failed: u64) {
+    let width = 30;
+    let filled = (done + failed)
+        .saturating_mul(width)
+        .checked_div(total)
+        .unwrap_or(0)
+        .min(width) as usize;
+    let bar = format!("{}{}", "#".repeat(filled), "-".repeat(width as usize - filled));
+    eprint!(
+        "\r[{bar}] {}/{total} done, {failed} failed ({status})   ",
+        done + failed
+    );
+    let _ = std::io::stderr().flush();
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn error_text(v: &Value) -> String {
+    v["error"].as_str().map_or_else(|| v.to_string(), str::to_owned)
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// One request to the gateway; its status and JSON body (the text as a string otherwise).
+async fn call(
+    base: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Bytes,
+) -> anyhow::Result<(u16, Value)> {
+    let bytes_and_status = request(base, method, path, content_type, body).await?;
+    let (status, bytes) = bytes_and_status;
+    let value =
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Ok((status, value))
+}
+
+async fn fetch(base: &str, path: &str) -> anyhow::Result<Bytes> {
+    let (status, bytes) = request(base, "GET", path, None, Bytes::new()).await?;
+    if status >= 400 {
+        bail!("GET {path}: {status} {}", String::from_utf8_lossy(&bytes));
+    }
+    Ok(bytes)
+}
+
+async fn request(
+    base: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Bytes,
+) -> anyhow::Result<(u16, Bytes)> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", base.trim_end_matches('/')));
+    if let Some(ct) = content_type {
+        builder = builder.header(http::header::CONTENT_TYPE, ct);
+    }
+    let response = client
+        .request(builder.body(Full::new(body))?)
+        .await
+        .with_context(|| format!("cannot reach the gateway at {base}"))?;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((status, bytes))
+}

@@ -1,0 +1,96 @@
+//! `tiergate jobs` against a running gateway: submit (following progress), status,
+//! results, cancel, and a file with bad lines reported by line number.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn policy(rt: &str, batch: &str) -> String {
+    format!(
+        "[routes.cli]\nmodels = [\"m\"]\n[routes.cli.flags]\nrealtime = true\noffline = true\n\
+         [routes.cli.realtime]\nendpoints = [\"{rt}\"]\n[routes.cli.micro_batch]\nendpoints = [\"{batch}\"]\n"
+    )
+}
+
+async fn jobs(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .arg("jobs")
+        .args(args)
+        .output()
+        .await
+        .expect("runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+fn line(i: usize, url: &str) -> String {
+    json!({"custom_id": format!("r{i}"), "method": "POST", "url": url,
+           "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [i]}]}})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_follow_status_results_and_cancel() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let gw = gateway(&policy(&rt.url(), &batch.url())).await;
+    let url = format!("http://{}", gw.http_addr());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.jsonl");
+    let lines: Vec<String> = (0..500).map(|i| line(i, "/v2/models/m/infer")).collect();
+    std::fs::write(&input, lines.join("\n")).expect("write");
+    let input = input.to_str().expect("utf-8");
+
+    let (ok, stdout, stderr) = jobs(&["submit", input, "--endpoint", "/v2/models/m/infer", "--gateway", &url]).await;
+    assert!(ok, "{stderr}");
+    let id = stdout.trim().to_owned();
+    assert!(id.starts_with("batch_"), "{stdout}");
+    assert!(
+        stderr.contains("500/500 done, 0 failed (completed)"),
+        "progress: {stderr}"
+    );
+
+    let (ok, status, _) = jobs(&["status", &id, "--gateway", &url]).await;
+    assert!(ok);
+    let status: Value = serde_json::from_str(&status).expect("JSON");
+    assert_eq!(
+        status["request_counts"],
+        json!({"total": 500, "completed": 500, "failed": 0})
+    );
+
+    let out = dir.path().join("out.jsonl");
+    let (ok, _, stderr) = jobs(&["results", &id, "-o", out.to_str().expect("utf-8"), "--gateway", &url]).await;
+    assert!(ok, "{stderr}");
+    let results = std::fs::read_to_string(&out).expect("results written");
+    assert_eq!(results.lines().count(), 500);
+
+    let (ok, cancelled, _) = jobs(&["cancel", &id, "--gateway", &url]).await;
+    assert!(ok);
+    assert!(
+        cancelled.contains("\"completed\""),
+        "a finished batch stays completed: {cancelled}"
+    );
+
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        format!("{}\nnot json\n{}", line(0, "/v2/models/m/infer"), line(1, "/nope")),
+    )
+    .expect("write");
+    let (ok, _, stderr) = jobs(&[
+        "submit",
+        bad.to_str().expect("utf-8"),
+        "--endpoint",
+        "/x",
+        "--gateway",
+        &url,
+    ])
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("line 2:") && stderr.contains("line 3:"), "{stderr}");
+
+    let (ok, _, stderr) = jobs(&["status", "batch_nope", "--gateway", "http://127.0.0.1:1"]).await;
+    assert!(!ok);
+    assert!(stderr.contains("cannot reach the gateway"), "{stderr}");
+    gw.stop().await.expect("stops");
+}
