@@ -24,6 +24,15 @@ use tokio_util::sync::CancellationToken;
 use super::cost::Cost;
 use crate::error::{Error, Kind};
 
+/// How much longer (as a fraction of the callers' own learned cost) a batch may take
+/// once topped up with filler: the price callers pay for offline work riding along.
+pub const FILL_SLACK: f64 = 0.05;
+
+/// How long callers must have been quiet before filler has a batch of its own: a batch
+/// the backend is busy with delays the next caller by its whole cost, so offline work
+/// gets whole batches only while the micro-batch tier is not in use.
+pub const IDLE_FOR_FILLER: Duration = Duration::from_millis(50);
+
 /// How a queue forms batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -49,6 +58,11 @@ pub struct Shared {
     pub cost: Arc<Cost>,
     /// Queue depth in rows, as a metric.
     pub depth: metrics::Gauge,
+    /// When a caller last queued (ns since `epoch`): filler has batches of its own only
+    /// once callers have been quiet for [`IDLE_FOR_FILLER`].
+    pub last_caller: Arc<AtomicU64>,
+    /// The zero of `last_caller`.
+    pub epoch: Instant,
 }
 
 impl Shared {
@@ -59,12 +73,31 @@ impl Shared {
             queued: Arc::default(),
             cost: Arc::default(),
             depth: metrics::Gauge::noop(),
+            last_caller: Arc::default(),
+            epoch: Instant::now(),
         }
+    }
+
+    fn since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether no caller has queued for [`IDLE_FOR_FILLER`].
+    fn callers_quiet(&self) -> bool {
+        let last = self.last_caller.load(Ordering::Acquire);
+        last == 0 || self.since_epoch().saturating_sub(last) >= IDLE_FOR_FILLER.as_nanos() as u64
     }
 
     fn release(&self, rows: u64) {
         self.queued.fetch_sub(rows, Ordering::AcqRel);
         self.depth.decrement(rows as f64);
+    }
+
+    /// Releases `entry`'s rows from the queue count unless it is filler (never counted).
+    fn release_entry<T, R>(&self, entry: &Entry<T, R>) {
+        if !entry.filler {
+            self.release(entry.rows);
+        }
     }
 }
 
@@ -104,14 +137,34 @@ pub struct Entry<T, R> {
     pub deadline: Instant,
     /// When it was queued.
     pub queued_at: Instant,
+    /// Offline work riding on spare room: never counted in the queue, never delays a
+    /// caller (see [`Queue::submit_filler`]).
+    pub filler: bool,
     /// Where its answer goes; answered exactly once.
     pub reply: oneshot::Sender<Result<R, Error>>,
+}
+
+impl<T, R> Entry<T, R> {
+    /// An entry queued now, and where its answer will come.
+    fn new(payload: T, rows: u64, deadline: Instant, filler: bool) -> (Self, oneshot::Receiver<Result<R, Error>>) {
+        let (reply, answer) = oneshot::channel();
+        let entry = Entry {
+            payload,
+            rows,
+            deadline,
+            queued_at: Instant::now(),
+            filler,
+            reply,
+        };
+        (entry, answer)
+    }
 }
 
 /// The submitting side of a queue; cheap to clone.
 #[derive(Debug)]
 pub struct Queue<T, R> {
     tx: mpsc::UnboundedSender<Entry<T, R>>,
+    filler_tx: mpsc::UnboundedSender<Entry<T, R>>,
     shared: Shared,
     capacity: u64,
 }
@@ -120,6 +173,9 @@ pub struct Queue<T, R> {
 #[derive(Debug)]
 pub struct Worker<T, R> {
     rx: mpsc::UnboundedReceiver<Entry<T, R>>,
+    filler_rx: mpsc::UnboundedReceiver<Entry<T, R>>,
+    /// A filler entry that did not fit the last batch; it goes first in a later one.
+    filler_carry: Option<Entry<T, R>>,
     settings: Settings,
     shared: Shared,
 }
@@ -136,12 +192,20 @@ pub fn pair<T, R>(settings: Settings) -> (Queue<T, R>, Worker<T, R>) {
 /// A queue and its worker over `shared` slots, queued rows and cost (one batch pool).
 pub fn pair_sharing<T, R>(settings: Settings, shared: Shared) -> (Queue<T, R>, Worker<T, R>) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (filler_tx, filler_rx) = mpsc::unbounded_channel();
     let queue = Queue {
         tx,
+        filler_tx,
         shared: shared.clone(),
         capacity: settings.capacity,
     };
-    let worker = Worker { rx, settings, shared };
+    let worker = Worker {
+        rx,
+        filler_rx,
+        filler_carry: None,
+        settings,
+        shared,
+    };
     (queue, worker)
 }
 
@@ -149,6 +213,7 @@ impl<T, R> Clone for Queue<T, R> {
     fn clone(&self) -> Self {
         Queue {
             tx: self.tx.clone(),
+            filler_tx: self.filler_tx.clone(),
             shared: self.shared.clone(),
             capacity: self.capacity,
         }
@@ -181,18 +246,32 @@ impl<T, R> Queue<T, R> {
             ));
         }
         self.shared.depth.increment(rows as f64);
-        let (reply, answer) = oneshot::channel();
-        let entry = Entry {
-            payload,
-            rows,
-            deadline,
-            queued_at: Instant::now(),
-            reply,
-        };
+        self.shared
+            .last_caller
+            .store(self.shared.since_epoch().max(1), Ordering::Release);
+        let (entry, answer) = Entry::new(payload, rows, deadline, false);
         if self.tx.send(entry).is_err() {
             self.shared.release(rows);
             return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
         }
+        Ok(answer)
+    }
+
+    /// Queues offline work as filler: it rides in callers' batches only while that keeps
+    /// the batch's learned cost within [`FILL_SLACK`] of what the callers alone cost (and
+    /// within `max_batch`), and has batches of its own only when a slot is free and no
+    /// caller waits. It is not counted against the capacity. The submitter bounds how
+    /// much filler it queues.
+    pub fn submit_filler(
+        &self,
+        payload: T,
+        rows: u64,
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
+        let (entry, answer) = Entry::new(payload, rows, deadline, true);
+        self.filler_tx
+            .send(entry)
+            .map_err(|_| Error::new(Kind::Unavailable, "the micro-batch worker has stopped"))?;
         Ok(answer)
     }
 
@@ -227,15 +306,36 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         let send = Arc::new(send);
         let mut carry: Option<Entry<T, R>> = None;
         loop {
-            let first = match carry.take() {
+            if shutdown.is_cancelled() {
+                break; // once shutdown fires, nothing new is batched
+            }
+            // Callers first; filler starts a batch only when no caller is waiting.
+            let first = match carry.take().or_else(|| self.rx.try_recv().ok()) {
                 Some(entry) => entry,
-                // Shutdown first: once it fires, nothing new is batched.
-                None => tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    entry = self.rx.recv() => match entry { Some(e) => e, None => return },
+                None => match self.filler_carry.take() {
+                    Some(entry) => entry,
+                    None => tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => break,
+                        entry = self.rx.recv() => match entry { Some(e) => e, None => return },
+                        entry = self.filler_rx.recv() => match entry { Some(e) => e, None => return },
+                    },
                 },
             };
+            let idle =
+                self.shared.slots.available_permits() > 0 && !self.queued_elsewhere() && self.shared.callers_quiet();
+            if first.filler && !idle {
+                // Filler alone never waits in line for a slot: it waits for a caller to
+                // ride with, or for the pool to be idle (checked every millisecond).
+                self.filler_carry = Some(first);
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    entry = self.rx.recv() => match entry { Some(e) => carry = Some(e), None => return },
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+                continue;
+            }
             let (batch, next) = self.fill(first).await;
             carry = next;
             if let Some((batch, slot, flush)) = batch {
@@ -250,6 +350,47 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         while let Ok(entry) = self.rx.try_recv() {
             self.shared.release(entry.rows);
             answer(entry, Kind::Unavailable, "the gateway is shutting down");
+        }
+        self.filler_rx.close();
+        let fillers = std::iter::from_fn(|| self.filler_rx.try_recv().ok());
+        for entry in self.filler_carry.take().into_iter().chain(fillers.collect::<Vec<_>>()) {
+            answer(entry, Kind::Unavailable, "the gateway is shutting down");
+        }
+    }
+
+    /// Whether callers wait in another queue of the same pool.
+    fn queued_elsewhere(&self) -> bool {
+        self.shared.queued.load(Ordering::Acquire) > 0
+    }
+
+    /// Tops a batch that has a slot up with filler: to `max_batch` when it holds no
+    /// caller, else while the learned cost stays within [`FILL_SLACK`] of the callers'.
+    fn top_up(&mut self, batch: &mut Filling<T, R>) {
+        let callers: u64 = batch.entries.iter().filter(|e| !e.filler).map(|e| e.rows).sum();
+        let ceiling = match callers {
+            0 => None,
+            n => match self.shared.cost.predict(n) {
+                Some(t) => Some(t.mul_f64(1.0 + FILL_SLACK)),
+                None => return, // nothing known of the cost: callers' batches stay theirs
+            },
+        };
+        loop {
+            let entry = match self.filler_carry.take() {
+                Some(e) => e,
+                None => match self.filler_rx.try_recv() {
+                    Ok(e) => e,
+                    Err(_) => return,
+                },
+            };
+            let rows = batch.rows.saturating_add(entry.rows);
+            let within = rows <= self.settings.max_batch
+                && ceiling.is_none_or(|c| self.shared.cost.predict(rows).is_some_and(|t| t <= c));
+            if !within {
+                self.filler_carry = Some(entry);
+                return;
+            }
+            batch.rows = rows;
+            batch.entries.push(entry);
         }
     }
 
@@ -295,6 +436,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
                 _ = tokio::time::sleep_until(opened + self.settings.max_wait) => sealed = Some(Flush::MaxWait),
             }
         };
+        self.top_up(&mut batch);
         let entries = self.prune(batch.entries);
         let batch = (!entries.is_empty()).then_some((entries, slot, flush));
         (batch, carry)
@@ -338,7 +480,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         let now = Instant::now();
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries {
-            self.shared.release(entry.rows);
+            self.shared.release_entry(&entry);
             if entry.reply.is_closed() {
                 continue; // the caller went away: nothing to answer, nothing to send
             }

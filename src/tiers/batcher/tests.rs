@@ -179,3 +179,79 @@ async fn every_caller_is_answered_exactly_once_with_its_own_result() {
         assert!(rows <= 5, "no batch over max_batch rows: {batch:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn filler_rides_only_within_the_cost_slack_and_never_before_callers() {
+    let gate = Arc::new(Notify::new());
+    let (queue, log, _stop) = start(settings(64, 1, 1000), Some(gate.clone()));
+    // A learned cost of 10 ms + 0.1 ms per row: 4 callers' rows cost 10.4 ms, so 5% of
+    // slack lets 5 filler rows ride (10.9 ms).
+    for rows in 1..=8 {
+        queue
+            .shared
+            .cost
+            .observe(rows, Duration::from_micros(10_000 + 100 * rows));
+    }
+    let busy = queue.submit(0, 1, far()).expect("queued");
+    tokio::task::yield_now().await; // the first batch holds the only slot
+    let fillers: Vec<_> = (100..120)
+        .map(|p| queue.submit_filler(p, 1, far()).expect("queued"))
+        .collect();
+    let callers: Vec<_> = (1..=4).map(|p| queue.submit(p, 1, far()).expect("queued")).collect();
+    for _ in 0..8 {
+        gate.notify_one();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(busy.await.expect("answered").is_ok());
+    for c in callers {
+        assert!(c.await.expect("answered").is_ok());
+    }
+    for f in fillers {
+        assert!(f.await.expect("answered").is_ok(), "every filler is served in the end");
+    }
+    let batches = log.lock().expect("lock").clone();
+    assert_eq!(batches[0], vec![0]);
+    assert_eq!(
+        batches[1],
+        vec![1, 2, 3, 4, 100, 101, 102, 103, 104],
+        "callers first, 5 filler rows ride"
+    );
+    assert_eq!(
+        batches[2],
+        (105..120).collect::<Vec<_>>(),
+        "the rest when the pool is idle"
+    );
+    assert_eq!(queue.queued_rows(), 0, "filler is never counted in the queue");
+}
+
+#[tokio::test(start_paused = true)]
+async fn filler_alone_waits_for_an_idle_pool_then_fills_a_batch() {
+    let gate = Arc::new(Notify::new());
+    let (queue, log, _stop) = start(settings(8, 1, 1000), Some(gate.clone()));
+    let busy = queue.submit(0, 1, far()).expect("queued");
+    tokio::task::yield_now().await;
+    let fillers: Vec<_> = (100..110)
+        .map(|p| queue.submit_filler(p, 1, far()).expect("queued"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        log.lock().expect("lock").len(),
+        1,
+        "no filler batch while the pool is busy"
+    );
+    for _ in 0..3 {
+        gate.notify_one();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(busy.await.expect("answered").is_ok());
+    for f in fillers {
+        assert!(f.await.expect("answered").is_ok());
+    }
+    let batches = log.lock().expect("lock").clone();
+    assert_eq!(
+        batches[1],
+        (100..108).collect::<Vec<_>>(),
+        "an idle pool takes a full batch of filler"
+    );
+    assert_eq!(batches[2], vec![108, 109]);
+}

@@ -182,14 +182,20 @@ enum Pending {
         route: String,
         deadline: Instant,
     },
-    Alone(Arc<RouteLanes>, Box<Call>, String),
+    /// Sent alone: the lanes, the call, why, and whether it is offline filler (which
+    /// waits for spare capacity rather than any slot).
+    Alone(Arc<RouteLanes>, Box<Call>, String, bool),
 }
 
 impl Pending {
     /// Waits for the answer, at most until the call's deadline.
     async fn answer(self) -> Result<Reply, Error> {
         match self {
-            Pending::Alone(lanes, call, why) => lanes.alone(*call, &why).await,
+            Pending::Alone(lanes, call, why, false) => lanes.alone(*call, &why).await,
+            Pending::Alone(lanes, call, why, true) => {
+                let _spare = lanes.spare_slot().await;
+                lanes.forward_alone(*call, &why).await
+            }
             Pending::Queued {
                 answer,
                 queue,
@@ -210,24 +216,12 @@ impl Pending {
     }
 }
 
-/// Spare capacity on a route's batch pool: one of its slots, taken while it was free and
-/// no micro-batch request was waiting. Held while offline work is queued; let go on drop.
-#[derive(Debug)]
-pub struct Spare(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
-
 impl MicroBatch {
-    /// Waits until `route`'s batch pool has spare capacity (a free slot and no
-    /// micro-batch request waiting) and holds it; `None` when the route has no batch pool.
-    pub async fn spare(&self, route: &crate::policy::Route) -> Option<Spare> {
-        let spec = route.micro_batch.as_ref()?;
-        let lanes = self.inner.lanes(&route.name, spec);
-        Some(Spare(lanes.spare_slot().await))
-    }
-
-    /// Serves offline `calls` (of the route `spare` was taken for) as full batches on
-    /// that spare capacity; one answer per call, in order.
-    pub async fn serve_spare(&self, spare: Spare, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
-        self.inner.serve_spare(spare, calls).await
+    /// Serves offline `calls` on their routes' batch pools as filler: riding in
+    /// callers' batches within a small cost slack, or in batches of their own when the
+    /// pool is idle, so micro-batch callers always go first. One answer per call, in order.
+    pub async fn serve_filler(&self, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        self.inner.serve_filler(calls).await
     }
 
     /// A micro-batch tier whose pools read at most `max_response_bytes` per answer and
@@ -261,12 +255,12 @@ impl tower::Service<Call> for MicroBatch {
 
 impl Inner {
     async fn serve(&self, call: Call) -> Result<Reply, Error> {
-        self.enqueue(call)?.answer().await
+        self.enqueue(call, false)?.answer().await
     }
 
-    /// Decodes `call` and queues it in its lane (or readies it to go alone); the answer
-    /// comes from [`Pending::answer`].
-    fn enqueue(&self, call: Call) -> Result<Pending, Error> {
+    /// Decodes `call` and queues it in its lane, as filler when `filler` (or readies it
+    /// to go alone); the answer comes from [`Pending::answer`].
+    fn enqueue(&self, call: Call, filler: bool) -> Result<Pending, Error> {
         let Some(spec) = call.route.micro_batch.as_ref() else {
             return Err(Error::new(
                 Kind::NoTier,
@@ -286,17 +280,20 @@ impl Inner {
         let (key, part, rows) = match parsed {
             Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
             Ok(_) => {
-                return Ok(Pending::Alone(
-                    lanes,
-                    Box::new(call),
-                    "it has more rows than max_batch".into(),
-                ))
+                let why = "it has more rows than max_batch".into();
+                return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
             }
-            Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why)),
+            Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
         };
-        lanes.admit(rows, call.deadline)?;
+        if !filler {
+            lanes.admit(rows, call.deadline)?;
+        }
         let queue = lanes.lane(key, spec)?;
-        let answer = queue.submit(part, rows, call.deadline).inspect_err(|e| {
+        let submitted = match filler {
+            true => queue.submit_filler(part, rows, call.deadline),
+            false => queue.submit(part, rows, call.deadline),
+        };
+        let answer = submitted.inspect_err(|e| {
             if e.kind == Kind::QueueFull {
                 lanes.metrics.rejected("queue_full");
             }
@@ -309,11 +306,10 @@ impl Inner {
         })
     }
 
-    /// Queues `calls` while `spare` holds a slot of their pool, so they leave together
-    /// as full batches once it is let go; then waits for every answer, in order.
-    async fn serve_spare(&self, spare: Spare, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
-        let pending: Vec<_> = calls.into_iter().map(|call| self.enqueue(call)).collect();
-        drop(spare);
+    /// Queues offline `calls` as filler (see [`Queue::submit_filler`]) and waits for
+    /// every answer, in order.
+    async fn serve_filler(&self, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        let pending: Vec<_> = calls.into_iter().map(|call| self.enqueue(call, true)).collect();
         let mut answers = Vec::with_capacity(pending.len());
         for p in pending {
             answers.push(match p {
@@ -465,7 +461,6 @@ impl RouteLanes {
 
     /// Sends a request that cannot share a batch on its own, on a batch slot.
     async fn alone(&self, call: Call, why: &str) -> Result<Reply, Error> {
-        tracing::debug!(route = %self.route, why, "served alone on the batch pool");
         let queued_at = Instant::now();
         let slot = tokio::time::timeout_at(call.deadline, self.shared.slots.clone().acquire_owned()).await;
         let Ok(Ok(_slot)) = slot else {
@@ -478,11 +473,17 @@ impl RouteLanes {
             ));
         };
         let waited = queued_at.elapsed();
-        let mut reply = self.pool.forward(call.request, call.deadline).await?;
+        let mut reply = self.forward_alone(call, why).await?;
         if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
             reply.headers_mut().insert(QUEUE_MS_HEADER, ms);
         }
         Ok(reply)
+    }
+
+    /// Sends a request that cannot share a batch, on a slot the caller holds.
+    async fn forward_alone(&self, call: Call, why: &str) -> Result<Reply, Error> {
+        tracing::debug!(route = %self.route, why, "served alone on the batch pool");
+        self.pool.forward(call.request, call.deadline).await
     }
 }
 

@@ -1,6 +1,6 @@
-//! The offline workers: for every route with runnable jobs, wait for spare capacity on
-//! its batch pool, lease a batch of its oldest jobs, run them through the micro-batch
-//! tier's batching, and record how each attempt ended (one commit per batch).
+//! The offline workers: for every route with runnable jobs, lease its oldest jobs, run
+//! them through the micro-batch tier's batching as filler on spare capacity (callers
+//! always first), and record how each attempt ended (one commit per group).
 //!
 //! A 2xx answer succeeds and is kept; another 4xx is the client's mistake and is kept as
 //! a failure; a failure that may pass (backend unreachable, 5xx, 429, shed, deadline) is
@@ -27,8 +27,9 @@ use crate::tiers::{Call, MicroBatch, Reply};
 
 /// Runs the offline workers until `shutdown`: jobs of `store`, routes from `policy`,
 /// batches through `micro`; `wake` says a job was accepted. One task per route with
-/// runnable jobs: it waits for spare capacity on the route's batch pool, then leases up
-/// to `max_batch` of the route's oldest jobs and sends them as one batch.
+/// runnable jobs: it leases up to a batch's worth of the route's oldest jobs and
+/// queues them as filler, which rides in micro-batch callers' batches within a small
+/// cost slack or has batches of its own when the pool is idle.
 pub async fn run(
     store: Embedded,
     policy: Arc<Store>,
@@ -100,9 +101,8 @@ impl RouteWorker {
                 self.fail_all("the route has no batch pool").await;
                 break;
             };
-            let Some(spare) = self.micro.spare(&route).await else {
-                break;
-            };
+            // One batch's worth at a time, so a job is leased only when it can be sent
+            // soon (cancel and expiry still reach the rest).
             let group = usize::try_from(spec.max_batch.get()).unwrap_or(usize::MAX).max(1);
             let jobs = match self.store.lease_route(&self.name, group).await {
                 Ok(jobs) if jobs.is_empty() => break,
@@ -113,7 +113,7 @@ impl RouteWorker {
                 }
             };
             let calls = jobs.iter().map(|job| call(&route, job, &self.settings)).collect();
-            let answers = self.micro.serve_spare(spare, calls).await;
+            let answers = self.micro.serve_filler(calls).await;
             let ends = jobs
                 .iter()
                 .zip(answers)
