@@ -1,7 +1,8 @@
 //! Crash safety: a `tiergate serve` child process is killed with SIGKILL again and again
-//! while a Batch API file and single async jobs run (and while more are submitted), and
-//! restarted on the same data directory. At the end every acknowledged job has
-//! completed, and every batch request has exactly one result.
+//! while a Batch API file and single async jobs run (and while more jobs and files are
+//! submitted), and restarted on the same data directory. At the end every acknowledged
+//! job has completed, every acknowledged file is there whole, and every batch request
+//! has exactly one result.
 
 mod common;
 
@@ -70,6 +71,32 @@ async fn submit(addr: std::net::SocketAddr, i: usize) -> Option<String> {
     (response.status() == 202).then(|| response.headers().get("location")?.to_str().ok().map(str::to_owned))?
 }
 
+/// Uploads `content` as a Batch API file; its id when acknowledged, else None.
+async fn upload_file(addr: std::net::SocketAddr, content: &str) -> Option<String> {
+    let boundary = "crash-upload";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"f.jsonl\"\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let request = http::Request::post(format!("http://{addr}/v1/files"))
+        .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(5), client().request(request))
+        .await
+        .ok()?
+        .ok()?;
+    if response.status() != 200 {
+        return None;
+    }
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .ok()?
+        .to_bytes();
+    let file: Value = serde_json::from_slice(&body).ok()?;
+    file["id"].as_str().map(str::to_owned)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_result() {
     let profile = Profile {
@@ -124,8 +151,24 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
 
     // Kill it five times while the batch runs and async jobs keep arriving.
     let mut acknowledged = Vec::new();
+    let mut uploaded = Vec::new();
     let mut next = 0;
     for round in 0..5 {
+        // Uploads keep arriving too: a file is accepted whole or not at all.
+        let uploading = tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for u in 0..50 {
+                let content: Vec<String> = (0..2000)
+                    .map(|i| line(round as usize * 100_000 + u * 2000 + i))
+                    .collect();
+                let content = content.join("\n");
+                match upload_file(addr, &content).await {
+                    Some(id) => acked.push((id, content)),
+                    None => break,
+                }
+            }
+            acked
+        });
         let submitting = tokio::spawn(async move {
             let mut acked = Vec::new();
             for i in next..next + 400 {
@@ -140,6 +183,7 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
         tokio::time::sleep(Duration::from_millis(150 + 70 * round)).await;
         kill(child);
         acknowledged.extend(submitting.await.expect("task"));
+        uploaded.extend(uploading.await.expect("task"));
         next += 400;
         child = start(dir.path(), &ports).await;
     }
@@ -188,9 +232,15 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
         assert_eq!(answer.status, 200, "acknowledged job {location}: {}", answer.text());
         assert_eq!(answer.json()["outputs"][0]["data"], json!([*i as f64]));
     }
+    for (id, content) in &uploaded {
+        let stored = get(addr, &format!("/v1/files/{id}/content")).await;
+        assert_eq!(stored.status, 200, "acknowledged file {id} is there");
+        assert!(stored.text() == *content, "acknowledged file {id} is whole");
+    }
     eprintln!(
-        "{} async jobs acknowledged across 5 SIGKILLs, all completed; {n} batch requests, one result each",
-        acknowledged.len()
+        "{} async jobs and {} file uploads acknowledged across 5 SIGKILLs, all there; {n} batch requests, one result each",
+        acknowledged.len(),
+        uploaded.len()
     );
     kill(child);
 }
