@@ -91,6 +91,7 @@ impl Gateway {
         let Listeners { http, grpc, metrics } = listeners;
         let prometheus = crate::metrics::install();
         ::metrics::gauge!(crate::metrics::POLICY_ROUTES).set(policy.routes().len() as f64);
+        ::metrics::gauge!(crate::metrics::POLICY_VERSION).set(1.0);
         let shutdown = CancellationToken::new();
         let policy = Arc::new(Store::new(policy));
         let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
@@ -170,6 +171,16 @@ impl Gateway {
     /// The running policy.
     pub fn policy(&self) -> &Arc<Store> {
         &self.policy
+    }
+
+    /// Watches `dir` and reloads the policy from it on every change, until [`Gateway::stop`].
+    pub fn watch_policy(&mut self, dir: &std::path::Path) -> Result<(), crate::reload::WatchError> {
+        let watching = crate::reload::watch(dir, self.policy.clone(), self.shutdown.clone())?;
+        self.tasks.spawn(async move {
+            watching.await;
+            Ok(())
+        });
+        Ok(())
     }
 
     /// Stops accepting, drains open exchanges, and waits for every listener to end.

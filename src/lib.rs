@@ -17,7 +17,8 @@
 //! - [`backend`]: pools of backend endpoints and the calls to them.
 //! - [`queue`]: the offline tier's durable job store, below the offline tier.
 //!
-//! Beside the path: [`policy`] (files → validated snapshot), [`metrics`], [`config`]
+//! Beside the path: [`policy`] (files → validated snapshot), [`reload`] (watching the
+//! policy directory), [`metrics`], [`config`]
 //! (startup settings), [`error`] (one table from failure to status); [`sim`], the
 //! simulated model server; and [`app`], which composes a running [`app::Gateway`].
 
@@ -35,4 +36,5 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod policy;
+pub mod reload;
 pub mod sim;

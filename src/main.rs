@@ -196,7 +196,8 @@ fn policy_check(dir: &std::path::Path) -> ExitCode {
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let policy = Policy::load_dir(&config.policy_dir)
         .map_err(|p| anyhow::anyhow!("the policy in {} is invalid:\n{p}", config.policy_dir.display()))?;
-    let gateway = Gateway::start(&config, policy).await?;
+    let mut gateway = Gateway::start(&config, policy).await?;
+    gateway.watch_policy(&config.policy_dir)?;
     stopped().await;
     tracing::info!("shutting down: draining open requests");
     gateway.stop().await?;

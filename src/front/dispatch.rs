@@ -45,6 +45,8 @@ pub struct Served {
     pub refusal: Option<Refusal>,
     /// The tier's answer or the error that ended the request.
     pub result: Result<Reply, Error>,
+    /// The version of the policy snapshot that served it.
+    pub policy_version: u64,
 }
 
 impl Dispatch {
@@ -79,6 +81,7 @@ impl Dispatch {
                     decision: None,
                     refusal: Some(refusal),
                     result: Err(refused(route, refusal)),
+                    policy_version: self.policy.load().version(),
                 };
                 return count(route, served);
             }
@@ -108,6 +111,7 @@ impl Dispatch {
                 decision: Some(decision),
                 refusal: None,
                 result,
+                policy_version: self.policy.load().version(),
             },
         )
     }
@@ -120,6 +124,7 @@ impl Dispatch {
                 decision: None,
                 refusal: None,
                 result: Err(error),
+                policy_version: self.policy.load().version(),
             },
         )
     }

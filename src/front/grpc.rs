@@ -27,7 +27,7 @@ use crate::tiers::offline::DOOR_HEADER;
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
-use super::http::{REASON_HEADER, TIER_HEADER};
+use super::http::{POLICY_VERSION_HEADER, REASON_HEADER, TIER_HEADER};
 use super::meta;
 
 /// The gRPC door.
@@ -134,6 +134,7 @@ fn answer(served: Served) -> Answered {
         }
     };
     let mut metadata = MetadataMap::new();
+    metadata.insert(POLICY_VERSION_HEADER, served.policy_version.into());
     if let Ok(reply) = &served.result {
         // How a batched request was batched, as on HTTP.
         for key in [BATCH_SIZE_HEADER, QUEUE_MS_HEADER] {

@@ -33,6 +33,8 @@ const JOBS: &str = "/v1/jobs/";
 
 /// Response header naming the tier that served the request.
 pub const TIER_HEADER: &str = "x-tiergate-tier";
+/// Response header: the version of the policy that served the request.
+pub const POLICY_VERSION_HEADER: &str = "x-tiergate-policy-version";
 /// Response header naming the reason for the decision (or refusal).
 pub const REASON_HEADER: &str = "x-tiergate-reason";
 
@@ -271,6 +273,7 @@ fn render(served: Served) -> Response<Full<Bytes>> {
     if let Some(refusal) = served.refusal {
         headers.insert(REASON_HEADER, HeaderValue::from_static(refusal.as_str()));
     }
+    headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(served.policy_version));
     response
 }
 

@@ -70,7 +70,16 @@ impl Policy {
         for (path, text) in texts {
             match toml::from_str::<PolicyFile>(&text) {
                 Ok(parsed) => files.push((path, parsed)),
-                Err(e) => problems.push(parse_problem(path, &text, &e)),
+                Err(e) => match startup_key(&text) {
+                    Some(key) => problems.push(Problem {
+                        file: path,
+                        path: key.to_owned(),
+                        message: "is a startup setting (tiergate.toml or TIERGATE_* variables), not policy; \
+                                  changing it needs a restart, so it cannot be loaded or reloaded from a policy file"
+                            .into(),
+                    }),
+                    None => problems.push(parse_problem(path, &text, &e)),
+                },
             }
         }
         let validated = validate::policy(files);
@@ -85,17 +94,20 @@ impl Policy {
     }
 }
 
-/// The running policy, swapped atomically on reload.
+/// The running policy, swapped atomically on reload; each snapshot carries its version.
 #[derive(Debug)]
 pub struct Store {
     current: ArcSwap<Policy>,
+    swaps: std::sync::Mutex<()>,
 }
 
 impl Store {
-    /// A store running `policy`.
-    pub fn new(policy: Policy) -> Self {
+    /// A store running `policy` as version 1.
+    pub fn new(mut policy: Policy) -> Self {
+        policy.version = 1;
         Store {
             current: ArcSwap::from_pointee(policy),
+            swaps: std::sync::Mutex::new(()),
         }
     }
 
@@ -104,10 +116,30 @@ impl Store {
         self.current.load_full()
     }
 
-    /// Replaces the running policy for every request that starts from now on.
-    pub fn swap(&self, policy: Policy) -> Arc<Policy> {
+    /// Replaces the running policy for every request that starts from now on, as the
+    /// next version; returns the one it replaced.
+    pub fn swap(&self, mut policy: Policy) -> Arc<Policy> {
+        let _one_at_a_time = self.swaps.lock().unwrap_or_else(|e| e.into_inner());
+        policy.version = self.current.load().version + 1;
         self.current.swap(Arc::new(policy))
     }
+}
+
+/// Top-level keys of the startup settings, which a policy file must not hold.
+const STARTUP_KEYS: [&str; 7] = [
+    "listen",
+    "data_dir",
+    "policy_dir",
+    "threads",
+    "limits",
+    "offline",
+    "log",
+];
+
+/// The first startup setting at the top of `text`, if it is TOML at all.
+fn startup_key(text: &str) -> Option<&'static str> {
+    let table = toml::from_str::<toml::Table>(text).ok()?;
+    STARTUP_KEYS.into_iter().find(|k| table.contains_key(*k))
 }
 
 fn read_bounded(path: &Path) -> Result<String, String> {

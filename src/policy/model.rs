@@ -16,6 +16,9 @@ use http::Uri;
 /// The whole running policy: every route and the indexes that find them.
 #[derive(Debug, Default)]
 pub struct Policy {
+    /// The version the store gave this snapshot (1 for the policy the gateway started
+    /// with, one more for each swap); 0 before it is stored.
+    pub(super) version: u64,
     pub(super) routes: Vec<Arc<Route>>,
     pub(super) by_model: HashMap<String, Arc<Route>>,
     pub(super) by_path: HashMap<String, Arc<Route>>,
@@ -138,6 +141,11 @@ impl Policy {
     /// Every route, in file then name order.
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
+    }
+
+    /// The version the store gave this snapshot.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The route called `name`.
