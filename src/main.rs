@@ -197,7 +197,10 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let policy = Policy::load_dir(&config.policy_dir)
         .map_err(|p| anyhow::anyhow!("the policy in {} is invalid:\n{p}", config.policy_dir.display()))?;
     let mut gateway = Gateway::start(&config, policy).await?;
-    gateway.watch_policy(&config.policy_dir)?;
+    if let Err(e) = gateway.watch_policy(&config.policy_dir) {
+        // Serving matters more than reloading: say so loudly and keep serving.
+        tracing::error!(error = %e, "hot reload is off: policy file changes take effect only after a restart");
+    }
     stopped().await;
     tracing::info!("shutting down: draining open requests");
     gateway.stop().await?;
@@ -229,6 +232,16 @@ async fn run_demo(config: Config, self_check: bool) -> anyhow::Result<ExitCode> 
         println!("# {} (expect {})", ex.title, ex.status);
         println!("{}\n", demo::curl(running.http_addr(), &ex));
     }
+    println!(
+        "# an offline job's answer: the respond-async example above printed `Location: /v1/jobs/ID`\n\
+         curl -si http://{}/v1/jobs/ID\n",
+        running.http_addr()
+    );
+    println!(
+        "# a Batch API file (one {{custom_id, method, url, body}} per line), with a progress bar\n\
+         tiergate jobs submit requests.jsonl --endpoint /v2/models/resnet50/infer --gateway http://{}\n",
+        running.http_addr()
+    );
     println!(
         "# the metrics those requests produced\ncurl -s http://{}/metrics | grep tiergate_requests_total\n",
         running.metrics_addr()

@@ -22,27 +22,58 @@ struct Ports {
     metrics: u16,
 }
 
-/// Starts the gateway child and waits until it is ready (30 s at most).
+/// Starts the gateway child and waits until it is ready (30 s at most). A child that
+/// exits before it is ready (say, its port was taken by an ephemeral connection while it
+/// was down) is started again, a few times; every failure shows the gateway's log.
 async fn start(dir: &Path, ports: &Ports) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("gateway.log"))
-        .expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["serve", "--policy-dir"])
-        .arg(dir.join("policy"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--http", &format!("127.0.0.1:{}", ports.http)])
-        .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
-        .args(["--metrics", &format!("127.0.0.1:{}", ports.metrics)])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("tiergate starts");
-    wait_ready(ports.http, "/v2/health/ready", Duration::from_secs(30)).await;
-    child
+    let log_path = dir.join("gateway.log");
+    for _attempt in 0..5 {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+            .args(["serve", "--policy-dir"])
+            .arg(dir.join("policy"))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--http", &format!("127.0.0.1:{}", ports.http)])
+            .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
+            .args(["--metrics", &format!("127.0.0.1:{}", ports.metrics)])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("tiergate starts");
+        let limit = Instant::now() + Duration::from_secs(30);
+        loop {
+            if child.try_wait().expect("child status").is_some() {
+                break; // exited early: start it again
+            }
+            if ready(ports.http).await {
+                return child;
+            }
+            if Instant::now() > limit {
+                kill(child);
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("the gateway was not ready within 30 s; its log:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    panic!("the gateway exited before it was ready, 5 times; its log:\n{log}");
+}
+
+/// Whether the gateway on `port` answers its readiness check.
+async fn ready(port: u16) -> bool {
+    let request = http::Request::get(format!("http://127.0.0.1:{port}/v2/health/ready"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), client().request(request)).await,
+        Ok(Ok(r)) if r.status() == 200
+    )
 }
 
 fn kill(mut child: Child) {

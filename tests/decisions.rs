@@ -110,9 +110,10 @@ async fn every_budget_source_reaches_the_right_tier() {
         }
     }
     assert_eq!(
-        batch.sim.stats("m").expect("stats").requests,
-        5,
-        "the three micro_batch requests and the two offline jobs, and only they, reached the batch pool"
+        batch.sim.stats("m").expect("stats").rows,
+        5 * 2,
+        "the rows of the three micro_batch requests and the two offline jobs (batched as the pool saw fit), \
+         and only those, reached the batch pool"
     );
     assert_eq!(rt.sim.stats("m").expect("stats").requests, 5);
     gw.stop().await.expect("stops");
