@@ -23,7 +23,7 @@ struct Ports {
 }
 
 /// Starts the gateway child and waits until it is ready (30 s at most). A child that
-/// exits before it is ready (say, its port was taken by an ephemeral connection while it
+/// exits before it is ready (its port can be held by an ephemeral connection while it
 /// was down) is started again, a few times; every failure shows the gateway's log.
 async fn start(dir: &Path, ports: &Ports) -> Child {
     let log_path = dir.join("gateway.log");
@@ -33,7 +33,13 @@ async fn start(dir: &Path, ports: &Ports) -> Child {
             .append(true)
             .open(&log_path)
             .expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tiergate"));
+        // Only the flags below configure it: a TIERGATE_* variable in the caller's
+        // environment would be read as a startup setting.
+        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("TIERGATE_")) {
+            command.env_remove(key);
+        }
+        let mut child = command
             .args(["serve", "--policy-dir"])
             .arg(dir.join("policy"))
             .arg("--data-dir")

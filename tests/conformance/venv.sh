@@ -4,14 +4,15 @@
 # pytriton). Peers get separate environments because they pin different protobuf and
 # grpcio versions. It uses the distribution's Python 3.11 (installing it and venv support
 # with apt-get when missing): PyTriton's bundled Triton links the system's libpython3.11.
-# Environments live outside the clone ($TIERGATE_VENVS, default /var/tmp/tiergate-venvs)
+# Environments live outside the clone ($CONFORMANCE_VENVS, default /var/tmp/tiergate-venvs; not a TIERGATE_* name,
+# which `tiergate serve` would read as a startup setting)
 # and are rebuilt whenever their requirements file changes.
 set -euo pipefail
 cd "$(dirname "$0")"
 NAME=${1:?usage: venv.sh tritonclient|mlserver|pytriton|openai}
 REQ=requirements-$NAME.txt
 [ -f "$REQ" ] || { echo "no $REQ" >&2; exit 2; }
-VENV=${TIERGATE_VENVS:-/var/tmp/tiergate-venvs}/$NAME
+VENV=${CONFORMANCE_VENVS:-/var/tmp/tiergate-venvs}/$NAME
 PY=/usr/bin/python3.11
 mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
