@@ -81,7 +81,7 @@ impl Dispatch {
                     decision: None,
                     refusal: Some(refusal),
                     result: Err(refused(route, refusal)),
-                    policy_version: self.policy.load().version(),
+                    policy_version: route.policy_version(),
                 };
                 return count(route, served);
             }
@@ -111,7 +111,7 @@ impl Dispatch {
                 decision: Some(decision),
                 refusal: None,
                 result,
-                policy_version: self.policy.load().version(),
+                policy_version: route.policy_version(),
             },
         )
     }
@@ -124,7 +124,7 @@ impl Dispatch {
                 decision: None,
                 refusal: None,
                 result: Err(error),
-                policy_version: self.policy.load().version(),
+                policy_version: route.policy_version(),
             },
         )
     }

@@ -104,7 +104,7 @@ pub struct Store {
 impl Store {
     /// A store running `policy` as version 1.
     pub fn new(mut policy: Policy) -> Self {
-        policy.version = 1;
+        policy.stamp(1);
         Store {
             current: ArcSwap::from_pointee(policy),
             swaps: std::sync::Mutex::new(()),
@@ -120,8 +120,18 @@ impl Store {
     /// next version; returns the one it replaced.
     pub fn swap(&self, mut policy: Policy) -> Arc<Policy> {
         let _one_at_a_time = self.swaps.lock().unwrap_or_else(|e| e.into_inner());
-        policy.version = self.current.load().version + 1;
+        policy.stamp(self.current.load().version + 1);
         self.current.swap(Arc::new(policy))
+    }
+}
+
+impl Policy {
+    /// Gives this snapshot, and each of its routes, `version`.
+    fn stamp(&mut self, version: u64) {
+        self.version = version;
+        for route in &self.routes {
+            let _ = route.version.set(version); // fresh routes: set exactly once
+        }
     }
 }
 

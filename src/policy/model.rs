@@ -47,6 +47,8 @@ pub struct Route {
     pub realtime: Option<Arc<PoolSpec>>,
     /// The batch pool and batcher; present whenever `micro_batch` or `offline` is on.
     pub micro_batch: Option<Arc<BatchSpec>>,
+    /// The version of the snapshot this route belongs to, set once when it is stored.
+    pub(super) version: std::sync::OnceLock<u64>,
 }
 
 /// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
@@ -162,6 +164,12 @@ impl PoolSpec {
 }
 
 impl Route {
+    /// The version of the policy snapshot this route belongs to (0 before it is stored),
+    /// so an answer can name the policy that served it even across a reload.
+    pub fn policy_version(&self) -> u64 {
+        self.version.get().copied().unwrap_or(0)
+    }
+
     /// The pool that answers metadata and readiness for this route's models.
     pub fn metadata_pool(&self) -> Option<&Arc<PoolSpec>> {
         self.realtime.as_ref().or(self.micro_batch.as_ref().map(|b| &b.pool))
@@ -187,6 +195,7 @@ impl Route {
             flags,
             realtime: None,
             micro_batch: None,
+            version: std::sync::OnceLock::new(),
         }
     }
 }

@@ -230,6 +230,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         flags,
         realtime,
         micro_batch,
+        version: std::sync::OnceLock::new(),
     }
 }
 

@@ -73,11 +73,18 @@ pub async fn run(
                 }
                 report(&store).await;
             }
-            _ = wake.notified() => {}
+            _ = wake.notified() => {
+                // Submissions can arrive thousands a second: look for runnable routes at
+                // most every LOOK, so the scan does not compete with them for the store.
+                tokio::time::sleep(LOOK).await;
+            }
         }
     }
     tasks.shutdown().await;
 }
+
+/// Shortest time between two looks for routes with runnable jobs.
+const LOOK: Duration = Duration::from_millis(20);
 
 /// Drains one route's jobs.
 struct RouteWorker {
