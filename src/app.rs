@@ -13,12 +13,15 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{self, Admin, Tokens};
 use crate::config::Config;
+use crate::control::history::History;
+use crate::control::Control;
 use crate::front::batch_api::OfflineApi;
 use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
-use crate::policy::{Policy, Store};
+use crate::policy::{Allowlist, Policy, Problems, Store};
 use crate::queue::{embedded, Embedded, StoreError};
 use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
 
@@ -28,7 +31,8 @@ pub struct Gateway {
     http: SocketAddr,
     grpc: SocketAddr,
     metrics: SocketAddr,
-    policy: Arc<Store>,
+    admin: Option<SocketAddr>,
+    control: Arc<Control>,
     shutdown: CancellationToken,
     tasks: JoinSet<std::io::Result<()>>,
 }
@@ -42,6 +46,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// The metrics endpoint.
     pub metrics: TcpListener,
+    /// The admin API, when it is on.
+    pub admin: Option<TcpListener>,
 }
 
 /// Why a gateway could not start.
@@ -54,6 +60,20 @@ pub enum StartError {
         what: &'static str,
         /// Its address.
         addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The startup settings are inconsistent.
+    #[error("{0}")]
+    Settings(String),
+    /// The policy points a pool outside the backend allowlist.
+    #[error("the policy is refused:\n{0}")]
+    Policy(Problems),
+    /// The policy history could not be opened.
+    #[error("cannot keep the policy history under {dir}: {source}")]
+    History {
+        /// The data directory.
+        dir: std::path::PathBuf,
         /// Why.
         source: std::io::Error,
     },
@@ -70,17 +90,31 @@ pub enum StartError {
 impl Gateway {
     /// Binds the listeners in `config` and starts serving `policy`.
     pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        let admin = match admin_tokens(config)? {
+            Some(_) => Some(bind("admin API", config.listen.admin).await?),
+            None => None,
+        };
         let listeners = Listeners {
             http: bind("HTTP door", config.listen.http).await?,
             grpc: bind("gRPC door", config.listen.grpc).await?,
             metrics: bind("metrics endpoint", config.listen.metrics).await?,
+            admin,
         };
         Self::start_on(listeners, config, policy)
     }
 
-    /// Starts serving `policy` on already bound listeners, with the offline store under
-    /// `config.data_dir`.
+    /// Starts serving `policy` on already bound listeners, with the offline store and
+    /// the policy history under `config.data_dir`.
     pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        let allow = Allowlist::parse(&config.backends.allow).map_err(StartError::Settings)?;
+        allow.check(&policy).map_err(StartError::Policy)?;
+        let tokens = admin_tokens(config)?;
+        let history_error = |source| StartError::History {
+            dir: config.data_dir.clone(),
+            source,
+        };
+        let history = History::open(&config.data_dir, config.admin.audit_log.as_deref()).map_err(history_error)?;
+        let version = history.latest().map_err(history_error)? + 1;
         let limits = embedded::Limits {
             max_unfinished: config.offline.max_queued_jobs,
         };
@@ -88,14 +122,20 @@ impl Gateway {
             dir: config.data_dir.clone(),
             source,
         })?;
-        let Listeners { http, grpc, metrics } = listeners;
+        let Listeners {
+            http,
+            grpc,
+            metrics,
+            admin,
+        } = listeners;
         let prometheus = crate::metrics::install();
-        ::metrics::gauge!(crate::metrics::POLICY_ROUTES).set(policy.routes().len() as f64);
-        ::metrics::gauge!(crate::metrics::POLICY_VERSION).set(1.0);
         let shutdown = CancellationToken::new();
-        let policy = Arc::new(Store::new(policy));
+        let policy = Arc::new(Store::at(policy, version));
+        let dir = config.policy_dir.clone();
+        let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
         let micro_batch = MicroBatch::new(config.limits.max_response_bytes, shutdown.clone());
+        let micro_batch_handle = micro_batch.clone();
         let wake = Arc::new(tokio::sync::Notify::new());
         let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(realtime)
@@ -142,12 +182,35 @@ impl Gateway {
                 .map_err(std::io::Error::other)
         });
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
-        tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, "tiergate is serving");
+        let admin_addr = match (admin, tokens) {
+            (Some(listener), Some(tokens)) => {
+                let addr = local(&listener);
+                let api = Admin {
+                    control: control.clone(),
+                    tokens,
+                    micro_batch: micro_batch_handle,
+                };
+                tasks.spawn(admin::serve(listener, api, shutdown.clone()));
+                Some(addr)
+            }
+            (Some(_), None) => return Err(StartError::Settings(NO_TOKEN.into())),
+            (None, _) => None,
+        };
+        match admin_addr {
+            Some(admin) => {
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, %admin, "tiergate is serving")
+            }
+            None => {
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, "tiergate is serving");
+                tracing::warn!("the admin API is off: {NO_TOKEN}");
+            }
+        }
         Ok(Gateway {
             http: addrs.0,
             grpc: addrs.1,
             metrics: addrs.2,
-            policy,
+            admin: admin_addr,
+            control,
             shutdown,
             tasks,
         })
@@ -168,14 +231,19 @@ impl Gateway {
         self.metrics
     }
 
+    /// The bound address of the admin API, when it is on.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
     /// The running policy.
     pub fn policy(&self) -> &Arc<Store> {
-        &self.policy
+        self.control.store()
     }
 
     /// Watches `dir` and reloads the policy from it on every change, until [`Gateway::stop`].
     pub fn watch_policy(&mut self, dir: &std::path::Path) -> Result<(), crate::reload::WatchError> {
-        let watching = crate::reload::watch(dir, self.policy.clone(), self.shutdown.clone())?;
+        let watching = crate::reload::watch(dir, self.control.clone(), self.shutdown.clone())?;
         self.tasks.spawn(async move {
             watching.await;
             Ok(())
@@ -191,6 +259,27 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+/// Why the admin API is off when no token is configured.
+const NO_TOKEN: &str = "no admin token is configured (admin.token_file, or TIERGATE_ADMIN__TOKEN); \
+                        set one, or admin.insecure_no_auth = true on a loopback address for a local test";
+
+/// The admin API's tokens, checking that it does not share a port with a data listener.
+fn admin_tokens(config: &Config) -> Result<Option<Tokens>, StartError> {
+    let tokens =
+        Tokens::from_settings(&config.admin, config.listen.admin).map_err(|e| StartError::Settings(e.to_string()))?;
+    let l = &config.listen;
+    let shared = [l.http, l.grpc, l.metrics]
+        .into_iter()
+        .any(|data| data.port() != 0 && data.port() == l.admin.port());
+    if tokens.is_some() && shared {
+        return Err(StartError::Settings(format!(
+            "listen.admin ({}) shares a port with a data or metrics listener; the admin API needs its own",
+            l.admin
+        )));
+    }
+    Ok(tokens)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

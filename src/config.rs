@@ -29,6 +29,57 @@ pub struct Config {
     pub offline: Offline,
     /// Log output.
     pub log: Log,
+    /// The admin API: authentication and audit.
+    pub admin: Admin,
+    /// Where backend pools may point.
+    pub backends: Backends,
+}
+
+/// The admin API's settings. It listens on `listen.admin` only when a token is
+/// configured, or when `insecure_no_auth` is set and that address is loopback.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    /// File of bearer tokens, one per line as `name:token` (or a bare `token`, named
+    /// `admin`); the name is who the audit log says made a change.
+    pub token_file: Option<PathBuf>,
+    /// One bearer token, named `admin` (`TIERGATE_ADMIN__TOKEN`); prefer `token_file`.
+    pub token: Option<Secret>,
+    /// Serve the admin API without authentication. Refused unless `listen.admin` is a
+    /// loopback address; logs a warning at start.
+    pub insecure_no_auth: bool,
+    /// The append-only audit log of policy changes (default `data_dir/policy/audit.jsonl`).
+    pub audit_log: Option<PathBuf>,
+}
+
+/// A secret setting: never shown by `Debug`, so it cannot reach a log line.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+/// The backend allowlist: every pool endpoint in the policy (from files or the admin
+/// API) must match one entry, or the policy is refused.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Backends {
+    /// Networks (`10.0.0.0/8`, `::1/128`), addresses (`10.1.2.3`), host names
+    /// (`triton.internal`), host suffixes (`*.svc.cluster.local`), or `*` for any.
+    /// Host names are matched as written, never resolved.
+    pub allow: Vec<String>,
+}
+
+impl Default for Backends {
+    fn default() -> Self {
+        Backends {
+            allow: ["127.0.0.0/8", "::1/128", "localhost"].map(String::from).to_vec(),
+        }
+    }
 }
 
 /// The offline tier's settings.
@@ -118,6 +169,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Variables read by tiergate's client commands (`jobs`, `flags`, `policy`, `explain`),
+/// not startup settings: `serve` ignores them rather than refusing them as unknown.
+pub const CLIENT_VARIABLES: [&str; 4] = [
+    "TIERGATE_URL",
+    "TIERGATE_ADMIN_URL",
+    "TIERGATE_ADMIN_TOKEN",
+    "TIERGATE_ADMIN_TOKEN_FILE",
+];
+
 /// A settings file or variable that could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("startup settings: {0}")]
@@ -133,6 +193,8 @@ impl Default for Config {
             limits: Limits::default(),
             offline: Offline::default(),
             log: Log::default(),
+            admin: Admin::default(),
+            backends: Backends::default(),
         }
     }
 }
@@ -193,7 +255,10 @@ impl Config {
             Some(path) => builder.add_source(config::File::from(path).required(true)),
             None => builder.add_source(config::File::with_name("tiergate.toml").required(false)),
         };
-        let vars = env.into_iter().filter(|(k, _)| k.starts_with("TIERGATE_")).collect();
+        let vars = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("TIERGATE_") && !CLIENT_VARIABLES.contains(&k.as_str()))
+            .collect();
         let environment = config::Environment::with_prefix("TIERGATE")
             .prefix_separator("_")
             .separator("__")
@@ -230,6 +295,8 @@ mod tests {
             ("TIERGATE_THREADS__WORKERS".to_owned(), "3".to_owned()),
             ("TIERGATE_DATA_DIR".to_owned(), "/var/lib/tiergate".to_owned()),
             ("OTHER".to_owned(), "ignored".to_owned()),
+            ("TIERGATE_URL".to_owned(), "http://client.side".to_owned()),
+            ("TIERGATE_ADMIN__TOKEN".to_owned(), "s3cret-token-value".to_owned()),
         ];
         let config = Config::load(Some(&file), env).expect("loads");
         assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
@@ -237,6 +304,9 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("/var/lib/tiergate"));
         assert_eq!(config.threads.workers, 3);
         assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
+        let token = config.admin.token.expect("token from the environment");
+        assert_eq!(token.0, "s3cret-token-value");
+        assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");
     }
 
     #[test]

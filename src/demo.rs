@@ -75,8 +75,14 @@ impl Demo {
         let mut config = config.clone();
         config.data_dir = std::env::temp_dir().join(format!("tiergate-demo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&config.data_dir);
+        // The admin API edits a copy of the policy, never the repository's file.
+        config.policy_dir = config.data_dir.join("policies");
+        std::fs::create_dir_all(&config.policy_dir)?;
+        let file = config.policy_dir.join("demo.toml");
+        std::fs::write(&file, POLICY)?;
+        config.admin.insecure_no_auth = true; // loopback only: refused anywhere else
         let config = &config;
-        let policy = Policy::from_texts(vec![(PathBuf::from("policies/demo.toml"), POLICY.to_owned())])
+        let policy = Policy::from_texts(vec![(file, POLICY.to_owned())])
             .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
         let sims = CancellationToken::new();
         for (addr, name) in [(REALTIME_POOL, "real-time pool"), (BATCH_POOL, "batch pool")] {
@@ -86,7 +92,10 @@ impl Demo {
             let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
             tokio::spawn(sim.serve(listener, sims.clone()));
         }
-        let gateway = Gateway::start(config, policy).await?;
+        let mut gateway = Gateway::start(config, policy).await?;
+        if let Err(e) = gateway.watch_policy(&config.policy_dir) {
+            tracing::warn!(error = %e, "the demo's policy copy is not watched");
+        }
         Ok(Demo {
             gateway,
             sims,
@@ -97,6 +106,11 @@ impl Demo {
     /// The gateway's HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.gateway.http_addr()
+    }
+
+    /// The gateway's admin API address.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.gateway.admin_addr()
     }
 
     /// The gateway's metrics address.
@@ -135,6 +149,18 @@ impl Demo {
                 ex.title,
                 tier.unwrap_or_else(|| "-".into())
             ));
+        }
+        if let Some(admin) = self.admin_addr() {
+            let explain = http::Request::post(format!("http://{admin}/admin/explain")).body(Full::new(
+                Bytes::from_static(br#"{"model": "resnet50", "budget_ms": 2000}"#),
+            ))?;
+            let body = client.request(explain).await?.into_body().collect().await?.to_bytes();
+            let answer: serde_json::Value = serde_json::from_slice(&body)?;
+            let tier = answer["result"]["tier"].as_str().unwrap_or("-").to_owned();
+            if tier != "micro_batch" {
+                anyhow::bail!("admin explain: expected micro_batch, got {answer}");
+            }
+            lines.push(format!("ok  {:<52} 200 {tier}", "the admin API explains a 2 s budget"));
         }
         Ok(lines)
     }

@@ -15,9 +15,6 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
 /// `tiergate jobs` subcommands.
@@ -267,18 +264,9 @@ async fn request(
     content_type: Option<&str>,
     body: Bytes,
 ) -> anyhow::Result<(u16, Bytes)> {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut builder = http::Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", base.trim_end_matches('/')));
-    if let Some(ct) = content_type {
-        builder = builder.header(http::header::CONTENT_TYPE, ct);
-    }
-    let response = client
-        .request(builder.body(Full::new(body))?)
+    let headers: Vec<(&str, &str)> = content_type.map(|ct| ("content-type", ct)).into_iter().collect();
+    let (status, _, bytes) = crate::client::request(base, method, path, &headers, body)
         .await
         .with_context(|| format!("cannot reach the gateway at {base}"))?;
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await?.to_bytes();
     Ok((status, bytes))
 }

@@ -17,8 +17,9 @@
 //! - [`backend`]: pools of backend endpoints and the calls to them.
 //! - [`queue`]: the offline tier's durable job store, below the offline tier.
 //!
-//! Beside the path: [`policy`] (files → validated snapshot), [`reload`] (watching the
-//! policy directory), [`metrics`], [`config`]
+//! Beside the path: [`policy`] (files → validated snapshot), [`control`] (every change
+//! to the running policy: validated, written back, versioned, audited), [`reload`]
+//! (watching the policy directory), [`admin`] (the admin API), [`metrics`], [`config`]
 //! (startup settings), [`error`] (one table from failure to status); [`sim`], the
 //! simulated model server; and [`app`], which composes a running [`app::Gateway`].
 
@@ -31,8 +32,10 @@ pub mod tiers;
 pub mod backend;
 pub mod queue;
 
+pub mod admin;
 pub mod app;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod metrics;
 pub mod policy;

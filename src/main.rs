@@ -1,7 +1,9 @@
-//! The `tiergate` command: `serve`, `demo`, `sim`, `policy check` and `jobs`.
+//! The `tiergate` command: `serve`, `demo`, `sim`, `policy`, `jobs`, `flags` and `explain`.
 
+mod client;
 mod demo;
 mod jobs;
+mod ops;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +59,13 @@ enum Command {
         #[command(subcommand)]
         command: jobs::JobsCommand,
     },
+    /// Read and set a running gateway's per-route flags (through its admin API).
+    Flags {
+        #[command(subcommand)]
+        command: ops::FlagsCommand,
+    },
+    /// Show how a running gateway would serve a described request; nothing is sent.
+    Explain(ops::ExplainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -79,6 +88,9 @@ struct ServeArgs {
     /// Directory of the offline tier's durable store (overrides data_dir).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Address of the admin API (overrides listen.admin).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +108,9 @@ struct DemoArgs {
     /// Address of the gateway's metrics endpoint.
     #[arg(long, default_value = "127.0.0.1:8002")]
     metrics: SocketAddr,
+    /// Address of the gateway's admin API (unauthenticated in the demo, so loopback only).
+    #[arg(long, default_value = "127.0.0.1:8003")]
+    admin: SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -135,12 +150,18 @@ enum PolicyCommand {
         /// The policy directory.
         dir: PathBuf,
     },
+    #[command(flatten)]
+    Admin(ops::PolicyOps),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<ops::Unreachable>().is_some() => {
+            eprintln!("tiergate: {e:#}");
+            ExitCode::from(ops::UNREACHABLE)
+        }
         Err(e) => {
             eprintln!("tiergate: {e:#}");
             ExitCode::FAILURE
@@ -153,7 +174,12 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Policy {
             command: PolicyCommand::Check { dir },
         } => Ok(policy_check(&dir)),
+        Command::Policy {
+            command: PolicyCommand::Admin(command),
+        } => runtime(1)?.block_on(ops::policy(command)),
         Command::Jobs { command } => runtime(1)?.block_on(jobs::run(command)),
+        Command::Flags { command } => runtime(1)?.block_on(ops::flags(command)),
+        Command::Explain(args) => runtime(1)?.block_on(ops::explain(args)),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
@@ -161,6 +187,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.grpc = args.grpc.unwrap_or(config.listen.grpc);
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
             config.data_dir = args.data_dir.unwrap_or(config.data_dir);
+            config.listen.admin = args.admin.unwrap_or(config.listen.admin);
             init_logs(&config);
             runtime(config.threads.workers)?.block_on(serve(config))
         }
@@ -169,6 +196,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.http = args.http;
             config.listen.grpc = args.grpc;
             config.listen.metrics = args.metrics;
+            config.listen.admin = args.admin;
             init_logs(&config);
             runtime(0)?.block_on(run_demo(config, args.self_check))
         }
@@ -242,6 +270,14 @@ async fn run_demo(config: Config, self_check: bool) -> anyhow::Result<ExitCode> 
          tiergate jobs submit requests.jsonl --endpoint /v2/models/resnet50/infer --gateway http://{}\n",
         running.http_addr()
     );
+    if let Some(admin) = running.admin_addr() {
+        println!(
+            "# the admin API (unauthenticated on loopback in the demo only): switch a flag, see why, roll back\n\
+             tiergate flags set resnet50 micro_batch off --admin http://{admin}\n\
+             tiergate explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
+             tiergate policy history --admin http://{admin}\n"
+        );
+    }
     println!(
         "# the metrics those requests produced\ncurl -s http://{}/metrics | grep tiergate_requests_total\n",
         running.metrics_addr()
@@ -332,4 +368,14 @@ async fn stopped() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

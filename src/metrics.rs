@@ -51,12 +51,17 @@ pub const BATCH_COST_FIXED: &str = "tiergate_batch_cost_fixed_seconds";
 pub const BATCH_COST_PER_ROW: &str = "tiergate_batch_cost_per_row_seconds";
 /// Offline jobs in the store, by `state` (queued, running, succeeded, failed, cancelled, expired).
 pub const OFFLINE_JOBS: &str = "tiergate_offline_jobs";
-/// The running policy's version (1 at start, one more per reload that took).
+/// The running policy's version (one more than the last one kept in the data directory
+/// at start, one more per change: reload, admin edit, rollback).
 pub const POLICY_VERSION: &str = "tiergate_policy_version";
 /// Policy reloads by `result` (ok, rejected).
 pub const POLICY_RELOADS: &str = "tiergate_policy_reloads_total";
 /// 1 when the last reload took (or none was tried), 0 when it was rejected.
 pub const POLICY_LAST_RELOAD_OK: &str = "tiergate_policy_last_reload_ok";
+/// Changes made through the admin API, by `action` (put_route, patch_route, put_files, rollback).
+pub const POLICY_CHANGES: &str = "tiergate_policy_changes_total";
+/// Admin API requests refused before any work, by `reason` (unauthenticated, ...).
+pub const ADMIN_REFUSALS: &str = "tiergate_admin_refusals_total";
 /// Routes in the running policy.
 pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
 /// Always 1, labelled with the running `version`.

@@ -15,6 +15,8 @@ fn demo_self_check_passes() {
             "127.0.0.1:0",
             "--metrics",
             "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
         ])
         .output()
         .expect("runs");

@@ -6,6 +6,7 @@
 //! holds the running policy as an immutable snapshot that readers load without locks
 //! and a reload swaps atomically.
 
+pub mod allow;
 pub mod file;
 pub mod model;
 mod validate;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{BatchSpec, Budgets, Flags, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 pub use validate::{Problem, Problems};
@@ -67,6 +69,7 @@ impl Policy {
     pub fn from_texts(texts: Vec<(PathBuf, String)>) -> Result<Policy, Problems> {
         let mut problems = Vec::new();
         let mut files = Vec::with_capacity(texts.len());
+        let sources = texts.clone();
         for (path, text) in texts {
             match toml::from_str::<PolicyFile>(&text) {
                 Ok(parsed) => files.push((path, parsed)),
@@ -84,7 +87,10 @@ impl Policy {
         }
         let validated = validate::policy(files);
         match validated {
-            Ok(policy) if problems.is_empty() => Ok(policy),
+            Ok(mut policy) if problems.is_empty() => {
+                policy.sources = sources;
+                Ok(policy)
+            }
             Ok(_) => Err(Problems(problems)),
             Err(Problems(more)) => {
                 problems.extend(more);
@@ -103,8 +109,14 @@ pub struct Store {
 
 impl Store {
     /// A store running `policy` as version 1.
-    pub fn new(mut policy: Policy) -> Self {
-        policy.stamp(1);
+    pub fn new(policy: Policy) -> Self {
+        Store::at(policy, 1)
+    }
+
+    /// A store running `policy` as `version` (a gateway that keeps its policy history
+    /// continues the numbering across restarts).
+    pub fn at(mut policy: Policy, version: u64) -> Self {
+        policy.stamp(version.max(1));
         Store {
             current: ArcSwap::from_pointee(policy),
             swaps: std::sync::Mutex::new(()),
@@ -136,7 +148,7 @@ impl Policy {
 }
 
 /// Top-level keys of the startup settings, which a policy file must not hold.
-const STARTUP_KEYS: [&str; 7] = [
+const STARTUP_KEYS: [&str; 9] = [
     "listen",
     "data_dir",
     "policy_dir",
@@ -144,6 +156,8 @@ const STARTUP_KEYS: [&str; 7] = [
     "limits",
     "offline",
     "log",
+    "admin",
+    "backends",
 ];
 
 /// The first startup setting at the top of `text`, if it is TOML at all.
@@ -181,10 +195,12 @@ fn parse_problem(file: PathBuf, text: &str, e: &toml::de::Error) -> Problem {
     });
     Problem {
         file,
-        path: location.unwrap_or_default(),
+        path: location.unwrap_or_else(|| "(the whole file)".into()),
         message: e.message().trim().to_owned(),
     }
 }
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

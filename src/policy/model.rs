@@ -22,6 +22,8 @@ pub struct Policy {
     pub(super) routes: Vec<Arc<Route>>,
     pub(super) by_model: HashMap<String, Arc<Route>>,
     pub(super) by_path: HashMap<String, Arc<Route>>,
+    /// The texts it was built from, each with its file, in load order.
+    pub(super) sources: Vec<(PathBuf, String)>,
 }
 
 /// One route: the unit of policy.
@@ -148,6 +150,11 @@ impl Policy {
     /// The version the store gave this snapshot.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The policy texts this snapshot was built from, each with its file.
+    pub fn sources(&self) -> &[(PathBuf, String)] {
+        &self.sources
     }
 
     /// The route called `name`.

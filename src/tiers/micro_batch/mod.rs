@@ -216,7 +216,28 @@ impl Pending {
     }
 }
 
+/// What a route's batch pool looks like right now (for the admin API's explain).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolState {
+    /// Rows waiting in the route's lanes.
+    pub queued_rows: u64,
+    /// Free backend slots.
+    pub free_slots: usize,
+    /// The learned cost, once enough batches were seen.
+    pub cost: Option<super::cost::Estimate>,
+}
+
 impl MicroBatch {
+    /// The state of `route`'s batch pool, if it has served anything since start.
+    pub fn pool_state(&self, route: &str) -> Option<PoolState> {
+        let lanes = self.inner.routes.get(route)?;
+        Some(PoolState {
+            queued_rows: lanes.shared.queued.load(std::sync::atomic::Ordering::Relaxed),
+            free_slots: lanes.shared.slots.available_permits(),
+            cost: lanes.shared.cost.estimate(),
+        })
+    }
+
     /// Serves offline `calls` on their routes' batch pools as filler: riding in
     /// callers' batches within a small cost slack, or in batches of their own when the
     /// pool is idle, so micro-batch callers always go first. One answer per call, in order.

@@ -1,0 +1,339 @@
+//! The admin API: read and change the running policy, over its own listener.
+//!
+//! Beside the request path, on `listen.admin` (127.0.0.1:8003 by default) and never on
+//! a data port. Every request needs a bearer token (see [`auth`]) before anything else,
+//! so an unauthenticated caller learns nothing, not even which paths exist. Changes go
+//! through [`Control`]: validated whole (400 with every problem and its path), checked
+//! against `If-Match` (412 when stale), written back to the policy files, versioned and
+//! audited; `?dry_run=true` reports the diff and the decisions that would change.
+//!
+//! | Method and path | Does |
+//! |---|---|
+//! | `GET /admin/policy` | version, ETag, files, routes |
+//! | `PUT /admin/policy/files/{name}.toml` | replace or add a policy file (TOML body) |
+//! | `GET /admin/policy/history` | kept versions: time, who, action |
+//! | `POST /admin/policy/rollback` | `{"version": N}`: restore version N as a new version |
+//! | `GET /admin/routes`, `GET /admin/flags` | every route with its flags |
+//! | `GET/PUT/PATCH /admin/routes/{name}` | one route; replace; JSON merge patch |
+//! | `PUT /admin/routes/{name}/flags/{flag}` | `true`/`false`/`"on"`/`"off"` or a percent |
+//! | `POST /admin/explain` | the decision for a described request, nothing sent |
+
+pub mod auth;
+pub mod views;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::control::{policy_etag, Control, Edit, Outcome, Refused};
+use crate::metrics;
+use crate::tiers::MicroBatch;
+pub use auth::Tokens;
+
+/// Largest admin request body: a policy file or a route.
+const MAX_BODY: usize = 4 << 20;
+/// How long an admin request body may take to arrive.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Flags `PUT /admin/routes/{name}/flags/{flag}` sets.
+const FLAGS: [&str; 4] = ["realtime", "micro_batch", "offline", "micro_batch_percent"];
+
+/// The admin API of one gateway.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// Where changes go.
+    pub control: Arc<Control>,
+    /// Who may call.
+    pub tokens: Tokens,
+    /// The micro-batch tier, for the learned cost in explanations.
+    pub micro_batch: MicroBatch,
+}
+
+/// Serves the admin API on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, admin: Admin, shutdown: CancellationToken) -> std::io::Result<()> {
+    if admin.tokens.is_open() {
+        tracing::warn!(addr = %listener.local_addr()?, "the admin API is UNAUTHENTICATED (admin.insecure_no_auth): anyone on this host can change the policy");
+    }
+    let admin = Arc::new(admin);
+    let answer = move |req: Request<Incoming>| {
+        let admin = admin.clone();
+        async move { admin.answer(req).await }
+    };
+    crate::front::serve(listener, std::time::Duration::from_secs(10), shutdown, answer).await
+}
+
+impl Admin {
+    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(who) = self.tokens.who(req.headers()) else {
+            ::metrics::counter!(metrics::ADMIN_REFUSALS, "reason" => "unauthenticated").increment(1);
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "send Authorization: Bearer <admin token>",
+            );
+            r.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tiergate-admin\""),
+            );
+            return r;
+        };
+        let (head, body) = req.into_parts();
+        let read = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect());
+        let body = match read.await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    "the body took too long to arrive",
+                )
+            }
+            Ok(Err(_)) => {
+                let message = format!("the body is over {MAX_BODY} bytes or could not be read");
+                return error(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", &message);
+            }
+        };
+        let dry_run = head
+            .uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "dry_run=true" || kv == "dry_run=1"));
+        let expect = head.headers.get(http::header::IF_MATCH).and_then(|v| v.to_str().ok());
+        let path = head.uri.path().trim_end_matches('/');
+        let parts: Vec<&str> = path.split('/').skip(1).collect();
+        if let Some(edit) = edit(&head.method, &parts, &body) {
+            return match edit {
+                Ok(edit) => self.change(edit, expect, &who, dry_run).await,
+                Err(bad) => bad.respond(),
+            };
+        }
+        match (&head.method, parts.as_slice()) {
+            (&Method::GET, ["admin", "policy"]) => self.policy(),
+            (&Method::GET, ["admin", "policy", "history"]) => self.history().await,
+            (&Method::GET, ["admin", "routes"]) => self.routes(),
+            (&Method::GET, ["admin", "flags"]) => self.flags(),
+            (&Method::GET, ["admin", "routes", name]) => self.route(name),
+            (&Method::POST, ["admin", "explain"]) => self.explain(&body),
+            (_, ["admin", "policy" | "routes" | "flags" | "explain", ..]) => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                &format!(
+                    "{} is not allowed on {path}; see docs/operations.md for the admin API",
+                    head.method
+                ),
+            ),
+            _ => error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!("no admin endpoint at {path}; see docs/operations.md"),
+            ),
+        }
+    }
+
+    async fn change(&self, edit: Edit, expect: Option<&str>, who: &str, dry_run: bool) -> Response<Full<Bytes>> {
+        let control = self.control.clone();
+        let (expect, who) = (expect.map(str::to_owned), who.to_owned());
+        let done = tokio::task::spawn_blocking(move || control.change(&edit, expect.as_deref(), &who, dry_run)).await;
+        match done {
+            Ok(Ok(outcome)) => changed(&outcome),
+            Ok(Err(refused)) => refusal(&refused),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string()),
+        }
+    }
+
+    fn policy(&self) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        let body = json!({
+            "version": policy.version(),
+            "etag": policy_etag(&policy),
+            "files": policy.sources().iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>(),
+            "routes": policy.routes().iter().map(|r| views::summary(&policy, r)).collect::<Vec<_>>(),
+        });
+        with_etag(ok(&body), &policy_etag(&policy))
+    }
+
+    async fn history(&self) -> Response<Full<Bytes>> {
+        let control = self.control.clone();
+        match tokio::task::spawn_blocking(move || control.history()).await {
+            Ok(Ok(all)) => {
+                let versions: Vec<Value> = all
+                    .iter()
+                    .rev()
+                    .map(|s| {
+                        json!({
+                            "version": s.version,
+                            "time": s.time,
+                            "who": s.who,
+                            "action": s.action,
+                            "files": s.files.iter().map(|f| f.path.display().to_string()).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                ok(&json!({ "current": self.control.store().load().version(), "versions": versions }))
+            }
+            Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, "history_unreadable", &e.to_string()),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string()),
+        }
+    }
+
+    fn routes(&self) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        let routes: Vec<Value> = policy.routes().iter().map(|r| views::summary(&policy, r)).collect();
+        ok(&json!({ "version": policy.version(), "routes": routes }))
+    }
+
+    fn flags(&self) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        let flags: serde_json::Map<String, Value> = policy
+            .routes()
+            .iter()
+            .map(|r| (r.name.clone(), views::flags(r)))
+            .collect();
+        ok(&json!({ "version": policy.version(), "flags": flags }))
+    }
+
+    fn route(&self, name: &str) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        match policy.route(name) {
+            Some(route) => {
+                let view = views::route(&policy, route);
+                let etag = view["etag"].as_str().unwrap_or_default().to_owned();
+                with_etag(ok(&view), &etag)
+            }
+            None => error(
+                StatusCode::NOT_FOUND,
+                "no_such_route",
+                &format!("no route named {name:?}"),
+            ),
+        }
+    }
+
+    fn explain(&self, body: &[u8]) -> Response<Full<Bytes>> {
+        let described: views::Described = match serde_json::from_slice(body) {
+            Ok(d) => d,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_body", &format!("explain: {e}")),
+        };
+        let policy = self.control.store().load();
+        match views::explain(&policy, &self.micro_batch, &described) {
+            Ok(v) => ok(&v),
+            Err((404, m)) => error(StatusCode::NOT_FOUND, "no_such_route", &m),
+            Err((_, m)) => error(StatusCode::BAD_REQUEST, "invalid_body", &m),
+        }
+    }
+}
+
+/// A request body that cannot be used: its error code and what to fix (answered 400).
+#[derive(Debug)]
+struct BadBody(&'static str, String);
+
+impl BadBody {
+    fn respond(&self) -> Response<Full<Bytes>> {
+        error(StatusCode::BAD_REQUEST, self.0, &self.1)
+    }
+}
+
+/// The change a write endpoint asks for; `None` for every other endpoint.
+fn edit(method: &Method, parts: &[&str], body: &[u8]) -> Option<Result<Edit, BadBody>> {
+    let route = |name: &str| name.to_owned();
+    Some(match (method, parts) {
+        (&Method::PUT, ["admin", "policy", "files", name]) => match std::str::from_utf8(body) {
+            Ok(text) => Ok(Edit::PutFiles(vec![(route(name), text.to_owned())])),
+            Err(_) => Err(BadBody("invalid_body", "a policy file is UTF-8 TOML text".into())),
+        },
+        (&Method::POST, ["admin", "policy", "rollback"]) => json_body(body).and_then(|v| {
+            let version = v.get("version").and_then(Value::as_u64);
+            version
+                .map(Edit::Rollback)
+                .ok_or_else(|| BadBody("invalid_body", "send {\"version\": N}".into()))
+        }),
+        (&Method::PUT, ["admin", "routes", name]) => json_body(body).map(|spec| Edit::PutRoute {
+            name: route(name),
+            spec,
+        }),
+        (&Method::PATCH, ["admin", "routes", name]) => json_body(body).map(|patch| Edit::PatchRoute {
+            name: route(name),
+            patch,
+        }),
+        (&Method::PUT, ["admin", "routes", name, "flags", flag]) => {
+            flag_patch(flag, body).map(|patch| Edit::PatchRoute {
+                name: route(name),
+                patch,
+            })
+        }
+        _ => return None,
+    })
+}
+
+/// The merge patch that sets `flag` to the value in `body`.
+fn flag_patch(flag: &str, body: &[u8]) -> Result<Value, BadBody> {
+    if !FLAGS.contains(&flag) {
+        let message = format!("unknown flag {flag:?}; flags are {}", FLAGS.join(", "));
+        return Err(BadBody("unknown_flag", message));
+    }
+    let value = match json_body(body)? {
+        Value::String(s) if s.eq_ignore_ascii_case("on") || s.eq_ignore_ascii_case("true") => Value::Bool(true),
+        Value::String(s) if s.eq_ignore_ascii_case("off") || s.eq_ignore_ascii_case("false") => Value::Bool(false),
+        other => other,
+    };
+    Ok(json!({ "flags": { flag: value } }))
+}
+
+fn json_body(body: &[u8]) -> Result<Value, BadBody> {
+    serde_json::from_slice(body).map_err(|e| BadBody("invalid_json", format!("the body: {e}")))
+}
+
+fn changed(outcome: &Outcome) -> Response<Full<Bytes>> {
+    let body = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    with_etag(ok(&body), &outcome.etag)
+}
+
+fn refusal(refused: &Refused) -> Response<Full<Bytes>> {
+    match refused {
+        Refused::Invalid(problems) => {
+            let list: Vec<Value> = problems
+                .0
+                .iter()
+                .map(|p| json!({"file": p.file.display().to_string(), "path": p.path, "message": p.message}))
+                .collect();
+            let body = json!({"error": {
+                "code": "invalid_policy",
+                "message": format!("the change would make the policy invalid ({} problem(s)); nothing was changed", list.len()),
+                "problems": list,
+            }});
+            respond(StatusCode::BAD_REQUEST, &body)
+        }
+        Refused::Stale(m) => error(StatusCode::PRECONDITION_FAILED, "stale_version", m),
+        Refused::NotFound(m) => error(StatusCode::NOT_FOUND, "not_found", m),
+        Refused::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, "write_failed", m),
+    }
+}
+
+fn ok(body: &Value) -> Response<Full<Bytes>> {
+    respond(StatusCode::OK, body)
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    respond(status, &json!({"error": {"code": code, "message": message}}))
+}
+
+fn respond(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut text = serde_json::to_vec_pretty(body).unwrap_or_default();
+    text.push(b'\n');
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn with_etag(mut response: Response<Full<Bytes>>, etag: &str) -> Response<Full<Bytes>> {
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        response.headers_mut().insert(http::header::ETAG, v);
+    }
+    response
+}

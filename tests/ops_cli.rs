@@ -1,0 +1,122 @@
+//! `tiergate flags`, `tiergate policy diff|apply|history|rollback` and `tiergate explain`
+//! against a running gateway's admin API, with their exit codes.
+
+mod common;
+
+use common::*;
+use tiergate::app::Gateway;
+use tiergate::policy::Policy;
+
+const TOKEN: &str = "cli-admin-token-0123456789abcdef";
+
+/// Runs `tiergate ARGS` with the token file and admin URL set; (exit code, stdout, stderr).
+async fn tiergate(admin: &str, token_file: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(args)
+        .env("TIERGATE_ADMIN_URL", admin)
+        .env("TIERGATE_ADMIN_TOKEN_FILE", token_file)
+        .env("USER", "carol")
+        .output()
+        .await
+        .expect("runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_policy_and_explain_from_the_command_line() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).expect("mkdir");
+    let original = route(&rt.url(), &batch.url(), "realtime = true\nmicro_batch = false", "");
+    std::fs::write(policies.join("routes.toml"), &original).expect("write");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("ops:{TOKEN}\n")).expect("write");
+    let mut config = config();
+    config.policy_dir = policies.clone();
+    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    config.admin.token_file = Some(token_file.clone());
+    let gw = Gateway::start(&config, Policy::load_dir(&policies).expect("valid"))
+        .await
+        .expect("starts");
+    let admin = format!("http://{}", gw.admin_addr().expect("admin on"));
+    let run = |args: &'static [&'static str]| tiergate(&admin, &token_file, args);
+
+    let (code, out, err) = run(&["flags", "get", "r"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("micro_batch = false") && out.contains("etag \"r"), "{out}");
+
+    let (code, out, _) = run(&["flags", "set", "r", "micro_batch", "on", "--dry-run"]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("dry run: nothing applied (policy version 1)"), "{out}");
+    assert!(
+        out.contains("model m, budget 300ms to under 1m: realtime (micro_batch_off) -> micro_batch"),
+        "{out}"
+    );
+
+    let (code, out, err) = run(&["flags", "set", "r", "micro_batch", "on"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("applied: policy version 1 -> 2"), "{out}");
+    let served = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "2000")], BODY).await;
+    assert_eq!(served.tier().0, Some("micro_batch"));
+
+    let (code, out, _) = run(&["flags", "get"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("realtime=on micro_batch=on (100%) offline=off"), "{out}");
+
+    // policy diff / apply with a local copy of the file.
+    let edited = dir.path().join("routes.toml");
+    std::fs::write(
+        &edited,
+        original.replace("micro_batch = false", "micro_batch = true\nmicro_batch_percent = 10"),
+    )
+    .expect("write");
+    let edited_arg: &'static str = Box::leak(edited.display().to_string().into_boxed_str());
+    let (code, out, _) = tiergate(&admin, &token_file, &["policy", "diff", edited_arg]).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("+micro_batch_percent = 10") && out.contains("for 10%"),
+        "{out}"
+    );
+    let (code, out, _) = tiergate(&admin, &token_file, &["policy", "apply", edited_arg]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("applied: policy version 2 -> 3"), "{out}");
+
+    // An invalid file: exit 1, every problem with its path, nothing applied.
+    std::fs::write(&edited, original.replace("max_concurrency = 4", "max_concurrency = 0")).expect("write");
+    let (code, _, err) = tiergate(&admin, &token_file, &["policy", "apply", edited_arg]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("routes.r.realtime.max_concurrency"), "{err}");
+
+    let (code, out, _) = run(&["policy", "history"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("ops (carol)") && out.contains("put_files"), "{out}");
+    let (code, out, err) = run(&["policy", "rollback", "1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("applied: policy version 3 -> 4"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(policies.join("routes.toml")).expect("read"),
+        original
+    );
+    let (code, _, _) = run(&["flags", "set", "r", "micro_batch", "on", "--if-match", "\"rstale\""]).await;
+    assert_eq!(code, 1, "a stale ETag is refused");
+
+    let (code, out, err) = run(&["explain", "--model", "m", "--budget-ms", "2000"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("tier realtime (reason micro_batch_off)") && out.contains("nothing was sent"),
+        "{out}"
+    );
+
+    // Wrong token: 3. Nobody listening: 4.
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-the-token-0123456789").expect("write");
+    let (code, _, err) = tiergate(&admin, &wrong, &["flags", "get", "r"]).await;
+    assert_eq!(code, 3, "{err}");
+    let dead = format!("http://{}", dead_addr().await);
+    let (code, _, err) = tiergate(&dead, &token_file, &["flags", "get", "r"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("cannot reach the admin API"), "{err}");
+    gw.stop().await.expect("stops");
+}
