@@ -216,7 +216,7 @@ pub async fn policy(command: PolicyOps) -> anyhow::Result<ExitCode> {
             for v in body["versions"].as_array().into_iter().flatten() {
                 let mark = if v["version"].as_u64() == current { "*" } else { " " };
                 println!(
-                    "{mark} {:>6}  {}  {:<28} {:<12} {}",
+                    "{mark} {:>6}  {}  {:<28} {:<12} {} file(s)",
                     v["version"],
                     text(&v["time"]),
                     text(&v["who"]),
@@ -410,7 +410,7 @@ fn result_line(result: &Value) -> String {
             "tier {} (reason {}), budget {} ms from {}",
             text(&result["tier"]),
             text(&result["reason"]),
-            result["budget_ms"],
+            num(&result["budget_ms"]),
             text(&result["budget_source"])
         ),
         _ => format!("refused with 503 (reason {})", text(&result["reason"])),
