@@ -263,6 +263,8 @@ impl Config {
             .prefix_separator("_")
             .separator("__")
             .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("backends.allow")
             .source(Some(vars));
         Ok(builder.add_source(environment).build()?.try_deserialize()?)
     }
@@ -297,6 +299,10 @@ mod tests {
             ("OTHER".to_owned(), "ignored".to_owned()),
             ("TIERGATE_URL".to_owned(), "http://client.side".to_owned()),
             ("TIERGATE_ADMIN__TOKEN".to_owned(), "s3cret-token-value".to_owned()),
+            (
+                "TIERGATE_BACKENDS__ALLOW".to_owned(),
+                "10.0.0.0/8,triton.internal".to_owned(),
+            ),
         ];
         let config = Config::load(Some(&file), env).expect("loads");
         assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
@@ -304,6 +310,7 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("/var/lib/tiergate"));
         assert_eq!(config.threads.workers, 3);
         assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
+        assert_eq!(config.backends.allow, ["10.0.0.0/8", "triton.internal"]);
         let token = config.admin.token.expect("token from the environment");
         assert_eq!(token.0, "s3cret-token-value");
         assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");

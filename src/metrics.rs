@@ -26,6 +26,12 @@ pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
 pub const DECISIONS: &str = "tiergate_decisions_total";
 /// Latency of backend calls, by `route` and `tier` (histogram, seconds).
 pub const BACKEND_SECONDS: &str = "tiergate_backend_duration_seconds";
+/// Circuit state of each backend endpoint, by `route`, `tier` and `endpoint`:
+/// 0 closed (taking traffic), 1 open (ejected), 2 half-open (being probed).
+pub const BACKEND_CIRCUIT: &str = "tiergate_backend_circuit_state";
+/// Endpoint ejections, by `route`, `tier`, `endpoint` and `reason` (unreachable,
+/// status_5xx, timeout, slow, broken_answer, check).
+pub const BACKEND_EJECTIONS: &str = "tiergate_backend_ejections_total";
 /// Requests being served now, by `route` and `tier`.
 pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
 /// Requests no route matched (unknown model or path), by `door`.

@@ -5,7 +5,9 @@
 //! tier keeps its connections and counters for as long as a route's pool is unchanged
 //! and gets fresh ones when a policy reload changes it.
 
+mod checks;
 mod grpc;
+pub mod health;
 mod pool;
 
 use std::sync::Arc;

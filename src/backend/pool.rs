@@ -4,11 +4,13 @@
 //! (HTTP/1.1 or HTTP/2), its own concurrency limit and its endpoints' load counters,
 //! so no other tier or route shares any of them. [`Pool::forward`] admits a call
 //! (shedding at once at the limit, never queueing), picks the less loaded of two
-//! random endpoints, and sends the request under the caller's deadline: when the
-//! deadline passes the backend call is dropped, which closes its connection.
+//! random endpoints among those not ejected (see [`super::health`]), and sends the
+//! request under the caller's deadline: when the deadline passes the backend call is
+//! dropped, which closes its connection. Every outcome feeds the endpoint's circuit.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -20,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::health::{Admit, Health};
 use crate::classify::Tier;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
@@ -31,7 +34,7 @@ use crate::protocol;
 pub struct Pool {
     route: String,
     tier: Tier,
-    endpoints: Vec<Endpoint>,
+    endpoints: Arc<Vec<Endpoint>>,
     limit: Arc<Semaphore>,
     max_concurrency: u32,
     binary_tensors: bool,
@@ -49,11 +52,16 @@ enum Transport {
     Grpc(Vec<super::grpc::Client>),
 }
 
+/// One backend endpoint of a pool: where it is, its load and its circuit.
 #[derive(Debug)]
-struct Endpoint {
-    authority: Authority,
+pub(super) struct Endpoint {
+    pub(super) authority: Authority,
     in_flight: AtomicUsize,
+    pub(super) health: Health,
 }
+
+/// A pool's endpoints, shared with its health checks.
+pub(super) type Endpoints = Vec<Endpoint>;
 
 /// A keep-alive HTTP client for one pool, HTTP/1.1 or HTTP/2 as `spec` says.
 fn http_client(spec: &PoolSpec) -> Client<HttpConnector, Full<Bytes>> {
@@ -80,10 +88,12 @@ impl Pool {
             .iter()
             .filter_map(|uri| uri.authority().cloned())
             .map(|authority| Endpoint {
+                health: Health::new(spec.health.clone(), route, tier.as_str(), authority.as_str()),
                 authority,
                 in_flight: AtomicUsize::new(0),
             })
             .collect();
+        let endpoints = Arc::new(endpoints);
         let transport = match spec.is_grpc() {
             true => Transport::Grpc(
                 endpoints
@@ -91,7 +101,18 @@ impl Pool {
                     .map(|e| super::grpc::client(&e.authority, spec.connect_timeout, max_response_bytes))
                     .collect(),
             ),
-            false => Transport::Http(Box::new(http_client(spec))),
+            false => {
+                let client = http_client(spec);
+                if let Some(path) = &spec.health.check_path {
+                    super::checks::start(
+                        Arc::downgrade(&endpoints),
+                        client.clone(),
+                        path,
+                        spec.health.check_interval,
+                    );
+                }
+                Transport::Http(Box::new(client))
+            }
         };
         Pool {
             route: route.to_owned(),
@@ -137,15 +158,15 @@ impl Pool {
         };
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
-        let first = self.pick(None);
+        let first = self.pick(None)?;
         match self.send(first, &parts, body.clone(), deadline).await {
             Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
-                let second = self.pick(Some(first));
+                let second = self.pick(Some(first.0))?;
                 self.send(second, &parts, body, deadline)
                     .await
-                    .map_err(|f| self.error(second, f))
+                    .map_err(|f| self.error(second.0, f))
             }
-            other => other.map_err(|f| self.error(first, f)),
+            other => other.map_err(|f| self.error(first.0, f)),
         }
     }
 
@@ -188,36 +209,61 @@ impl Pool {
         }
     }
 
-    /// Power of two choices on outstanding calls, never `avoid` when another exists.
-    fn pick(&self, avoid: Option<usize>) -> usize {
+    /// Power of two choices on outstanding calls among the endpoints whose circuit
+    /// admits a call, never `avoid` when another exists; `Unavailable` when every
+    /// endpoint is ejected. Returns the endpoint and whether the call is its probe.
+    fn pick(&self, avoid: Option<usize>) -> Result<(usize, bool), Error> {
+        let now = Instant::now();
         let n = self.endpoints.len();
-        if n <= 1 {
-            return 0;
-        }
-        let choose = || loop {
-            let i = rand::random_range(0..n);
-            if Some(i) != avoid {
-                return i;
-            }
-        };
-        let (a, b) = (choose(), choose());
         let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
-        if load(b) < load(a) {
-            b
-        } else {
-            a
+        // Two random candidates first (the common case: both circuits closed).
+        let mut order: Vec<usize> = (0..n).filter(|i| Some(*i) != avoid).collect();
+        if order.is_empty() {
+            order.push(0);
         }
+        if order.len() >= 2 {
+            let a = rand::random_range(0..order.len());
+            order.swap(0, a);
+            let b = rand::random_range(1..order.len());
+            order.swap(1, b);
+            if load(order[1]) < load(order[0]) {
+                order.swap(0, 1);
+            }
+        }
+        let mut reopens = None::<Instant>;
+        for i in order {
+            match self.endpoints[i].health.admit(now) {
+                Admit::Yes => return Ok((i, false)),
+                Admit::Probe => return Ok((i, true)),
+                Admit::No(until) => reopens = Some(reopens.map_or(until, |r| r.min(until))),
+            }
+        }
+        let wait = reopens.map_or(Duration::from_secs(1), |r| r.saturating_duration_since(now));
+        Err(Error::new(
+            Kind::Unavailable,
+            format!(
+                "every endpoint of route {}'s {} pool is ejected after failing; the first may be tried again in {} ms",
+                self.route,
+                self.tier.as_str(),
+                wait.as_millis()
+            ),
+        ))
     }
 
     async fn send(
         &self,
-        at: usize,
+        (at, probe): (usize, bool),
         parts: &http::request::Parts,
         body: Bytes,
         deadline: Instant,
     ) -> Result<Response<Bytes>, Failure> {
         let endpoint = &self.endpoints[at];
         let _in_flight = InFlight::enter(&endpoint.in_flight);
+        let mut verdict = Verdict {
+            health: &endpoint.health,
+            probe,
+            given: false,
+        };
         let started = Instant::now();
         let call = async {
             match &self.transport {
@@ -225,10 +271,34 @@ impl Pool {
                 Transport::Grpc(clients) => super::grpc::call(clients[at].clone(), parts, body, deadline).await,
             }
         };
-        let result = tokio::time::timeout_at(deadline, call)
-            .await
-            .unwrap_or(Err(Failure::Deadline));
+        let call = tokio::time::timeout_at(deadline, call);
+        tokio::pin!(call);
+        let slow = endpoint
+            .health
+            .spec()
+            .slow_call
+            .map(|d| started + d)
+            .filter(|s| *s < deadline);
+        let result = match slow {
+            Some(slow) => tokio::select! {
+                done = &mut call => done,
+                _ = tokio::time::sleep_until(slow) => {
+                    // Stalled: set the endpoint aside now, still wait for this answer.
+                    verdict.fail("slow");
+                    call.await
+                }
+            },
+            None => call.await,
+        };
+        let result = result.unwrap_or(Err(Failure::Deadline));
         self.instruments.backend_seconds.record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(r) if r.status().is_server_error() => verdict.fail("status_5xx"),
+            Ok(_) => verdict.pass(),
+            Err(Failure::Connect(_)) => verdict.fail("unreachable"),
+            Err(Failure::Deadline) => verdict.fail("timeout"),
+            Err(Failure::Other(_) | Failure::Body(_)) => verdict.fail("broken_answer"),
+        }
         result
     }
 
@@ -302,6 +372,36 @@ pub(super) enum Failure {
     Body(String),
     /// The deadline passed.
     Deadline,
+}
+
+/// The health outcome of one call, given once; a probe dropped before it is given
+/// frees the endpoint's probe slot.
+struct Verdict<'a> {
+    health: &'a Health,
+    probe: bool,
+    given: bool,
+}
+
+impl Verdict<'_> {
+    fn pass(&mut self) {
+        if !std::mem::replace(&mut self.given, true) {
+            self.health.succeeded();
+        }
+    }
+
+    fn fail(&mut self, why: &'static str) {
+        if !std::mem::replace(&mut self.given, true) {
+            self.health.failed(why, Instant::now());
+        }
+    }
+}
+
+impl Drop for Verdict<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.given {
+            self.health.abandoned();
+        }
+    }
 }
 
 impl<'a> InFlight<'a> {

@@ -99,6 +99,28 @@ pub struct PoolFile {
     /// How long a TCP connect may take before the endpoint counts as unreachable.
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
+    /// Outlier ejection, circuit breaking and active health checks per endpoint.
+    pub health: Option<HealthFile>,
+}
+
+/// How a pool finds and sets aside endpoints that fail or stall.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthFile {
+    /// Consecutive failures (unreachable, 5xx, timeouts, slow calls) that eject an
+    /// endpoint; 0 never ejects.
+    pub eject_after: Option<i64>,
+    /// How long the first ejection lasts; each further one in a row doubles it (up to 10x).
+    #[serde(default, with = "humantime_serde")]
+    pub eject_for: Option<Duration>,
+    /// A call still running after this counts as a failure at once (a stalled backend).
+    #[serde(default, with = "humantime_serde")]
+    pub slow_call: Option<Duration>,
+    /// Path polled with GET on every endpoint (200 is healthy); "" turns active checks off.
+    pub check_path: Option<String>,
+    /// How often each endpoint is polled.
+    #[serde(default, with = "humantime_serde")]
+    pub check_interval: Option<Duration>,
 }
 
 /// The batch pool plus the batcher's settings.
@@ -115,6 +137,8 @@ pub struct BatchFile {
     /// TCP connect timeout.
     #[serde(default, with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
+    /// Outlier ejection, circuit breaking and active health checks per endpoint.
+    pub health: Option<HealthFile>,
     /// Most rows in one batch.
     pub max_batch: Option<i64>,
     /// Longest a request may wait for its batch to fill (a ceiling, never a floor).

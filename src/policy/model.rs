@@ -101,6 +101,23 @@ pub struct PoolSpec {
     pub binary_tensors: bool,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
+    /// How failing and stalled endpoints are found and set aside.
+    pub health: HealthSpec,
+}
+
+/// Outlier ejection, circuit breaking and active health checks for a pool's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthSpec {
+    /// Consecutive failures that eject an endpoint (open its circuit); 0 never ejects.
+    pub eject_after: u32,
+    /// The first ejection's length; doubled for each consecutive one, up to 10x.
+    pub eject_for: Duration,
+    /// A call running longer than this counts as a failure when it reaches it.
+    pub slow_call: Option<Duration>,
+    /// The path active health checks GET on every endpoint (HTTP pools), if any.
+    pub check_path: Option<String>,
+    /// How often active health checks run.
+    pub check_interval: Duration,
 }
 
 /// The batch pool and the batcher's settings.

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use http::Uri;
 
-use super::file::{BatchFile, DefaultsFile, JsonAdapterFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile};
-use super::model::{BatchSpec, Budgets, Flags, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
+use super::file::{
+    BatchFile, DefaultsFile, HealthFile, JsonAdapterFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile,
+};
+use super::model::{BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 
 /// One thing wrong with a policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,9 @@ const REALTIME_BELOW: Duration = Duration::from_millis(300);
 const OFFLINE_FROM: Duration = Duration::from_secs(60);
 const MAX_CONCURRENCY: u32 = 64;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const EJECT_AFTER: u32 = 3;
+const EJECT_FOR: Duration = Duration::from_secs(5);
+const CHECK_INTERVAL: Duration = Duration::from_secs(5);
 const MAX_BATCH: u32 = 64;
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const MAX_IN_FLIGHT: u32 = 2;
@@ -180,14 +185,16 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
     }
     let budgets = budgets(check, &at, file, defaults);
     let flags = flags(check, &at, file);
+    // KServe v2 routes have a standard readiness path to poll; JSON services do not.
+    let kserve = file.paths.is_empty();
     let realtime = file
         .realtime
         .as_ref()
-        .map(|p| Arc::new(pool(check, &format!("{at}.realtime"), p)));
+        .map(|p| Arc::new(pool(check, &format!("{at}.realtime"), p, kserve)));
     let micro_batch = file
         .micro_batch
         .as_ref()
-        .map(|b| Arc::new(batch(check, &format!("{at}.micro_batch"), b)));
+        .map(|b| Arc::new(batch(check, &format!("{at}.micro_batch"), b, kserve)));
     if let Some(b) = micro_batch.as_ref().filter(|b| b.json_adapter.is_some()) {
         let at = format!("{at}.micro_batch.json_adapter");
         if file.paths.is_empty() {
@@ -276,17 +283,68 @@ fn flags(check: &mut Check<'_>, at: &str, file: &RouteFile) -> Flags {
     }
 }
 
-fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile) -> PoolSpec {
+fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile, kserve: bool) -> PoolSpec {
     PoolSpec {
         endpoints: endpoints(check, at, &file.endpoints),
         max_concurrency: check.nonzero(format!("{at}.max_concurrency"), file.max_concurrency, MAX_CONCURRENCY),
         http2: file.http2.unwrap_or(false),
         binary_tensors: file.binary_tensors.unwrap_or(true),
         connect_timeout: connect_timeout(check, at, file.connect_timeout),
+        health: health(check, at, file.health.as_ref(), kserve),
     }
 }
 
-fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile) -> BatchSpec {
+/// Health defaults: eject after 3 failures in a row for 5 s; poll KServe readiness every 5 s.
+fn health(check: &mut Check<'_>, at: &str, file: Option<&HealthFile>, kserve: bool) -> HealthSpec {
+    let empty = HealthFile::default();
+    let file = file.unwrap_or(&empty);
+    let at = format!("{at}.health");
+    let eject_after = match file.eject_after {
+        None => EJECT_AFTER,
+        Some(n) => u32::try_from(n).unwrap_or_else(|_| {
+            check.fail(
+                format!("{at}.eject_after"),
+                format!("must be 0 (never) or more, got {n}"),
+            );
+            EJECT_AFTER
+        }),
+    };
+    let eject_for = file.eject_for.unwrap_or(EJECT_FOR);
+    if eject_for.is_zero() {
+        check.fail(format!("{at}.eject_for"), "must be more than 0ms");
+    }
+    if file.slow_call.is_some_and(|d| d.is_zero()) {
+        check.fail(
+            format!("{at}.slow_call"),
+            "must be more than 0ms (leave it out to turn it off)",
+        );
+    }
+    let check_path = match file.check_path.as_deref() {
+        Some("") => None,
+        Some(p) if p.starts_with('/') && p.parse::<http::uri::PathAndQuery>().is_ok() => Some(p.to_owned()),
+        Some(p) => {
+            check.fail(
+                format!("{at}.check_path"),
+                format!("must be a path such as \"/v2/health/ready\", got {p:?}"),
+            );
+            None
+        }
+        None => kserve.then(|| "/v2/health/ready".to_owned()),
+    };
+    let check_interval = file.check_interval.unwrap_or(CHECK_INTERVAL);
+    if check_interval < Duration::from_millis(100) {
+        check.fail(format!("{at}.check_interval"), "must be at least 100ms");
+    }
+    HealthSpec {
+        eject_after,
+        eject_for,
+        slow_call: file.slow_call,
+        check_path,
+        check_interval,
+    }
+}
+
+fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> BatchSpec {
     let endpoints = endpoints(check, at, &file.endpoints);
     let max_batch = check.nonzero(format!("{at}.max_batch"), file.max_batch, MAX_BATCH);
     let max_in_flight = check.nonzero(format!("{at}.max_in_flight"), file.max_in_flight, MAX_IN_FLIGHT);
@@ -314,6 +372,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile) -> BatchSpec {
             http2: file.http2.unwrap_or(false),
             binary_tensors: file.binary_tensors.unwrap_or(true),
             connect_timeout: connect_timeout(check, at, file.connect_timeout),
+            health: health(check, at, file.health.as_ref(), kserve),
         }),
         max_batch,
         max_wait,
