@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin, Tokens};
 use crate::config::Config;
 use crate::control::history::History;
 use crate::control::Control;
+use crate::front::admission::Admission;
 use crate::front::batch_api::OfflineApi;
 use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
@@ -142,7 +142,14 @@ impl Gateway {
             .with_micro_batch(TierService::new(micro_batch.clone()))
             .with_offline(TierService::new(offline_tier));
         let max_response = config.limits.max_response_bytes;
-        let dispatch = Arc::new(Dispatch::new(policy.clone(), tiers, max_response, shutdown.clone()));
+        let admission = Admission::new(&config.limits, shutdown.clone());
+        let dispatch = Arc::new(Dispatch::new(
+            policy.clone(),
+            admission,
+            tiers,
+            max_response,
+            shutdown.clone(),
+        ));
         let api = OfflineApi {
             store: store.clone(),
             policy: policy.clone(),
@@ -170,14 +177,18 @@ impl Gateway {
         tasks.spawn(crate::front::serve(
             http,
             config.limits.header_read_timeout,
+            config.limits.max_connections,
             shutdown.clone(),
             answer,
         ));
         let stop = shutdown.clone();
+        let max_connections = config.limits.max_connections;
         tasks.spawn(async move {
             tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+                .max_concurrent_streams(1024)
                 .add_service(grpc_door)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stop.cancelled())
+                .serve_with_incoming_shutdown(crate::front::limited_incoming(grpc, max_connections), stop.cancelled())
                 .await
                 .map_err(std::io::Error::other)
         });

@@ -147,6 +147,14 @@ pub struct Limits {
     /// How long a client may take to send its request body (408 past it).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
+    /// Requests in flight across the gateway (both doors); past it new ones get 503.
+    pub max_in_flight_requests: usize,
+    /// Request body bytes held across the gateway; past it new requests get 503.
+    pub max_in_flight_body_bytes: usize,
+    /// Resident memory past which new requests get 503 until it falls; 0 is off.
+    pub max_rss_bytes: u64,
+    /// Open client connections per door; past it new ones are closed at once.
+    pub max_connections: usize,
 }
 
 /// Log settings.
@@ -233,6 +241,10 @@ impl Default for Limits {
             max_response_bytes: 256 << 20,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
+            max_in_flight_requests: 10_000,
+            max_in_flight_body_bytes: 1 << 30,
+            max_rss_bytes: 0,
+            max_connections: 10_000,
         }
     }
 }

@@ -41,6 +41,20 @@ pub enum Kind {
     Backend,
     /// The gateway is shutting down or not ready.
     Unavailable,
+    /// A rate limit of the route or of the caller's tenant is reached.
+    RateLimited,
+    /// The gateway is at a global limit (requests or body bytes in flight, memory) and
+    /// sheds new work before the process is at risk.
+    Overloaded,
+}
+
+/// A rate limit that refused a request, for the `RateLimit-*` response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Requests allowed per window (the burst).
+    pub limit: u32,
+    /// The window in seconds over which `limit` refills.
+    pub window_secs: u64,
 }
 
 /// A failure on the request path: its [`Kind`] and a message for operators and clients.
@@ -51,6 +65,10 @@ pub struct Error {
     pub kind: Kind,
     /// What happened and, for client mistakes, what to change.
     pub message: String,
+    /// How long to wait before retrying, when it is known better than the kind's default.
+    pub retry_after: Option<Duration>,
+    /// The rate limit that refused the request, if one did.
+    pub quota: Option<Quota>,
 }
 
 impl Kind {
@@ -62,9 +80,11 @@ impl Kind {
             Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::ClientTimeout => StatusCode::REQUEST_TIMEOUT,
-            Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable | Kind::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Kind::TierUnavailable => StatusCode::NOT_IMPLEMENTED,
-            Kind::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Kind::QueueFull | Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
             Kind::Backend => StatusCode::BAD_GATEWAY,
@@ -77,7 +97,12 @@ impl Kind {
     /// request does not, because retrying the same request would fail the same way.
     pub fn retry_after(self) -> Option<Duration> {
         match self {
-            Kind::Shed | Kind::QueueFull | Kind::DeadlineUnmeetable | Kind::Unavailable => Some(Duration::from_secs(1)),
+            Kind::Shed
+            | Kind::QueueFull
+            | Kind::DeadlineUnmeetable
+            | Kind::Unavailable
+            | Kind::RateLimited
+            | Kind::Overloaded => Some(Duration::from_secs(1)),
             Kind::StoreFull => Some(Duration::from_secs(30)),
             _ => None,
         }
@@ -90,9 +115,13 @@ impl Kind {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::NotFound => Code::NotFound,
             Kind::MethodNotAllowed | Kind::TierUnavailable => Code::Unimplemented,
-            Kind::TooLarge | Kind::Shed | Kind::QueueFull | Kind::StoreFull => Code::ResourceExhausted,
+            Kind::TooLarge | Kind::Shed | Kind::QueueFull | Kind::StoreFull | Kind::RateLimited => {
+                Code::ResourceExhausted
+            }
             Kind::ClientTimeout | Kind::Deadline => Code::DeadlineExceeded,
-            Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Backend | Kind::Unavailable => Code::Unavailable,
+            Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Backend | Kind::Unavailable | Kind::Overloaded => {
+                Code::Unavailable
+            }
         }
     }
 
@@ -113,6 +142,8 @@ impl Kind {
             Kind::Deadline => "deadline",
             Kind::Backend => "backend_error",
             Kind::Unavailable => "unavailable",
+            Kind::RateLimited => "rate_limited",
+            Kind::Overloaded => "overloaded",
         }
     }
 }
@@ -123,7 +154,26 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            retry_after: None,
+            quota: None,
         }
+    }
+
+    /// The same error, saying to retry after `after` (rounded up to whole seconds on HTTP).
+    pub fn retry_in(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The same error, naming the rate limit that refused the request.
+    pub fn with_quota(mut self, quota: Quota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// How long a client should wait before retrying, if waiting can help.
+    pub fn retry(&self) -> Option<Duration> {
+        self.retry_after.or(self.kind.retry_after())
     }
 }
 
@@ -156,6 +206,8 @@ mod tests {
             (Deadline, 504, Code::DeadlineExceeded, None, "deadline"),
             (Backend, 502, Code::Unavailable, None, "backend_error"),
             (Unavailable, 503, Code::Unavailable, Some(1), "unavailable"),
+            (RateLimited, 429, Code::ResourceExhausted, Some(1), "rate_limited"),
+            (Overloaded, 503, Code::Unavailable, Some(1), "overloaded"),
         ];
         for &(kind, status, code, retry, outcome) in rows {
             assert_eq!(kind.status().as_u16(), status, "{kind:?}");

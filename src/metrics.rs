@@ -32,6 +32,11 @@ pub const BACKEND_CIRCUIT: &str = "tiergate_backend_circuit_state";
 /// Endpoint ejections, by `route`, `tier`, `endpoint` and `reason` (unreachable,
 /// status_5xx, timeout, slow, broken_answer, check).
 pub const BACKEND_EJECTIONS: &str = "tiergate_backend_ejections_total";
+/// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
+/// body_bytes, rss: global limits; connections: closed at accept).
+pub const ADMISSION_REFUSALS: &str = "tiergate_admission_refusals_total";
+/// Resident memory of the process, when `limits.max_rss_bytes` is set (bytes).
+pub const PROCESS_RSS: &str = "tiergate_process_resident_bytes";
 /// Requests being served now, by `route` and `tier`.
 pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
 /// Requests no route matched (unknown model or path), by `door`.
@@ -174,7 +179,7 @@ pub async fn serve(
             text(StatusCode::OK, handle.render())
         }
     };
-    crate::front::serve(listener, Duration::from_secs(10), shutdown, answer).await
+    crate::front::serve(listener, Duration::from_secs(10), 256, shutdown, answer).await
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

@@ -22,6 +22,7 @@ use crate::metrics;
 use crate::policy::{Policy, Route, Store};
 use crate::tiers::{Call, Reply, Tiers};
 
+use super::admission::{Admission, Ticket};
 use super::meta::MAX_BUDGET;
 
 /// How long a model metadata or readiness call to a backend may take.
@@ -31,6 +32,7 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Dispatch {
     policy: Arc<Store>,
+    admission: Arc<Admission>,
     tiers: Tiers,
     control: Pools,
     shutdown: CancellationToken,
@@ -52,9 +54,16 @@ pub struct Served {
 impl Dispatch {
     /// Serves `policy` through `tiers`; model metadata calls read at most
     /// `max_response_bytes`; not ready once `shutdown` fires.
-    pub fn new(policy: Arc<Store>, tiers: Tiers, max_response_bytes: usize, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        policy: Arc<Store>,
+        admission: Arc<Admission>,
+        tiers: Tiers,
+        max_response_bytes: usize,
+        shutdown: CancellationToken,
+    ) -> Self {
         Dispatch {
             policy,
+            admission,
             tiers,
             control: Pools::new(Tier::Realtime, max_response_bytes),
             shutdown,
@@ -64,6 +73,12 @@ impl Dispatch {
     /// The running policy snapshot.
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.load()
+    }
+
+    /// Admits a request on `route` (global limits, rate limits) before anything is
+    /// read; the ticket holds its share of the global limits until dropped.
+    pub fn admit(&self, route: &Route, headers: &http::HeaderMap) -> Result<Ticket, Error> {
+        self.admission.admit(route, headers)
     }
 
     /// Whether the gateway takes new work (false once shutdown begins).

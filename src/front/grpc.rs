@@ -62,6 +62,13 @@ impl GrpcDoor {
                 Err(status(&unmatched_model("grpc", &msg.model_name))),
             );
         };
+        let mut ticket = match self.dispatch.admit(&route, headers) {
+            Ok(ticket) => ticket,
+            Err(e) => return answer(self.dispatch.failed(&route, e)),
+        };
+        if let Err(e) = ticket.hold(prost::Message::encoded_len(&msg)) {
+            return answer(self.dispatch.failed(&route, e));
+        }
         let model = msg.model_name.clone();
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
         let prepared = request_from_grpc(msg)
@@ -79,6 +86,7 @@ impl GrpcDoor {
             Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,
             Err(e) => self.dispatch.failed(&route, e),
         };
+        drop(ticket);
         answer(served)
     }
 
@@ -158,7 +166,7 @@ fn answer(served: Served) -> Answered {
 
 /// The gRPC status for a gateway error, with `RetryInfo` when waiting helps.
 pub fn status(e: &Error) -> Status {
-    match e.kind.retry_after() {
+    match e.retry() {
         Some(after) => Status::with_error_details(
             e.kind.grpc_code(),
             &e.message,

@@ -155,8 +155,19 @@ impl Door {
         let received = Instant::now();
         let (mut parts, body) = req.into_parts();
         parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
+        let mut ticket = match self.dispatch.admit(&route, &parts.headers) {
+            Ok(ticket) => ticket,
+            Err(e) => return render(self.dispatch.failed(&route, e)),
+        };
         let prepared = async {
+            // Hold the declared length before reading, so a flood of large bodies is
+            // shed before it is in memory; a body without one is held once read.
+            let declared = content_length(&parts.headers)
+                .unwrap_or(0)
+                .min(self.limits.max_body_bytes);
+            ticket.hold(declared)?;
             let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
+            ticket.hold(body.len().saturating_sub(declared))?;
             let (timeout_us, id) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
@@ -180,15 +191,14 @@ impl Door {
             }
             Err(e) => self.dispatch.failed(&route, e),
         };
-        render(served)
+        let response = render(served);
+        drop(ticket);
+        response
     }
 
     /// Reads a body of at most `max` bytes within the body read timeout.
     async fn read_body(&self, headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Error> {
-        let declared = headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let declared = content_length(headers).map(|n| n as u64);
         let too_large = || {
             Error::new(
                 Kind::TooLarge,
@@ -254,6 +264,14 @@ fn target(path: &str) -> Target<'_> {
     Target::Model { name, rest }
 }
 
+/// The declared body length, if any.
+fn content_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 fn bad_request(e: protocol::Error) -> Error {
     Error::new(Kind::BadRequest, e.to_string())
 }
@@ -288,8 +306,18 @@ pub fn failure(e: &Error) -> Response<Full<Bytes>> {
     *response.status_mut() = e.kind.status();
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(after) = e.kind.retry_after() {
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+    if let Some(after) = e.retry() {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        if let Some(q) = e.quota {
+            // draft-ietf-httpapi-ratelimit-headers, in the widely implemented three-header form.
+            headers.insert("ratelimit-limit", HeaderValue::from(q.limit));
+            headers.insert("ratelimit-remaining", HeaderValue::from(0));
+            headers.insert("ratelimit-reset", HeaderValue::from(secs.max(1)));
+            if let Ok(policy) = HeaderValue::from_str(&format!("{};w={}", q.limit, q.window_secs)) {
+                headers.insert("ratelimit-policy", policy);
+            }
+        }
     }
     response
 }

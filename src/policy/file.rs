@@ -67,6 +67,24 @@ pub struct RouteFile {
     pub realtime: Option<PoolFile>,
     /// The batch pool and its batcher settings.
     pub micro_batch: Option<BatchFile>,
+    /// Rate limits for the route and for each tenant calling it.
+    pub limits: Option<LimitsFile>,
+}
+
+/// A route's rate limits (token buckets: `rate` per second, up to `burst` at once).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    /// Requests per second across all callers of the route.
+    pub rate: Option<f64>,
+    /// Requests the route may take at once (default: `rate`, at least 1).
+    pub burst: Option<i64>,
+    /// Requests per second for each tenant (each value of `tenant_header`).
+    pub tenant_rate: Option<f64>,
+    /// Requests one tenant may send at once (default: `tenant_rate`, at least 1).
+    pub tenant_burst: Option<i64>,
+    /// The header naming the caller's tenant, such as an API key (default `x-api-key`).
+    pub tenant_header: Option<String>,
 }
 
 /// Per-route flags.

@@ -18,7 +18,9 @@ use arc_swap::ArcSwap;
 
 pub use allow::Allowlist;
 pub use file::PolicyFile;
-pub use model::{BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
+pub use model::{
+    BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+};
 pub use validate::{Problem, Problems};
 
 /// Largest policy file read; anything bigger is refused, not parsed.

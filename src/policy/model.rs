@@ -49,6 +49,8 @@ pub struct Route {
     pub realtime: Option<Arc<PoolSpec>>,
     /// The batch pool and batcher; present whenever `micro_batch` or `offline` is on.
     pub micro_batch: Option<Arc<BatchSpec>>,
+    /// Rate limits for the route and per tenant, if any.
+    pub limits: Option<Arc<RateLimits>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
 }
@@ -103,6 +105,26 @@ pub struct PoolSpec {
     pub connect_timeout: Duration,
     /// How failing and stalled endpoints are found and set aside.
     pub health: HealthSpec,
+}
+
+/// A route's rate limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Across all callers.
+    pub route: Option<Rate>,
+    /// For each tenant.
+    pub tenant: Option<Rate>,
+    /// The header naming the tenant (requests without it share one anonymous bucket).
+    pub tenant_header: http::HeaderName,
+}
+
+/// A token bucket: one request every `period`, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Time to earn one request.
+    pub period: Duration,
+    /// Requests that may go at once.
+    pub burst: NonZeroU32,
 }
 
 /// Outlier ejection, circuit breaking and active health checks for a pool's endpoints.
@@ -219,6 +241,7 @@ impl Route {
             flags,
             realtime: None,
             micro_batch: None,
+            limits: None,
             version: std::sync::OnceLock::new(),
         }
     }

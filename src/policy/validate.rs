@@ -13,9 +13,11 @@ use std::time::Duration;
 use http::Uri;
 
 use super::file::{
-    BatchFile, DefaultsFile, HealthFile, JsonAdapterFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile,
+    BatchFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile,
 };
-use super::model::{BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
+use super::model::{
+    BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+};
 
 /// One thing wrong with a policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,8 +239,73 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         flags,
         realtime,
         micro_batch,
+        limits: file
+            .limits
+            .as_ref()
+            .and_then(|l| limits(check, &format!("{at}.limits"), l)),
         version: std::sync::OnceLock::new(),
     }
+}
+
+/// Rate limits, or `None` when the table sets no rate.
+fn limits(check: &mut Check<'_>, at: &str, file: &LimitsFile) -> Option<Arc<RateLimits>> {
+    let header = file.tenant_header.as_deref().unwrap_or("x-api-key");
+    let tenant_header = http::HeaderName::try_from(header).unwrap_or_else(|_| {
+        check.fail(
+            format!("{at}.tenant_header"),
+            format!("{header:?} is not a valid header name"),
+        );
+        http::HeaderName::from_static("x-api-key")
+    });
+    let route = rate(check, at, "rate", file.rate, "burst", file.burst);
+    let tenant = rate(
+        check,
+        at,
+        "tenant_rate",
+        file.tenant_rate,
+        "tenant_burst",
+        file.tenant_burst,
+    );
+    (route.is_some() || tenant.is_some()).then(|| {
+        Arc::new(RateLimits {
+            route,
+            tenant,
+            tenant_header,
+        })
+    })
+}
+
+fn rate(
+    check: &mut Check<'_>,
+    at: &str,
+    key: &str,
+    rate: Option<f64>,
+    burst_key: &str,
+    burst: Option<i64>,
+) -> Option<Rate> {
+    let Some(per_second) = rate else {
+        if burst.is_some() {
+            check.fail(format!("{at}.{burst_key}"), format!("needs {key} as well"));
+        }
+        return None;
+    };
+    if !(per_second.is_finite() && (0.001..=1_000_000.0).contains(&per_second)) {
+        check.fail(
+            format!("{at}.{key}"),
+            format!("must be 0.001 to 1000000 requests per second, got {per_second}"),
+        );
+        return None;
+    }
+    let default_burst = per_second.ceil().max(1.0) as i64;
+    let burst = burst.unwrap_or(default_burst);
+    let Some(burst) = u32::try_from(burst).ok().and_then(NonZeroU32::new) else {
+        check.fail(format!("{at}.{burst_key}"), format!("must be 1 or more, got {burst}"));
+        return None;
+    };
+    Some(Rate {
+        period: Duration::from_secs_f64(1.0 / per_second),
+        burst,
+    })
 }
 
 fn budgets(check: &mut Check<'_>, at: &str, file: &RouteFile, defaults: &Defaults) -> Budgets {
