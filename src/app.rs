@@ -133,7 +133,8 @@ impl Gateway {
         let policy = Arc::new(Store::at(policy, version));
         let dir = config.policy_dir.clone();
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
-        let realtime = TierService::new(Realtime::new(config.limits.max_response_bytes));
+        let realtime_tier = Realtime::new(config.limits.max_response_bytes);
+        let realtime = TierService::new(realtime_tier.clone());
         let micro_batch = MicroBatch::new(config.limits.max_response_bytes, shutdown.clone());
         let micro_batch_handle = micro_batch.clone();
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -165,6 +166,7 @@ impl Gateway {
             store,
             policy.clone(),
             micro_batch,
+            realtime_tier,
             config.offline.clone(),
             wake,
             shutdown.clone(),

@@ -63,6 +63,9 @@ pub enum Reason {
     MicroBatchRollout,
     /// Real-time was called for but is off; `when_unmet = "best_effort"` sent it to micro-batch.
     BestEffort,
+    /// Real-time was called for, its pool was full, and the route lets the overflow be
+    /// served by the micro-batch tier (`borrow.realtime_overflow`) within the budget.
+    RealtimeOverflow,
 }
 
 /// The classifier's answer for one request.
@@ -115,6 +118,7 @@ impl Reason {
             Reason::MicroBatchOff => "micro_batch_off",
             Reason::MicroBatchRollout => "micro_batch_rollout",
             Reason::BestEffort => "best_effort",
+            Reason::RealtimeOverflow => "realtime_overflow",
         }
     }
 }

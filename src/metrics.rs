@@ -37,6 +37,9 @@ pub const BACKEND_EJECTIONS: &str = "tiergate_backend_ejections_total";
 pub const ADMISSION_REFUSALS: &str = "tiergate_admission_refusals_total";
 /// Resident memory of the process, when `limits.max_rss_bytes` is set (bytes).
 pub const PROCESS_RSS: &str = "tiergate_process_resident_bytes";
+/// Work one tier lent to another under a route's borrowing rules, by `route`, `from`
+/// (the tier whose capacity served it) and `to` (the tier it was classified to).
+pub const BORROWED: &str = "tiergate_borrowed_total";
 /// Requests being served now, by `route` and `tier`.
 pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
 /// Requests no route matched (unknown model or path), by `door`.

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Pools;
-use crate::classify::{classify, Decision, Meta, Refusal, Tier};
+use crate::classify::{classify, Decision, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::{Policy, Route, Store};
@@ -111,13 +111,36 @@ impl Dispatch {
         ];
         let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, &labels);
         in_flight.increment(1.0);
+        // Keep a copy only when the route may send real-time overflow elsewhere.
+        let spare = (decision.tier == Tier::Realtime && route.borrow.realtime_overflow).then(|| request_copy(&request));
         let call = Call {
             route: route.clone(),
             decision,
             deadline,
             request,
         };
-        let result = self.tiers.serve(call).await;
+        let mut decision = decision;
+        let mut result = self.tiers.serve(call).await;
+        if let (Some(request), Err(e)) = (spare, &result) {
+            if e.kind == Kind::Shed {
+                // The real-time pool is full: the micro-batch tier serves it if its
+                // learned cost says the budget can still be met (else it refuses at once).
+                decision = Decision {
+                    tier: Tier::MicroBatch,
+                    reason: Reason::RealtimeOverflow,
+                    ..decision
+                };
+                metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+                ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
+                let call = Call {
+                    route: route.clone(),
+                    decision,
+                    deadline,
+                    request,
+                };
+                result = self.tiers.serve(call).await;
+            }
+        }
         in_flight.decrement(1.0);
         ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(received.elapsed().as_secs_f64());
         count(
@@ -155,6 +178,16 @@ impl Dispatch {
         let pool = self.control.get(&route.name, spec);
         pool.forward(request, Instant::now() + CONTROL_TIMEOUT).await
     }
+}
+
+/// A copy of a request (its body is shared, not copied).
+fn request_copy(request: &Request<Bytes>) -> Request<Bytes> {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// The error for a model no route serves, counted as unmatched for `door`.

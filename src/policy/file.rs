@@ -69,6 +69,20 @@ pub struct RouteFile {
     pub micro_batch: Option<BatchFile>,
     /// Rate limits for the route and for each tenant calling it.
     pub limits: Option<LimitsFile>,
+    /// When one tier may use another's capacity (all off by default).
+    #[serde(default)]
+    pub borrow: BorrowFile,
+}
+
+/// Borrowing rules.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BorrowFile {
+    /// Real-time requests the real-time pool sheds may be served by the micro-batch
+    /// tier when their budget allows.
+    pub realtime_overflow: Option<bool>,
+    /// Offline work may use the real-time pool while it is idle.
+    pub offline_on_realtime: Option<bool>,
 }
 
 /// A route's rate limits (token buckets: `rate` per second, up to `burst` at once).

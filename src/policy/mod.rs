@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
-    BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+    BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
 };
 pub use validate::{Problem, Problems};
 

@@ -51,6 +51,8 @@ pub struct Route {
     pub micro_batch: Option<Arc<BatchSpec>>,
     /// Rate limits for the route and per tenant, if any.
     pub limits: Option<Arc<RateLimits>>,
+    /// When one tier may use another's capacity.
+    pub borrow: Borrow,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
 }
@@ -105,6 +107,16 @@ pub struct PoolSpec {
     pub connect_timeout: Duration,
     /// How failing and stalled endpoints are found and set aside.
     pub health: HealthSpec,
+}
+
+/// Borrowing rules: every one is off unless the route turns it on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Borrow {
+    /// Real-time requests shed by a full real-time pool go to the micro-batch tier
+    /// when its learned cost says their budget can be met.
+    pub realtime_overflow: bool,
+    /// Offline work may use the real-time pool while nothing else is using it.
+    pub offline_on_realtime: bool,
 }
 
 /// A route's rate limits.
@@ -242,6 +254,7 @@ impl Route {
             realtime: None,
             micro_batch: None,
             limits: None,
+            borrow: Borrow::default(),
             version: std::sync::OnceLock::new(),
         }
     }

@@ -16,7 +16,7 @@ use super::file::{
     BatchFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile,
 };
 use super::model::{
-    BatchSpec, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+    BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
 };
 
 /// One thing wrong with a policy.
@@ -225,6 +225,22 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             );
         }
     }
+    let borrow = Borrow {
+        realtime_overflow: file.borrow.realtime_overflow.unwrap_or(false),
+        offline_on_realtime: file.borrow.offline_on_realtime.unwrap_or(false),
+    };
+    if borrow.realtime_overflow && micro_batch.is_none() {
+        check.fail(
+            format!("{at}.borrow.realtime_overflow"),
+            "needs a [micro_batch] pool to overflow into",
+        );
+    }
+    if borrow.offline_on_realtime && realtime.is_none() {
+        check.fail(
+            format!("{at}.borrow.offline_on_realtime"),
+            "needs a [realtime] pool to borrow",
+        );
+    }
     Route {
         name: name.to_owned(),
         file: check.file.to_owned(),
@@ -243,6 +259,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .limits
             .as_ref()
             .and_then(|l| limits(check, &format!("{at}.limits"), l)),
+        borrow,
         version: std::sync::OnceLock::new(),
     }
 }

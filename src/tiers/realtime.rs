@@ -28,6 +28,14 @@ impl Realtime {
             pools: Arc::new(Pools::new(Tier::Realtime, max_response_bytes)),
         }
     }
+
+    /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).
+    pub fn idle(&self, route: &crate::policy::Route) -> bool {
+        route
+            .realtime
+            .as_ref()
+            .is_some_and(|spec| self.pools.get(&route.name, spec).in_flight() == 0)
+    }
 }
 
 impl tower::Service<Call> for Realtime {

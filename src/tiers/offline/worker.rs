@@ -20,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::classify::{BudgetSource, Decision, Reason, Tier};
 use crate::config;
+use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
 use crate::queue::{self, Answer, Embedded, Finish, Job, JobStore};
-use crate::tiers::{Call, MicroBatch, Reply};
+use crate::tiers::{Call, MicroBatch, Realtime, Reply};
+use tower::ServiceExt as _;
 
 /// Runs the offline workers until `shutdown`: jobs of `store`, routes from `policy`,
 /// batches through `micro`; `wake` says a job was accepted. One task per route with
@@ -34,6 +36,7 @@ pub async fn run(
     store: Embedded,
     policy: Arc<Store>,
     micro: MicroBatch,
+    realtime: Realtime,
     settings: config::Offline,
     wake: Arc<Notify>,
     shutdown: CancellationToken,
@@ -53,6 +56,7 @@ pub async fn run(
                         store: store.clone(),
                         policy: policy.clone(),
                         micro: micro.clone(),
+                        realtime: realtime.clone(),
                         settings: settings.clone(),
                         active: active.clone(),
                         wake: wake.clone(),
@@ -92,6 +96,7 @@ struct RouteWorker {
     store: Embedded,
     policy: Arc<Store>,
     micro: MicroBatch,
+    realtime: Realtime,
     settings: config::Offline,
     active: Arc<Mutex<HashSet<String>>>,
     wake: Arc<Notify>,
@@ -120,7 +125,7 @@ impl RouteWorker {
                 }
             };
             let calls = jobs.iter().map(|job| call(&route, job, &self.settings)).collect();
-            let answers = self.micro.serve_filler(calls).await;
+            let answers = self.serve(&route, calls).await;
             let ends = jobs
                 .iter()
                 .zip(answers)
@@ -135,6 +140,21 @@ impl RouteWorker {
         }
         self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
         self.wake.notify_one(); // jobs may have arrived since the last lease came back empty
+    }
+
+    /// Serves `calls` as micro-batch filler; first, when the route allows it, one at a
+    /// time on the real-time pool while that pool has nothing else in flight.
+    async fn serve(&self, route: &crate::policy::Route, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        let mut answers = Vec::with_capacity(calls.len());
+        let mut calls = calls.into_iter().peekable();
+        while route.borrow.offline_on_realtime && calls.peek().is_some() && self.realtime.idle(route) {
+            let Some(call) = calls.next() else { break };
+            ::metrics::counter!(crate::metrics::BORROWED, "route" => route.name.clone(), "from" => "realtime", "to" => "offline")
+                .increment(1);
+            answers.push(self.realtime.clone().oneshot(call).await);
+        }
+        answers.extend(self.micro.serve_filler(calls.collect()).await);
+        answers
     }
 
     /// Fails every runnable job of the route (it cannot be served any more).

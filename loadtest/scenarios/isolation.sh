@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Isolation: real-time latency alone, then with a micro-batch flood and an offline
+# backlog running against the same gateway, for two setups on the same simulated GPUs
+# (resnet50-trt, two instances in all):
+#
+#   separate  tiergate with its tiers on separate pools: real-time on one simulator
+#             instance, micro-batch and offline on another;
+#   shared    one pool serving everything (as a one-pool gateway, or nginx, would):
+#             tiergate with micro-batching off, every request on one simulator with
+#             both instances; the offline backlog drains through the same pool.
+#
+# Real-time: RT_RATE/s, one row, budget 100 ms. Flood: FLOOD_RATE/s, one row, budget
+# 1 s. Backlog: a Batch API file of BACKLOG requests. Each phase is measured for
+# DURATION; the setups alternate for ROUNDS rounds. The result is real-time p99 with the
+# flood divided by real-time p99 alone, per setup.
+#
+#   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 2)
+#
+# Writes to $OUT (default target/loadtest/isolation): summary.txt, results.json, each
+# phase's JSON and plots (latency over time, latency by percentile).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RT_RATE=${1:-300}
+FLOOD_RATE=${2:-1500}
+DURATION=${3:-15s}
+ROUNDS=${4:-2}
+BACKLOG=${BACKLOG:-20000}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+OUT=${OUT:-$TARGET_DIR/loadtest/isolation}
+
+cargo build --release --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/release
+. loadtest/scenarios/lib.sh
+
+RT=$(free_port); BATCH=$(free_port); SHARED=$(free_port)
+"$BIN/tiergate" sim --http "127.0.0.1:$RT" --model resnet50:resnet50-trt --instances 1 2>"$WORK/rt.log" & PIDS+=($!)
+"$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
+"$BIN/tiergate" sim --http "127.0.0.1:$SHARED" --model resnet50:resnet50-trt --instances 2 2>"$WORK/shared.log" & PIDS+=($!)
+
+# gateway NAME HTTP_PORT REALTIME_POOL BATCH_POOL MICRO_BATCH: writes its policy and starts it.
+gateway() {
+  local name=$1 http=$2 rt=$3 batch=$4 micro=$5 grpc metrics
+  grpc=$(free_port); metrics=$(free_port)
+  mkdir -p "$WORK/$name/policy"
+  cat > "$WORK/$name/policy/route.toml" <<TOML
+[routes.resnet50]
+models = ["resnet50"]
+realtime_below = "300ms"
+offline_from = "30s"
+[routes.resnet50.flags]
+realtime = true
+micro_batch = $micro
+offline = true
+[routes.resnet50.realtime]
+endpoints = ["http://127.0.0.1:$rt"]
+max_concurrency = 1024
+[routes.resnet50.micro_batch]
+endpoints = ["http://127.0.0.1:$batch"]
+max_batch = 64
+max_wait = "50ms"
+max_in_flight = 2
+queue_capacity = 8192
+TOML
+  TIERGATE_OFFLINE__MAX_FILE_LINES=$((BACKLOG + 1)) \
+    "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
+    --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
+  PIDS+=($!)
+}
+SEPARATE=$(free_port); ONE=$(free_port)
+gateway separate "$SEPARATE" "$RT" "$BATCH" true
+gateway shared "$ONE" "$SHARED" "$SHARED" false
+for port in "$RT" "$BATCH" "$SHARED" "$SEPARATE" "$ONE"; do wait_ready "$port" /v2/health/ready 10; done
+
+python3 - "$WORK/backlog.jsonl" "$BACKLOG" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [i % 100] * 16}]}
+        f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v2/models/resnet50/infer", "body": body}) + "\n")
+PY
+
+SECS=${DURATION%s}
+COMMON=(--model resnet50 --rows 1 --cols 16 --binary --timeout 30s)
+mkdir -p "$OUT"
+: > "$WORK/phases"
+for ROUND in $(seq 1 "$ROUNDS"); do
+  ORDER="separate shared"; [ $((ROUND % 2)) -eq 0 ] && ORDER="shared separate"
+  for SETUP in $ORDER; do
+    PORT=$SEPARATE; [ "$SETUP" = shared ] && PORT=$ONE
+    URL="http://127.0.0.1:$PORT"
+    echo "round $ROUND, $SETUP: real-time alone" >&2
+    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
+      --label "${SETUP}_alone_$ROUND" --json "$OUT/${SETUP}_alone_$ROUND.json" --plot "$OUT/${SETUP}_alone_$ROUND" > /dev/null
+    echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
+    FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+    B=$(curl -fs -H 'content-type: application/json' "$URL/v1/batches" \
+      -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+    # The flood starts first and ends last, so it covers the whole measured window.
+    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
+      --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
+    FLOOD=$!
+    sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
+    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
+      --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
+    wait "$FLOOD"
+    DONE=$(curl -fs "$URL/v1/batches/$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["request_counts"]["completed"])')
+    curl -fs -X POST "$URL/v1/batches/$B/cancel" > /dev/null
+    echo "$SETUP $ROUND $DONE" >> "$WORK/phases"
+    for _ in $(seq 1 600); do
+      curl -fs "$URL/v1/batches/$B" | grep -q '"status": *"cancelled"' && break
+      sleep 0.1
+    done
+  done
+done
+
+python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+out, phases, rt, flood, backlog, secs = sys.argv[1:7]
+print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}")
+print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>12}")
+results = {}
+for line in open(phases):
+    setup, rnd, done = line.split()
+    for phase in ("alone", "flood"):
+        s = json.load(open(f"{out}/{setup}_{phase}_{rnd}.json"))
+        lat = s["latency_ms"]
+        bad = s["completed"] - s["status_counts"].get("200", 0)
+        fl, fp99, od = "-", "-", "-"
+        if phase == "flood":
+            f = json.load(open(f"{out}/{setup}_floodload_{rnd}.json"))
+            fl = f"{f['achieved_rps'] * f['status_counts'].get('200', 0) / max(f['completed'], 1):.0f}"
+            fp99 = f"{f['latency_ms']['p99']:.1f}"
+            od = done
+        print(f"{setup:<9} {rnd:>5} {phase:<6} {lat['p50']:>7.2f} {lat['p99']:>7.2f} {lat['p999']:>8.2f} {bad:>10} {fl:>10} {fp99:>9} {od:>12}")
+        results.setdefault(setup, {}).setdefault(phase, []).append(lat["p99"])
+summary = {}
+for setup, r in results.items():
+    alone, flooded = sum(r["alone"]) / len(r["alone"]), sum(r["flood"]) / len(r["flood"])
+    summary[setup] = {"rt_p99_alone_ms": alone, "rt_p99_flood_ms": flooded, "ratio": flooded / alone}
+    print(f"{setup}: real-time p99 alone {alone:.2f} ms, with the flood {flooded:.2f} ms: ratio {flooded / alone:.2f}")
+json.dump(summary, open(f"{out}/results.json", "w"), indent=2)
+PY
