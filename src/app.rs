@@ -35,6 +35,39 @@ pub struct Gateway {
     control: Arc<Control>,
     shutdown: CancellationToken,
     tasks: JoinSet<std::io::Result<()>>,
+    batch_threads: BatchThreads,
+}
+
+/// The micro-batch tier's own runtime, so batch work never runs on the threads that
+/// serve real-time requests. Shut down without blocking when the gateway goes.
+#[derive(Debug)]
+struct BatchThreads(Option<tokio::runtime::Runtime>);
+
+impl BatchThreads {
+    fn start(threads: usize) -> Result<BatchThreads, StartError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("tiergate-batch")
+            .enable_all()
+            .build()
+            .map(|rt| BatchThreads(Some(rt)))
+            .map_err(|e| StartError::Settings(format!("cannot start the micro-batch threads: {e}")))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .map(|rt| rt.handle().clone())
+            .expect("running until dropped")
+    }
+}
+
+impl Drop for BatchThreads {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// The bound listeners a gateway serves on.
@@ -135,7 +168,12 @@ impl Gateway {
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let realtime_tier = Realtime::new(config.limits.max_response_bytes);
         let realtime = TierService::new(realtime_tier.clone());
-        let micro_batch = MicroBatch::new(config.limits.max_response_bytes, shutdown.clone());
+        let batch_threads = BatchThreads::start(config.threads.batch_workers)?;
+        let micro_batch = MicroBatch::new(
+            config.limits.max_response_bytes,
+            shutdown.clone(),
+            Some(batch_threads.handle()),
+        );
         let micro_batch_handle = micro_batch.clone();
         let wake = Arc::new(tokio::sync::Notify::new());
         let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
@@ -171,10 +209,9 @@ impl Gateway {
             wake,
             shutdown.clone(),
         );
-        tasks.spawn(async move {
-            workers.await;
-            Ok(())
-        });
+        // Offline workers run on the batch threads too (their store I/O has its own thread).
+        let workers = batch_threads.handle().spawn(workers);
+        tasks.spawn(async move { workers.await.map_err(std::io::Error::other) });
         let answer = move |req| door.clone().answer(req);
         tasks.spawn(crate::front::serve(
             http,
@@ -226,6 +263,7 @@ impl Gateway {
             control,
             shutdown,
             tasks,
+            batch_threads,
         })
     }
 
@@ -270,6 +308,7 @@ impl Gateway {
         while let Some(done) = self.tasks.join_next().await {
             done.map_err(std::io::Error::other)??;
         }
+        drop(self.batch_threads);
         Ok(())
     }
 }

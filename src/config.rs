@@ -124,11 +124,14 @@ pub struct Listen {
 }
 
 /// Thread counts.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Threads {
     /// Tokio worker threads for the doors and the real-time tier; 0 means one per core.
     pub workers: usize,
+    /// Threads of the micro-batch tier (decoding, batch assembly and splitting, batch
+    /// backend calls), kept apart from the real-time ones; at least 1.
+    pub batch_workers: usize,
 }
 
 /// Limits every door enforces before any work is done.
@@ -203,6 +206,15 @@ impl Default for Config {
             log: Log::default(),
             admin: Admin::default(),
             backends: Backends::default(),
+        }
+    }
+}
+
+impl Default for Threads {
+    fn default() -> Self {
+        Threads {
+            workers: 0,
+            batch_workers: 1,
         }
     }
 }

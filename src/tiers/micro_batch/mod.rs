@@ -64,6 +64,9 @@ struct Inner {
     pools: Pools,
     routes: DashMap<String, Arc<RouteLanes>>,
     shutdown: CancellationToken,
+    /// The batch threads: decoding, queueing, batch assembly, backend calls and
+    /// splitting run there, never on the threads serving real-time requests.
+    threads: Option<tokio::runtime::Handle>,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -242,17 +245,27 @@ impl MicroBatch {
     /// callers' batches within a small cost slack, or in batches of their own when the
     /// pool is idle, so micro-batch callers always go first. One answer per call, in order.
     pub async fn serve_filler(&self, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
-        self.inner.serve_filler(calls).await
+        let inner = self.inner.clone();
+        let n = calls.len();
+        on_batch_threads(&self.inner.threads, async move { Ok(inner.serve_filler(calls).await) })
+            .await
+            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
     }
 
     /// A micro-batch tier whose pools read at most `max_response_bytes` per answer and
-    /// whose batchers stop (answering what is queued) when `shutdown` fires.
-    pub fn new(max_response_bytes: usize, shutdown: CancellationToken) -> Self {
+    /// whose batchers stop (answering what is queued) when `shutdown` fires. Its work
+    /// runs on `threads` when given (the gateway's batch runtime), else on the caller's.
+    pub fn new(
+        max_response_bytes: usize,
+        shutdown: CancellationToken,
+        threads: Option<tokio::runtime::Handle>,
+    ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
                 pools: Pools::new(Tier::MicroBatch, max_response_bytes),
                 routes: DashMap::new(),
                 shutdown,
+                threads,
             }),
         }
     }
@@ -270,7 +283,22 @@ impl tower::Service<Call> for MicroBatch {
 
     fn call(&mut self, call: Call) -> Self::Future {
         let inner = self.inner.clone();
-        Box::pin(async move { inner.serve(call).await })
+        let threads = self.inner.threads.clone();
+        Box::pin(async move { on_batch_threads(&threads, async move { inner.serve(call).await }).await })
+    }
+}
+
+/// Runs `work` on the batch threads (when there are any) and waits for it; if the
+/// caller goes away, the work is cancelled with it (its queue entry is let go).
+async fn on_batch_threads<T: Send + 'static>(
+    threads: &Option<tokio::runtime::Handle>,
+    work: impl Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    match threads {
+        None => work.await,
+        Some(handle) => tokio_util::task::AbortOnDropHandle::new(handle.spawn(work))
+            .await
+            .unwrap_or_else(|_| Err(Error::new(Kind::Unavailable, "the micro-batch threads stopped"))),
     }
 }
 
