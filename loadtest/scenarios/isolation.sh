@@ -71,13 +71,7 @@ gateway separate "$SEPARATE" "$RT" "$BATCH" true
 gateway shared "$ONE" "$SHARED" "$SHARED" false
 for port in "$RT" "$BATCH" "$SHARED" "$SEPARATE" "$ONE"; do wait_ready "$port" /v2/health/ready 10; done
 
-python3 - "$WORK/backlog.jsonl" "$BACKLOG" <<'PY'
-import json, sys
-with open(sys.argv[1], "w") as f:
-    for i in range(int(sys.argv[2])):
-        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [i % 100] * 16}]}
-        f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v2/models/resnet50/infer", "body": body}) + "\n")
-PY
+backlog_file "$WORK/backlog.jsonl" "$BACKLOG"
 
 SECS=${DURATION%s}
 COMMON=(--model resnet50 --rows 1 --cols 16 --binary --timeout 30s)

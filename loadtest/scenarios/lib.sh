@@ -25,3 +25,14 @@ wait_ready() {
   done
   echo "port $1 never became ready" >&2; return 1
 }
+
+# backlog_file PATH N: a Batch API input file of N one-row resnet50 requests.
+backlog_file() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(int(sys.argv[2])):
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [i % 100] * 16}]}
+        f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v2/models/resnet50/infer", "body": body}) + "\n")
+PY
+}

@@ -49,13 +49,7 @@ TIERGATE_OFFLINE__MAX_FILE_LINES=$((BACKLOG + 1)) \
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 
-python3 - "$WORK/backlog.jsonl" "$BACKLOG" <<'PY'
-import json, sys
-with open(sys.argv[1], "w") as f:
-    for i in range(int(sys.argv[2])):
-        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [i % 100] * 16}]}
-        f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v2/models/resnet50/infer", "body": body}) + "\n")
-PY
+backlog_file "$WORK/backlog.jsonl" "$BACKLOG"
 FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "http://127.0.0.1:$GW/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 
 mkdir -p "$OUT"
