@@ -6,6 +6,8 @@
 #
 #   loadtest/scenarios/micro_batch.sh [RATES] [DURATION]      (defaults: "1000 2500 4000 4500 5500" 20s)
 #   MAX_BATCH=64 IN_FLIGHT=2 loadtest/scenarios/micro_batch.sh ...
+#   PROFILE=bert-base-trt PER_REQUEST_RATE=2000 loadtest/scenarios/micro_batch.sh ...  (another cost profile;
+#       the direct per-request run must offer more than the profile's 1/t(1))
 #
 # Builds tiergate and loadtest in release mode and writes to $OUT (default
 # target/loadtest/micro_batch): summary.txt (the table below), gain.svg (goodput and p99
@@ -20,6 +22,8 @@ DURATION=${2:-20s}
 MAX_BATCH=${MAX_BATCH:-64}
 IN_FLIGHT=${IN_FLIGHT:-2}
 BUDGET_MS=${BUDGET_MS:-1000}
+PROFILE=${PROFILE:-resnet50-eager}
+PER_REQUEST_RATE=${PER_REQUEST_RATE:-200}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/micro_batch}
 
@@ -31,7 +35,7 @@ BIN=$TARGET_DIR/release
 SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port)
 
 
-"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-eager --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
+"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model "resnet50:$PROFILE" --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
 mkdir -p "$WORK/policy"
 cat > "$WORK/policy/micro_batch.toml" <<TOML
 [routes.resnet50]
@@ -56,7 +60,7 @@ LOAD=(--model resnet50 --rows 1 --cols 16 --binary --warmup 3s --timeout 30s)
 batch_rows() { curl -fs "http://127.0.0.1:$GWM/metrics" | awk -v k="$1" '$1 == "tiergate_batch_rows_" k "{route=\"resnet50\"}" {print $2}'; }
 
 echo "per request: the simulator called directly, open loop above its capacity" >&2
-"$BIN/loadtest" run --url "http://127.0.0.1:$SIM" --rate 200 --duration "$DURATION" "${LOAD[@]}" \
+"$BIN/loadtest" run --url "http://127.0.0.1:$SIM" --rate "$PER_REQUEST_RATE" --duration "$DURATION" "${LOAD[@]}" \
   --label per_request --json "$OUT/per_request.json" --plot "$OUT/per_request" > "$OUT/per_request.txt"
 
 : > "$WORK/batches"
@@ -69,17 +73,18 @@ for RATE in $RATES; do
   echo "$RATE ${SUM0:-0} ${COUNT0:-0} $(batch_rows sum) $(batch_rows count)" >> "$WORK/batches"
 done
 
-python3 - "$OUT" "$MAX_BATCH" "$IN_FLIGHT" "$BUDGET_MS" "$WORK/batches" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$MAX_BATCH" "$IN_FLIGHT" "$BUDGET_MS" "$WORK/batches" "$PROFILE" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
-out, max_batch, in_flight, budget, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-a, b = 7.5, 0.085  # resnet50-eager, ms
-t = lambda n: a + b * n
+out, max_batch, in_flight, budget, batches, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
+# The simulator's profiles (src/sim/profile.rs), ms: t(B) = max(floor, a + b x B).
+a, b, floor = {"resnet50-eager": (7.5, 0.085, 0), "resnet50-trt": (0.71, 0.056, 0), "bert-base-trt": (0.2, 0.124, 0.67)}[profile]
+t = lambda n: max(floor, a + b * n)
 theory = max_batch / t(max_batch) * 1000
 per = json.load(open(f"{out}/per_request.json"))
 # Goodput: responses that ended inside the measured window, times the share that were 200s.
 goodput = lambda s: s["achieved_rps"] * s["status_counts"].get("200", 0) / max(s["completed"], 1)
 per_rps = goodput(per)
-print(f"resnet50-eager, 1 instance: t(B) = {a} ms + {b} ms x B; max_batch {max_batch}, max_in_flight {in_flight}, budget {budget:.0f} ms")
+print(f"{profile}, 1 instance: t(B) = max({floor}, {a} ms + {b} ms x B); max_batch {max_batch}, max_in_flight {in_flight}, budget {budget:.0f} ms")
 print(f"theoretical maximum B/t(B) = {theory:.0f} rows/s; per request 1/t(1) = {1000 / t(1):.1f}/s")
 print(f"per request (direct, offered {per['offered_rps']:.0f}/s): goodput {per_rps:.1f}/s, p99 {per['latency_ms']['p99']:.0f} ms")
 print()

@@ -170,6 +170,7 @@ fn report(cmp: &Comparison, order: Vec<Vec<String>>, recordings: &[Recording]) -
                 model: cmp.model.clone(),
                 schedule: cmp.phase.schedule.to_string(),
                 warmup: cmp.phase.warmup,
+                budget_ms: cmp.budget_ms,
             };
             TargetReport {
                 name: t.name.clone(),

@@ -91,6 +91,7 @@ async fn run(args: &RunArgs) -> anyhow::Result<Summary> {
         model: req.model.clone(),
         schedule: schedule.to_string(),
         warmup: args.warmup,
+        budget_ms: req.budget_ms,
     };
     let plan = args.client.plan(schedule, args.warmup, args.duration)?;
     eprintln!(

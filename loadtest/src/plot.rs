@@ -163,6 +163,7 @@ mod tests {
             model: "m".into(),
             schedule: "constant 1000/s".into(),
             warmup: Duration::ZERO,
+            budget_ms: None,
         };
         let dir = tempfile::tempdir()?;
         summary(dir.path(), &Summary::new(&meta, &rec))?;

@@ -49,6 +49,8 @@ pub enum Failure {
 pub struct Recording {
     /// Latency from intended send time to end of body, µs, of every HTTP response.
     pub latency: Histogram<u64>,
+    /// `latency` of the 2xx responses only (the requests the server admitted and served).
+    pub ok: Histogram<u64>,
     /// Generator lag (task start - intended send time), µs, of every sent request.
     pub send_lag: Histogram<u64>,
     /// `latency` split by the tier header.
@@ -85,6 +87,7 @@ impl Recording {
     pub fn new(window_start: Instant, window: Duration) -> Self {
         Self {
             latency: histogram(),
+            ok: histogram(),
             send_lag: histogram(),
             tiers: BTreeMap::new(),
             statuses: BTreeMap::new(),
@@ -126,6 +129,9 @@ impl Recording {
             Ok(reply) => {
                 let us = micros(outcome.done.saturating_duration_since(outcome.intended));
                 put(&mut self.latency, us);
+                if (200..300).contains(&reply.status) {
+                    put(&mut self.ok, us);
+                }
                 put(&mut self.send_lag, lag);
                 put(self.tiers.entry(reply.tier.clone()).or_insert_with(histogram), us);
                 *self.statuses.entry(reply.status).or_default() += 1;
@@ -147,6 +153,7 @@ impl Recording {
     /// up, and `other`'s seconds are appended after `self`'s.
     pub fn merge(&mut self, other: Recording) {
         add(&mut self.latency, &other.latency);
+        add(&mut self.ok, &other.ok);
         add(&mut self.send_lag, &other.send_lag);
         for (tier, h) in &other.tiers {
             add(self.tiers.entry(tier.clone()).or_insert_with(histogram), h);

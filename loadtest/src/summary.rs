@@ -69,6 +69,11 @@ pub struct Summary {
     pub failures: u64,
     /// Latency from intended send time to end of body.
     pub latency_ms: Percentiles,
+    /// Latency of the 2xx responses only.
+    pub ok_latency_ms: Percentiles,
+    /// 2xx responses that arrived within the request budget (`--budget-ms`), when one
+    /// was set; latency counts from the intended send time, so this is strict.
+    pub ok_within_budget: Option<u64>,
     /// Lag of the generator: intended send time to the start of the request's task.
     pub send_lag_ms: Percentiles,
     /// Latency at percentiles `100 * (1 - 10^-x)` for x = 0, 0.1, ..., 4 (0% to 99.99%).
@@ -150,6 +155,8 @@ pub struct Meta {
     pub schedule: String,
     /// Warmup per phase.
     pub warmup: Duration,
+    /// The budget sent with every request, if any.
+    pub budget_ms: Option<u64>,
 }
 
 impl Summary {
@@ -171,6 +178,8 @@ impl Summary {
             dropped_client_side: rec.dropped_client_side,
             failures: rec.failures(),
             latency_ms: Percentiles::new(&rec.latency),
+            ok_latency_ms: Percentiles::new(&rec.ok),
+            ok_within_budget: meta.budget_ms.map(|b| rec.ok.count_between(0, b.saturating_mul(1000))),
             send_lag_ms: Percentiles::new(&rec.send_lag),
             latency_distribution: distribution(&rec.latency),
             status_counts: rec.statuses.iter().map(|(s, n)| (s.to_string(), *n)).collect(),

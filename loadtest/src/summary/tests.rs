@@ -46,6 +46,7 @@ fn meta() -> Meta {
         model: "m".into(),
         schedule: "constant 501.5/s".into(),
         warmup: Duration::from_secs(1),
+        budget_ms: None,
     }
 }
 
@@ -97,7 +98,8 @@ fn json_shape_is_stable() -> anyhow::Result<()> {
         .map(|o| o.keys().map(String::as_str).collect())
         .unwrap_or_default();
     let mut expected: Vec<&str> = "label url model schedule duration_s warmup_s offered_rps achieved_rps scheduled \
-        completed dropped_client_side failures latency_ms send_lag_ms latency_distribution status_counts errors \
+        completed dropped_client_side failures latency_ms ok_latency_ms ok_within_budget send_lag_ms latency_distribution \
+        status_counts errors \
         tiers series"
         .split_whitespace()
         .collect();
