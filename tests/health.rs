@@ -108,3 +108,52 @@ async fn a_killed_backend_fails_fast_and_is_taken_back_when_it_returns() {
     child.kill().expect("SIGKILL");
     let _ = child.wait();
 }
+
+#[tokio::test]
+async fn a_grpc_pool_is_checked_with_server_ready_and_a_dead_endpoint_is_ejected_without_traffic() {
+    let (http, grpc) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args([
+            "sim",
+            "--http",
+            &format!("127.0.0.1:{http}"),
+            "--grpc",
+            &format!("127.0.0.1:{grpc}"),
+            "--model",
+            "m:instant",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sim starts");
+    wait_ready(http, "/v2/health/ready", Duration::from_secs(20)).await;
+    let toml = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"grpc://127.0.0.1:{grpc}\"]\n\
+         [routes.r.realtime.health]\neject_after = 1\neject_for = \"1m\"\ncheck_interval = \"100ms\"\n"
+    );
+    let gw = gateway(&toml).await;
+    assert_eq!(
+        infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY)
+            .await
+            .status,
+        200
+    );
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    // No traffic: only the ServerReady checks can notice. Poll the metrics as an operator would.
+    let ejected = format!("tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"127.0.0.1:{grpc}\",reason=\"check\"}} 1");
+    let limit = Instant::now() + Duration::from_secs(10);
+    loop {
+        if get(gw.metrics_addr(), "/metrics").await.text().contains(&ejected) {
+            break;
+        }
+        assert!(
+            Instant::now() < limit,
+            "the dead gRPC endpoint was never ejected by its checks"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
+    assert_eq!(r.status, 503, "ejected: refused at once: {}", r.text());
+}

@@ -1,4 +1,5 @@
-//! Active health checks: every endpoint of an HTTP pool polled on its `check_path`.
+//! Active health checks: every endpoint of a pool polled, an HTTP pool with `GET` on its
+//! `check_path`, a gRPC pool with the `ServerReady` RPC.
 //!
 //! Beside the pool. One task per pool, holding the pool's endpoints weakly, so it ends
 //! when the pool is dropped (a policy change replaced it, or the gateway stopped). A
@@ -19,17 +20,20 @@ use super::pool::{Endpoint, Endpoints};
 /// Longest a check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Starts polling `path` on every endpoint every `interval`, if a runtime is running.
-pub(super) fn start(
-    endpoints: Weak<Endpoints>,
-    client: Client<HttpConnector, Full<Bytes>>,
-    path: &str,
-    interval: Duration,
-) {
+/// How a pool's endpoints are asked whether they are ready.
+#[derive(Clone)]
+pub(super) enum Probe {
+    /// `GET` this path; 200 is ready.
+    Http(Box<Client<HttpConnector, Full<Bytes>>>, String),
+    /// `ServerReady` on each endpoint's channel (same order as the endpoints).
+    Grpc(Vec<super::grpc::Client>),
+}
+
+/// Starts checking every endpoint every `interval` with `probe`, if a runtime is running.
+pub(super) fn start(endpoints: Weak<Endpoints>, probe: Probe, interval: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let path = path.to_owned();
     runtime.spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -41,8 +45,8 @@ pub(super) fn start(
             };
             let mut checks = tokio::task::JoinSet::new();
             for at in 0..endpoints.len() {
-                let (endpoints, client, path) = (endpoints.clone(), client.clone(), path.clone());
-                checks.spawn(async move { check(&endpoints[at], &client, &path, interval).await });
+                let (endpoints, probe) = (endpoints.clone(), probe.clone());
+                checks.spawn(async move { check(&endpoints[at], at, &probe, interval).await });
             }
             drop(endpoints);
             while checks.join_next().await.is_some() {}
@@ -50,18 +54,28 @@ pub(super) fn start(
     });
 }
 
-/// One check of one endpoint.
-async fn check(endpoint: &Endpoint, client: &Client<HttpConnector, Full<Bytes>>, path: &str, interval: Duration) {
-    let uri = format!("http://{}{path}", endpoint.authority);
-    let Ok(request) = http::Request::get(uri).body(Full::new(Bytes::new())) else {
-        return;
-    };
+/// One check of endpoint `at`.
+async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration) {
     let exchange = async {
-        let response = client.request(request).await.ok()?;
-        let ok = response.status() == http::StatusCode::OK;
-        // Read the (small) body so the connection goes back to the pool.
-        Limited::new(response.into_body(), 64 << 10).collect().await.ok()?;
-        Some(ok)
+        match probe {
+            Probe::Http(client, path) => {
+                let uri = format!("http://{}{path}", endpoint.authority);
+                let request = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+                let response = client.request(request).await.ok()?;
+                let ok = response.status() == http::StatusCode::OK;
+                // Read the (small) body so the connection goes back to the pool.
+                Limited::new(response.into_body(), 64 << 10).collect().await.ok()?;
+                Some(ok)
+            }
+            Probe::Grpc(clients) => {
+                let mut client = clients.get(at)?.clone();
+                let ready = client
+                    .server_ready(crate::protocol::grpc::pb::ServerReadyRequest {})
+                    .await
+                    .ok()?;
+                Some(ready.into_inner().ready)
+            }
+        }
     };
     match tokio::time::timeout(CHECK_TIMEOUT.min(interval), exchange).await {
         Ok(Some(true)) => endpoint.health.check_passed(),

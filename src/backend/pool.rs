@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::checks::Probe;
 use super::health::{Admit, Health};
 use crate::classify::Tier;
 use crate::error::{Error, Kind};
@@ -94,26 +95,27 @@ impl Pool {
             })
             .collect();
         let endpoints = Arc::new(endpoints);
-        let transport = match spec.is_grpc() {
-            true => Transport::Grpc(
-                endpoints
+        let (transport, probe) = match spec.is_grpc() {
+            true => {
+                let clients: Vec<_> = endpoints
                     .iter()
                     .map(|e| super::grpc::client(&e.authority, spec.connect_timeout, max_response_bytes))
-                    .collect(),
-            ),
+                    .collect();
+                (Transport::Grpc(clients.clone()), Probe::Grpc(clients))
+            }
             false => {
                 let client = http_client(spec);
-                if let Some(path) = &spec.health.check_path {
-                    super::checks::start(
-                        Arc::downgrade(&endpoints),
-                        client.clone(),
-                        path,
-                        spec.health.check_interval,
-                    );
-                }
-                Transport::Http(Box::new(client))
+                let path = spec.health.check_path.clone().unwrap_or_default();
+                (
+                    Transport::Http(Box::new(client.clone())),
+                    Probe::Http(Box::new(client), path),
+                )
             }
         };
+        // Checks run when the route has a check path (gRPC pools use ServerReady instead).
+        if spec.health.check_path.is_some() {
+            super::checks::start(Arc::downgrade(&endpoints), probe, spec.health.check_interval);
+        }
         Pool {
             route: route.to_owned(),
             tier,
