@@ -218,22 +218,29 @@ impl Pool {
         let now = Instant::now();
         let n = self.endpoints.len();
         let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
-        // Two random candidates first (the common case: both circuits closed).
-        let mut order: Vec<usize> = (0..n).filter(|i| Some(*i) != avoid).collect();
-        if order.is_empty() {
-            order.push(0);
-        }
-        if order.len() >= 2 {
-            let a = rand::random_range(0..order.len());
-            order.swap(0, a);
-            let b = rand::random_range(1..order.len());
-            order.swap(1, b);
-            if load(order[1]) < load(order[0]) {
-                order.swap(0, 1);
+        // Candidates are every endpoint but `avoid` (all of them when that leaves none),
+        // numbered 0..m without allocating: candidate k is endpoint k, or k + 1 past `avoid`.
+        let skip = avoid.filter(|a| *a < n && n > 1);
+        let m = n - usize::from(skip.is_some());
+        let index = |k: usize| if skip.is_some_and(|a| k >= a) { k + 1 } else { k };
+        // Two random candidates first, the less loaded one first (the common case: both
+        // circuits closed); then the rest, should both be ejected.
+        let a = rand::random_range(0..m.max(1));
+        let b = match m {
+            0 | 1 => a,
+            _ => {
+                let b = rand::random_range(0..m - 1);
+                b + usize::from(b >= a)
             }
-        }
+        };
+        let (first, second) = match load(index(b)) < load(index(a)) {
+            true => (b, a),
+            false => (a, b),
+        };
+        let rest = (0..m).filter(|k| *k != first && *k != second);
         let mut reopens = None::<Instant>;
-        for i in order {
+        for k in [first, second].into_iter().take(if m > 1 { 2 } else { 1 }).chain(rest) {
+            let i = index(k);
             match self.endpoints[i].health.admit(now) {
                 Admit::Yes => return Ok((i, false)),
                 Admit::Probe => return Ok((i, true)),

@@ -151,19 +151,12 @@ impl Control {
             }
         }
         let texts = self.edited(&running, edit)?;
-        let changed: Vec<&(PathBuf, String)> = texts.iter().filter(|t| !running.sources().contains(t)).collect();
-        let removed: Vec<PathBuf> = running
-            .sources()
-            .iter()
-            .filter(|(p, _)| !texts.iter().any(|(q, _)| q == p))
-            .map(|(p, _)| p.clone())
-            .collect();
-        let diff = diff(running.sources(), &changed, &removed);
-        let files: Vec<String> = changed
-            .iter()
-            .map(|(p, _)| p.display().to_string())
-            .chain(removed.iter().map(|p| p.display().to_string()))
-            .collect();
+        let Delta {
+            changed,
+            removed,
+            diff,
+            files,
+        } = delta(running.sources(), &texts);
         let policy = Policy::from_texts(texts.clone()).map_err(Refused::Invalid)?;
         self.allow.check(&policy).map_err(Refused::Invalid)?;
         let decisions = decisions::compare(&running, &policy);
@@ -215,19 +208,7 @@ impl Control {
             }
             Ok(policy) => {
                 let running = self.store.load();
-                let changed: Vec<&(PathBuf, String)> = policy
-                    .sources()
-                    .iter()
-                    .filter(|t| !running.sources().contains(t))
-                    .collect();
-                let removed: Vec<PathBuf> = running
-                    .sources()
-                    .iter()
-                    .filter(|(p, _)| !policy.sources().iter().any(|(q, _)| q == p))
-                    .map(|(p, _)| p.clone())
-                    .collect();
-                let diff = diff(running.sources(), &changed, &removed);
-                let files = changed.iter().map(|(p, _)| p.display().to_string()).collect();
+                let Delta { diff, files, .. } = delta(running.sources(), policy.sources());
                 let outcome = Outcome {
                     dry_run: false,
                     changed: true,
@@ -431,6 +412,39 @@ fn snapshot(policy: &Policy, who: &str, action: &str) -> Snapshot {
                 text: text.clone(),
             })
             .collect(),
+    }
+}
+
+/// How policy texts differ from the running ones.
+struct Delta<'a> {
+    /// Files new or changed.
+    changed: Vec<&'a (PathBuf, String)>,
+    /// Files the running policy has and the texts do not.
+    removed: Vec<PathBuf>,
+    /// A unified diff of both.
+    diff: String,
+    /// Every file in the diff.
+    files: Vec<String>,
+}
+
+fn delta<'a>(running: &[(PathBuf, String)], texts: &'a [(PathBuf, String)]) -> Delta<'a> {
+    let changed: Vec<&(PathBuf, String)> = texts.iter().filter(|t| !running.contains(t)).collect();
+    let removed: Vec<PathBuf> = running
+        .iter()
+        .filter(|(p, _)| !texts.iter().any(|(q, _)| q == p))
+        .map(|(p, _)| p.clone())
+        .collect();
+    let diff = diff(running, &changed, &removed);
+    let files = changed
+        .iter()
+        .map(|(p, _)| p.display().to_string())
+        .chain(removed.iter().map(|p| p.display().to_string()))
+        .collect();
+    Delta {
+        changed,
+        removed,
+        diff,
+        files,
     }
 }
 
