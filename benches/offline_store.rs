@@ -68,6 +68,7 @@ fn main() {
             &dir,
             Limits {
                 max_unfinished: u64::MAX,
+                writer_nice: 0,
             },
         )
         .expect("store opens");

@@ -44,10 +44,17 @@ pub struct Gateway {
 struct BatchThreads(Option<tokio::runtime::Runtime>);
 
 impl BatchThreads {
-    fn start(threads: usize) -> Result<BatchThreads, StartError> {
+    fn start(threads: &crate::config::Threads) -> Result<BatchThreads, StartError> {
+        let nice = threads.batch_nice;
+        if !(0..=19).contains(&nice) {
+            return Err(StartError::Settings(format!(
+                "threads.batch_nice is {nice}: give a nice value from 0 (the real-time threads' priority) to 19 (the lowest)"
+            )));
+        }
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
+            .worker_threads(threads.batch_workers.max(1))
             .thread_name("tiergate-batch")
+            .on_thread_start(move || crate::priority::lower_this_thread(nice))
             .enable_all()
             .build()
             .map(|rt| BatchThreads(Some(rt)))
@@ -150,6 +157,7 @@ impl Gateway {
         let version = history.latest().map_err(history_error)? + 1;
         let limits = embedded::Limits {
             max_unfinished: config.offline.max_queued_jobs,
+            writer_nice: config.threads.batch_nice,
         };
         let store = Embedded::open(&config.data_dir, limits).map_err(|source| StartError::Store {
             dir: config.data_dir.clone(),
@@ -168,7 +176,7 @@ impl Gateway {
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let realtime_tier = Realtime::new(config.limits.max_response_bytes);
         let realtime = TierService::new(realtime_tier.clone());
-        let batch_threads = BatchThreads::start(config.threads.batch_workers)?;
+        let batch_threads = BatchThreads::start(&config.threads)?;
         let micro_batch = MicroBatch::new(
             config.limits.max_response_bytes,
             shutdown.clone(),

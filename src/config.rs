@@ -23,6 +23,8 @@ pub struct Config {
     pub policy_dir: PathBuf,
     /// Runtime threads.
     pub threads: Threads,
+    /// Trace export.
+    pub trace: Trace,
     /// Request limits applied by every door.
     pub limits: Limits,
     /// The offline tier: its queue, retries, windows and limits.
@@ -132,6 +134,30 @@ pub struct Threads {
     /// Threads of the micro-batch tier (decoding, batch assembly and splitting, batch
     /// backend calls), kept apart from the real-time ones; at least 1.
     pub batch_workers: usize,
+    /// The nice value (0..=19) of the micro-batch threads and the offline store's writer
+    /// thread, so that on a busy CPU the real-time threads run first; 0 runs them at the
+    /// same priority. Linux only; elsewhere ignored.
+    pub batch_nice: i32,
+}
+
+/// Trace export (OTLP); spans stay in the process unless an endpoint is set.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Trace {
+    /// OTLP/gRPC collector to export spans to, e.g. `http://otel-collector:4317`;
+    /// empty (the default) exports nothing.
+    pub otlp_endpoint: String,
+    /// The `service.name` the spans carry.
+    pub service_name: String,
+}
+
+impl Default for Trace {
+    fn default() -> Self {
+        Trace {
+            otlp_endpoint: String::new(),
+            service_name: "tiergate".to_owned(),
+        }
+    }
 }
 
 /// Limits every door enforces before any work is done.
@@ -201,6 +227,7 @@ impl Default for Config {
             data_dir: PathBuf::from("data"),
             policy_dir: PathBuf::from("policies"),
             threads: Threads::default(),
+            trace: Trace::default(),
             limits: Limits::default(),
             offline: Offline::default(),
             log: Log::default(),
@@ -215,6 +242,7 @@ impl Default for Threads {
         Threads {
             workers: 0,
             batch_workers: 1,
+            batch_nice: 10,
         }
     }
 }

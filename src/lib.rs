@@ -39,5 +39,8 @@ pub mod control;
 pub mod error;
 pub mod metrics;
 pub mod policy;
+pub mod priority;
 pub mod reload;
 pub mod sim;
+pub mod telemetry;
+pub mod trace;

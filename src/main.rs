@@ -4,6 +4,7 @@ mod client;
 mod demo;
 mod jobs;
 mod ops;
+mod top;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ enum Command {
     },
     /// Show how a running gateway would serve a described request; nothing is sent.
     Explain(ops::ExplainArgs),
+    /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
+    /// rate, queue depth, batch size), read from its metrics endpoint.
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +184,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Jobs { command } => runtime(1)?.block_on(jobs::run(command)),
         Command::Flags { command } => runtime(1)?.block_on(ops::flags(command)),
         Command::Explain(args) => runtime(1)?.block_on(ops::explain(args)),
+        Command::Top(args) => runtime(1)?.block_on(top::run(args)),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
@@ -188,8 +193,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
             config.data_dir = args.data_dir.unwrap_or(config.data_dir);
             config.listen.admin = args.admin.unwrap_or(config.listen.admin);
-            init_logs(&config);
-            runtime(config.threads.workers)?.block_on(serve(config))
+            let runtime = runtime(config.threads.workers)?;
+            let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
+            let _exporter = init_logs(&config)?;
+            runtime.block_on(serve(config))
         }
         Command::Demo(args) => {
             let mut config = Config::default();
@@ -197,11 +204,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.grpc = args.grpc;
             config.listen.metrics = args.metrics;
             config.listen.admin = args.admin;
-            init_logs(&config);
+            init_logs(&config)?;
             runtime(0)?.block_on(run_demo(config, args.self_check))
         }
         Command::Sim(args) => {
-            init_logs(&Config::default());
+            init_logs(&Config::default())?;
             runtime(0)?.block_on(sim(args))
         }
     }
@@ -337,16 +344,34 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(builder.enable_all().build()?)
 }
 
-fn init_logs(config: &Config) {
+/// Logs to stderr in the configured format, each line inside a request carrying its
+/// `request_id` and `trace_id`; with `trace.otlp_endpoint` set, spans are also exported
+/// (keep the returned exporter alive while serving).
+fn init_logs(config: &Config) -> anyhow::Result<Option<tiergate::telemetry::Exporter>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => logs.json().init(),
-        LogFormat::Text => logs.init(),
-    }
+    let (otlp, exporter) = match tiergate::telemetry::layer(&config.trace).map_err(anyhow::Error::msg)? {
+        Some((layer, exporter)) => (Some(layer), Some(exporter)),
+        None => (None, None),
+    };
+    let text =
+        (config.log.format == LogFormat::Text).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let json = (config.log.format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(false)
+            .with_span_list(true)
+            .with_writer(std::io::stderr)
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json)
+        .with(otlp)
+        .init();
+    Ok(exporter)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -65,6 +65,16 @@ pub const BATCH_COST_FIXED: &str = "tiergate_batch_cost_fixed_seconds";
 pub const BATCH_COST_PER_ROW: &str = "tiergate_batch_cost_per_row_seconds";
 /// Offline jobs in the store, by `state` (queued, running, succeeded, failed, cancelled, expired).
 pub const OFFLINE_JOBS: &str = "tiergate_offline_jobs";
+/// How long the oldest queued offline job has waited since it was submitted (seconds; 0
+/// when none is queued).
+pub const OFFLINE_OLDEST_QUEUED: &str = "tiergate_offline_oldest_queued_seconds";
+/// Offline job attempts that ended, by `route` and `result` (succeeded: the backend
+/// answered 2xx; answered: it answered otherwise, kept as the job's answer; retry; failed).
+pub const OFFLINE_ATTEMPTS: &str = "tiergate_offline_attempts_total";
+/// Requests with a budget, by `route`, `tier` and `result`: met (answered without a
+/// 5xx or gateway error, within the budget) or missed. Offline jobs count once they
+/// end: met when they succeed. The share met is the tier's SLO attainment.
+pub const SLO_REQUESTS: &str = "tiergate_slo_requests_total";
 /// The running policy's version (one more than the last one kept in the data directory
 /// at start, one more per change: reload, admin edit, rollback).
 pub const POLICY_VERSION: &str = "tiergate_policy_version";
@@ -128,6 +138,27 @@ pub fn count_request(route: &str, tier: Option<Tier>, outcome: &'static str) {
     metrics::counter!(REQUESTS, "route" => route.to_owned(), "tier" => tier, "outcome" => outcome).increment(1);
 }
 
+/// Counts a request served on `tier` against its SLO: met or missed.
+pub fn count_slo(route: &str, tier: Tier, met: bool) {
+    let result = if met { "met" } else { "missed" };
+    metrics::counter!(SLO_REQUESTS, "route" => route.to_owned(), "tier" => tier.as_str(), "result" => result)
+        .increment(1);
+}
+
+/// Counts an offline attempt's end (and, when it is the job's last, the job's SLO).
+pub fn count_attempt(route: &str, end: &crate::queue::Finish) {
+    let result = match end {
+        crate::queue::Finish::Answered(a) if (200..300).contains(&a.status) => "succeeded",
+        crate::queue::Finish::Answered(_) => "answered",
+        crate::queue::Finish::Retry { .. } => "retry",
+        crate::queue::Finish::Failed { .. } => "failed",
+    };
+    metrics::counter!(OFFLINE_ATTEMPTS, "route" => route.to_owned(), "result" => result).increment(1);
+    if result != "retry" {
+        count_slo(route, Tier::Offline, result == "succeeded");
+    }
+}
+
 /// Counts one classifier decision.
 pub fn count_decision(route: &str, tier: Tier, reason: &'static str) {
     metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason).increment(1);
@@ -151,9 +182,27 @@ pub fn install() -> PrometheusHandle {
                 tracing::warn!("a metrics recorder was already installed; /metrics shows only tiergate's own handle");
             }
             metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            register_known_labels();
             handle
         })
         .clone()
+}
+
+/// Registers, at zero, the series whose labels are known up front, so that a rate or
+/// an alert over them sees 0 rather than no data before the first event.
+fn register_known_labels() {
+    for result in ["ok", "rejected"] {
+        metrics::counter!(POLICY_RELOADS, "result" => result).absolute(0);
+    }
+    for action in ["put_route", "patch_route", "put_files", "rollback"] {
+        metrics::counter!(POLICY_CHANGES, "action" => action).absolute(0);
+    }
+    metrics::counter!(ADMIN_REFUSALS, "reason" => "unauthenticated").absolute(0);
+    for reason in ["route", "tenant", "requests", "body_bytes", "rss", "connections"] {
+        metrics::counter!(ADMISSION_REFUSALS, "reason" => reason).absolute(0);
+    }
+    metrics::gauge!(POLICY_LAST_RELOAD_OK).set(1.0);
+    metrics::gauge!(OFFLINE_OLDEST_QUEUED).set(0.0);
 }
 
 /// Serves `GET /metrics` in the Prometheus text format until `shutdown`.

@@ -16,6 +16,11 @@
 #
 #   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 2)
 #
+# On a real deployment the flood's callers and the batch pool's GPUs are other machines.
+# Here they share the two cores with the gateway, so they stand in at a lower CPU
+# priority: the flood's load generator (both setups) and the separate setup's batch
+# simulator run under `nice -n $STANDIN_NICE` (default 10; 0 runs everything alike).
+#
 # Writes to $OUT (default target/loadtest/isolation): summary.txt, results.json, each
 # phase's JSON and plots (latency over time, latency by percentile).
 set -euo pipefail
@@ -25,6 +30,7 @@ FLOOD_RATE=${2:-1500}
 DURATION=${3:-15s}
 ROUNDS=${4:-2}
 BACKLOG=${BACKLOG:-20000}
+STANDIN_NICE=${STANDIN_NICE:-10}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/isolation}
 
@@ -34,7 +40,7 @@ BIN=$TARGET_DIR/release
 
 RT=$(free_port); BATCH=$(free_port); SHARED=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$RT" --model resnet50:resnet50-trt --instances 1 2>"$WORK/rt.log" & PIDS+=($!)
-"$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
+nice -n "$STANDIN_NICE" "$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
 "$BIN/tiergate" sim --http "127.0.0.1:$SHARED" --model resnet50:resnet50-trt --instances 2 2>"$WORK/shared.log" & PIDS+=($!)
 
 # gateway NAME HTTP_PORT REALTIME_POOL BATCH_POOL MICRO_BATCH: writes its policy and starts it.
@@ -91,7 +97,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
       -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
     # The flood starts first and ends last, so it covers the whole measured window.
-    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
+    nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
       --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
     FLOOD=$!
     sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)

@@ -128,7 +128,14 @@ async fn infer(
         Ok(r) => r,
         Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
     };
-    let msg = with_deadline(request_to_grpc(model, Some(version), &request), budget);
+    let mut msg = with_deadline(request_to_grpc(model, Some(version), &request), budget);
+    for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
+        if let Some(value) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
+            if let Ok(value) = value.parse() {
+                msg.metadata_mut().insert(name, value);
+            }
+        }
+    }
     match client.model_infer(msg).await {
         Ok(reply) => match response_from_grpc(reply.into_inner()) {
             Ok(decoded) => Ok(bridge::infer_response_to_http(&decoded, &|t: &Tensor| {

@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::checks::Probe;
 use super::health::{Admit, Health};
@@ -160,6 +161,20 @@ impl Pool {
         };
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
+        let span = tracing::info_span!("backend", route = %self.route, tier = self.tier.as_str(), endpoint = tracing::field::Empty);
+        if let Some(ids) = parts.extensions.get::<crate::trace::Ids>() {
+            ids.to_backend(&span, &mut parts.headers);
+        }
+        self.call(parts, body, deadline).instrument(span).await
+    }
+
+    /// Sends to one endpoint, and to a second one when the first cannot be reached.
+    async fn call(
+        &self,
+        parts: http::request::Parts,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, Error> {
         let first = self.pick(None)?;
         match self.send(first, &parts, body.clone(), deadline).await {
             Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
@@ -267,6 +282,7 @@ impl Pool {
         deadline: Instant,
     ) -> Result<Response<Bytes>, Failure> {
         let endpoint = &self.endpoints[at];
+        tracing::Span::current().record("endpoint", tracing::field::display(&endpoint.authority));
         let _in_flight = InFlight::enter(&endpoint.in_flight);
         let mut verdict = Verdict {
             health: &endpoint.health,

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::Request;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::backend::Pools;
 use crate::classify::{classify, Decision, Meta, Reason, Refusal, Tier};
@@ -89,7 +90,10 @@ impl Dispatch {
     /// Classifies `request` (KServe v2 HTTP form, body read and checked) on `route` and
     /// serves it on its tier; `received` is when the door got it (the budget's start).
     pub async fn serve(&self, route: &Arc<Route>, meta: Meta, request: Request<Bytes>, received: Instant) -> Served {
-        let decision = match classify(route, &meta) {
+        let request_span = tracing::Span::current();
+        request_span.record("route", route.name.as_str());
+        let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
+        let decision = match classified {
             Ok(d) => d,
             Err(refusal) => {
                 let served = Served {
@@ -102,6 +106,8 @@ impl Dispatch {
             }
         };
         metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+        request_span.record("tier", decision.tier.as_str());
+        request_span.record("reason", decision.reason.as_str());
         let deadline = received
             .checked_add(decision.budget)
             .unwrap_or_else(|| received + MAX_BUDGET);
@@ -120,7 +126,7 @@ impl Dispatch {
             request,
         };
         let mut decision = decision;
-        let mut result = self.tiers.serve(call).await;
+        let mut result = self.tiers.serve(call).instrument(tier_span(decision.tier)).await;
         if let (Some(request), Err(e)) = (spare, &result) {
             if e.kind == Kind::Shed {
                 // The real-time pool is full: the micro-batch tier serves it if its
@@ -138,11 +144,19 @@ impl Dispatch {
                     deadline,
                     request,
                 };
-                result = self.tiers.serve(call).await;
+                request_span.record("tier", decision.tier.as_str());
+                request_span.record("reason", decision.reason.as_str());
+                result = self.tiers.serve(call).instrument(tier_span(decision.tier)).await;
             }
         }
         in_flight.decrement(1.0);
-        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(received.elapsed().as_secs_f64());
+        let elapsed = received.elapsed();
+        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(elapsed.as_secs_f64());
+        if decision.tier != Tier::Offline {
+            // An offline acceptance is not the job's end: jobs count when they finish.
+            let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
+            metrics::count_slo(&route.name, decision.tier, met);
+        }
         count(
             route,
             Served {
@@ -180,6 +194,11 @@ impl Dispatch {
     }
 }
 
+/// The span a tier serves a request in.
+fn tier_span(tier: Tier) -> tracing::Span {
+    tracing::info_span!("tier", tier = tier.as_str())
+}
+
 /// A copy of a request (its body is shared, not copied).
 fn request_copy(request: &Request<Bytes>) -> Request<Bytes> {
     let mut copy = Request::new(request.body().clone());
@@ -187,6 +206,9 @@ fn request_copy(request: &Request<Bytes>) -> Request<Bytes> {
     *copy.uri_mut() = request.uri().clone();
     *copy.version_mut() = request.version();
     *copy.headers_mut() = request.headers().clone();
+    if let Some(ids) = request.extensions().get::<crate::trace::Ids>() {
+        copy.extensions_mut().insert(ids.clone());
+    }
     copy
 }
 
@@ -227,5 +249,6 @@ fn count(route: &Route, served: Served) -> Served {
         Err(e) => e.kind.outcome(),
     };
     metrics::count_request(&route.name, served.decision.map(|d| d.tier), outcome);
+    tracing::debug!(outcome, "served");
     served
 }

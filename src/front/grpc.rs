@@ -15,6 +15,9 @@ use http::{HeaderMap, HeaderValue, Request};
 use serde_json::Value;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
+use tracing::Instrument;
+
+use crate::trace;
 use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -55,6 +58,22 @@ impl GrpcDoor {
 
     /// Serves one infer request; `headers` are the call's metadata as HTTP headers.
     async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Answered {
+        let mut ids = trace::Ids::read(headers);
+        let span = ids.span("grpc");
+        let (mut metadata, result) = self.infer_traced(headers, msg, &ids).instrument(span).await;
+        for (name, value) in [
+            (trace::REQUEST_ID, ids.request_id.to_str().ok().map(str::to_owned)),
+            (trace::TRACERESPONSE, Some(ids.answer().to_string())),
+        ] {
+            if let Some(value) = value.and_then(|v| v.parse().ok()) {
+                metadata.insert(name, value);
+            }
+        }
+        (metadata, result)
+    }
+
+    /// [`GrpcDoor::infer`] inside the request's span.
+    async fn infer_traced(&self, headers: &HeaderMap, msg: pb::ModelInferRequest, ids: &trace::Ids) -> Answered {
         let received = Instant::now();
         let Some(route) = self.dispatch.policy().route_for_model(&msg.model_name).cloned() else {
             return (
@@ -80,6 +99,7 @@ impl GrpcDoor {
                 request
                     .headers_mut()
                     .insert(DOOR_HEADER, http::HeaderValue::from_static("grpc"));
+                request.extensions_mut().insert(ids.clone());
                 Ok((request, meta))
             });
         let served = match prepared {

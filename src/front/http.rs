@@ -24,6 +24,8 @@ use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
 use crate::tiers::offline::DOOR_HEADER;
+use crate::trace;
+use tracing::Instrument;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::meta;
@@ -152,8 +154,24 @@ impl Door {
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
+        let mut ids = trace::Ids::read(req.headers());
+        let span = ids.span("http");
+        let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
+        ids.to_client(response.headers_mut());
+        response
+    }
+
+    /// [`Door::serve`] inside the request's span, its ids in the request's extensions.
+    async fn serve_traced(
+        &self,
+        route: Arc<Route>,
+        req: Request<Incoming>,
+        kind: Body,
+        ids: &trace::Ids,
+    ) -> Response<Full<Bytes>> {
         let received = Instant::now();
         let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(ids.clone());
         parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
         let mut ticket = match self.dispatch.admit(&route, &parts.headers) {
             Ok(ticket) => ticket,

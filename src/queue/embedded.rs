@@ -30,6 +30,8 @@ const BACKLOG: usize = 65_536;
 pub struct Limits {
     /// Unfinished (queued or running) jobs before submissions are refused.
     pub max_unfinished: u64,
+    /// The writer thread's nice value (see [`crate::priority`]); 0 leaves it.
+    pub writer_nice: i32,
 }
 
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -81,7 +83,10 @@ impl Embedded {
         let (ops, rx) = mpsc::channel(BACKLOG);
         std::thread::Builder::new()
             .name("tiergate-store".into())
-            .spawn(move || writer(conn, rx))
+            .spawn(move || {
+                crate::priority::lower_this_thread(limits.writer_nice);
+                writer(conn, rx)
+            })
             .map_err(|e| StoreError::Io(format!("cannot start the store's writer thread: {e}")))?;
         Ok(Embedded {
             ops,
@@ -114,6 +119,11 @@ impl Embedded {
     /// Jobs by state (for metrics and status).
     pub async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
         self.call(jobs::counts).await
+    }
+
+    /// When the oldest queued job was submitted (ms since the Unix epoch), if any is queued.
+    pub async fn oldest_queued(&self) -> Result<Option<i64>, StoreError> {
+        self.call(jobs::oldest_queued).await
     }
 
     /// Marks unfinished jobs whose window passed as expired, deletes finished jobs

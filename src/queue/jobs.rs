@@ -34,7 +34,8 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             line INTEGER
         );
         CREATE INDEX IF NOT EXISTS jobs_runnable ON jobs (state, route, not_before);
-        CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;",
+        CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS jobs_queued_age ON jobs (created_at) WHERE state = 'queued';",
     )?;
     Ok(())
 }
@@ -249,6 +250,12 @@ pub(super) fn counts(conn: &Connection) -> Result<Vec<(State, u64)>, StoreError>
         }
     }
     Ok(out)
+}
+
+/// When the oldest queued job was submitted (ms since the Unix epoch), if any is queued.
+pub(super) fn oldest_queued(conn: &Connection) -> Result<Option<i64>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT MIN(created_at) FROM jobs WHERE state = 'queued'")?;
+    Ok(stmt.query_row([], |r| r.get::<_, Option<i64>>(0))?)
 }
 
 fn headers_json(headers: &[(String, String)]) -> String {

@@ -117,7 +117,16 @@ impl GrpcInferenceService for SimGrpc {
         &self,
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        self.infer(req.into_inner()).await.map(Response::new)
+        let traceparent = req
+            .metadata()
+            .get(crate::trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let msg = req.into_inner();
+        if let Ok(model) = self.model(&msg.model_name, &msg.model_version) {
+            infer::traced(model, traceparent.as_deref());
+        }
+        self.infer(msg).await.map(Response::new)
     }
 
     type ModelStreamInferStream = bridge::InferStream;

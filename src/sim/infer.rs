@@ -66,6 +66,12 @@ impl Drop for InFlight {
 
 /// Answers `POST /v2/models/{model}/infer` for the model `m`.
 pub(crate) async fn infer(m: &Model, model: &str, req: Request<Incoming>) -> Reply {
+    traced(
+        m,
+        req.headers()
+            .get(crate::trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok()),
+    );
     let mut guard = InFlight::enter(&m.stats);
     let reply = match answer(m, model, req).await {
         Ok(reply) => reply,
@@ -73,6 +79,14 @@ pub(crate) async fn infer(m: &Model, model: &str, req: Request<Incoming>) -> Rep
     };
     guard.answered = true;
     reply
+}
+
+/// Records the `traceparent` a request came with, and logs it.
+pub(crate) fn traced(m: &Model, traceparent: Option<&str>) {
+    if let Some(tp) = traceparent {
+        tracing::debug!(traceparent = tp, "infer request");
+        m.stats.send_modify(|s| s.last_traceparent = Some(tp.to_owned()));
+    }
 }
 
 /// Answers an infer request already read: `body` in the KServe v2 HTTP form (binary

@@ -74,6 +74,9 @@ pub struct Stats {
     pub errors: u64,
     /// The raw body of the most recent infer request, for byte-exact pass-through checks.
     pub last_request: Bytes,
+    /// The `traceparent` of the most recent infer request that had one (HTTP header or
+    /// gRPC metadata), as a traced backend would record it.
+    pub last_traceparent: Option<String>,
 }
 
 struct Inner {

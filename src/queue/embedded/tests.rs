@@ -18,7 +18,14 @@ fn job(key: Option<&str>) -> NewJob {
 }
 
 fn open(dir: &Path, max: u64) -> Embedded {
-    Embedded::open(dir, Limits { max_unfinished: max }).unwrap()
+    Embedded::open(
+        dir,
+        Limits {
+            max_unfinished: max,
+            writer_nice: 0,
+        },
+    )
+    .unwrap()
 }
 
 fn answer(status: u16) -> Finish {
@@ -140,7 +147,13 @@ async fn a_restart_queues_running_jobs_again_and_loses_nothing() {
     };
     // The writer thread ends once every handle is gone; wait until the file is free.
     let store = loop {
-        match Embedded::open(dir.path(), Limits { max_unfinished: 100 }) {
+        match Embedded::open(
+            dir.path(),
+            Limits {
+                max_unfinished: 100,
+                writer_nice: 0,
+            },
+        ) {
             Ok(store) => break store,
             Err(_) => tokio::task::yield_now().await,
         }

@@ -141,6 +141,10 @@ impl BatchMetrics {
     fn new(route: &str) -> Self {
         let flush = |reason: Flush| ::metrics::counter!(metrics::BATCH_FLUSHES, "route" => route.to_owned(), "reason" => reason.as_str());
         let label = || [("route", route.to_owned())];
+        // Known rejection reasons start at zero (`absolute` never lowers a counter).
+        for reason in ["queue_full", "deadline_unmeetable", "too_many_signatures"] {
+            ::metrics::counter!(metrics::BATCH_REJECTIONS, "route" => route.to_owned(), "reason" => reason).absolute(0);
+        }
         BatchMetrics {
             flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline, Flush::MaxWait].map(flush),
             rows: ::metrics::histogram!(metrics::BATCH_ROWS, &label()),

@@ -130,7 +130,10 @@ impl RouteWorker {
                 .iter()
                 .zip(answers)
                 .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &self.settings)))
-                .collect();
+                .collect::<Vec<_>>();
+            for (_, _, end) in &ends {
+                crate::metrics::count_attempt(&self.name, end);
+            }
             if let Err(e) = self.store.finish_all(ends).await {
                 tracing::warn!(error = %e, "could not record a batch of results; those jobs run again after restart");
             }
@@ -269,6 +272,10 @@ async fn report(store: &Embedded) {
             let n = counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
             ::metrics::gauge!(crate::metrics::OFFLINE_JOBS, "state" => state.as_str()).set(n as f64);
         }
+    }
+    if let Ok(oldest) = store.oldest_queued().await {
+        let age = oldest.map_or(0, |at| queue::now_ms().saturating_sub(at).max(0));
+        ::metrics::gauge!(crate::metrics::OFFLINE_OLDEST_QUEUED).set(age as f64 / 1000.0);
     }
 }
 

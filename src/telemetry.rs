@@ -1,0 +1,116 @@
+//! OTLP trace export: off unless `trace.otlp_endpoint` is set, and free when off.
+//!
+//! Beside the request path. When on, a `tracing-opentelemetry` layer turns the
+//! gateway's spans (`request` → `classify` → `tier` → `backend`) into OpenTelemetry
+//! spans, exported in batches over OTLP/gRPC by a background worker; a full export
+//! queue drops spans rather than slow a request. [`adopt`] ties a request's span to
+//! the client's trace; [`span_id`] reads a span's exported id for `traceparent`.
+//! When off, both return `None` after one atomic load.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider};
+use opentelemetry::Context;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::config::Trace;
+use crate::trace::Ids;
+
+/// Whether an exporting layer is installed.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The running exporter; flushes what it holds when dropped.
+pub struct Exporter(SdkTracerProvider);
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Exporter")
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.shutdown() {
+            tracing::warn!(error = %e, "trace export did not flush at shutdown");
+        }
+    }
+}
+
+/// The layer exporting spans to `settings.otlp_endpoint`, and its exporter (keep it
+/// alive while serving), or `None` when no endpoint is set. Must be called inside the
+/// tokio runtime the exporter's connection will live on.
+pub fn layer<S>(settings: &Trace) -> Result<Option<(impl tracing_subscriber::Layer<S>, Exporter)>, String>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    if settings.otlp_endpoint.is_empty() {
+        return Ok(None);
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(settings.otlp_endpoint.clone())
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| format!("trace.otlp_endpoint {:?}: {e}", settings.otlp_endpoint))?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build();
+    let tracer = provider.tracer("tiergate");
+    ENABLED.store(true, Ordering::Release);
+    Ok(Some((
+        tracing_opentelemetry::layer().with_tracer(tracer),
+        Exporter(provider),
+    )))
+}
+
+/// Makes `span` (a request's, not yet entered) a child of the client's span in `ids`
+/// and returns the exported trace and span ids, or `None` when export is off.
+pub fn adopt(span: &Span, ids: &Ids) -> Option<(u128, u64)> {
+    if !ENABLED.load(Ordering::Acquire) {
+        return None;
+    }
+    if let Some(parent) = ids.parent {
+        let flags = if ids.sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        let remote = SpanContext::new(
+            TraceId::from(ids.trace_id),
+            SpanId::from(parent),
+            flags,
+            true,
+            TraceState::default(),
+        );
+        // Fails only when the span is disabled by the log filter; it is then not exported.
+        let _ = span.set_parent(Context::new().with_remote_span_context(remote));
+    }
+    let cx = span.context();
+    let context = cx.span().span_context().clone();
+    context.is_valid().then(|| {
+        (
+            u128::from_be_bytes(context.trace_id().to_bytes()),
+            u64::from_be_bytes(context.span_id().to_bytes()),
+        )
+    })
+}
+
+/// The exported id of `span`, or `None` when export is off (or the span is disabled).
+pub fn span_id(span: &Span) -> Option<u64> {
+    if !ENABLED.load(Ordering::Acquire) {
+        return None;
+    }
+    let cx = span.context();
+    let context = cx.span().span_context().clone();
+    context
+        .is_valid()
+        .then(|| u64::from_be_bytes(context.span_id().to_bytes()))
+}

@@ -1,0 +1,280 @@
+//! Metrics after a mixed workload: every family documented in docs/operations.md is
+//! exported, the counts match the requests sent, and every metric the Grafana dashboard
+//! and the alerting rules in deploy/ query is one the gateway exports.
+//!
+//! One test in its own binary: the metrics recorder is process-wide, so the counts are
+//! exactly this workload's.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use tokio::time::Instant;
+
+/// The value of the one series with all of `labels`, or 0 when there is none.
+fn value(scrape: &str, name: &str, labels: &[&str]) -> f64 {
+    let series: Vec<f64> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number"))
+        .collect();
+    assert!(series.len() <= 1, "{name}{labels:?} matches {} series", series.len());
+    series.first().copied().unwrap_or(0.0)
+}
+
+/// Every `tiergate_*` metric name in `text`.
+fn names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("tiergate_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.insert(name);
+    }
+    out
+}
+
+/// Families in the scrape (histograms by their base name as well as their series).
+fn exported(scrape: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in scrape.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let name: String = line.chars().take_while(|c| *c != '{' && *c != ' ').collect();
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                out.insert(base.to_owned());
+            }
+        }
+        out.insert(name);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_mixed_workload_shows_in_every_documented_family() {
+    let sim = backend(&["m"]).await;
+    let dead = dead_addr().await;
+    let mut config = config();
+    config.limits.max_rss_bytes = 64 << 30; // far above use: the gauge is exported, nothing is shed
+    let policy = format!(
+        r#"
+[routes.obs]
+models = ["m"]
+realtime_below = "300ms"
+offline_from = "30s"
+[routes.obs.flags]
+realtime = true
+micro_batch = true
+offline = true
+[routes.obs.borrow]
+offline_on_realtime = true
+[routes.obs.realtime]
+endpoints = ["{live}", "http://{dead}"]
+max_concurrency = 8
+[routes.obs.realtime.health]
+eject_after = 1
+[routes.obs.micro_batch]
+endpoints = ["{live}"]
+max_batch = 8
+max_wait = "20ms"
+"#,
+        live = sim.url()
+    );
+    let gw = gateway_with(config, &policy).await;
+    let addr = gw.http_addr();
+
+    // 20 real-time calls, one after another (some first try the dead endpoint, which is
+    // ejected; the connect failure moves the call to the live one).
+    for _ in 0..20 {
+        let a = infer(addr, "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    // 10 micro-batch calls at once.
+    let mut batch = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        batch.spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", "3000")], BODY).await });
+    }
+    for a in batch.join_all().await {
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.tier().0, Some("micro_batch"));
+    }
+    // 3 offline jobs, each waited for.
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        let a = infer(addr, "m", &[("prefer", "respond-async")], BODY).await;
+        assert_eq!(a.status, 202, "{}", a.text());
+        jobs.push(a.header("location").expect("location").to_owned());
+    }
+    let limit = Instant::now() + Duration::from_secs(20);
+    for job in &jobs {
+        while get(addr, job).await.status != 200 {
+            assert!(Instant::now() < limit, "job {job} did not finish in 20 s");
+            tokio::time::sleep(Duration::from_millis(50)).await; // polling the job API, as a client does
+        }
+    }
+    // Two bad bodies and an unknown model.
+    for _ in 0..2 {
+        assert_eq!(infer(addr, "m", &[], "{bad").await.status, 400);
+    }
+    assert_eq!(infer(addr, "nope", &[], BODY).await.status, 404);
+
+    // The offline gauges are refreshed every second: wait for the finished jobs there.
+    let limit = Instant::now() + Duration::from_secs(10);
+    let scrape = loop {
+        let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+        if value(&scrape, "tiergate_offline_jobs", &["state=\"succeeded\""]) >= 3.0 {
+            break scrape;
+        }
+        assert!(
+            Instant::now() < limit,
+            "the offline gauges did not show 3 jobs:\n{scrape}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await; // the sweep's period is 1 s
+    };
+    let r = "route=\"obs\"";
+    let count = |name: &str, labels: &[&str]| value(&scrape, name, &[&[r][..], labels].concat());
+
+    // Requests by tier and outcome: exactly what was sent.
+    assert_eq!(
+        count("tiergate_requests_total", &["tier=\"realtime\"", "outcome=\"ok\""]),
+        20.0
+    );
+    assert_eq!(
+        count("tiergate_requests_total", &["tier=\"micro_batch\"", "outcome=\"ok\""]),
+        10.0
+    );
+    assert_eq!(
+        count("tiergate_requests_total", &["tier=\"offline\"", "outcome=\"ok\""]),
+        3.0
+    );
+    assert_eq!(
+        count("tiergate_requests_total", &["tier=\"none\"", "outcome=\"bad_request\""]),
+        2.0
+    );
+    assert_eq!(
+        value(&scrape, "tiergate_unmatched_requests_total", &["door=\"http\""]),
+        1.0
+    );
+    assert_eq!(
+        count(
+            "tiergate_decisions_total",
+            &["tier=\"realtime\"", "reason=\"budget_realtime\""]
+        ),
+        20.0
+    );
+    assert_eq!(
+        count("tiergate_request_duration_seconds_count", &["tier=\"realtime\""]),
+        20.0
+    );
+    assert_eq!(
+        count("tiergate_request_duration_seconds_count", &["tier=\"micro_batch\""]),
+        10.0
+    );
+    assert_eq!(count("tiergate_in_flight_requests", &["tier=\"realtime\""]), 0.0);
+
+    // SLO: every classified real-time and micro-batch request, and every finished job.
+    for (tier, n) in [("realtime", 20.0), ("micro_batch", 10.0), ("offline", 3.0)] {
+        let tier = format!("tier=\"{tier}\"");
+        let met = count("tiergate_slo_requests_total", &[&tier, "result=\"met\""]);
+        let missed = count("tiergate_slo_requests_total", &[&tier, "result=\"missed\""]);
+        assert_eq!(met + missed, n, "{tier}: met {met} + missed {missed}");
+        assert!(met > 0.0, "{tier}: some requests met their budget");
+    }
+    assert_eq!(count("tiergate_offline_attempts_total", &["result=\"succeeded\""]), 3.0);
+    assert_eq!(value(&scrape, "tiergate_offline_oldest_queued_seconds", &[]), 0.0);
+
+    // Micro-batch: the 10 callers' rows (2 each) and any offline rows went out in batches.
+    let rows = count("tiergate_batch_rows_sum", &[]);
+    assert!((20.0..=26.0).contains(&rows), "rows batched: {rows}");
+    let batches = count("tiergate_batch_rows_count", &[]);
+    assert!(
+        (3.0..10.0).contains(&batches),
+        "10 callers with max_batch 8 rows go in a few batches: {batches}"
+    );
+    assert_eq!(count("tiergate_batch_queue_rows", &[]), 0.0);
+    assert!(count("tiergate_batch_cost_per_row_seconds", &[]) >= 0.0);
+
+    // Backends: the dead endpoint is ejected as unreachable; the live one is closed.
+    let dead_label = format!("endpoint=\"{dead}\"");
+    assert_eq!(count("tiergate_backend_circuit_state", &[&dead_label]), 1.0);
+    assert!(
+        count(
+            "tiergate_backend_ejections_total",
+            &[&dead_label, "reason=\"unreachable\""]
+        ) >= 1.0
+    );
+    assert!(count("tiergate_backend_duration_seconds_count", &["tier=\"realtime\""]) >= 20.0);
+
+    // Policy and admission, at their start values.
+    assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 1.0);
+    assert_eq!(value(&scrape, "tiergate_policy_last_reload_ok", &[]), 1.0);
+    assert_eq!(
+        value(&scrape, "tiergate_admission_refusals_total", &["reason=\"requests\""]),
+        0.0
+    );
+    assert!(value(&scrape, "tiergate_process_resident_bytes", &[]) > 1e6);
+
+    // Every documented family is exported.
+    let have = exported(&scrape);
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).expect("docs");
+    let documented: BTreeSet<String> = docs
+        .lines()
+        .filter(|l| l.starts_with("| `tiergate_"))
+        .flat_map(names)
+        .collect();
+    assert!(
+        documented.len() >= 30,
+        "the metrics table lists {} families",
+        documented.len()
+    );
+    let missing: Vec<_> = documented.difference(&have).collect();
+    assert!(missing.is_empty(), "documented but not exported: {missing:?}\n{scrape}");
+    let undocumented: Vec<_> = have
+        .iter()
+        .filter(|n| n.starts_with("tiergate_") && !["_bucket", "_sum", "_count"].iter().any(|s| n.ends_with(s)))
+        .filter(|n| !documented.contains(*n))
+        .collect();
+    assert!(undocumented.is_empty(), "exported but not documented: {undocumented:?}");
+
+    // Every metric the dashboard and the alerts query is exported.
+    for file in [
+        "deploy/grafana/dashboards/tiergate.json",
+        "deploy/prometheus/alerts.yml",
+    ] {
+        let text = std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).expect("deploy file");
+        if file.ends_with(".json") {
+            serde_json::from_str::<serde_json::Value>(&text).expect("the dashboard is JSON");
+        }
+        let queried = names(&text);
+        assert!(queried.len() >= 6, "{file} queries {queried:?}");
+        let unknown: Vec<_> = queried.difference(&have).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} queries metrics the gateway does not export: {unknown:?}"
+        );
+    }
+
+    // `tiergate top` shows a row per route and tier from the same endpoint.
+    let top = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["top", "--once", "--interval", "200ms", "--metrics-url"])
+        .arg(format!("http://{}", gw.metrics_addr()))
+        .output()
+        .await
+        .expect("tiergate top runs");
+    let frame = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{frame}{}", String::from_utf8_lossy(&top.stderr));
+    for tier in ["realtime", "micro_batch", "offline"] {
+        let row = frame
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["obs", tier]))
+            .unwrap_or_else(|| panic!("no row for obs {tier} in\n{frame}"));
+        assert_eq!(row.split_whitespace().count(), 9, "{row}");
+    }
+    gw.stop().await.expect("stops");
+}

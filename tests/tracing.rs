@@ -1,0 +1,197 @@
+//! Tracing: one request's trace id at the client, in the gateway's exported spans (an
+//! OTLP collector run by the test) and at the simulated backend, with the spans nested
+//! request → classify → tier → backend, and the request id on the gateway's log lines.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use tokio::sync::Notify;
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// An OTLP/gRPC collector that keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<Span>>>,
+    arrived: Arc<Notify>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let spans = request
+            .into_inner()
+            .resource_spans
+            .into_iter()
+            .flat_map(|r| r.scope_spans)
+            .flat_map(|s| s.spans);
+        self.spans.lock().expect("not poisoned").extend(spans);
+        self.arrived.notify_waiters();
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
+    let backend = backend(&["m"]).await;
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let otlp = listener.local_addr().expect("addr");
+    let server = collector.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(server))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
+    std::fs::write(
+        dir.path().join("policy/route.toml"),
+        route(&backend.url(), &backend.url(), "realtime = true", ""),
+    )
+    .expect("policy");
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
+    let log_path = dir.path().join("gateway.log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tiergate"));
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("TIERGATE_") || k == "RUST_LOG") {
+        command.env_remove(key);
+    }
+    let _gateway = Killed(
+        command
+            .args(["serve", "--policy-dir"])
+            .arg(dir.path().join("policy"))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--http", &format!("127.0.0.1:{http}")])
+            .args(["--grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+            .env("TIERGATE_TRACE__OTLP_ENDPOINT", format!("http://{otlp}"))
+            .env("TIERGATE_LOG__FORMAT", "json")
+            .env("TIERGATE_LOG__LEVEL", "info,tiergate=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).expect("log file"))
+            .spawn()
+            .expect("tiergate starts"),
+    );
+    wait_ready(http, "/v2/health/ready", Duration::from_secs(30)).await;
+
+    let addr = format!("127.0.0.1:{http}").parse().expect("addr");
+    let traceparent = format!("00-{TRACE}-{CLIENT_SPAN}-01");
+    let answer = infer(
+        addr,
+        "m",
+        &[("traceparent", &traceparent), ("x-request-id", "trace-test-7")],
+        BODY,
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.header("x-request-id"), Some("trace-test-7"));
+    let response = answer.header("traceresponse").expect("traceresponse header").to_owned();
+    assert!(response.starts_with(&format!("00-{TRACE}-")), "{response}");
+    let gateway_span = response.split('-').nth(2).expect("span id").to_owned();
+
+    // The backend got the client's trace, with a gateway span as its parent.
+    let at_backend = backend
+        .sim
+        .stats("m")
+        .expect("model")
+        .last_traceparent
+        .expect("a traceparent reached the backend");
+    let fields: Vec<&str> = at_backend.split('-').collect();
+    assert_eq!(fields[1], TRACE, "{at_backend}");
+    assert_ne!(
+        fields[2], CLIENT_SPAN,
+        "the backend's parent is the gateway's span, not the client's"
+    );
+
+    // The gateway exported its spans: request (child of the client's span) → classify,
+    // tier → backend, whose id is the backend's parent.
+    let spans = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let arrived = collector.arrived.notified();
+            {
+                let spans = collector.spans.lock().expect("not poisoned");
+                if spans.iter().any(|s| s.name == "request") && spans.iter().any(|s| s.name == "backend") {
+                    return spans.clone();
+                }
+            }
+            arrived.await;
+        }
+    })
+    .await
+    .expect("the gateway exports its spans within 20 s (the batch exporter sends every 5 s)");
+    let by_name = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span"))
+    };
+    for span in &spans {
+        assert_eq!(
+            hex(&span.trace_id),
+            TRACE,
+            "span {} is in the client's trace",
+            span.name
+        );
+    }
+    let request = by_name("request");
+    assert_eq!(hex(&request.parent_span_id), CLIENT_SPAN);
+    assert_eq!(
+        hex(&request.span_id),
+        gateway_span,
+        "traceresponse names the request span"
+    );
+    let tier = by_name("tier");
+    assert_eq!(tier.parent_span_id, request.span_id);
+    assert_eq!(by_name("classify").parent_span_id, request.span_id);
+    let call = by_name("backend");
+    assert_eq!(call.parent_span_id, tier.span_id);
+    assert_eq!(
+        hex(&call.span_id),
+        fields[2],
+        "the backend's parent is the gateway's backend span"
+    );
+
+    // Every log line inside the request carries its request id and trace id.
+    let log = std::fs::read_to_string(&log_path).expect("log");
+    let served: Vec<&str> = log.lines().filter(|l| l.contains("\"served\"")).collect();
+    assert!(!served.is_empty(), "a debug line per served request:\n{log}");
+    for line in served {
+        let line: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+        let request_span = line["spans"]
+            .as_array()
+            .and_then(|spans| spans.iter().find(|s| s["name"] == "request"))
+            .unwrap_or_else(|| panic!("the line is inside the request span: {line}"));
+        assert_eq!(request_span["request_id"], "trace-test-7");
+        assert_eq!(request_span["trace_id"], TRACE);
+    }
+    assert!(!log.contains("\"inputs\""), "no request body is logged");
+}
