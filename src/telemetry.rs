@@ -114,3 +114,16 @@ pub fn span_id(span: &Span) -> Option<u64> {
         .is_valid()
         .then(|| u64::from_be_bytes(context.span_id().to_bytes()))
 }
+
+/// Links `span` to `other`'s exported span (a batch to each of its callers); nothing
+/// when export is off.
+pub fn link(span: &Span, other: &Span) {
+    if !ENABLED.load(Ordering::Acquire) {
+        return;
+    }
+    let cx = other.context();
+    let context = cx.span().span_context().clone();
+    if context.is_valid() {
+        span.add_link(context);
+    }
+}

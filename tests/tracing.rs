@@ -1,6 +1,7 @@
 //! Tracing: one request's trace id at the client, in the gateway's exported spans (an
 //! OTLP collector run by the test) and at the simulated backend, with the spans nested
-//! request → classify → tier → backend, and the request id on the gateway's log lines.
+//! request → classify → tier → backend (→ batch → backend for micro-batches), and the
+//! request id on the gateway's log lines.
 
 mod common;
 
@@ -75,7 +76,12 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
     std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
     std::fs::write(
         dir.path().join("policy/route.toml"),
-        route(&backend.url(), &backend.url(), "realtime = true", ""),
+        route(
+            &backend.url(),
+            &backend.url(),
+            "realtime = true\nmicro_batch = true",
+            "",
+        ),
     )
     .expect("policy");
     let (http, grpc, metrics) = (free_port(), free_port(), free_port());
@@ -132,6 +138,29 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
         "the backend's parent is the gateway's span, not the client's"
     );
 
+    // A micro-batch request in another trace: its batch's backend call carries it.
+    const BATCH_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    let batched = infer(
+        addr,
+        "m",
+        &[
+            ("traceparent", &format!("00-{BATCH_TRACE}-b7ad6b7169203331-01")),
+            ("x-tiergate-budget-ms", "2000"),
+        ],
+        BODY,
+    )
+    .await;
+    assert_eq!(batched.status, 200, "{}", batched.text());
+    assert_eq!(batched.tier().0, Some("micro_batch"));
+    let at_batch_backend = backend
+        .sim
+        .stats("m")
+        .expect("model")
+        .last_traceparent
+        .expect("traceparent");
+    let batch_fields: Vec<&str> = at_batch_backend.split('-').collect();
+    assert_eq!(batch_fields[1], BATCH_TRACE, "{at_batch_backend}");
+
     // The gateway exported its spans: request (child of the client's span) → classify,
     // tier → backend, whose id is the backend's parent.
     let spans = tokio::time::timeout(Duration::from_secs(20), async {
@@ -139,7 +168,8 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
             let arrived = collector.arrived.notified();
             {
                 let spans = collector.spans.lock().expect("not poisoned");
-                if spans.iter().any(|s| s.name == "request") && spans.iter().any(|s| s.name == "backend") {
+                if spans.iter().filter(|s| s.name == "request").count() == 2 && spans.iter().any(|s| s.name == "batch")
+                {
                     return spans.clone();
                 }
             }
@@ -148,20 +178,17 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
     })
     .await
     .expect("the gateway exports its spans within 20 s (the batch exporter sends every 5 s)");
+    let (spans, batch_spans): (Vec<Span>, Vec<Span>) = spans.into_iter().partition(|s| hex(&s.trace_id) == TRACE);
+    assert!(
+        batch_spans.iter().all(|s| hex(&s.trace_id) == BATCH_TRACE),
+        "every span is in a client's trace"
+    );
     let by_name = |name: &str| {
         spans
             .iter()
             .find(|s| s.name == name)
             .unwrap_or_else(|| panic!("no {name} span"))
     };
-    for span in &spans {
-        assert_eq!(
-            hex(&span.trace_id),
-            TRACE,
-            "span {} is in the client's trace",
-            span.name
-        );
-    }
     let request = by_name("request");
     assert_eq!(hex(&request.parent_span_id), CLIENT_SPAN);
     assert_eq!(
@@ -180,18 +207,39 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
         "the backend's parent is the gateway's backend span"
     );
 
+    // The batch: a child of the caller's tier span, with the backend call under it.
+    let in_batch = |name: &str| {
+        batch_spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in the batched trace"))
+    };
+    let batch = in_batch("batch");
+    assert_eq!(batch.parent_span_id, in_batch("tier").span_id);
+    let batch_call = in_batch("backend");
+    assert_eq!(batch_call.parent_span_id, batch.span_id);
+    assert_eq!(hex(&batch_call.span_id), batch_fields[2]);
+
     // Every log line inside the request carries its request id and trace id.
     let log = std::fs::read_to_string(&log_path).expect("log");
     let served: Vec<&str> = log.lines().filter(|l| l.contains("\"served\"")).collect();
-    assert!(!served.is_empty(), "a debug line per served request:\n{log}");
+    assert_eq!(served.len(), 2, "a debug line per served request:\n{log}");
+    let mut seen = Vec::new();
     for line in served {
         let line: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
         let request_span = line["spans"]
             .as_array()
             .and_then(|spans| spans.iter().find(|s| s["name"] == "request"))
-            .unwrap_or_else(|| panic!("the line is inside the request span: {line}"));
-        assert_eq!(request_span["request_id"], "trace-test-7");
-        assert_eq!(request_span["trace_id"], TRACE);
+            .unwrap_or_else(|| panic!("the line is inside the request span: {line}"))
+            .clone();
+        seen.push((request_span["trace_id"].clone(), request_span["request_id"].clone()));
     }
+    assert_eq!(seen[0], (TRACE.into(), "trace-test-7".into()));
+    assert_eq!(seen[1].0, BATCH_TRACE, "{seen:?}");
+    assert_eq!(
+        seen[1].1.as_str().map(str::len),
+        Some(32),
+        "a request id was made: {seen:?}"
+    );
     assert!(!log.contains("\"inputs\""), "no request body is logged");
 }

@@ -96,9 +96,20 @@ enum Form {
     Json(JsonAdapter),
 }
 
+/// A caller's rows, and where its trace continues.
+#[derive(Debug)]
+struct Part {
+    rows: Rows,
+    /// The caller's span (its tier span): a batch's span is a child of its first
+    /// caller's and, when exported, links the others.
+    span: tracing::Span,
+    /// The caller's ids: a batch's backend call carries its first caller's trace.
+    ids: Option<crate::trace::Ids>,
+}
+
 /// A caller's rows, in its lane's form.
 #[derive(Debug)]
-enum Part {
+enum Rows {
     Kserve(Box<crate::protocol::InferRequest>),
     Json(json::Part),
 }
@@ -300,9 +311,12 @@ async fn on_batch_threads<T: Send + 'static>(
 ) -> Result<T, Error> {
     match threads {
         None => work.await,
-        Some(handle) => tokio_util::task::AbortOnDropHandle::new(handle.spawn(work))
-            .await
-            .unwrap_or_else(|_| Err(Error::new(Kind::Unavailable, "the micro-batch threads stopped"))),
+        // The caller's span goes along, so its logs and the batch's span stay in its trace.
+        Some(handle) => {
+            tokio_util::task::AbortOnDropHandle::new(handle.spawn(tracing::Instrument::in_current_span(work)))
+                .await
+                .unwrap_or_else(|_| Err(Error::new(Kind::Unavailable, "the micro-batch threads stopped")))
+        }
     }
 }
 
@@ -325,9 +339,9 @@ impl Inner {
         let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
         let parsed = match (kserve, spec.json_adapter) {
             (true, _) => kserve::parse(&call.request)?
-                .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Part::Kserve(Box::new(req)), rows)),
+                .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Rows::Kserve(Box::new(req)), rows)),
             (false, Some(adapter)) => json::parse(adapter, call.request.body())?
-                .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Part::Json(part), rows)),
+                .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows)),
             (false, None) => Err(Unbatched("the route has no json_adapter".into())),
         };
         let (key, part, rows) = match parsed {
@@ -342,6 +356,11 @@ impl Inner {
             lanes.admit(rows, call.deadline)?;
         }
         let queue = lanes.lane(key, spec)?;
+        let part = Part {
+            rows: part,
+            span: tracing::Span::current(),
+            ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
+        };
         let submitted = match filler {
             true => queue.submit_filler(part, rows, call.deadline),
             false => queue.submit(part, rows, call.deadline),

@@ -12,11 +12,12 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
-use super::{json, kserve, Form, Lane, Part, BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
+use super::{json, kserve, Form, Lane, Part, Rows, BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
 use crate::error::{Error, Kind};
 use crate::protocol;
 use crate::tiers::batcher::{Batch, Entry, Flush};
 use crate::tiers::Reply;
+use tracing::Instrument;
 
 type Callers = Batch<Part, Reply>;
 
@@ -37,7 +38,7 @@ pub(super) async fn send(lane: Arc<Lane>, batch: Callers, flush: Flush) {
 fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
     Box::pin(async move {
         callers.retain(|e| !e.reply.is_closed());
-        let request = loop {
+        let mut request = loop {
             if callers.is_empty() {
                 return;
             }
@@ -53,8 +54,9 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
         let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
         let total: u64 = rows.iter().sum();
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
+        let span = batch_span(&callers, total, &mut request);
         let started = Instant::now();
-        match lane.pool.forward(request, deadline).await {
+        match lane.pool.forward(request, deadline).instrument(span).await {
             Ok(reply) if reply.status().is_success() => {
                 lane.cost.observe(total, started.elapsed());
                 lane.metrics.learned(&lane.cost);
@@ -120,12 +122,30 @@ fn scatter(lane: &Lane, reply: &Reply, callers: &Callers, rows: &[u64]) -> Resul
     }
 }
 
+/// The span of one batch's backend call: a child of its first caller's span, linking
+/// the others' when spans are exported. The backend request carries the first
+/// caller's trace.
+fn batch_span(callers: &Callers, rows: u64, request: &mut http::Request<Bytes>) -> tracing::Span {
+    // Offline filler carries no trace: the first caller that does leads the batch.
+    let Some(first) = callers.iter().find(|c| c.payload.ids.is_some()).or(callers.first()) else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(parent: &first.payload.span, "batch", callers = callers.len(), rows);
+    for other in callers.iter().filter(|c| !std::ptr::eq(*c, first)) {
+        crate::telemetry::link(&span, &other.payload.span);
+    }
+    if let Some(ids) = &first.payload.ids {
+        request.extensions_mut().insert(ids.clone());
+    }
+    span
+}
+
 fn kserve_parts(callers: &Callers) -> Result<Vec<&protocol::InferRequest>, Error> {
     callers
         .iter()
-        .map(|e| match &e.payload {
-            Part::Kserve(req) => Ok(&**req),
-            Part::Json(_) => Err(mixed()),
+        .map(|e| match &e.payload.rows {
+            Rows::Kserve(req) => Ok(&**req),
+            Rows::Json(_) => Err(mixed()),
         })
         .collect()
 }
@@ -133,9 +153,9 @@ fn kserve_parts(callers: &Callers) -> Result<Vec<&protocol::InferRequest>, Error
 fn json_parts(callers: &Callers) -> Result<Vec<&json::Part>, Error> {
     callers
         .iter()
-        .map(|e| match &e.payload {
-            Part::Json(part) => Ok(part),
-            Part::Kserve(_) => Err(mixed()),
+        .map(|e| match &e.payload.rows {
+            Rows::Json(part) => Ok(part),
+            Rows::Kserve(_) => Err(mixed()),
         })
         .collect()
 }
