@@ -77,6 +77,67 @@ impl Drop for BatchThreads {
     }
 }
 
+/// Checks the Kafka sources (brokers reachable, topics there, routes with a batch
+/// pool) before anything is bound; refuses sources in a build without Kafka support.
+async fn check_sources(config: &Config, policy: Policy) -> Result<Policy, StartError> {
+    if config.kafka.sources.is_empty() {
+        return Ok(policy);
+    }
+    #[cfg(feature = "kafka")]
+    {
+        let settings = config.kafka.clone();
+        tokio::task::spawn_blocking(move || crate::kafka::check(&settings, &policy).map(|()| policy))
+            .await
+            .map_err(|e| StartError::Settings(e.to_string()))?
+            .map_err(StartError::Settings)
+    }
+    #[cfg(not(feature = "kafka"))]
+    {
+        let _ = policy;
+        Err(StartError::Settings(
+            "kafka.sources are set, but this build has no Kafka support (build with --features kafka)".into(),
+        ))
+    }
+}
+
+/// Starts the Kafka sources on the batch threads.
+#[cfg(feature = "kafka")]
+fn start_sources(
+    config: &Config,
+    policy: &Arc<Store>,
+    micro: &MicroBatch,
+    threads: &BatchThreads,
+    shutdown: &CancellationToken,
+) -> Result<(), StartError> {
+    for source in &config.kafka.sources {
+        threads.handle().spawn(crate::kafka::source::run(
+            config.kafka.clone(),
+            source.clone(),
+            policy.clone(),
+            micro.clone(),
+            shutdown.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// Without the `kafka` feature there are no sources to start.
+#[cfg(not(feature = "kafka"))]
+fn start_sources(
+    config: &Config,
+    _: &Arc<Store>,
+    _: &MicroBatch,
+    _: &BatchThreads,
+    _: &CancellationToken,
+) -> Result<(), StartError> {
+    match config.kafka.sources.is_empty() {
+        true => Ok(()),
+        false => Err(StartError::Settings(
+            "kafka.sources are set, but this build has no Kafka support (build with --features kafka)".into(),
+        )),
+    }
+}
+
 /// The bound listeners a gateway serves on.
 #[derive(Debug)]
 pub struct Listeners {
@@ -130,6 +191,7 @@ pub enum StartError {
 impl Gateway {
     /// Binds the listeners in `config` and starts serving `policy`.
     pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        let policy = check_sources(config, policy).await?;
         let admin = match admin_tokens(config)? {
             Some(_) => Some(bind("admin API", config.listen.admin).await?),
             None => None,
@@ -217,6 +279,7 @@ impl Gateway {
             wake,
             shutdown.clone(),
         );
+        start_sources(config, &policy, &micro_batch_handle, &batch_threads, &shutdown)?;
         // Offline workers run on the batch threads too (their store I/O has its own thread).
         let workers = batch_threads.handle().spawn(workers);
         tasks.spawn(async move { workers.await.map_err(std::io::Error::other) });

@@ -29,6 +29,8 @@ pub struct Config {
     pub limits: Limits,
     /// The offline tier: its queue, retries, windows and limits.
     pub offline: Offline,
+    /// Kafka: brokers, client settings, and topics consumed as sources.
+    pub kafka: Kafka,
     /// Log output.
     pub log: Log,
     /// The admin API: authentication and audit.
@@ -63,6 +65,62 @@ impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret([redacted])")
     }
+}
+
+/// Kafka settings. Sources need a build with the `kafka` feature.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Kafka {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Extra librdkafka client settings for every client (`"security.protocol" = "ssl"`, ...).
+    pub client: std::collections::BTreeMap<String, String>,
+    /// Topics of inference requests served through a route's micro-batch tier, with
+    /// the answers produced to another topic.
+    pub sources: Vec<KafkaSource>,
+}
+
+impl Default for Kafka {
+    fn default() -> Self {
+        Kafka {
+            brokers: "127.0.0.1:9092".to_owned(),
+            client: Default::default(),
+            sources: Vec::new(),
+        }
+    }
+}
+
+/// One Kafka source: requests from `input`, answers to `output` under the same key.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSource {
+    /// The route that serves the requests (its micro-batch tier).
+    pub route: String,
+    /// The topic the requests are read from.
+    pub input: String,
+    /// The topic the answers are written to, keyed like the requests.
+    pub output: String,
+    /// The request path each message is served as: a KServe v2 infer path
+    /// (`/v2/models/NAME/infer`) or the route's JSON path.
+    pub path: String,
+    /// Consumer group; default `tiergate-ROUTE`.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Each request's budget in the micro-batch tier.
+    #[serde(default = "default_source_budget", with = "humantime_serde")]
+    pub budget: Duration,
+    /// Most requests read ahead of the answers (the partitions are paused while the
+    /// batch pool is saturated; nothing more is read).
+    #[serde(default = "default_source_in_flight")]
+    pub max_in_flight: usize,
+}
+
+fn default_source_budget() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_source_in_flight() -> usize {
+    512
 }
 
 /// The backend allowlist: every pool endpoint in the policy (from files or the admin
@@ -230,6 +288,7 @@ impl Default for Config {
             trace: Trace::default(),
             limits: Limits::default(),
             offline: Offline::default(),
+            kafka: Kafka::default(),
             log: Log::default(),
             admin: Admin::default(),
             backends: Backends::default(),

@@ -75,6 +75,15 @@ pub const OFFLINE_ATTEMPTS: &str = "tiergate_offline_attempts_total";
 /// 5xx or gateway error, within the budget) or missed. Offline jobs count once they
 /// end: met when they succeed. The share met is the tier's SLO attainment.
 pub const SLO_REQUESTS: &str = "tiergate_slo_requests_total";
+/// Kafka source messages answered to the output topic, by `source` (input topic) and
+/// `result` (answered, error).
+pub const KAFKA_MESSAGES: &str = "tiergate_kafka_source_messages_total";
+/// Kafka source requests retried while the micro-batch tier shed them, by `source`.
+pub const KAFKA_RETRIES: &str = "tiergate_kafka_source_retries_total";
+/// 1 while a Kafka source's partitions are paused for back-pressure, by `source`.
+pub const KAFKA_PAUSED: &str = "tiergate_kafka_source_paused";
+/// Consumer lag of a Kafka source, by `source` and `partition` (messages).
+pub const KAFKA_LAG: &str = "tiergate_kafka_source_lag";
 /// The running policy's version (one more than the last one kept in the data directory
 /// at start, one more per change: reload, admin edit, rollback).
 pub const POLICY_VERSION: &str = "tiergate_policy_version";

@@ -225,7 +225,8 @@ max_wait = "20ms"
     let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).expect("docs");
     let documented: BTreeSet<String> = docs
         .lines()
-        .filter(|l| l.starts_with("| `tiergate_"))
+        // Kafka source metrics exist only while sources run (tests/kafka.rs checks them).
+        .filter(|l| l.starts_with("| `tiergate_") && !l.starts_with("| `tiergate_kafka_"))
         .flat_map(names)
         .collect();
     assert!(

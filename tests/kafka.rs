@@ -1,0 +1,225 @@
+//! Kafka as a source and sink, against a real Kafka-protocol broker (tansu, started
+//! here on loopback; `scripts/tansu.sh` installs it and the test command passes its
+//! path in `TANSU_BIN`): a topic of requests becomes a topic of answers with none
+//! missing, through the micro-batch tier, with back-pressure; and start refuses clearly
+//! when the brokers cannot be reached or a topic is missing.
+#![cfg(feature = "kafka")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::Message;
+use tiergate::app::Gateway;
+use tiergate::config::KafkaSource;
+use tokio::time::Instant;
+
+/// A tansu broker on a free loopback port, killed when dropped.
+struct Broker {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Broker {
+    async fn start() -> Broker {
+        let bin = std::env::var("TANSU_BIN")
+            .expect("TANSU_BIN names the tansu broker (scripts/test sets it from scripts/tansu.sh)");
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(bin)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tansu starts");
+        let broker = Broker {
+            child,
+            addr: format!("127.0.0.1:{port}"),
+        };
+        let limit = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&broker.addr).await.is_err() {
+            assert!(Instant::now() < limit, "tansu did not listen within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await; // waiting for a child process to bind
+        }
+        broker
+    }
+
+    fn client(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.addr);
+        config
+    }
+
+    async fn create_topics(&self, names: &[&str], partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> = self.client().create().expect("admin client");
+        let topics: Vec<NewTopic> = names
+            .iter()
+            .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        let results = admin
+            .create_topics(
+                &topics,
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("create topics");
+        for result in results {
+            result.expect("topic created");
+        }
+    }
+}
+
+fn request(i: u32) -> String {
+    let row: Vec<u32> = (0..4).map(|j| i * 10 + j).collect();
+    format!(r#"{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1,4],"data":{row:?}}}]}}"#)
+}
+
+fn source(input: &str, output: &str) -> KafkaSource {
+    KafkaSource {
+        route: "r".into(),
+        input: input.into(),
+        output: output.into(),
+        path: "/v2/models/m/infer".into(),
+        group: None,
+        budget: Duration::from_secs(2),
+        max_in_flight: 256,
+    }
+}
+
+const ROUTE_EXTRA: &str = "";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
+    const N: u32 = 2000;
+    let broker = Broker::start().await;
+    broker.create_topics(&["requests", "answers"], 3).await;
+    let sim = backend(&["m"]).await;
+
+    // Produce every request before the gateway starts: a backlog it must drain.
+    let producer: FutureProducer = broker.client().create().expect("producer");
+    for i in 0..N {
+        let key = format!("k{i}");
+        let body = request(i);
+        producer
+            .send(
+                FutureRecord::to("requests").key(&key).payload(&body),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("request produced");
+    }
+
+    // A small queue, so the source meets back-pressure (429s) and has to pause.
+    let policy = route(&sim.url(), &sim.url(), "micro_batch = true", ROUTE_EXTRA)
+        + "max_batch = 32\nmax_wait = \"5ms\"\nqueue_capacity = 64\n";
+    let mut config = config();
+    config.kafka.brokers = broker.addr.clone();
+    config.kafka.sources = vec![source("requests", "answers")];
+    let gw = gateway_with(config, &policy).await;
+
+    let consumer: StreamConsumer = broker
+        .client()
+        .set("group.id", "test-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&["answers"]).expect("subscribe");
+    let mut answers: BTreeMap<String, (String, serde_json::Value)> = BTreeMap::new();
+    let limit = Instant::now() + Duration::from_secs(120);
+    while answers.len() < N as usize {
+        let left = limit.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {N} answers within 120 s", answers.len()))
+            .expect("read an answer");
+        let key = String::from_utf8(message.key().expect("answers are keyed").to_vec()).expect("utf-8 key");
+        let status = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "tiergate-status"))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .expect("a status header");
+        let body: serde_json::Value = serde_json::from_slice(message.payload().expect("a body")).expect("JSON answer");
+        answers.insert(key, (status, body));
+    }
+    for i in 0..N {
+        let (status, body) = &answers[&format!("k{i}")];
+        assert_eq!(status, "200", "k{i}: {body}");
+        let echoed: Vec<u32> = body["outputs"][0]["data"]
+            .as_array()
+            .expect("OUTPUT0 data")
+            .iter()
+            .map(|v| v.as_f64().expect("a number") as u32)
+            .collect();
+        assert_eq!(
+            echoed,
+            (0..4).map(|j| i * 10 + j).collect::<Vec<_>>(),
+            "k{i} got its own answer"
+        );
+    }
+    let stats = sim.sim.stats("m").expect("model");
+    assert!(
+        stats.batches < u64::from(N) / 4,
+        "the requests were micro-batched: {} batches for {N} requests",
+        stats.batches
+    );
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    assert!(
+        scrape.contains(&format!(
+            "tiergate_kafka_source_messages_total{{source=\"requests\",result=\"answered\"}} {N}"
+        )),
+        "{scrape}"
+    );
+    let retried = scrape
+        .lines()
+        .find(|l| l.starts_with("tiergate_kafka_source_retries_total{source=\"requests\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        retried > 0.0,
+        "chunks of 256 against a queue of 64 met back-pressure:\n{scrape}"
+    );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn start_refuses_an_unreachable_broker_and_a_missing_topic() {
+    let sim = backend(&["m"]).await;
+    let policy = route(&sim.url(), &sim.url(), "micro_batch = true", ROUTE_EXTRA);
+
+    let mut config = config();
+    config.kafka.brokers = dead_addr().await.to_string();
+    config.kafka.sources = vec![source("requests", "answers")];
+    let error = Gateway::start(&config, common::policy(&policy))
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("cannot reach the brokers"), "{error}");
+
+    let broker = Broker::start().await;
+    broker.create_topics(&["present"], 1).await;
+    let mut config = common::config();
+    config.kafka.brokers = broker.addr.clone();
+    config.kafka.sources = vec![source("present", "absent")];
+    let error = Gateway::start(&config, common::policy(&policy))
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("topic absent does not exist"), "{error}");
+}
