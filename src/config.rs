@@ -193,8 +193,10 @@ pub struct Threads {
     /// backend calls), kept apart from the real-time ones; at least 1.
     pub batch_workers: usize,
     /// The nice value (0..=19) of the micro-batch threads and the offline store's writer
-    /// thread, so that on a busy CPU the real-time threads run first; 0 runs them at the
-    /// same priority. Linux only; elsewhere ignored.
+    /// thread: above 0, the real-time threads run first on a busy CPU, at the cost of
+    /// the batch tier's own deadlines when the whole process is CPU-bound (see
+    /// docs/performance.md). 0 (the default) runs them at the same priority. Linux
+    /// only; elsewhere ignored.
     pub batch_nice: i32,
 }
 
@@ -301,7 +303,7 @@ impl Default for Threads {
         Threads {
             workers: 0,
             batch_workers: 1,
-            batch_nice: 10,
+            batch_nice: 0,
         }
     }
 }

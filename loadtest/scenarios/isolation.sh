@@ -21,6 +21,9 @@
 # priority: the flood's load generator (both setups) and the separate setup's batch
 # simulator run under `nice -n $STANDIN_NICE` (default 10; 0 runs everything alike).
 #
+# The gateways run with threads.batch_nice = $BATCH_NICE (default 10 here; the
+# gateway's own default is 0, see docs/performance.md, Bursts).
+#
 # Writes to $OUT (default target/loadtest/isolation): summary.txt, results.json, each
 # phase's JSON and plots (latency over time, latency by percentile).
 set -euo pipefail
@@ -31,6 +34,9 @@ DURATION=${3:-15s}
 ROUNDS=${4:-2}
 BACKLOG=${BACKLOG:-20000}
 STANDIN_NICE=${STANDIN_NICE:-10}
+# The gateways' batch threads run at this nice value (threads.batch_nice; the default
+# is 0): this scenario measures the setting for deployments where real time comes first.
+export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-10}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/isolation}
 
