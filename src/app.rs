@@ -77,6 +77,10 @@ impl Drop for BatchThreads {
     }
 }
 
+/// Why sources are refused in a build without the `kafka` feature.
+#[cfg(not(feature = "kafka"))]
+const NO_KAFKA: &str = "kafka.sources are set, but this build has no Kafka support (build with --features kafka)";
+
 /// Checks the Kafka sources (brokers reachable, topics there, routes with a batch
 /// pool) before anything is bound; refuses sources in a build without Kafka support.
 async fn check_sources(config: &Config, policy: Policy) -> Result<Policy, StartError> {
@@ -94,9 +98,7 @@ async fn check_sources(config: &Config, policy: Policy) -> Result<Policy, StartE
     #[cfg(not(feature = "kafka"))]
     {
         let _ = policy;
-        Err(StartError::Settings(
-            "kafka.sources are set, but this build has no Kafka support (build with --features kafka)".into(),
-        ))
+        Err(StartError::Settings(NO_KAFKA.into()))
     }
 }
 
@@ -132,9 +134,7 @@ fn start_sources(
 ) -> Result<(), StartError> {
     match config.kafka.sources.is_empty() {
         true => Ok(()),
-        false => Err(StartError::Settings(
-            "kafka.sources are set, but this build has no Kafka support (build with --features kafka)".into(),
-        )),
+        false => Err(StartError::Settings(NO_KAFKA.into())),
     }
 }
 

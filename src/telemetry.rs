@@ -93,9 +93,7 @@ pub fn adopt(span: &Span, ids: &Ids) -> Option<(u128, u64)> {
         // Fails only when the span is disabled by the log filter; it is then not exported.
         let _ = span.set_parent(Context::new().with_remote_span_context(remote));
     }
-    let cx = span.context();
-    let context = cx.span().span_context().clone();
-    context.is_valid().then(|| {
+    exported(span).map(|context| {
         (
             u128::from_be_bytes(context.trace_id().to_bytes()),
             u64::from_be_bytes(context.span_id().to_bytes()),
@@ -108,11 +106,7 @@ pub fn span_id(span: &Span) -> Option<u64> {
     if !ENABLED.load(Ordering::Acquire) {
         return None;
     }
-    let cx = span.context();
-    let context = cx.span().span_context().clone();
-    context
-        .is_valid()
-        .then(|| u64::from_be_bytes(context.span_id().to_bytes()))
+    exported(span).map(|context| u64::from_be_bytes(context.span_id().to_bytes()))
 }
 
 /// Links `span` to `other`'s exported span (a batch to each of its callers); nothing
@@ -121,9 +115,14 @@ pub fn link(span: &Span, other: &Span) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
     }
-    let cx = other.context();
-    let context = cx.span().span_context().clone();
-    if context.is_valid() {
+    if let Some(context) = exported(other) {
         span.add_link(context);
     }
+}
+
+/// The exported span context of `span`, when it has a valid one.
+fn exported(span: &Span) -> Option<SpanContext> {
+    let cx = span.context();
+    let context = cx.span().span_context().clone();
+    context.is_valid().then_some(context)
 }
