@@ -9,11 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin, Tokens};
-use crate::config::Config;
+use crate::config::{Config, QueueKind};
 use crate::control::history::History;
 use crate::control::Control;
 use crate::front::admission::Admission;
@@ -22,7 +23,7 @@ use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
 use crate::policy::{Allowlist, Policy, Problems, Store};
-use crate::queue::{embedded, Embedded, StoreError};
+use crate::queue::{embedded, Embedded, Queue, StoreError};
 use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
 
 /// A running gateway.
@@ -202,12 +203,40 @@ impl Gateway {
             metrics: bind("metrics endpoint", config.listen.metrics).await?,
             admin,
         };
-        Self::start_on(listeners, config, policy)
+        let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
+        let queue = match config.offline.queue {
+            QueueKind::Embedded => Queue::Embedded(open_embedded(config)?),
+            QueueKind::Kafka => open_kafka(config, &wake, &shutdown).await?,
+        };
+        let started = Self::start_with(listeners, config, policy, queue, wake, shutdown.clone());
+        if started.is_err() {
+            shutdown.cancel(); // stops the Kafka queue's tasks
+        }
+        started
     }
 
-    /// Starts serving `policy` on already bound listeners, with the offline store and
-    /// the policy history under `config.data_dir`.
+    /// Starts serving `policy` on already bound listeners, with the embedded offline
+    /// store and the policy history under `config.data_dir` (the Kafka queue needs
+    /// [`Gateway::start`]).
     pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        if config.offline.queue == QueueKind::Kafka {
+            return Err(StartError::Settings(
+                "offline.queue = \"kafka\" is started by Gateway::start, which connects to the brokers first".into(),
+            ));
+        }
+        let queue = Queue::Embedded(open_embedded(config)?);
+        let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
+        Self::start_with(listeners, config, policy, queue, wake, shutdown)
+    }
+
+    fn start_with(
+        listeners: Listeners,
+        config: &Config,
+        policy: Policy,
+        store: Queue,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> Result<Gateway, StartError> {
         let allow = Allowlist::parse(&config.backends.allow).map_err(StartError::Settings)?;
         allow.check(&policy).map_err(StartError::Policy)?;
         let tokens = admin_tokens(config)?;
@@ -217,14 +246,6 @@ impl Gateway {
         };
         let history = History::open(&config.data_dir, config.admin.audit_log.as_deref()).map_err(history_error)?;
         let version = history.latest().map_err(history_error)? + 1;
-        let limits = embedded::Limits {
-            max_unfinished: config.offline.max_queued_jobs,
-            writer_nice: config.threads.batch_nice,
-        };
-        let store = Embedded::open(&config.data_dir, limits).map_err(|source| StartError::Store {
-            dir: config.data_dir.clone(),
-            source,
-        })?;
         let Listeners {
             http,
             grpc,
@@ -232,7 +253,6 @@ impl Gateway {
             admin,
         } = listeners;
         let prometheus = crate::metrics::install();
-        let shutdown = CancellationToken::new();
         let policy = Arc::new(Store::at(policy, version));
         let dir = config.policy_dir.clone();
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
@@ -245,7 +265,6 @@ impl Gateway {
             Some(batch_threads.handle()),
         );
         let micro_batch_handle = micro_batch.clone();
-        let wake = Arc::new(tokio::sync::Notify::new());
         let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(realtime)
             .with_micro_batch(TierService::new(micro_batch.clone()))
@@ -382,6 +401,48 @@ impl Gateway {
         drop(self.batch_threads);
         Ok(())
     }
+}
+
+/// The offline store's limits from `config`.
+fn store_limits(config: &Config) -> embedded::Limits {
+    embedded::Limits {
+        max_unfinished: config.offline.max_queued_jobs,
+        writer_nice: config.threads.batch_nice,
+    }
+}
+
+/// Opens the embedded offline store under `config.data_dir`.
+fn open_embedded(config: &Config) -> Result<Embedded, StartError> {
+    Embedded::open(&config.data_dir, store_limits(config)).map_err(|source| StartError::Store {
+        dir: config.data_dir.clone(),
+        source,
+    })
+}
+
+/// Starts the Kafka queue (`offline.queue = "kafka"`): brokers and topics checked, the
+/// state topic read, the consumer group joined.
+#[cfg(feature = "kafka")]
+async fn open_kafka(config: &Config, wake: &Arc<Notify>, shutdown: &CancellationToken) -> Result<Queue, StartError> {
+    let max_message = config.limits.max_body_bytes.max(config.limits.max_response_bytes);
+    crate::queue::kafka::KafkaQueue::start(
+        &config.kafka,
+        &config.data_dir,
+        store_limits(config),
+        max_message,
+        wake.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map(Queue::Kafka)
+    .map_err(StartError::Settings)
+}
+
+/// Without the `kafka` feature there is no Kafka queue.
+#[cfg(not(feature = "kafka"))]
+async fn open_kafka(_: &Config, _: &Arc<Notify>, _: &CancellationToken) -> Result<Queue, StartError> {
+    Err(StartError::Settings(
+        "offline.queue = \"kafka\", but this build has no Kafka support (build with --features kafka)".into(),
+    ))
 }
 
 /// Why the admin API is off when no token is configured.

@@ -78,6 +78,54 @@ pub struct Kafka {
     /// Topics of inference requests served through a route's micro-batch tier, with
     /// the answers produced to another topic.
     pub sources: Vec<KafkaSource>,
+    /// The offline queue's topics, when `offline.queue = "kafka"`.
+    pub queue: KafkaQueue,
+}
+
+/// The offline queue on Kafka: jobs on a partitioned topic consumed by every replica
+/// as one group, job states on a compacted topic every replica reads whole.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaQueue {
+    /// The jobs topic (partitioned; its partitions bound how many replicas share work).
+    pub jobs: String,
+    /// The job-state topic (`cleanup.policy=compact`), keyed by job, file and batch id.
+    pub states: String,
+    /// The consumer group the replicas share.
+    pub group: String,
+    /// Most jobs one replica holds read and unfinished; past it its partitions pause.
+    pub max_in_flight: usize,
+    /// This replica's name in job states and heartbeats (default: the host name and
+    /// process id). Names must differ between replicas.
+    pub replica: Option<String>,
+    /// How long a replica's heartbeats may be missing before its partitions of the
+    /// jobs topic go to the others.
+    #[serde(with = "humantime_serde")]
+    pub member_timeout: Duration,
+}
+
+impl Default for KafkaQueue {
+    fn default() -> Self {
+        KafkaQueue {
+            jobs: "tiergate-jobs".to_owned(),
+            states: "tiergate-job-states".to_owned(),
+            group: "tiergate-offline".to_owned(),
+            max_in_flight: 1024,
+            replica: None,
+            member_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where the offline tier keeps its jobs.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueKind {
+    /// One SQLite file under `data_dir`: one gateway.
+    #[default]
+    Embedded,
+    /// Kafka topics (`[kafka.queue]`): several gateway replicas; needs the `kafka` build.
+    Kafka,
 }
 
 impl Default for Kafka {
@@ -86,6 +134,7 @@ impl Default for Kafka {
             brokers: "127.0.0.1:9092".to_owned(),
             client: Default::default(),
             sources: Vec::new(),
+            queue: KafkaQueue::default(),
         }
     }
 }
@@ -146,6 +195,8 @@ impl Default for Backends {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Offline {
+    /// Where jobs are kept: `embedded` (the default) or `kafka`.
+    pub queue: QueueKind,
     /// How long an accepted job may wait to finish before it expires.
     #[serde(with = "humantime_serde")]
     pub completion_window: Duration,
@@ -311,6 +362,7 @@ impl Default for Threads {
 impl Default for Offline {
     fn default() -> Self {
         Offline {
+            queue: QueueKind::Embedded,
             completion_window: Duration::from_secs(24 * 3600),
             max_attempts: 5,
             retry_backoff: Duration::from_secs(1),

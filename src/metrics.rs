@@ -84,6 +84,8 @@ pub const KAFKA_RETRIES: &str = "tiergate_kafka_source_retries_total";
 pub const KAFKA_PAUSED: &str = "tiergate_kafka_source_paused";
 /// Consumer lag of a Kafka source, by `source` and `partition` (messages).
 pub const KAFKA_LAG: &str = "tiergate_kafka_source_lag";
+/// Jobs this replica has read from the Kafka queue's jobs topic and not yet finished.
+pub const KAFKA_QUEUE_HELD: &str = "tiergate_kafka_queue_held";
 /// The running policy's version (one more than the last one kept in the data directory
 /// at start, one more per change: reload, admin edit, rollback).
 pub const POLICY_VERSION: &str = "tiergate_policy_version";

@@ -8,13 +8,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::kafka::Broker;
 use common::*;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -22,69 +19,6 @@ use rdkafka::Message;
 use tiergate::app::Gateway;
 use tiergate::config::KafkaSource;
 use tokio::time::Instant;
-
-/// A tansu broker on a free loopback port, killed when dropped.
-struct Broker {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Broker {
-    async fn start() -> Broker {
-        let bin = std::env::var("TANSU_BIN")
-            .expect("TANSU_BIN names the tansu broker (scripts/test sets it from scripts/tansu.sh)");
-        let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(bin)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tansu starts");
-        let broker = Broker {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-        };
-        let limit = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(&broker.addr).await.is_err() {
-            assert!(Instant::now() < limit, "tansu did not listen within 30 s");
-            tokio::time::sleep(Duration::from_millis(50)).await; // waiting for a child process to bind
-        }
-        broker
-    }
-
-    fn client(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.addr);
-        config
-    }
-
-    async fn create_topics(&self, names: &[&str], partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = self.client().create().expect("admin client");
-        let topics: Vec<NewTopic> = names
-            .iter()
-            .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
-            .collect();
-        let results = admin
-            .create_topics(
-                &topics,
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
-            .await
-            .expect("create topics");
-        for result in results {
-            result.expect("topic created");
-        }
-    }
-}
 
 fn request(i: u32) -> String {
     let row: Vec<u32> = (0..4).map(|j| i * 10 + j).collect();

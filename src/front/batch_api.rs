@@ -24,14 +24,14 @@ use crate::config;
 use crate::error::{Error, Kind};
 use crate::policy::Store;
 use crate::queue::batches::NewBatch;
-use crate::queue::{self, Embedded, NewJob};
+use crate::queue::{self, NewJob, Queue};
 use crate::tiers::offline::{store_error, IDEMPOTENCY_HEADER};
 
 /// The offline tier's HTTP API: jobs and the Batch API.
 #[derive(Debug, Clone)]
 pub struct OfflineApi {
     /// The durable store.
-    pub store: Embedded,
+    pub store: Queue,
     /// The running policy (to check each line's url).
     pub policy: Arc<Store>,
     /// Offline settings (windows, limits).

@@ -12,7 +12,7 @@ use http::{HeaderValue, Method, Response, StatusCode};
 use serde_json::json;
 
 use crate::error::{Error, Kind};
-use crate::queue::{Embedded, Job, JobStore, State};
+use crate::queue::{Job, JobStore, Queue, State};
 use crate::tiers::offline::store_error;
 
 /// Response header: the job an answer belongs to.
@@ -21,7 +21,7 @@ pub const JOB_ID_HEADER: &str = "x-tiergate-job-id";
 pub const JOB_STATUS_HEADER: &str = "x-tiergate-job-status";
 
 /// Answers `method` on `/v1/jobs/{id}`.
-pub async fn answer(store: &Embedded, method: &Method, id: &str) -> Result<Response<Bytes>, Error> {
+pub async fn answer(store: &Queue, method: &Method, id: &str) -> Result<Response<Bytes>, Error> {
     let missing = || {
         Error::new(
             Kind::NotFound,

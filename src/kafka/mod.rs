@@ -68,6 +68,16 @@ pub fn check(settings: &Kafka, policy: &Policy) -> Result<(), String> {
             ));
         }
     }
+    for source in &settings.sources {
+        let what = format!("kafka source {}", source.input);
+        partitions(settings, &[source.input.clone(), source.output.clone()], &what)?;
+    }
+    Ok(())
+}
+
+/// The partition count of each of `topics`, refusing (for `what`) when the brokers do
+/// not answer within 5 s or a topic does not exist. Blocking.
+pub fn partitions(settings: &Kafka, topics: &[String], what: &str) -> Result<Vec<i32>, String> {
     let consumer: BaseConsumer = client(settings, &[])
         .create()
         .map_err(|e| format!("kafka: cannot create a client for {}: {e}", settings.brokers))?;
@@ -77,20 +87,21 @@ pub fn check(settings: &Kafka, policy: &Policy) -> Result<(), String> {
             settings.brokers
         )
     })?;
-    for source in &settings.sources {
-        for topic in [&source.input, &source.output] {
-            let found = metadata
+    topics
+        .iter()
+        .map(|topic| {
+            metadata
                 .topics()
                 .iter()
                 .find(|t| t.name() == topic)
-                .filter(|t| t.error().is_none() && !t.partitions().is_empty());
-            if found.is_none() {
-                return Err(format!(
-                    "kafka source {}: topic {topic} does not exist on {} (create it before starting)",
-                    source.input, settings.brokers
-                ));
-            }
-        }
-    }
-    Ok(())
+                .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+                .map(|t| i32::try_from(t.partitions().len()).unwrap_or(i32::MAX))
+                .ok_or_else(|| {
+                    format!(
+                        "{what}: topic {topic} does not exist on {} (create it before starting)",
+                        settings.brokers
+                    )
+                })
+        })
+        .collect()
 }

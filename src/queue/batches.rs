@@ -39,10 +39,20 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             output_file_id TEXT,
             error_file_id TEXT,
             errors TEXT,
-            idempotency_key TEXT UNIQUE
+            idempotency_key TEXT UNIQUE,
+            requests INTEGER
         );
         CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, line) WHERE batch_id IS NOT NULL;",
     )?;
+    // Stores made before batches counted their jobs.
+    let counted: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('batches') WHERE name = 'requests'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !counted {
+        conn.execute_batch("ALTER TABLE batches ADD COLUMN requests INTEGER")?;
+    }
     Ok(())
 }
 
@@ -76,6 +86,57 @@ impl FileInfo {
     }
 }
 
+/// A batch's row as created: what the embedded store inserts, and what the Kafka
+/// queue writes to its state topic (with `cancelling_at` once cancelling is asked).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatchRow {
+    /// `batch_...`.
+    pub id: String,
+    /// The input file.
+    pub input_file_id: String,
+    /// The endpoint named at creation.
+    pub endpoint: String,
+    /// As given.
+    pub completion_window: String,
+    /// As given.
+    pub metadata: Option<Map<String, Value>>,
+    /// Created at (ms since the Unix epoch).
+    pub created_at: i64,
+    /// When unfinished jobs expire.
+    pub expires_at: i64,
+    /// The client's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Its jobs (one per valid input line).
+    pub requests: u64,
+    /// Validation errors (the batch failed at once, with no jobs).
+    pub errors: Vec<Value>,
+    /// When cancelling was asked.
+    pub cancelling_at: Option<i64>,
+}
+
+impl BatchRow {
+    /// The row of `batch`, created `now` as `id`.
+    pub fn new(id: String, batch: &NewBatch, now: i64) -> BatchRow {
+        BatchRow {
+            id,
+            input_file_id: batch.input_file_id.clone(),
+            endpoint: batch.endpoint.clone(),
+            completion_window: batch.completion_window.clone(),
+            metadata: batch.metadata.clone(),
+            created_at: now,
+            expires_at: batch.expires_at,
+            idempotency_key: batch.idempotency_key.clone(),
+            requests: if batch.errors.is_empty() {
+                batch.jobs.len() as u64
+            } else {
+                0
+            },
+            errors: batch.errors.clone(),
+            cancelling_at: None,
+        }
+    }
+}
+
 /// A new batch: its row, and its jobs with their `custom_id` and line.
 #[derive(Debug, Clone)]
 pub struct NewBatch {
@@ -105,7 +166,18 @@ pub(super) fn add_file(
     content: &[u8],
     now: i64,
 ) -> Result<FileInfo, StoreError> {
-    let id = super::new_id("file");
+    add_file_as(conn, super::new_id("file"), purpose, filename, content, now)
+}
+
+/// Stores a file as `id`.
+fn add_file_as(
+    conn: &Connection,
+    id: String,
+    purpose: &str,
+    filename: &str,
+    content: &[u8],
+    now: i64,
+) -> Result<FileInfo, StoreError> {
     conn.prepare_cached(
         "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -119,10 +191,13 @@ pub(super) fn add_file(
     })
 }
 
-/// A file's description.
+/// A file's description (once all of it is there: the Kafka queue's replicas gather a
+/// file chunk by chunk).
 pub(super) fn file(conn: &Connection, id: &str) -> Result<Option<FileInfo>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?1")?
+        .prepare_cached(
+            "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?1 AND length(content) = bytes",
+        )?
         .query_row([id], |r| {
             Ok(FileInfo {
                 id: r.get(0)?,
@@ -138,7 +213,7 @@ pub(super) fn file(conn: &Connection, id: &str) -> Result<Option<FileInfo>, Stor
 /// A file's content.
 pub(super) fn content(conn: &Connection, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT content FROM files WHERE id = ?1")?
+        .prepare_cached("SELECT content FROM files WHERE id = ?1 AND length(content) = bytes")?
         .query_row([id], |r| r.get(0))
         .optional()?)
 }
@@ -167,28 +242,8 @@ pub(super) fn create(
         return Err(StoreError::Full(held));
     }
     let id = super::new_id("batch");
-    let failed = !batch.errors.is_empty();
-    let errors = failed.then(|| json!({"object": "list", "data": batch.errors}).to_string());
-    conn.prepare_cached(
-        "INSERT INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at, expires_at,
-                              in_progress_at, failed_at, errors, idempotency_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-    )?
-    .execute(params![
-        id,
-        batch.input_file_id,
-        batch.endpoint,
-        batch.completion_window,
-        batch.metadata.map(|m| Value::Object(m).to_string()),
-        if failed { "failed" } else { "in_progress" },
-        now,
-        batch.expires_at,
-        (!failed).then_some(now),
-        failed.then_some(now),
-        errors,
-        batch.idempotency_key,
-    ])?;
-    if failed {
+    insert_row(conn, &BatchRow::new(id.clone(), &batch, now))?;
+    if !batch.errors.is_empty() {
         return Ok((id, false));
     }
     let mut add = conn.prepare_cached(
@@ -213,6 +268,76 @@ pub(super) fn create(
     }
     unfinished.fetch_add(count as i64, Ordering::AcqRel);
     Ok((id, false))
+}
+
+/// Inserts a batch's row unless it is there; `failed` at once when it has errors.
+pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreError> {
+    let failed = !row.errors.is_empty();
+    let errors = failed.then(|| json!({"object": "list", "data": row.errors}).to_string());
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at,
+                                        expires_at, in_progress_at, failed_at, errors, idempotency_key, requests)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?
+    .execute(params![
+        row.id,
+        row.input_file_id,
+        row.endpoint,
+        row.completion_window,
+        row.metadata.clone().map(|m| Value::Object(m).to_string()),
+        if failed { "failed" } else { "in_progress" },
+        row.created_at,
+        row.expires_at,
+        (!failed).then_some(row.created_at),
+        failed.then_some(row.created_at),
+        errors,
+        row.idempotency_key,
+        row.requests as i64,
+    ])?;
+    Ok(())
+}
+
+/// Batch `id`'s row as created (with `cancelling_at` once asked).
+#[cfg(feature = "kafka")]
+pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, StoreError> {
+    let found = conn
+        .prepare_cached(
+            "SELECT id, input_file_id, endpoint, completion_window, metadata, created_at, expires_at, idempotency_key,
+                    requests, errors, cancelling_at FROM batches WHERE id = ?1",
+        )?
+        .query_row([id], |r| {
+            let metadata = r
+                .get::<_, Option<String>>(4)?
+                .and_then(|m| serde_json::from_str::<Map<String, Value>>(&m).ok());
+            let errors = r
+                .get::<_, Option<String>>(9)?
+                .and_then(|e| serde_json::from_str::<Value>(&e).ok())
+                .and_then(|e| e.get("data").and_then(Value::as_array).cloned())
+                .unwrap_or_default();
+            Ok(BatchRow {
+                id: r.get(0)?,
+                input_file_id: r.get(1)?,
+                endpoint: r.get(2)?,
+                completion_window: r.get(3)?,
+                metadata,
+                created_at: r.get(5)?,
+                expires_at: r.get(6)?,
+                idempotency_key: r.get(7)?,
+                requests: r.get::<_, Option<i64>>(8)?.unwrap_or(0).max(0) as u64,
+                errors,
+                cancelling_at: r.get(10)?,
+            })
+        })
+        .optional()?;
+    Ok(found)
+}
+
+/// Marks a batch cancelling (and nothing else: its jobs' cancellations are their own).
+pub(super) fn mark_cancelling(conn: &Connection, id: &str, at: i64) -> Result<bool, StoreError> {
+    Ok(conn.execute(
+        "UPDATE batches SET status = 'cancelling', cancelling_at = ?2 WHERE id = ?1 AND status IN ('validating', 'in_progress')",
+        params![id, at],
+    )? == 1)
 }
 
 /// The batch object as the API shows it, with its request counts.
@@ -252,11 +377,7 @@ pub(super) fn cancel(
     now: i64,
     unfinished: &AtomicI64,
 ) -> Result<Option<Value>, StoreError> {
-    let changed = conn.execute(
-        "UPDATE batches SET status = 'cancelling', cancelling_at = ?2 WHERE id = ?1 AND status IN ('validating', 'in_progress')",
-        params![id, now],
-    )?;
-    if changed == 1 {
+    if mark_cancelling(conn, id, now)? {
         let jobs = conn.execute(
             "UPDATE jobs SET state = 'cancelled', finished_at = ?2 WHERE batch_id = ?1 AND state = 'queued'",
             params![id, now],
@@ -266,25 +387,47 @@ pub(super) fn cancel(
     get(conn, id)
 }
 
-/// Finishes every batch whose jobs are all done: writes its output and error files and
-/// moves it to `completed`, `cancelled` or `expired`. Returns how many it finished.
+/// Finishes every batch whose jobs are all there and done: writes its output and error
+/// files and moves it to `completed`, `cancelled` or `expired`. Returns how many it
+/// finished. The files' ids follow from the batch's, so every replica of a Kafka queue,
+/// finalizing on its own, names them alike.
 pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError> {
     let ready: Vec<(String, String, i64)> = conn
         .prepare_cached(
             "SELECT b.id, b.status, b.expires_at FROM batches b
              WHERE b.status IN ('in_progress', 'cancelling')
+               AND (b.requests IS NULL OR b.requests = (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id))
                AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id AND j.state IN ('queued', 'running'))",
         )?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?;
     for (id, status, expires_at) in &ready {
         let (output, errors) = results(conn, id)?;
+        let name = |what: &str| format!("file_{}_{what}", id.trim_start_matches("batch_"));
         let output_id = (!output.is_empty())
-            .then(|| add_file(conn, "batch_output", &format!("{id}_output.jsonl"), &output, now))
+            .then(|| {
+                add_file_as(
+                    conn,
+                    name("output"),
+                    "batch_output",
+                    &format!("{id}_output.jsonl"),
+                    &output,
+                    now,
+                )
+            })
             .transpose()?
             .map(|f| f.id);
         let error_id = (!errors.is_empty())
-            .then(|| add_file(conn, "batch_output", &format!("{id}_error.jsonl"), &errors, now))
+            .then(|| {
+                add_file_as(
+                    conn,
+                    name("error"),
+                    "batch_output",
+                    &format!("{id}_error.jsonl"),
+                    &errors,
+                    now,
+                )
+            })
             .transpose()?
             .map(|f| f.id);
         let (end, column) = match (status.as_str(), *expires_at <= now) {

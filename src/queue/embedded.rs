@@ -60,16 +60,35 @@ impl Embedded {
     /// Opens (creating if needed) `dir/offline.db`, queues again every job that was
     /// running when the last process stopped, and starts the writer thread.
     pub fn open(dir: &Path, limits: Limits) -> Result<Embedded, StoreError> {
+        Self::open_file(dir, "offline.db", "FULL", limits)
+    }
+
+    /// Opens a fresh, empty store at `dir/view.db` (any earlier one is removed) for
+    /// state that is rebuilt at every start: the Kafka queue's view of its state topic.
+    /// Nothing in it needs to survive a crash, so commits are not synced.
+    pub fn open_view(dir: &Path, limits: Limits) -> Result<Embedded, StoreError> {
+        for file in ["view.db", "view.db-wal", "view.db-shm"] {
+            match std::fs::remove_file(dir.join(file)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::Io(format!("cannot remove the old {file}: {e}")))
+                }
+                _ => {}
+            }
+        }
+        Self::open_file(dir, "view.db", "OFF", limits)
+    }
+
+    fn open_file(dir: &Path, name: &str, synchronous: &str, limits: Limits) -> Result<Embedded, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Io(format!("cannot create the data directory {}: {e}", dir.display())))?;
-        let path = dir.join("offline.db");
+        let path = dir.join(name);
         let conn = Connection::open(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
-        conn.execute_batch(
+        conn.execute_batch(&format!(
             "PRAGMA locking_mode = EXCLUSIVE;
              PRAGMA journal_mode = WAL;
-             PRAGMA synchronous = FULL;
-             PRAGMA foreign_keys = ON;",
-        )?;
+             PRAGMA synchronous = {synchronous};
+             PRAGMA foreign_keys = ON;"
+        ))?;
         jobs::schema(&conn)?;
         batches::schema(&conn)?;
         let requeued = jobs::requeue_running(&conn)?;
@@ -116,6 +135,12 @@ impl Embedded {
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// The count of unfinished jobs the store keeps (for a view that applies records).
+    #[cfg(feature = "kafka")]
+    pub(super) fn unfinished(&self) -> &Arc<AtomicI64> {
+        &self.unfinished
+    }
+
     /// Jobs by state (for metrics and status).
     pub async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
         self.call(jobs::counts).await
@@ -126,14 +151,14 @@ impl Embedded {
         self.call(jobs::oldest_queued).await
     }
 
-    /// Marks unfinished jobs whose window passed as expired, deletes finished jobs
-    /// older than `retention_ms`, and finalizes batches whose jobs are all done; returns
-    /// (expired, deleted).
-    pub async fn sweep(&self, retention_ms: i64) -> Result<(u64, u64), StoreError> {
+    /// Marks queued jobs whose window passed as expired (when `expire`), deletes
+    /// finished jobs older than `retention_ms`, and finalizes batches whose jobs are all
+    /// done; returns (expired, deleted).
+    pub async fn sweep(&self, retention_ms: i64, expire: bool) -> Result<(u64, u64), StoreError> {
         let unfinished = self.unfinished.clone();
         self.call(move |conn| {
             let now = super::now_ms();
-            let swept = jobs::sweep(conn, now, retention_ms, &unfinished)?;
+            let swept = jobs::sweep(conn, now, retention_ms, expire, &unfinished)?;
             batches::finalize(conn, now)?;
             Ok(swept)
         })

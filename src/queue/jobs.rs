@@ -217,19 +217,24 @@ pub(super) fn cancel(
     Ok(get(conn, id)?.map(|j| j.state))
 }
 
-/// Expires queued jobs whose window passed, deletes finished ones older than
-/// `retention_ms`, and resynchronises the unfinished count; returns (expired, deleted).
+/// Expires queued jobs whose window passed (when `expire`), deletes finished ones older
+/// than `retention_ms`, and resynchronises the unfinished count; returns (expired, deleted).
 pub(super) fn sweep(
     conn: &Connection,
     now: i64,
     retention_ms: i64,
+    expire: bool,
     unfinished: &AtomicI64,
 ) -> Result<(u64, u64), StoreError> {
-    let expired = conn.execute(
+    let expired = if !expire {
+        0
+    } else {
+        conn.execute(
         "UPDATE jobs SET state = 'expired', finished_at = ?1, error = 'the completion window passed before the job ran'
          WHERE state = 'queued' AND expires_at <= ?1",
         [now],
-    )?;
+    )?
+    };
     let deleted = conn.execute(
         "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?1",
         [now.saturating_sub(retention_ms)],

@@ -13,18 +13,24 @@
 //!
 //! # Layout
 //!
-//! `embedded` (the SQLite store: writer thread, group commit) · `jobs` (the jobs table) ·
-//! `batches` (the Batch API's files and batches, and their output files).
+//! `backend` ([`Queue`]: the backend in use) · `embedded` (the SQLite store: writer
+//! thread, group commit) · `jobs` (the jobs table) · `batches` (the Batch API's files and
+//! batches, and their output files) · `kafka` (the Kafka queue for several replicas:
+//! topics, a local view of the state topic, the consumer group).
 
+mod backend;
 pub mod batches;
 pub mod embedded;
 mod jobs;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
+pub use backend::Queue;
 pub use embedded::Embedded;
 
 /// A job's id: `job_` then time-ordered hex.
@@ -182,7 +188,7 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// What the offline tier and its workers need from a queue. Implemented by
-/// [`Embedded`]; a distributed queue (Kafka) implements the same calls.
+/// [`Embedded`], and by [`Queue`], which also dispatches to the Kafka queue.
 pub trait JobStore: Send + Sync + 'static {
     /// Accepts `jobs` durably, in one commit; each is acknowledged only once durable.
     fn submit(&self, jobs: Vec<NewJob>)

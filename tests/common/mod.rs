@@ -1,6 +1,9 @@
 //! Test support: simulated backends and gateways on 127.0.0.1:0, and a small client.
 #![allow(dead_code)]
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -24,7 +24,7 @@ use super::{Call, Reply};
 use crate::config;
 use crate::error::{Error, Kind};
 use crate::protocol;
-use crate::queue::{self, Embedded, JobStore, NewJob, StoreError};
+use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
 
 /// Request header a door sets on calls that arrived over gRPC (never taken from clients:
 /// the HTTP door removes it).
@@ -37,14 +37,14 @@ const KEPT_HEADERS: [&str; 2] = ["content-type", protocol::HEADER_LEN];
 /// The offline tier service.
 #[derive(Debug, Clone)]
 pub struct Offline {
-    store: Embedded,
+    store: Queue,
     settings: config::Offline,
     wake: Arc<Notify>,
 }
 
 impl Offline {
     /// An offline tier over `store`; `wake` is notified whenever a job is accepted.
-    pub fn new(store: Embedded, settings: config::Offline, wake: Arc<Notify>) -> Self {
+    pub fn new(store: Queue, settings: config::Offline, wake: Arc<Notify>) -> Self {
         Offline { store, settings, wake }
     }
 }

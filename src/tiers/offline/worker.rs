@@ -23,7 +23,7 @@ use crate::config;
 use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
-use crate::queue::{self, Answer, Embedded, Finish, Job, JobStore};
+use crate::queue::{self, Answer, Finish, Job, JobStore, Queue};
 use crate::tiers::{Call, MicroBatch, Realtime, Reply};
 use tower::ServiceExt as _;
 
@@ -33,7 +33,7 @@ use tower::ServiceExt as _;
 /// queues them as filler, which rides in micro-batch callers' batches within a small
 /// cost slack or has batches of its own when the pool is idle.
 pub async fn run(
-    store: Embedded,
+    store: Queue,
     policy: Arc<Store>,
     micro: MicroBatch,
     realtime: Realtime,
@@ -93,7 +93,7 @@ const LOOK: Duration = Duration::from_millis(20);
 /// Drains one route's jobs.
 struct RouteWorker {
     name: String,
-    store: Embedded,
+    store: Queue,
     policy: Arc<Store>,
     micro: MicroBatch,
     realtime: Realtime,
@@ -266,7 +266,7 @@ fn kept(reply: Reply) -> Answer {
 }
 
 /// Exports jobs by state.
-async fn report(store: &Embedded) {
+async fn report(store: &Queue) {
     if let Ok(counts) = store.counts().await {
         for state in queue::State::ALL {
             let n = counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
