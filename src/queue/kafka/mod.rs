@@ -17,12 +17,22 @@
 //! running when its replica died runs again, and if both attempts ever write a result,
 //! every view keeps the first (records of one job share a partition, so all replicas
 //! see them in the same order). A replay never shows two results.
+//!
+//! # Layout
+//!
+//! `records` (what goes on the topics) · `produce` (writing them, read-your-writes) ·
+//! `reader` (the jobs topic, heartbeats, taking and giving up partitions) · `runner`
+//! (the jobs held, offsets to commit, the partition split) · `view` (the state topic,
+//! materialized) · `batch_api` (files and batches); here: start, submission, leases,
+//! results, cancellation.
 
+mod batch_api;
+mod produce;
+mod reader;
 pub mod records;
 pub mod runner;
 pub mod view;
 
-use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -30,20 +40,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::Message;
-use serde_json::Value;
+use rdkafka::producer::FutureProducer;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use self::records::{FileChunk, JobMeta, JobState, Member, Record};
-use self::runner::{Held, Pending};
+use self::produce::Out;
+use self::records::{JobMeta, JobState, Record};
+use self::runner::Pending;
 use self::view::View;
-use super::batches::{BatchRow, FileInfo, NewBatch};
 use super::embedded::Limits;
 use super::{Embedded, Finish, Job, JobId, NewJob, State, StoreError, Submitted};
 use crate::config;
@@ -60,17 +65,23 @@ pub struct KafkaQueue {
 }
 
 struct Inner {
+    /// Idempotent, `acks=all`: jobs, states, files, batches, heartbeats.
     producer: FutureProducer,
+    /// This replica's partitions of the jobs topic (assigned by the reader).
     jobs: Arc<StreamConsumer>,
     job_partitions: i32,
+    /// The jobs read and not finished.
     pending: Arc<Mutex<Pending>>,
+    /// The state topic, materialized.
     view: Arc<View>,
     settings: config::KafkaQueue,
     state_partitions: i32,
     max_unfinished: u64,
+    /// This replica's name, a number drawn at start, and when it started (ms).
     replica: String,
     instance: u64,
     started: i64,
+    /// The offline workers' signal that jobs arrived.
     wake: Arc<Notify>,
     /// Told when finished jobs leave room to read more.
     room: Notify,
@@ -86,56 +97,11 @@ impl std::fmt::Debug for KafkaQueue {
     }
 }
 
-/// The partitions this replica reads, and the ones it will take at the next look.
-#[derive(Debug, Default)]
-struct Ownership {
-    now: Vec<i32>,
-    pending: Option<Vec<i32>>,
-    /// Whether another process was seen using this replica's name.
-    namesake: bool,
-}
-
-/// Where an outgoing record goes.
-enum Topic {
-    Jobs,
-    States,
-}
-
-/// A record to produce.
-struct Out {
-    topic: Topic,
-    key: String,
-    partition: Option<i32>,
-    headers: OwnedHeaders,
-    value: Bytes,
-}
-
-impl Out {
-    fn state(record: &Record, key: &str, value: Bytes) -> Out {
-        Out {
-            topic: Topic::States,
-            key: key.to_owned(),
-            partition: None,
-            headers: records::headers(record),
-            value,
-        }
-    }
-
-    fn job(meta: &JobMeta, body: Bytes) -> Out {
-        Out {
-            topic: Topic::Jobs,
-            key: meta.id.clone(),
-            partition: None,
-            headers: records::headers(meta),
-            value: body,
-        }
-    }
-}
-
 impl KafkaQueue {
     /// Checks the brokers and both topics, rebuilds the view from the state topic under
-    /// `data_dir/kafka`, joins the consumer group, and starts reading jobs. `wake` is
-    /// told whenever jobs arrive; `max_message` is the largest body it must carry.
+    /// `data_dir/kafka`, and starts the reader, which takes this replica's share of the
+    /// jobs topic within two heartbeats. `wake` is told whenever jobs arrive;
+    /// `max_message` is the largest body it must carry.
     pub async fn start(
         kafka: &config::Kafka,
         data_dir: &Path,
@@ -238,141 +204,6 @@ impl KafkaQueue {
         Ok(queue)
     }
 
-    /// Reads jobs from this replica's partitions until `shutdown`, and stops reading
-    /// while `max_in_flight` jobs are held (librdkafka's read-ahead is bounded by
-    /// `queued.max.messages.kbytes`); every second, writes a heartbeat and takes or gives
-    /// up partitions as replicas come and go.
-    async fn read(self, shutdown: CancellationToken) {
-        let inner = &self.inner;
-        let held = ::metrics::gauge!(crate::metrics::KAFKA_QUEUE_HELD);
-        let mut owned = Ownership::default();
-        let mut tick = tokio::time::interval(HEARTBEAT);
-        let mut room = true;
-        loop {
-            let message = tokio::select! {
-                m = inner.jobs.recv(), if room => m,
-                _ = inner.room.notified(), if !room => {
-                    room = self.pending().held() < inner.settings.max_in_flight;
-                    continue;
-                }
-                _ = tick.tick() => {
-                    self.beat(false);
-                    self.rebalance(&mut owned).await;
-                    room = self.pending().held() < inner.settings.max_in_flight;
-                    continue;
-                }
-                _ = shutdown.cancelled() => {
-                    self.beat(true);
-                    let producer = inner.producer.clone();
-                    let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(2))).await;
-                    return;
-                }
-            };
-            let message = match message {
-                Ok(m) => m.detach(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "kafka queue: cannot read jobs");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.cancelled() => return,
-                    }
-                }
-            };
-            let (partition, offset) = (message.partition(), message.offset());
-            let body = Bytes::copy_from_slice(message.payload().unwrap_or_default());
-            let count = {
-                let mut pending = self.pending();
-                match records::read::<JobMeta, _>(message.headers()) {
-                    Some(meta) => pending.add(Held {
-                        meta,
-                        body,
-                        attempts: 0,
-                        not_before: 0,
-                        partition,
-                        offset,
-                    }),
-                    None => {
-                        tracing::warn!(partition, offset, "kafka queue: a message that is not a job is skipped");
-                        pending.read(partition, offset);
-                        pending.release(partition, offset);
-                    }
-                }
-                pending.held()
-            };
-            held.set(count as f64);
-            inner.wake.notify_one();
-            room = count < inner.settings.max_in_flight;
-        }
-    }
-
-    /// Writes this replica's heartbeat (not waited for).
-    fn beat(&self, leaving: bool) {
-        let replica = self.inner.replica.clone();
-        let key = format!("member:{replica}");
-        let member = Member {
-            replica,
-            instance: self.inner.instance,
-            leaving,
-        };
-        let _ = self.send(&Out::state(&Record::Member(member), &key, Bytes::new()));
-    }
-
-    /// Gives up the partitions that now belong to another replica (their finished
-    /// prefix committed first), and takes the ones that belong here once that has held
-    /// for two looks in a row (so the replica giving them up has let go), after catching
-    /// the view up: a job whose result was written before is then seen as done.
-    async fn rebalance(&self, owned: &mut Ownership) {
-        let inner = &self.inner;
-        let timeout = i64::try_from(inner.settings.member_timeout.as_millis()).unwrap_or(i64::MAX);
-        let now = super::now_ms();
-        let namesake = inner.view.namesake(&inner.replica, inner.instance, inner.started);
-        if namesake && !owned.namesake {
-            tracing::error!(replica = %inner.replica,
-                "kafka queue: another running replica has this replica's name; give each a distinct kafka.queue.replica \
-                 (until then both read the same partitions and may run jobs twice)");
-        }
-        owned.namesake = namesake;
-        let live = inner.view.live(now, timeout);
-        let want = runner::owned(&live, &inner.replica, inner.job_partitions);
-        let topic = &inner.settings.jobs;
-        let lost: Vec<i32> = owned.now.iter().copied().filter(|p| !want.contains(p)).collect();
-        if !lost.is_empty() {
-            let commits = self.pending().revoke(&lost);
-            if !commits.is_empty() {
-                if let Err(e) = inner.jobs.commit(&runner::offsets(topic, &commits), CommitMode::Sync) {
-                    tracing::warn!(error = %e, "kafka queue: offsets not committed on hand-over; those jobs are checked again");
-                }
-            }
-            let _ = inner.jobs.incremental_unassign(&runner::offsets(
-                topic,
-                &lost.iter().map(|p| (*p, 0)).collect::<Vec<_>>(),
-            ));
-            owned.now.retain(|p| want.contains(p));
-            tracing::info!(partitions = ?lost, "kafka queue: partitions of the jobs topic moved away");
-            tracing::info!(partitions = ?owned.now, "kafka queue: partitions of the jobs topic assigned");
-        }
-        let gained: Vec<i32> = want.iter().copied().filter(|p| !owned.now.contains(p)).collect();
-        if gained.is_empty() || owned.pending.as_ref() != Some(&gained) {
-            owned.pending = (!gained.is_empty()).then_some(gained);
-            return;
-        }
-        owned.pending = None;
-        if let Err(e) = inner.view.catch_up().await {
-            tracing::warn!(error = %e, "kafka queue: the view did not catch up; jobs may run twice");
-        }
-        let mut list = rdkafka::TopicPartitionList::new();
-        for p in &gained {
-            let _ = list.add_partition_offset(topic, *p, rdkafka::Offset::Stored);
-        }
-        if let Err(e) = inner.jobs.incremental_assign(&list) {
-            tracing::warn!(error = %e, "kafka queue: cannot read partitions of the jobs topic");
-            return;
-        }
-        owned.now.extend(gained);
-        owned.now.sort_unstable();
-        tracing::info!(partitions = ?owned.now, "kafka queue: partitions of the jobs topic assigned");
-    }
-
     fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.inner.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -396,66 +227,6 @@ impl KafkaQueue {
         if count < inner.settings.max_in_flight {
             inner.room.notify_one();
         }
-    }
-
-    /// Produces `outs` and waits until the brokers have all of them; their (partition,
-    /// offset) in order.
-    async fn deliver(&self, outs: Vec<Out>) -> Result<Vec<(i32, i64)>, StoreError> {
-        let mut flying: VecDeque<DeliveryFuture> = VecDeque::new();
-        let mut done = Vec::with_capacity(outs.len());
-        for out in &outs {
-            loop {
-                match self.send(out) {
-                    Ok(future) => {
-                        flying.push_back(future);
-                        break;
-                    }
-                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => match flying.pop_front() {
-                        Some(oldest) => done.push(delivered(oldest.await)?),
-                        // The producer's queue is full of other callers' records.
-                        None => tokio::time::sleep(Duration::from_millis(5)).await,
-                    },
-                    Err(e) => return Err(refused(e)),
-                }
-            }
-        }
-        for future in flying {
-            done.push(delivered(future.await)?);
-        }
-        Ok(done)
-    }
-
-    fn send(&self, out: &Out) -> Result<DeliveryFuture, KafkaError> {
-        let topic = match out.topic {
-            Topic::Jobs => &self.inner.settings.jobs,
-            Topic::States => &self.inner.settings.states,
-        };
-        let mut record = FutureRecord::to(topic)
-            .key(&out.key)
-            .payload(&out.value[..])
-            .headers(out.headers.clone());
-        if let Some(p) = out.partition {
-            record = record.partition(p);
-        }
-        self.inner.producer.send_result(record).map_err(|(e, _)| e)
-    }
-
-    /// Produces `outs`, waits for the brokers, then for this replica's view to apply
-    /// the state records among them (so this replica reads its own writes).
-    async fn write(&self, outs: Vec<Out>) -> Result<(), StoreError> {
-        let states: Vec<bool> = outs.iter().map(|o| matches!(o.topic, Topic::States)).collect();
-        let at = self.deliver(outs).await?;
-        let mut last: HashMap<i32, i64> = HashMap::new();
-        for ((partition, offset), state) in at.into_iter().zip(states) {
-            if state {
-                let o = last.entry(partition).or_insert(offset);
-                *o = (*o).max(offset);
-            }
-        }
-        for (partition, offset) in last {
-            self.inner.view.reached(partition, offset).await?;
-        }
-        Ok(())
     }
 
     /// A state record of `meta`, from this replica.
@@ -669,131 +440,6 @@ impl KafkaQueue {
             .await?;
         Ok(self.get(id).await?.map(|j| j.state))
     }
-}
-
-/// The Batch API: files and batches on the state topic, read from the view.
-impl KafkaQueue {
-    /// Stores an uploaded file: its chunks on one partition of the state topic, in order.
-    pub async fn add_file(&self, purpose: String, filename: String, content: Bytes) -> Result<FileInfo, StoreError> {
-        let id = super::new_id("file");
-        let now = super::now_ms();
-        let partition = (rand::random::<u32>() % self.inner.state_partitions.max(1) as u32) as i32;
-        let chunks: Vec<Bytes> = match content.is_empty() {
-            true => vec![Bytes::new()],
-            false => (0..content.len())
-                .step_by(records::FILE_CHUNK)
-                .map(|at| content.slice(at..(at + records::FILE_CHUNK).min(content.len())))
-                .collect(),
-        };
-        let outs = chunks
-            .into_iter()
-            .enumerate()
-            .map(|(i, value)| {
-                let chunk = FileChunk {
-                    id: id.clone(),
-                    purpose: purpose.clone(),
-                    filename: filename.clone(),
-                    bytes: content.len() as u64,
-                    created_at: now,
-                    chunk: u32::try_from(i).unwrap_or(u32::MAX),
-                };
-                let mut out = Out::state(&Record::File(chunk), &format!("{id}#{i}"), value);
-                out.partition = Some(partition);
-                out
-            })
-            .collect();
-        self.write(outs).await?;
-        Ok(FileInfo {
-            id,
-            purpose,
-            filename,
-            bytes: content.len() as u64,
-            created_at: now,
-        })
-    }
-
-    /// A file's description.
-    pub async fn file(&self, id: &str) -> Result<Option<FileInfo>, StoreError> {
-        self.fresh(|| self.inner.view.store.file(id)).await
-    }
-
-    /// A file's content.
-    pub async fn content(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.fresh(|| self.inner.view.store.content(id)).await
-    }
-
-    /// Creates a batch: its row on the state topic, and each of its jobs like a submission.
-    pub async fn create_batch(&self, batch: NewBatch) -> Result<(String, bool), StoreError> {
-        let id = match &batch.idempotency_key {
-            Some(key) => keyed_id("batch", key),
-            None => super::new_id("batch"),
-        };
-        if batch.idempotency_key.is_some() && self.batch(&id).await?.is_some() {
-            return Ok((id, true));
-        }
-        self.check_room(batch.jobs.len())?;
-        let now = super::now_ms();
-        let row = BatchRow::new(id.clone(), &batch, now);
-        let mut outs = vec![Out::state(&Record::Batch(row), &id, Bytes::new())];
-        if batch.errors.is_empty() {
-            for (custom_id, line, job) in batch.jobs {
-                let job_id = super::new_id("job");
-                let meta = JobMeta::new(job_id.clone(), &job, now, Some((id.clone(), custom_id, line)));
-                outs.push(Out::state(
-                    &Record::Job(self.state(meta.clone(), State::Queued, 0)),
-                    &job_id,
-                    Bytes::new(),
-                ));
-                outs.push(Out::job(&meta, job.body));
-            }
-        }
-        self.write(outs).await?;
-        Ok((id, false))
-    }
-
-    /// The batch object.
-    pub async fn batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        self.fresh(|| self.inner.view.store.batch(id)).await
-    }
-
-    /// Starts cancelling batch `id`: the batch marked cancelling, and each of its queued
-    /// jobs cancelled, on the state topic.
-    pub async fn cancel_batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        let Some(batch) = self.batch(id).await? else {
-            return Ok(None);
-        };
-        let open = batch
-            .get("status")
-            .and_then(Value::as_str)
-            .is_some_and(|s| matches!(s, "validating" | "in_progress"));
-        let Some(mut row) = self.inner.view.batch_row(id.to_owned()).await?.filter(|_| open) else {
-            return Ok(Some(batch));
-        };
-        let now = super::now_ms();
-        row.cancelling_at = Some(now);
-        let mut outs = vec![Out::state(&Record::Batch(row), id, Bytes::new())];
-        for (meta, attempts) in self.inner.view.queued_in_batch(id.to_owned()).await? {
-            let key = meta.id.clone();
-            let mut record = self.state(meta, State::Cancelled, attempts);
-            record.finished_at = Some(now);
-            outs.push(Out::state(&Record::Job(record), &key, Bytes::new()));
-        }
-        self.write(outs).await?;
-        self.inner.view.store.batch(id).await
-    }
-}
-
-/// The delivery of one record, or why the brokers did not take it.
-fn delivered<E>(result: Result<OwnedDeliveryResult, E>) -> Result<(i32, i64), StoreError> {
-    match result {
-        Ok(Ok(d)) => Ok((d.partition, d.offset)),
-        Ok(Err((e, _))) => Err(refused(e)),
-        Err(_) => Err(StoreError::Closed),
-    }
-}
-
-fn refused(e: KafkaError) -> StoreError {
-    StoreError::Io(format!("the Kafka brokers did not take the record: {e}"))
 }
 
 /// The id a client's idempotency key names: the same on every replica, and not
