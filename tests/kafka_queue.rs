@@ -263,7 +263,10 @@ async fn a_replica_killed_mid_run_loses_no_job_and_no_job_ends_twice() {
         tokio::time::sleep(Duration::from_millis(100)).await; // polling the children's logs
     }
 
-    // Submitted 16 at a time, alternately to each replica.
+    // Submitted 16 at a time, alternately to each replica, while the backend holds every
+    // batch: each replica then has a backlog when the backend lets go, and a has jobs
+    // left when it is killed, however fast this machine is.
+    sim.sim.hold();
     let mut ids = vec![String::new(); N];
     for chunk in (0..N).collect::<Vec<_>>().chunks(16) {
         let mut sent = tokio::task::JoinSet::new();
@@ -276,6 +279,7 @@ async fn a_replica_killed_mid_run_loses_no_job_and_no_job_ends_twice() {
             ids[i] = id;
         }
     }
+    sim.sim.release();
     // Kill a while it holds jobs it read and has not finished, after it finished some.
     let deadline = Instant::now() + Duration::from_secs(60);
     let held = loop {
