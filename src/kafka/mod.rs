@@ -14,7 +14,9 @@ pub mod source;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::message::OwnedMessage;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Kafka, KafkaSource};
 use crate::policy::Policy;
@@ -34,6 +36,27 @@ pub fn client(settings: &Kafka, defaults: &[(&str, &str)]) -> ClientConfig {
         config.set(key, value);
     }
     config
+}
+
+/// The next message `consumer` reads, or `None` once `shutdown` comes. A read error
+/// is logged (with `what` was being read) and the read tried again a second later.
+pub async fn next(consumer: &StreamConsumer, what: &str, shutdown: &CancellationToken) -> Option<OwnedMessage> {
+    loop {
+        let read = tokio::select! {
+            m = consumer.recv() => m,
+            _ = shutdown.cancelled() => return None,
+        };
+        match read {
+            Ok(m) => return Some(m.detach()),
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka: cannot read {what}; trying again in a second");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = shutdown.cancelled() => return None,
+                }
+            }
+        }
+    }
 }
 
 /// The consumer group of `source`.

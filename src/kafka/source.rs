@@ -84,20 +84,11 @@ pub async fn run(
     tracing::info!(source = %source.input, output = %source.output, route = %source.route, %group, "kafka source running");
     let paused = ::metrics::gauge!(metrics::KAFKA_PAUSED, "source" => source.input.clone());
     loop {
-        let first = tokio::select! {
-            m = consumer.recv() => m,
-            _ = shutdown.cancelled() => return,
+        let what = format!("kafka source {}", source.input);
+        let Some(first) = super::next(&consumer, &what, &shutdown).await else {
+            return;
         };
-        let mut chunk = match first {
-            Ok(m) => vec![m.detach()],
-            Err(e) => {
-                tracing::warn!(source = %source.input, error = %e, "kafka source: read failed");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    _ = shutdown.cancelled() => return,
-                }
-            }
-        };
+        let mut chunk = vec![first];
         while chunk.len() < source.max_in_flight {
             match tokio::time::timeout(GATHER, consumer.recv()).await {
                 Ok(Ok(m)) => chunk.push(m.detach()),

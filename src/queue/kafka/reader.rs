@@ -37,7 +37,10 @@ impl KafkaQueue {
         let mut room = true;
         loop {
             let message = tokio::select! {
-                m = inner.jobs.recv(), if room => m,
+                m = crate::kafka::next(&inner.jobs, &inner.settings.jobs, &shutdown), if room => match m {
+                    Some(m) => m,
+                    None => continue, // shutting down: the branch below ends the loop
+                },
                 _ = inner.room.notified(), if !room => {
                     room = self.pending().held() < inner.settings.max_in_flight;
                     continue;
@@ -53,16 +56,6 @@ impl KafkaQueue {
                     let producer = inner.producer.clone();
                     let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(2))).await;
                     return;
-                }
-            };
-            let message = match message {
-                Ok(m) => m.detach(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "kafka queue: cannot read jobs");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.cancelled() => return,
-                    }
                 }
             };
             let (partition, offset) = (message.partition(), message.offset());

@@ -67,20 +67,10 @@ impl View {
     /// Applies records until `shutdown`, many per commit.
     pub async fn run(self: Arc<View>, shutdown: CancellationToken) {
         loop {
-            let first = tokio::select! {
-                m = self.consumer.recv() => m,
-                _ = shutdown.cancelled() => return,
+            let Some(first) = crate::kafka::next(&self.consumer, &self.topic, &shutdown).await else {
+                return;
             };
-            let mut batch = match first {
-                Ok(m) => vec![m.detach()],
-                Err(e) => {
-                    tracing::warn!(topic = %self.topic, error = %e, "kafka queue: cannot read job states");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.cancelled() => return,
-                    }
-                }
-            };
+            let mut batch = vec![first];
             // Whatever else has arrived joins this commit (a zero timeout polls once).
             while batch.len() < GROUP {
                 match tokio::time::timeout(Duration::ZERO, self.consumer.recv()).await {
