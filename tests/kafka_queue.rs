@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -92,7 +93,12 @@ impl States {
 
     /// Waits (up to `limit`) until every job of `ids` has a terminal record; `context`
     /// explains a failure.
-    async fn all_ended(&self, ids: &[String], limit: Duration, context: impl Fn() -> String) {
+    async fn all_ended<F: Future<Output = String>>(
+        &self,
+        ids: &[String],
+        limit: Duration,
+        context: impl FnOnce(Vec<String>) -> F,
+    ) {
         let deadline = Instant::now() + limit;
         loop {
             let changed = self.changed.notified();
@@ -106,16 +112,76 @@ impl States {
             if open.is_empty() {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} jobs had not ended within {limit:?}, among them {:?}\n{}",
-                open.len(),
-                &open[..open.len().min(3)],
-                context()
-            );
+            if Instant::now() >= deadline {
+                let first: Vec<String> = open.iter().take(3).map(|(id, _)| id.clone()).collect();
+                panic!(
+                    "{} jobs had not ended within {limit:?}, among them {:?}\n{}",
+                    open.len(),
+                    &open[..open.len().min(3)],
+                    context(first).await
+                );
+            }
             let _ = tokio::time::timeout(Duration::from_millis(500), changed).await;
         }
     }
+}
+
+/// Where each of `ids` is on the jobs and the state topics (partition, offset and, for
+/// states, the state and the replica) and the offsets committed under the queue's
+/// group: what a failure needs to be explained.
+fn jobs_and_commits(brokers: &str, ids: &[String]) -> String {
+    use rdkafka::consumer::BaseConsumer;
+    let client = |group: &str| {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create::<BaseConsumer>()
+            .expect("consumer")
+    };
+    let mut all = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        all.add_partition("jobs", p);
+    }
+    let committed = client("tiergate-offline").committed_offsets(all, Duration::from_secs(5));
+    let scan = |topic: &str| {
+        let reader = client(&format!("test-scan-{topic}"));
+        let mut from = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            let _ = from.add_partition_offset(topic, p, Offset::Beginning);
+        }
+        let _ = reader.assign(&from);
+        let mut found = Vec::new();
+        // The replicas' heartbeats keep coming: stop after 2 quiet seconds, or 15 in all.
+        let (mut quiet, until) = (0, std::time::Instant::now() + Duration::from_secs(15));
+        while quiet < 20 && std::time::Instant::now() < until {
+            let Some(Ok(m)) = reader.poll(Duration::from_millis(100)) else {
+                quiet += 1;
+                continue;
+            };
+            quiet = 0;
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            if ids.contains(&key) {
+                let record = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "tiergate-record"))
+                    .and_then(|h| serde_json::from_slice::<Value>(h.value?).ok())
+                    .unwrap_or_default();
+                found.push((
+                    key,
+                    m.partition(),
+                    m.offset(),
+                    format!("{} {}", record["state"], record["by"]),
+                ));
+            }
+        }
+        found
+    };
+    format!(
+        "on the jobs topic: {:?}\non the state topic: {:?}\ncommitted under tiergate-offline: {committed:?}\n",
+        scan("jobs"),
+        scan("states")
+    )
 }
 
 /// A `tiergate serve` replica with the Kafka queue, killed when dropped.
@@ -301,7 +367,27 @@ async fn a_replica_killed_mid_run_loses_no_job_and_no_job_ends_twice() {
     };
 
     let b_log = b.log.clone();
-    let context = move || plain(&std::fs::read_to_string(&b_log).unwrap_or_default());
+    let (jobs_at, b_addr) = (broker.addr.clone(), b.addr());
+    let context = move |open: Vec<String>| async move {
+        let mut why = String::new();
+        for id in &open {
+            let answer = get(b_addr, &format!("/v1/jobs/{id}")).await;
+            why += &format!("b says of {id}: {} {}\n", answer.status, answer.text());
+        }
+        let where_ = tokio::task::spawn_blocking(move || jobs_and_commits(&jobs_at, &open)).await;
+        why += &where_.unwrap_or_default();
+        let scrape = get(([127, 0, 0, 1], b.metrics).into(), "/metrics").await.text();
+        why += &scrape
+            .lines()
+            .filter(|l| l.starts_with("tiergate_kafka_queue_held"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let a_log = b_log.with_file_name("a.log");
+        why + "\nb's log:\n"
+            + &plain(&std::fs::read_to_string(&b_log).unwrap_or_default())
+            + "\na's log:\n"
+            + &plain(&std::fs::read_to_string(&a_log).unwrap_or_default())
+    };
     states.all_ended(&ids, Duration::from_secs(60), context).await;
     let (by_a, by_b) = (states.ended_by("a"), states.ended_by("b"));
     {

@@ -7,12 +7,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::producer::Producer;
-use rdkafka::Message;
+use rdkafka::{Message, Offset};
 use tokio_util::sync::CancellationToken;
 
 use super::produce::Out;
 use super::records::{self, JobMeta, Member, Record};
-use super::runner::{self, Held};
+use super::runner::{self, Held, Take};
 use super::{KafkaQueue, HEARTBEAT};
 
 /// The partitions this replica reads, and the ones it will take at the next look.
@@ -20,6 +20,8 @@ use super::{KafkaQueue, HEARTBEAT};
 struct Ownership {
     now: Vec<i32>,
     pending: Option<Vec<i32>>,
+    /// Where the partitions taken last started, until their first reads confirm it.
+    starts: runner::Starts,
     /// Whether another process was seen using this replica's name.
     namesake: bool,
 }
@@ -59,6 +61,26 @@ impl KafkaQueue {
                 }
             };
             let (partition, offset) = (message.partition(), message.offset());
+            match owned.starts.check(partition, offset) {
+                Take::Keep => {}
+                Take::Skip => continue,
+                Take::Rewind(to) => {
+                    tracing::info!(
+                        partition,
+                        from = offset,
+                        to,
+                        "kafka queue: the read skipped past the committed offset; reading from earlier"
+                    );
+                    // Asynchronous (no timeout): messages fetched before it are dropped.
+                    if let Err(e) = inner
+                        .jobs
+                        .seek(&inner.settings.jobs, partition, Offset::Offset(to), Duration::ZERO)
+                    {
+                        tracing::warn!(partition, error = %e, "kafka queue: cannot read the partition from earlier");
+                    }
+                    continue;
+                }
+            }
             let body = Bytes::copy_from_slice(message.payload().unwrap_or_default());
             let count = {
                 let mut pending = self.pending();
@@ -128,6 +150,7 @@ impl KafkaQueue {
                 &lost.iter().map(|p| (*p, 0)).collect::<Vec<_>>(),
             ));
             owned.now.retain(|p| want.contains(p));
+            lost.iter().for_each(|p| owned.starts.end(*p));
             tracing::info!(partitions = ?lost, "kafka queue: partitions of the jobs topic moved away");
             tracing::info!(partitions = ?owned.now, "kafka queue: partitions of the jobs topic assigned");
         }
@@ -140,9 +163,33 @@ impl KafkaQueue {
         if let Err(e) = inner.view.catch_up().await {
             tracing::warn!(error = %e, "kafka queue: the view did not catch up; jobs may run twice");
         }
+        // Read from the committed offsets, each checked by its first read (see `Starts`).
         let mut list = rdkafka::TopicPartitionList::new();
         for p in &gained {
-            let _ = list.add_partition_offset(topic, *p, rdkafka::Offset::Stored);
+            list.add_partition(topic, *p);
+        }
+        let jobs = inner.jobs.clone();
+        let committed =
+            tokio::task::spawn_blocking(move || jobs.committed_offsets(list, Duration::from_secs(10))).await;
+        let committed = match committed {
+            Ok(Ok(list)) => list,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "kafka queue: cannot read the committed offsets; trying again at the next look");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka queue: cannot read the committed offsets");
+                return;
+            }
+        };
+        let mut list = rdkafka::TopicPartitionList::new();
+        for p in &gained {
+            let at = match committed.find_partition(topic, *p).map(|e| e.offset()) {
+                Some(Offset::Offset(n)) => n,
+                _ => 0, // nothing committed yet: from the beginning
+            };
+            let _ = list.add_partition_offset(topic, *p, Offset::Offset(at));
+            owned.starts.begin(*p, at);
         }
         if let Err(e) = inner.jobs.incremental_assign(&list) {
             tracing::warn!(error = %e, "kafka queue: cannot read partitions of the jobs topic");

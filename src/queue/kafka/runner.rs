@@ -197,6 +197,74 @@ impl Pending {
     }
 }
 
+/// Where reading each newly taken partition starts, and the check that it did.
+///
+/// A partition is read from its committed offset, which may lie inside a record batch.
+/// Kafka then returns the whole batch (the client drops the records before the offset);
+/// tansu 0.6 returns the *next* batch, so the rest of this one would be skipped, jobs
+/// with it. So the first message read must not lie past the committed offset; when it
+/// does, reading goes back further (1, 2, 4... offsets before it) until one does, and
+/// messages before the committed offset (done already) are skipped.
+#[derive(Debug, Default)]
+pub struct Starts(HashMap<i32, Start>);
+
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    committed: i64,
+    tried: i64,
+    confirmed: bool,
+}
+
+/// What to do with a message read from a partition being started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Take it as a job.
+    Keep,
+    /// Before the committed offset: done already.
+    Skip,
+    /// The read skipped past the committed offset: read again from this offset.
+    Rewind(i64),
+}
+
+impl Starts {
+    /// `partition` is read from `committed` on.
+    pub fn begin(&mut self, partition: i32, committed: i64) {
+        let committed = committed.max(0);
+        self.0.insert(
+            partition,
+            Start {
+                committed,
+                tried: committed,
+                confirmed: false,
+            },
+        );
+    }
+
+    /// `partition` was given up.
+    pub fn end(&mut self, partition: i32) {
+        self.0.remove(&partition);
+    }
+
+    /// What to do with the message at `offset` of `partition`.
+    pub fn check(&mut self, partition: i32, offset: i64) -> Take {
+        let Some(start) = self.0.get_mut(&partition) else {
+            return Take::Keep;
+        };
+        if !start.confirmed {
+            if offset > start.committed && start.tried > 0 {
+                let back = (start.committed - start.tried).max(0);
+                start.tried = (start.committed - if back == 0 { 1 } else { back * 2 }).max(0);
+                return Take::Rewind(start.tried);
+            }
+            start.confirmed = true;
+        }
+        match offset < start.committed {
+            true => Take::Skip,
+            false => Take::Keep,
+        }
+    }
+}
+
 /// The list of `offset`s (per partition) on `topic`.
 pub fn offsets(topic: &str, commits: &[(i32, i64)]) -> TopicPartitionList {
     let mut list = TopicPartitionList::new();
@@ -246,6 +314,43 @@ mod tests {
             partition,
             offset,
         }
+    }
+
+    #[test]
+    fn a_start_inside_a_batch_that_reads_past_it_goes_back_until_it_does_not() {
+        let mut starts = Starts::default();
+        starts.begin(0, 69);
+        // The broker answered the read at 69 with the next batch, at 70.
+        assert_eq!(starts.check(0, 70), Take::Rewind(68));
+        assert_eq!(
+            starts.check(0, 70),
+            Take::Rewind(67),
+            "a message read before the rewind"
+        );
+        assert_eq!(starts.check(0, 70), Take::Rewind(65));
+        assert_eq!(starts.check(0, 63), Take::Skip, "the batch holding 65 starts at 63");
+        assert_eq!(starts.check(0, 64), Take::Skip);
+        assert_eq!(
+            starts.check(0, 69),
+            Take::Keep,
+            "the job at the committed offset is read"
+        );
+        assert_eq!(starts.check(0, 70), Take::Keep);
+        assert_eq!(starts.check(1, 5), Take::Keep, "a partition not being started");
+
+        starts.begin(2, 10);
+        assert_eq!(starts.check(2, 10), Take::Keep, "a read that starts where it should");
+        starts.begin(3, 3);
+        for back in [2, 1, 0] {
+            assert_eq!(starts.check(3, 9), Take::Rewind(back));
+        }
+        assert_eq!(
+            starts.check(3, 9),
+            Take::Keep,
+            "nothing before 0: what is there is read"
+        );
+        starts.end(0);
+        assert_eq!(starts.check(0, 1), Take::Keep, "given up");
     }
 
     #[test]
