@@ -69,6 +69,7 @@ fn main() {
             Limits {
                 max_unfinished: u64::MAX,
                 writer_nice: 0,
+                writer_cpus: Default::default(),
             },
         )
         .expect("store opens");

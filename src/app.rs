@@ -52,10 +52,18 @@ impl BatchThreads {
                 "threads.batch_nice is {nice}: give a nice value from 0 (the real-time threads' priority) to 19 (the lowest)"
             )));
         }
+        threads
+            .batch_cpus
+            .check("threads.batch_cpus")
+            .map_err(StartError::Settings)?;
+        let cpus = threads.batch_cpus.clone();
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.batch_workers.max(1))
             .thread_name("tiergate-batch")
-            .on_thread_start(move || crate::priority::lower_this_thread(nice))
+            .on_thread_start(move || {
+                cpus.pin_this_thread();
+                crate::cpu::lower_this_thread(nice);
+            })
             .enable_all()
             .build()
             .map(|rt| BatchThreads(Some(rt)))
@@ -408,6 +416,7 @@ fn store_limits(config: &Config) -> embedded::Limits {
     embedded::Limits {
         max_unfinished: config.offline.max_queued_jobs,
         writer_nice: config.threads.batch_nice,
+        writer_cpus: config.threads.batch_cpus.clone(),
     }
 }
 

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::cpu::CpuList;
+
 /// The startup settings.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -238,7 +240,8 @@ pub struct Listen {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Threads {
-    /// Tokio worker threads for the doors and the real-time tier; 0 means one per core.
+    /// Tokio worker threads for the doors and the real-time tier; 0 means one per core
+    /// (one per CPU of `realtime_cpus` when that is set).
     pub workers: usize,
     /// Threads of the micro-batch tier (decoding, batch assembly and splitting, batch
     /// backend calls), kept apart from the real-time ones; at least 1.
@@ -249,6 +252,25 @@ pub struct Threads {
     /// docs/performance.md). 0 (the default) runs them at the same priority. Linux
     /// only; elsewhere ignored.
     pub batch_nice: i32,
+    /// The CPUs the doors and the real-time tier run on, as a Linux CPU list (`"0"`,
+    /// `"0-3,8"`); empty (the default) leaves them to the operating system. With
+    /// `batch_cpus`, batch work stays off the cores that serve real-time requests.
+    pub realtime_cpus: CpuList,
+    /// The CPUs the micro-batch threads and the offline store's writer run on (a CPU
+    /// list as above; empty by default).
+    pub batch_cpus: CpuList,
+}
+
+impl Threads {
+    /// Tokio worker threads for the doors and the real-time tier: `workers`, or when
+    /// that is 0, one per CPU of `realtime_cpus` (0 again when that is empty: tokio's
+    /// one per core).
+    pub fn realtime_workers(&self) -> usize {
+        match self.workers {
+            0 => self.realtime_cpus.len(),
+            n => n,
+        }
+    }
 }
 
 /// Trace export (OTLP); spans stay in the process unless an endpoint is set.
@@ -355,6 +377,8 @@ impl Default for Threads {
             workers: 0,
             batch_workers: 1,
             batch_nice: 0,
+            realtime_cpus: CpuList::default(),
+            batch_cpus: CpuList::default(),
         }
     }
 }
@@ -488,5 +512,29 @@ mod tests {
         std::fs::write(&file, "[listen]\nhtp = \"0.0.0.0:9000\"\n").expect("write");
         let err = Config::load(Some(&file), Vec::new()).expect_err("typo refused");
         assert!(err.to_string().contains("htp"), "{err}");
+    }
+
+    #[test]
+    fn cpu_lists_come_from_the_file_or_the_environment_and_bad_ones_say_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tiergate.toml");
+        std::fs::write(&file, "[threads]\nrealtime_cpus = \"0-3,8\"\n").expect("write");
+        let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "1".to_owned())];
+        let config = Config::load(Some(&file), env).expect("loads");
+        assert_eq!(config.threads.realtime_cpus.to_string(), "0-3,8");
+        assert_eq!(
+            config.threads.batch_cpus.to_string(),
+            "1",
+            "a bare number from the environment"
+        );
+        assert_eq!(
+            config.threads.realtime_workers(),
+            5,
+            "workers = 0: one per real-time CPU"
+        );
+        assert_eq!(Config::default().threads.realtime_workers(), 0, "tokio's one per core");
+        let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "3-1".to_owned())];
+        let err = Config::load(None, env).expect_err("a backwards range is refused");
+        assert!(err.to_string().contains("runs backwards"), "{err}");
     }
 }

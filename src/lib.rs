@@ -20,7 +20,8 @@
 //! Beside the path: [`policy`] (files → validated snapshot), [`control`] (every change
 //! to the running policy: validated, written back, versioned, audited), [`reload`]
 //! (watching the policy directory), [`admin`] (the admin API), [`metrics`], [`config`]
-//! (startup settings), [`error`] (one table from failure to status); [`sim`], the
+//! (startup settings), [`cpu`] (where and how urgently threads run), [`error`] (one
+//! table from failure to status); [`sim`], the
 //! simulated model server; and [`app`], which composes a running [`app::Gateway`].
 
 pub mod front;
@@ -39,10 +40,10 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod control;
+pub mod cpu;
 pub mod error;
 pub mod metrics;
 pub mod policy;
-pub mod priority;
 pub mod reload;
 pub mod sim;
 pub mod telemetry;

@@ -193,7 +193,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
             config.data_dir = args.data_dir.unwrap_or(config.data_dir);
             config.listen.admin = args.admin.unwrap_or(config.listen.admin);
-            let runtime = runtime(config.threads.workers)?;
+            let runtime = realtime_runtime(&config.threads)?;
             let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
             let _exporter = init_logs(&config)?;
             runtime.block_on(serve(config))
@@ -342,6 +342,25 @@ fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         builder.worker_threads(workers);
     }
     Ok(builder.enable_all().build()?)
+}
+
+/// The runtime of the doors and the real-time tier, its threads on
+/// `threads.realtime_cpus` when that is set (the main thread, which only waits for the
+/// signal to stop, stays where it is).
+fn realtime_runtime(threads: &tiergate::config::Threads) -> anyhow::Result<tokio::runtime::Runtime> {
+    threads
+        .realtime_cpus
+        .check("threads.realtime_cpus")
+        .map_err(anyhow::Error::msg)?;
+    let cpus = threads.realtime_cpus.clone();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if threads.realtime_workers() > 0 {
+        builder.worker_threads(threads.realtime_workers());
+    }
+    Ok(builder
+        .on_thread_start(move || cpus.pin_this_thread())
+        .enable_all()
+        .build()?)
 }
 
 /// Logs to stderr in the configured format, each line inside a request carrying its

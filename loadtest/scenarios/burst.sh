@@ -8,8 +8,8 @@
 #
 #   loadtest/scenarios/burst.sh [BASE] [DURATION]        (defaults: 300 40s)
 #
-# Writes to $OUT (default target/loadtest/burst): summary.txt, burst.json, rss.txt
-# (the gateway's resident memory every 100 ms) and plots.
+# Writes to $OUT (default target/loadtest/burst): summary.txt, burst.json, rss.txt and
+# fds.txt (the gateway's resident memory and open descriptors every 100 ms) and plots.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=${1:-300}
@@ -47,11 +47,16 @@ wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 
 mkdir -p "$OUT"
-# Resident memory of the gateway every 100 ms while the load runs.
+# Resident memory of the gateway (KiB) and its open descriptors (client connections,
+# backend connections and files) every 100 ms while the load runs.
 ( while kill -0 "$GWPID" 2>/dev/null; do
     awk '/^VmRSS:/ { print $2 }' "/proc/$GWPID/status" 2>/dev/null || true
     sleep 0.1
   done ) > "$OUT/rss.txt" & PIDS+=($!)
+( while kill -0 "$GWPID" 2>/dev/null; do
+    ls "/proc/$GWPID/fd" 2>/dev/null | wc -l
+    sleep 0.1
+  done ) > "$OUT/fds.txt" & PIDS+=($!)
 
 "$BIN/loadtest" run --url "http://127.0.0.1:$GW" --model resnet50 --rows 1 --cols 16 --binary \
   --rate "$BASE" --schedule "burst:peak=$PEAK,every=10s,for=1s" --duration "$DURATION" --warmup 2s \
@@ -73,6 +78,8 @@ print(f"requests {s['completed']}: served 200 {ok}, shed {shed}, other {dict((k,
 print(f"admitted (not shed) {admitted}; served within the 1 s budget: {within} of {admitted} = {100 * within / max(admitted, 1):.2f}%")
 print(f"served latency ms: p50 {s['ok_latency_ms']['p50']:.1f}, p99 {s['ok_latency_ms']['p99']:.1f}, max {s['ok_latency_ms']['max']:.1f}")
 print(f"gateway resident memory: peak {max(rss) / 1024:.1f} MiB, at rest {min(rss) / 1024:.1f} MiB ({len(rss)} samples)")
+fds = [int(x) for x in open(f"{out}/fds.txt").read().split() if x.isdigit()]
+print(f"gateway open descriptors (connections and files): peak {max(fds)}, at rest {min(fds)}")
 # Recovery: p99 per second, the second before each spike against the seconds after it.
 series = {x["second"]: x for x in s["series"]}
 spikes = [t for t in range(8, len(series), 10)]

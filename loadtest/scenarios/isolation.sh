@@ -17,12 +17,18 @@
 #   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 2)
 #
 # On a real deployment the flood's callers and the batch pool's GPUs are other machines.
-# Here they share the two cores with the gateway, so they stand in at a lower CPU
-# priority: the flood's load generator (both setups) and the separate setup's batch
-# simulator run under `nice -n $STANDIN_NICE` (default 10; 0 runs everything alike).
+# Here they share the machine with the gateway. CPUS says how they are kept apart:
 #
-# The gateways run with threads.batch_nice = $BATCH_NICE (default 10 here; the
-# gateway's own default is 0, see docs/performance.md, Bursts).
+#   split (default; needs 2 CPUs)  CPU 0 runs the real-time side: the gateways' doors and
+#          real-time threads (threads.realtime_cpus = "0", one worker), the real-time
+#          load generator and the real-time simulators (the shared setup's too). CPU 1
+#          runs the batch side: the gateways' batch threads (threads.batch_cpus = "1"),
+#          the flood's load generator and the separate setup's batch simulator. The
+#          flood's requests still arrive at the gateway's door, on CPU 0, in both setups.
+#   nice   nothing is pinned; the flood's load generator (both setups) and the separate
+#          setup's batch simulator run under `nice -n $STANDIN_NICE` (default 10), and
+#          the gateways' batch threads at threads.batch_nice = $BATCH_NICE (default 10;
+#          the gateway's own default is 0, see docs/performance.md, Bursts).
 #
 # Writes to $OUT (default target/loadtest/isolation): summary.txt, results.json, each
 # phase's JSON and plots (latency over time, latency by percentile).
@@ -33,10 +39,18 @@ FLOOD_RATE=${2:-1500}
 DURATION=${3:-15s}
 ROUNDS=${4:-2}
 BACKLOG=${BACKLOG:-20000}
-STANDIN_NICE=${STANDIN_NICE:-10}
-# The gateways' batch threads run at this nice value (threads.batch_nice; the default
-# is 0): this scenario measures the setting for deployments where real time comes first.
-export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-10}
+CPUS=${CPUS:-split}
+case $CPUS in
+  split)
+    [ "$(nproc)" -ge 2 ] || { echo "CPUS=split needs 2 CPUs; run with CPUS=nice" >&2; exit 2; }
+    RT_SIDE=(taskset -c 0); BATCH_SIDE=(taskset -c 1); STANDIN_NICE=${STANDIN_NICE:-0}
+    export TIERGATE_THREADS__REALTIME_CPUS=0 TIERGATE_THREADS__BATCH_CPUS=1 TIERGATE_THREADS__WORKERS=1
+    export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-0} ;;
+  nice)
+    RT_SIDE=(); BATCH_SIDE=(); STANDIN_NICE=${STANDIN_NICE:-10}
+    export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-10} ;;
+  *) echo "CPUS is split or nice, not $CPUS" >&2; exit 2 ;;
+esac
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/isolation}
 
@@ -45,9 +59,9 @@ BIN=$TARGET_DIR/release
 . loadtest/scenarios/lib.sh
 
 RT=$(free_port); BATCH=$(free_port); SHARED=$(free_port)
-"$BIN/tiergate" sim --http "127.0.0.1:$RT" --model resnet50:resnet50-trt --instances 1 2>"$WORK/rt.log" & PIDS+=($!)
-nice -n "$STANDIN_NICE" "$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
-"$BIN/tiergate" sim --http "127.0.0.1:$SHARED" --model resnet50:resnet50-trt --instances 2 2>"$WORK/shared.log" & PIDS+=($!)
+"${RT_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$RT" --model resnet50:resnet50-trt --instances 1 2>"$WORK/rt.log" & PIDS+=($!)
+"${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
+"${RT_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$SHARED" --model resnet50:resnet50-trt --instances 2 2>"$WORK/shared.log" & PIDS+=($!)
 
 # gateway NAME HTTP_PORT REALTIME_POOL BATCH_POOL MICRO_BATCH: writes its policy and starts it.
 gateway() {
@@ -95,7 +109,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     PORT=$SEPARATE; [ "$SETUP" = shared ] && PORT=$ONE
     URL="http://127.0.0.1:$PORT"
     echo "round $ROUND, $SETUP: real-time alone" >&2
-    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
+    "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
       --label "${SETUP}_alone_$ROUND" --json "$OUT/${SETUP}_alone_$ROUND.json" --plot "$OUT/${SETUP}_alone_$ROUND" > /dev/null
     echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
     FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
@@ -103,11 +117,11 @@ for ROUND in $(seq 1 "$ROUNDS"); do
       -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
     # The flood starts first and ends last, so it covers the whole measured window.
-    nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
+    "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
       --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
     FLOOD=$!
     sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
-    "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
+    "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
       --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
     wait "$FLOOD"
     DONE=$(curl -fs "$URL/v1/batches/$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["request_counts"]["completed"])')
@@ -120,10 +134,10 @@ for ROUND in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" "$CPUS" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
-out, phases, rt, flood, backlog, secs = sys.argv[1:7]
-print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}")
+out, phases, rt, flood, backlog, secs, cpus = sys.argv[1:8]
+print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}; CPUS={cpus}")
 print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>12}")
 results = {}
 for line in open(phases):

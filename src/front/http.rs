@@ -89,6 +89,10 @@ impl Door {
     }
 
     /// Answers one request. Never fails: every problem becomes a response.
+    ///
+    /// Each path's work is boxed, so the future hyper keeps for every open connection
+    /// (idle keep-alive ones too) stays small, and a request in flight holds only the
+    /// state of the path it took.
     pub async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
@@ -99,24 +103,20 @@ impl Door {
             (Target::Server, &Method::GET) => json(StatusCode::OK, server_metadata()),
             (Target::Model { name, rest: "/infer" }, &Method::POST) => {
                 match self.dispatch.policy().route_for_model(name).cloned() {
-                    Some(route) => self.serve(route, req, Body::Kserve).await,
+                    Some(route) => Box::pin(self.serve(route, req, Body::Kserve)).await,
                     None => failure(&unmatched_model("http", name)),
                 }
             }
             (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => {
                 let (parts, _) = req.into_parts();
-                match self
-                    .dispatch
-                    .control(name, Request::from_parts(parts, Bytes::new()))
-                    .await
-                {
+                match Box::pin(self.dispatch.control(name, Request::from_parts(parts, Bytes::new()))).await {
                     Ok(reply) => reply.map(Full::new),
                     Err(e) => failure(&e),
                 }
             }
-            (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => self.offline(req).await,
+            (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => Box::pin(self.offline(req)).await,
             (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
-                Some(route) => self.serve(route, req, Body::Json).await,
+                Some(route) => Box::pin(self.serve(route, req, Body::Json)).await,
                 None => not_found(&method, &path),
             },
             (Target::Live | Target::Ready | Target::Server, _) | (Target::Model { .. }, _) => failure(&Error::new(

@@ -26,12 +26,14 @@ const GROUP: usize = 1024;
 const BACKLOG: usize = 65_536;
 
 /// Limits the store enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Unfinished (queued or running) jobs before submissions are refused.
     pub max_unfinished: u64,
-    /// The writer thread's nice value (see [`crate::priority`]); 0 leaves it.
+    /// The writer thread's nice value (see [`crate::cpu`]); 0 leaves it.
     pub writer_nice: i32,
+    /// The CPUs the writer thread runs on; empty leaves it to the operating system.
+    pub writer_cpus: crate::cpu::CpuList,
 }
 
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -100,10 +102,12 @@ impl Embedded {
             );
         }
         let (ops, rx) = mpsc::channel(BACKLOG);
+        let (cpus, nice) = (limits.writer_cpus.clone(), limits.writer_nice);
         std::thread::Builder::new()
             .name("tiergate-store".into())
             .spawn(move || {
-                crate::priority::lower_this_thread(limits.writer_nice);
+                cpus.pin_this_thread();
+                crate::cpu::lower_this_thread(nice);
                 writer(conn, rx)
             })
             .map_err(|e| StoreError::Io(format!("cannot start the store's writer thread: {e}")))?;

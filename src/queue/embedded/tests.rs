@@ -23,6 +23,7 @@ fn open(dir: &Path, max: u64) -> Embedded {
         Limits {
             max_unfinished: max,
             writer_nice: 0,
+            writer_cpus: Default::default(),
         },
     )
     .unwrap()
@@ -156,6 +157,7 @@ async fn a_restart_queues_running_jobs_again_and_loses_nothing() {
             Limits {
                 max_unfinished: 100,
                 writer_nice: 0,
+                writer_cpus: Default::default(),
             },
         ) {
             Ok(store) => break store,

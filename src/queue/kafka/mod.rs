@@ -120,6 +120,7 @@ impl KafkaQueue {
             tokio::task::spawn_blocking(move || crate::kafka::partitions(&checked, &topics, "kafka.queue"))
                 .await
                 .map_err(|e| e.to_string())??;
+        let max_unfinished = limits.max_unfinished;
         let store = Embedded::open_view(&data_dir.join("kafka"), limits).map_err(|e| {
             format!(
                 "kafka queue: cannot open the local view under {}: {e}",
@@ -192,7 +193,7 @@ impl KafkaQueue {
                 view,
                 settings,
                 state_partitions: count,
-                max_unfinished: limits.max_unfinished,
+                max_unfinished,
                 replica,
                 instance: rand::random(),
                 started: super::now_ms(),

@@ -209,10 +209,11 @@ impl Pending {
     /// Waits for the answer, at most until the call's deadline.
     async fn answer(self) -> Result<Reply, Error> {
         match self {
-            Pending::Alone(lanes, call, why, false) => lanes.alone(*call, &why).await,
+            // Boxed: a backend call's future is large, and most calls are queued.
+            Pending::Alone(lanes, call, why, false) => Box::pin(lanes.alone(*call, &why)).await,
             Pending::Alone(lanes, call, why, true) => {
                 let _spare = lanes.spare_slot().await;
-                lanes.forward_alone(*call, &why).await
+                Box::pin(lanes.forward_alone(*call, &why)).await
             }
             Pending::Queued {
                 answer,
@@ -298,24 +299,28 @@ impl tower::Service<Call> for MicroBatch {
 
     fn call(&mut self, call: Call) -> Self::Future {
         let inner = self.inner.clone();
-        let threads = self.inner.threads.clone();
-        Box::pin(async move { on_batch_threads(&threads, async move { inner.serve(call).await }).await })
+        on_batch_threads(&self.inner.threads, async move { inner.serve(call).await })
     }
 }
 
-/// Runs `work` on the batch threads (when there are any) and waits for it; if the
-/// caller goes away, the work is cancelled with it (its queue entry is let go).
-async fn on_batch_threads<T: Send + 'static>(
+/// Runs `work` on the batch threads (when there are any); the returned future waits
+/// for it, and if the caller drops that future, the work is cancelled with it (its
+/// queue entry is let go). `work` moves into its task at once, so what the caller
+/// holds while a request is queued is the task's handle, not a second copy of `work`.
+fn on_batch_threads<T: Send + 'static>(
     threads: &Option<tokio::runtime::Handle>,
     work: impl Future<Output = Result<T, Error>> + Send + 'static,
-) -> Result<T, Error> {
+) -> Pin<Box<dyn Future<Output = Result<T, Error>> + Send>> {
     match threads {
-        None => work.await,
+        None => Box::pin(work),
         // The caller's span goes along, so its logs and the batch's span stay in its trace.
         Some(handle) => {
-            tokio_util::task::AbortOnDropHandle::new(handle.spawn(tracing::Instrument::in_current_span(work)))
-                .await
-                .unwrap_or_else(|_| Err(Error::new(Kind::Unavailable, "the micro-batch threads stopped")))
+            let task =
+                tokio_util::task::AbortOnDropHandle::new(handle.spawn(tracing::Instrument::in_current_span(work)));
+            Box::pin(async move {
+                task.await
+                    .unwrap_or_else(|_| Err(Error::new(Kind::Unavailable, "the micro-batch threads stopped")))
+            })
         }
     }
 }
