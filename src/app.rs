@@ -201,14 +201,15 @@ impl Gateway {
     /// Binds the listeners in `config` and starts serving `policy`.
     pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, StartError> {
         let policy = check_sources(config, policy).await?;
+        let backlog = config.limits.listen_backlog.max(1);
         let admin = match admin_tokens(config)? {
-            Some(_) => Some(bind("admin API", config.listen.admin).await?),
+            Some(_) => Some(bind("admin API", config.listen.admin, backlog).await?),
             None => None,
         };
         let listeners = Listeners {
-            http: bind("HTTP door", config.listen.http).await?,
-            grpc: bind("gRPC door", config.listen.grpc).await?,
-            metrics: bind("metrics endpoint", config.listen.metrics).await?,
+            http: bind("HTTP door", config.listen.http, backlog).await?,
+            grpc: bind("gRPC door", config.listen.grpc, backlog).await?,
+            metrics: bind("metrics endpoint", config.listen.metrics, backlog).await?,
             admin,
         };
         let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
@@ -475,9 +476,20 @@ fn admin_tokens(config: &Config) -> Result<Option<Tokens>, StartError> {
     Ok(tokens)
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
+/// Binds `addr` with a queue of `backlog` connections the kernel has accepted and the
+/// gateway not yet taken (tokio's own `bind` keeps 1,024: a spike of new connections
+/// overflows it, and an overflowed client waits a second or more to retry).
+async fn bind(what: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpListener, StartError> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    };
+    socket
+        .and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(addr)?;
+            s.listen(backlog)
+        })
         .map_err(|source| StartError::Bind { what, addr, source })
 }
 

@@ -317,6 +317,9 @@ pub struct Limits {
     pub max_rss_bytes: u64,
     /// Open client connections per door; past it new ones are closed at once.
     pub max_connections: usize,
+    /// Connections the kernel may hold for each listener before the gateway takes them
+    /// (the listen backlog); the kernel caps it at `net.core.somaxconn`.
+    pub listen_backlog: u32,
 }
 
 /// Log settings.
@@ -422,6 +425,7 @@ impl Default for Limits {
             max_in_flight_body_bytes: 1 << 30,
             max_rss_bytes: 0,
             max_connections: 10_000,
+            listen_backlog: 4096,
         }
     }
 }
