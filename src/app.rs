@@ -5,6 +5,7 @@
 //! store, spawns each listener's loop with one shutdown signal, and hands back the
 //! bound addresses; [`Gateway::stop`] drains and joins them.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -33,6 +34,7 @@ pub struct Gateway {
     grpc: SocketAddr,
     metrics: SocketAddr,
     admin: Option<SocketAddr>,
+    bulk: BulkAddrs,
     control: Arc<Control>,
     shutdown: CancellationToken,
     tasks: JoinSet<std::io::Result<()>>,
@@ -75,6 +77,20 @@ impl BatchThreads {
             .as_ref()
             .map(|rt| rt.handle().clone())
             .expect("running until dropped")
+    }
+
+    /// Runs the listener loop `serve` on the batch threads, `listener` moved to their
+    /// reactor first so that its connections are accepted, read and answered there.
+    fn serve<F, Fut>(&self, listener: TcpListener, serve: F) -> impl Future<Output = std::io::Result<()>>
+    where
+        F: FnOnce(TcpListener) -> Fut + Send + 'static,
+        Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let moved = listener.into_std();
+        let task = self
+            .handle()
+            .spawn(async move { serve(TcpListener::from_std(moved?)?).await });
+        async move { task.await.map_err(std::io::Error::other)? }
     }
 }
 
@@ -158,6 +174,17 @@ pub struct Listeners {
     pub metrics: TcpListener,
     /// The admin API, when it is on.
     pub admin: Option<TcpListener>,
+    /// The bulk HTTP door, when it is on.
+    pub bulk_http: Option<TcpListener>,
+    /// The bulk gRPC door, when it is on.
+    pub bulk_grpc: Option<TcpListener>,
+}
+
+/// The bound addresses of the bulk doors that are on.
+#[derive(Debug, Clone, Copy, Default)]
+struct BulkAddrs {
+    http: Option<SocketAddr>,
+    grpc: Option<SocketAddr>,
 }
 
 /// Why a gateway could not start.
@@ -211,6 +238,8 @@ impl Gateway {
             grpc: bind("gRPC door", config.listen.grpc, backlog).await?,
             metrics: bind("metrics endpoint", config.listen.metrics, backlog).await?,
             admin,
+            bulk_http: bind_some("bulk HTTP door", config.listen.bulk_http, backlog).await?,
+            bulk_grpc: bind_some("bulk gRPC door", config.listen.bulk_grpc, backlog).await?,
         };
         let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
         let queue = match config.offline.queue {
@@ -260,6 +289,8 @@ impl Gateway {
             grpc,
             metrics,
             admin,
+            bulk_http,
+            bulk_grpc,
         } = listeners;
         let prometheus = crate::metrics::install();
         let policy = Arc::new(Store::at(policy, version));
@@ -312,24 +343,41 @@ impl Gateway {
         let workers = batch_threads.handle().spawn(workers);
         tasks.spawn(async move { workers.await.map_err(std::io::Error::other) });
         let answer = move |req| door.clone().answer(req);
-        tasks.spawn(crate::front::serve(
-            http,
-            config.limits.header_read_timeout,
-            config.limits.max_connections,
-            shutdown.clone(),
-            answer,
-        ));
-        let stop = shutdown.clone();
-        let max_connections = config.limits.max_connections;
-        tasks.spawn(async move {
+        let (limits, stop) = (config.limits.clone(), shutdown.clone());
+        let serve_http = move |listener| {
+            crate::front::serve(
+                listener,
+                limits.header_read_timeout,
+                limits.max_connections,
+                stop,
+                answer,
+            )
+        };
+        let (max_connections, stop) = (config.limits.max_connections, shutdown.clone());
+        let serve_grpc = move |listener| async move {
             tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
                 .max_concurrent_streams(1024)
                 .add_service(grpc_door)
-                .serve_with_incoming_shutdown(crate::front::limited_incoming(grpc, max_connections), stop.cancelled())
+                .serve_with_incoming_shutdown(
+                    crate::front::limited_incoming(listener, max_connections),
+                    stop.cancelled(),
+                )
                 .await
                 .map_err(std::io::Error::other)
-        });
+        };
+        let bulk = BulkAddrs {
+            http: bulk_http.as_ref().map(local),
+            grpc: bulk_grpc.as_ref().map(local),
+        };
+        if let Some(listener) = bulk_http {
+            tasks.spawn(batch_threads.serve(listener, serve_http.clone()));
+        }
+        if let Some(listener) = bulk_grpc {
+            tasks.spawn(batch_threads.serve(listener, serve_grpc.clone()));
+        }
+        tasks.spawn(serve_http(http));
+        tasks.spawn(serve_grpc(grpc));
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
         let admin_addr = match (admin, tokens) {
             (Some(listener), Some(tokens)) => {
@@ -345,12 +393,13 @@ impl Gateway {
             (Some(_), None) => return Err(StartError::Settings(NO_TOKEN.into())),
             (None, _) => None,
         };
+        let (bulk_http, bulk_grpc) = (bulk.http, bulk.grpc);
         match admin_addr {
             Some(admin) => {
-                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, %admin, "tiergate is serving")
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, %admin, ?bulk_http, ?bulk_grpc, "tiergate is serving")
             }
             None => {
-                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, "tiergate is serving");
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, ?bulk_http, ?bulk_grpc, "tiergate is serving");
                 tracing::warn!("the admin API is off: {NO_TOKEN}");
             }
         }
@@ -359,6 +408,7 @@ impl Gateway {
             grpc: addrs.1,
             metrics: addrs.2,
             admin: admin_addr,
+            bulk,
             control,
             shutdown,
             tasks,
@@ -384,6 +434,16 @@ impl Gateway {
     /// The bound address of the admin API, when it is on.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin
+    }
+
+    /// The bound address of the bulk HTTP door (served by the batch threads), when it is on.
+    pub fn bulk_http_addr(&self) -> Option<SocketAddr> {
+        self.bulk.http
+    }
+
+    /// The bound address of the bulk gRPC door (served by the batch threads), when it is on.
+    pub fn bulk_grpc_addr(&self) -> Option<SocketAddr> {
+        self.bulk.grpc
     }
 
     /// The running policy.
@@ -464,8 +524,9 @@ fn admin_tokens(config: &Config) -> Result<Option<Tokens>, StartError> {
     let tokens =
         Tokens::from_settings(&config.admin, config.listen.admin).map_err(|e| StartError::Settings(e.to_string()))?;
     let l = &config.listen;
-    let shared = [l.http, l.grpc, l.metrics]
+    let shared = [Some(l.http), Some(l.grpc), Some(l.metrics), l.bulk_http, l.bulk_grpc]
         .into_iter()
+        .flatten()
         .any(|data| data.port() != 0 && data.port() == l.admin.port());
     if tokens.is_some() && shared {
         return Err(StartError::Settings(format!(
@@ -491,6 +552,18 @@ async fn bind(what: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpL
             s.listen(backlog)
         })
         .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Binds `addr` when it is set, as [`bind`] does.
+async fn bind_some(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+    backlog: u32,
+) -> Result<Option<TcpListener>, StartError> {
+    match addr {
+        Some(addr) => bind(what, addr, backlog).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 fn local(listener: &TcpListener) -> SocketAddr {

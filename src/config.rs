@@ -234,6 +234,13 @@ pub struct Listen {
     pub metrics: SocketAddr,
     /// The admin API: loopback by default and never on a data port.
     pub admin: SocketAddr,
+    /// A second HTTP door, the bulk door, served by the batch threads (off unless set).
+    /// It answers exactly what the HTTP door answers; callers whose work is bulk
+    /// (micro-batch floods, Batch API uploads) send it here, so reading and answering
+    /// them never takes the real-time threads.
+    pub bulk_http: Option<SocketAddr>,
+    /// A second gRPC door on the batch threads, like `bulk_http` (off unless set).
+    pub bulk_grpc: Option<SocketAddr>,
 }
 
 /// Thread counts.
@@ -410,6 +417,8 @@ impl Default for Listen {
             grpc: loopback(8001),
             metrics: loopback(8002),
             admin: loopback(8003),
+            bulk_http: None,
+            bulk_grpc: None,
         }
     }
 }
@@ -474,6 +483,25 @@ mod tests {
         assert_eq!(config.listen.grpc.to_string(), "127.0.0.1:8001");
         assert_eq!(config.listen.metrics.to_string(), "127.0.0.1:8002");
         assert_eq!(config.listen.admin.to_string(), "127.0.0.1:8003");
+        assert_eq!(
+            (config.listen.bulk_http, config.listen.bulk_grpc),
+            (None, None),
+            "bulk doors off"
+        );
+    }
+
+    #[test]
+    fn bulk_doors_come_from_the_file_or_the_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tiergate.toml");
+        std::fs::write(&file, "[listen]\nbulk_http = \"0.0.0.0:8010\"\n").expect("write");
+        let env = vec![("TIERGATE_LISTEN__BULK_GRPC".to_owned(), "0.0.0.0:8011".to_owned())];
+        let config = Config::load(Some(&file), env).expect("loads");
+        assert_eq!(config.listen.bulk_http, Some("0.0.0.0:8010".parse().expect("addr")));
+        assert_eq!(config.listen.bulk_grpc, Some("0.0.0.0:8011".parse().expect("addr")));
+        let env = vec![("TIERGATE_LISTEN__BULK_HTTP".to_owned(), "nowhere".to_owned())];
+        let err = Config::load(None, env).expect_err("a bad address is refused");
+        assert!(err.to_string().contains("bulk_http"), "{err}");
     }
 
     #[test]

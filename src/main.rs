@@ -95,6 +95,12 @@ struct ServeArgs {
     /// Address of the admin API (overrides listen.admin).
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Address of the bulk HTTP door, served by the batch threads (overrides listen.bulk_http).
+    #[arg(long)]
+    bulk_http: Option<SocketAddr>,
+    /// Address of the bulk gRPC door, served by the batch threads (overrides listen.bulk_grpc).
+    #[arg(long)]
+    bulk_grpc: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -193,6 +199,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.metrics = args.metrics.unwrap_or(config.listen.metrics);
             config.data_dir = args.data_dir.unwrap_or(config.data_dir);
             config.listen.admin = args.admin.unwrap_or(config.listen.admin);
+            config.listen.bulk_http = args.bulk_http.or(config.listen.bulk_http);
+            config.listen.bulk_grpc = args.bulk_grpc.or(config.listen.bulk_grpc);
             let runtime = realtime_runtime(&config.threads)?;
             let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
             let _exporter = init_logs(&config)?;

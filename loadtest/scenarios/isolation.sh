@@ -4,7 +4,9 @@
 # (resnet50-trt, two instances in all):
 #
 #   separate  tiergate with its tiers on separate pools: real-time on one simulator
-#             instance, micro-batch and offline on another;
+#             instance, micro-batch and offline on another; the flood and the backlog
+#             arrive at its bulk door (listen.bulk_http, served by the batch threads)
+#             unless FLOOD_DOOR=main sends them to the HTTP door with the real-time calls;
 #   shared    one pool serving everything (as a one-pool gateway, or nginx, would):
 #             tiergate with micro-batching off, every request on one simulator with
 #             both instances; the offline backlog drains through the same pool.
@@ -24,7 +26,8 @@
 #          load generator and the real-time simulators (the shared setup's too). CPU 1
 #          runs the batch side: the gateways' batch threads (threads.batch_cpus = "1"),
 #          the flood's load generator and the separate setup's batch simulator. The
-#          flood's requests still arrive at the gateway's door, on CPU 0, in both setups.
+#          separate setup's bulk door runs on CPU 1 with the batch threads; the shared
+#          setup has one door, on CPU 0 (so has the separate one with FLOOD_DOOR=main).
 #   nice   nothing is pinned; the flood's load generator (both setups) and the separate
 #          setup's batch simulator run under `nice -n $STANDIN_NICE` (default 10), and
 #          the gateways' batch threads at threads.batch_nice = $BATCH_NICE (default 10;
@@ -40,6 +43,8 @@ DURATION=${3:-15s}
 ROUNDS=${4:-2}
 BACKLOG=${BACKLOG:-20000}
 CPUS=${CPUS:-split}
+FLOOD_DOOR=${FLOOD_DOOR:-bulk}
+case $FLOOD_DOOR in bulk|main) ;; *) echo "FLOOD_DOOR is bulk or main, not $FLOOD_DOOR" >&2; exit 2 ;; esac
 case $CPUS in
   split)
     [ "$(nproc)" -ge 2 ] || { echo "CPUS=split needs 2 CPUs; run with CPUS=nice" >&2; exit 2; }
@@ -63,9 +68,10 @@ RT=$(free_port); BATCH=$(free_port); SHARED=$(free_port)
 "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/tiergate" sim --http "127.0.0.1:$BATCH" --model resnet50:resnet50-trt --instances 1 2>"$WORK/batch.log" & PIDS+=($!)
 "${RT_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$SHARED" --model resnet50:resnet50-trt --instances 2 2>"$WORK/shared.log" & PIDS+=($!)
 
-# gateway NAME HTTP_PORT REALTIME_POOL BATCH_POOL MICRO_BATCH: writes its policy and starts it.
+# gateway NAME HTTP_PORT REALTIME_POOL BATCH_POOL MICRO_BATCH [ARGS...]: writes its policy and starts it.
 gateway() {
   local name=$1 http=$2 rt=$3 batch=$4 micro=$5 grpc metrics
+  shift 5
   grpc=$(free_port); metrics=$(free_port)
   mkdir -p "$WORK/$name/policy"
   cat > "$WORK/$name/policy/route.toml" <<TOML
@@ -89,13 +95,13 @@ queue_capacity = 8192
 TOML
   TIERGATE_OFFLINE__MAX_FILE_LINES=$((BACKLOG + 1)) \
     "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
-    --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
+    --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" "$@" 2>"$WORK/$name/gw.log" &
   PIDS+=($!)
 }
-SEPARATE=$(free_port); ONE=$(free_port)
-gateway separate "$SEPARATE" "$RT" "$BATCH" true
+SEPARATE=$(free_port); ONE=$(free_port); BULK=$(free_port)
+gateway separate "$SEPARATE" "$RT" "$BATCH" true --bulk-http "127.0.0.1:$BULK"
 gateway shared "$ONE" "$SHARED" "$SHARED" false
-for port in "$RT" "$BATCH" "$SHARED" "$SEPARATE" "$ONE"; do wait_ready "$port" /v2/health/ready 10; done
+for port in "$RT" "$BATCH" "$SHARED" "$SEPARATE" "$ONE" "$BULK"; do wait_ready "$port" /v2/health/ready 10; done
 
 backlog_file "$WORK/backlog.jsonl" "$BACKLOG"
 
@@ -108,36 +114,37 @@ for ROUND in $(seq 1 "$ROUNDS"); do
   for SETUP in $ORDER; do
     PORT=$SEPARATE; [ "$SETUP" = shared ] && PORT=$ONE
     URL="http://127.0.0.1:$PORT"
+    BULK_URL=$URL; [ "$SETUP" = separate ] && [ "$FLOOD_DOOR" = bulk ] && BULK_URL="http://127.0.0.1:$BULK"
     echo "round $ROUND, $SETUP: real-time alone" >&2
     "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
       --label "${SETUP}_alone_$ROUND" --json "$OUT/${SETUP}_alone_$ROUND.json" --plot "$OUT/${SETUP}_alone_$ROUND" > /dev/null
     echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
-    FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    B=$(curl -fs -H 'content-type: application/json' "$URL/v1/batches" \
+    FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$BULK_URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+    B=$(curl -fs -H 'content-type: application/json' "$BULK_URL/v1/batches" \
       -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
     # The flood starts first and ends last, so it covers the whole measured window.
-    "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
+    "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$BULK_URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
       --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
     FLOOD=$!
     sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
     "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
       --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
     wait "$FLOOD"
-    DONE=$(curl -fs "$URL/v1/batches/$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["request_counts"]["completed"])')
-    curl -fs -X POST "$URL/v1/batches/$B/cancel" > /dev/null
+    DONE=$(curl -fs "$BULK_URL/v1/batches/$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["request_counts"]["completed"])')
+    curl -fs -X POST "$BULK_URL/v1/batches/$B/cancel" > /dev/null
     echo "$SETUP $ROUND $DONE" >> "$WORK/phases"
     for _ in $(seq 1 600); do
-      curl -fs "$URL/v1/batches/$B" | grep -q '"status": *"cancelled"' && break
+      curl -fs "$BULK_URL/v1/batches/$B" | grep -q '"status": *"cancelled"' && break
       sleep 0.1
     done
   done
 done
 
-python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" "$CPUS" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" "$CPUS" "$FLOOD_DOOR" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
-out, phases, rt, flood, backlog, secs, cpus = sys.argv[1:8]
-print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}; CPUS={cpus}")
+out, phases, rt, flood, backlog, secs, cpus, door = sys.argv[1:9]
+print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}; CPUS={cpus} FLOOD_DOOR={door}")
 print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>12}")
 results = {}
 for line in open(phases):

@@ -3,7 +3,7 @@
 //! [`http`] is the KServe v2 HTTP door (plus JSON routes), [`grpc`] the KServe v2 gRPC door; [`meta`] reads what the
 //! classifier needs from a request's headers; [`dispatch`] is what every door does
 //! once a request is read: classify, serve on its tier, count. [`serve`] is the one connection loop
-//! every HTTP listener here uses (the door, the metrics endpoint): HTTP/1.1 and h2c on
+//! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown.
 
 pub mod admission;
