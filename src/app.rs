@@ -311,13 +311,16 @@ impl Gateway {
             .with_offline(TierService::new(offline_tier));
         let max_response = config.limits.max_response_bytes;
         let admission = Admission::new(&config.limits, shutdown.clone());
-        let dispatch = Arc::new(Dispatch::new(
-            policy.clone(),
-            admission,
-            tiers,
-            max_response,
-            shutdown.clone(),
-        ));
+        let reserve = config.limits.budget_reserve;
+        if !(0.0..=0.5).contains(&reserve) {
+            return Err(StartError::Settings(format!(
+                "limits.budget_reserve is {reserve}: give the share of each budget to keep back, from 0 to 0.5"
+            )));
+        }
+        let dispatch = Arc::new(
+            Dispatch::new(policy.clone(), admission, tiers, max_response, shutdown.clone())
+                .with_budget_reserve(reserve),
+        );
         let api = OfflineApi {
             store: store.clone(),
             policy: policy.clone(),

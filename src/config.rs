@@ -327,6 +327,11 @@ pub struct Limits {
     /// Connections the kernel may hold for each listener before the gateway takes them
     /// (the listen backlog); the kernel caps it at `net.core.somaxconn`.
     pub listen_backlog: u32,
+    /// The share of every budget kept back for the time the gateway cannot see: the
+    /// request waiting to be read, the answer waiting to be written and carried back.
+    /// A request's tiers aim at `budget × (1 − budget_reserve)`; 0 (the default) aims
+    /// at the whole budget. At most 0.5.
+    pub budget_reserve: f64,
 }
 
 /// Log settings.
@@ -435,6 +440,7 @@ impl Default for Limits {
             max_rss_bytes: 0,
             max_connections: 10_000,
             listen_backlog: 4096,
+            budget_reserve: 0.0,
         }
     }
 }

@@ -19,6 +19,11 @@ use tiergate::policy::Policy;
 use tiergate::sim::{Faults, ModelSpec, Profile, Simulator};
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc in place of the system allocator: under a burst, glibc's malloc and free
+/// took a fifth of the gateway's CPU (see docs/architecture.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// tiergate: a hybrid tiered inference gateway.
 ///
 /// Sits in front of KServe v2 model servers (Triton, MLServer, ...) and serves each

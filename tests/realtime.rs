@@ -73,6 +73,33 @@ async fn a_spent_budget_is_refused_at_once() {
 }
 
 #[tokio::test]
+async fn the_budget_reserve_ends_a_stalled_call_before_the_whole_budget() {
+    let rt = backend(&["m"]).await;
+    let policy = route(&rt.url(), &rt.url(), "realtime = true", "realtime_below = \"5s\"");
+    let mut refused = config();
+    refused.limits.budget_reserve = 0.7;
+    let err = tiergate::app::Gateway::start(&refused, common::policy(&policy))
+        .await
+        .expect_err("a reserve over half the budget is refused");
+    assert!(err.to_string().contains("limits.budget_reserve is 0.7"), "{err}");
+    let mut config = config();
+    config.limits.budget_reserve = 0.5;
+    let gw = gateway_with(config, &policy).await;
+    rt.sim.hold();
+    let started = Instant::now();
+    let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "2000")], BODY).await;
+    let took = started.elapsed();
+    assert_eq!(a.status, 504, "{}", a.text());
+    assert_eq!(a.tier(), (Some("realtime"), Some("budget_realtime")));
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(1900),
+        "half of the 2 s budget is kept back: the call ends at 1 s, not 2 s ({took:?})"
+    );
+    rt.sim.release();
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
 async fn a_dead_backend_is_502_quickly() {
     let dead = format!("http://{}", dead_addr().await);
     let gw = gateway(&route(&dead, &dead, "realtime = true", "")).await;

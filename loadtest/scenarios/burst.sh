@@ -8,12 +8,31 @@
 #
 #   loadtest/scenarios/burst.sh [BASE] [DURATION]        (defaults: 300 40s)
 #
+# RESERVE (default 0.1) is the gateway's limits.budget_reserve: the share of each budget
+# its tiers leave for the time outside it (the spike's connections waiting to be read,
+# the answers to be written). RESERVE=0 aims at the whole budget.
+#
+# CPUS=split (needs 2 CPUs) runs the load generator alone on the last CPU and the
+# gateway and the simulator on the others, as the callers would be other machines;
+# CPUS=shared (the default) lets them all share every CPU, so the generator's own
+# sends fall behind in a spike (its send lag is in the summary).
+#
 # Writes to $OUT (default target/loadtest/burst): summary.txt, burst.json, rss.txt and
 # fds.txt (the gateway's resident memory and open descriptors every 100 ms) and plots.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=${1:-300}
 DURATION=${2:-40s}
+RESERVE=${RESERVE:-0.1}
+CPUS=${CPUS:-shared}
+case $CPUS in
+  shared) SERVER_SIDE=(); CLIENT_SIDE=() ;;
+  split)
+    LAST=$(($(nproc) - 1))
+    [ "$LAST" -ge 1 ] || { echo "CPUS=split needs 2 CPUs" >&2; exit 2; }
+    SERVER_SIDE=(taskset -c "0-$((LAST - 1))"); CLIENT_SIDE=(taskset -c "$LAST") ;;
+  *) echo "CPUS is shared or split, not $CPUS" >&2; exit 2 ;;
+esac
 PEAK=$((BASE * 20))
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/burst}
@@ -23,7 +42,7 @@ BIN=$TARGET_DIR/release
 . loadtest/scenarios/lib.sh
 
 SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port)
-"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-eager --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
+"${SERVER_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-eager --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
 mkdir -p "$WORK/policy"
 cat > "$WORK/policy/burst.toml" <<TOML
 [routes.resnet50]
@@ -40,7 +59,7 @@ max_wait = "50ms"
 max_in_flight = 2
 queue_capacity = 4096
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/data" \
+TIERGATE_LIMITS__BUDGET_RESERVE=$RESERVE "${SERVER_SIDE[@]}" "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/data" \
   --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & GWPID=$!
 PIDS+=($GWPID)
 wait_ready "$SIM" /v2/health/ready
@@ -58,14 +77,14 @@ mkdir -p "$OUT"
     sleep 0.1
   done ) > "$OUT/fds.txt" & PIDS+=($!)
 
-"$BIN/loadtest" run --url "http://127.0.0.1:$GW" --model resnet50 --rows 1 --cols 16 --binary \
+"${CLIENT_SIDE[@]}" "$BIN/loadtest" run --url "http://127.0.0.1:$GW" --model resnet50 --rows 1 --cols 16 --binary \
   --rate "$BASE" --schedule "burst:peak=$PEAK,every=10s,for=1s" --duration "$DURATION" --warmup 2s \
   --budget-ms 1000 --timeout 30s --label burst --json "$OUT/burst.json" --plot "$OUT" > /dev/null
 curl -fs "http://127.0.0.1:$GWM/metrics" > "$OUT/metrics.txt"
 
-python3 - "$OUT" "$BASE" "$PEAK" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$BASE" "$PEAK" "$RESERVE" "$CPUS" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
-out, base, peak = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, base, peak, reserve, cpus = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 s = json.load(open(f"{out}/burst.json"))
 st = s["status_counts"]
 ok = st.get("200", 0)
@@ -73,10 +92,12 @@ shed = {k: v for k, v in st.items() if k in ("429", "503")}
 admitted = sum(v for k, v in st.items() if k not in ("429", "503"))
 within = s["ok_within_budget"]
 rss = [int(x) for x in open(f"{out}/rss.txt").read().split() if x.isdigit()]
-print(f"micro-batch {base}/s with 1 s spikes to {peak}/s every 10 s (budget 1 s), resnet50-eager x1")
+print(f"micro-batch {base}/s with 1 s spikes to {peak}/s every 10 s (budget 1 s), resnet50-eager x1, budget_reserve {reserve}, CPUS={cpus}")
 print(f"requests {s['completed']}: served 200 {ok}, shed {shed}, other {dict((k, v) for k, v in st.items() if k not in ('200', '429', '503'))}, transport errors {s['errors']}")
 print(f"admitted (not shed) {admitted}; served within the 1 s budget: {within} of {admitted} = {100 * within / max(admitted, 1):.2f}%")
 print(f"served latency ms: p50 {s['ok_latency_ms']['p50']:.1f}, p99 {s['ok_latency_ms']['p99']:.1f}, max {s['ok_latency_ms']['max']:.1f}")
+lag = s["send_lag_ms"]
+print(f"load generator's send lag ms (sent after the intended time; counted in the latency): p99 {lag['p99']:.1f}, max {lag['max']:.1f}")
 print(f"gateway resident memory: peak {max(rss) / 1024:.1f} MiB, at rest {min(rss) / 1024:.1f} MiB ({len(rss)} samples)")
 fds = [int(x) for x in open(f"{out}/fds.txt").read().split() if x.isdigit()]
 print(f"gateway open descriptors (connections and files): peak {max(fds)}, at rest {min(fds)}")

@@ -3,6 +3,8 @@
 # directly, through tiergate, through a bare hyper proxy (loadtest's `bare_proxy`: the
 # HTTP stack with none of tiergate's work) and through nginx as a plain reverse proxy,
 # all to the same simulator. Open loop, same offered rate, targets interleaved in rounds.
+# tiergate runs twice: `tiergate` with one worker thread (threads.workers = 1), as nginx
+# runs one worker process here, and `tiergate_per_core` with its default (one per core).
 #
 #   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 30s 6)
 #   PROTOCOL=grpc loadtest/scenarios/overhead.sh ...                 (the gRPC door and a
@@ -29,8 +31,7 @@ BIN=$TARGET_DIR/release
 . loadtest/scenarios/lib.sh
 
 SIM=$(free_port); SIMG=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
-
-
+GWC=$(free_port); GWCG=$(free_port); GWCM=$(free_port)
 
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 if [ "$PROTOCOL" = grpc ]; then BACKEND="grpc://127.0.0.1:$SIMG"; else BACKEND="http://127.0.0.1:$SIM"; fi
@@ -42,7 +43,10 @@ models = ["resnet50"]
 endpoints = ["$BACKEND"]
 max_concurrency = 1024
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+TIERGATE_THREADS__WORKERS=1 "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw" \
+  --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+"$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_per_core" \
+  --http "127.0.0.1:$GWC" --grpc "127.0.0.1:$GWCG" --metrics "127.0.0.1:$GWCM" 2>"$WORK/gw_per_core.log" & PIDS+=($!)
 
 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 
@@ -75,16 +79,20 @@ nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
+wait_ready "$GWC" /v2/health/ready
 wait_ready "$BARE" /v2/health/ready
 wait_port "$NGX"
 wait_port "$SIMG"
 wait_port "$GWG"
+wait_port "$GWCG"
 
 mkdir -p "$OUT"
 if [ "$PROTOCOL" = grpc ]; then
-  TARGETS=(--grpc --target "direct=http://127.0.0.1:$SIMG" --target "tiergate=http://127.0.0.1:$GWG" --target "nginx=http://127.0.0.1:$NGX")
+  TARGETS=(--grpc --target "direct=http://127.0.0.1:$SIMG" --target "tiergate=http://127.0.0.1:$GWG"
+           --target "tiergate_per_core=http://127.0.0.1:$GWCG" --target "nginx=http://127.0.0.1:$NGX")
 else
   TARGETS=(--target "direct=http://127.0.0.1:$SIM" --target "tiergate=http://127.0.0.1:$GW"
+           --target "tiergate_per_core=http://127.0.0.1:$GWC"
            --target "bare_hyper=http://127.0.0.1:$BARE" --target "nginx=http://127.0.0.1:$NGX")
 fi
 "$BIN/loadtest" compare "${TARGETS[@]}" \

@@ -37,6 +37,8 @@ pub struct Dispatch {
     tiers: Tiers,
     control: Pools,
     shutdown: CancellationToken,
+    /// The share of each budget the tiers leave for the way to and from the client.
+    reserve: f64,
 }
 
 /// The outcome of one request on a route, for its door to render.
@@ -68,7 +70,20 @@ impl Dispatch {
             tiers,
             control: Pools::new(Tier::Realtime, max_response_bytes),
             shutdown,
+            reserve: 0.0,
         }
+    }
+
+    /// The same dispatch aiming each request's tiers at `budget × (1 − reserve)`,
+    /// keeping the rest for the time outside the gateway (`limits.budget_reserve`);
+    /// `reserve` is clamped to 0..=0.5.
+    pub fn with_budget_reserve(mut self, reserve: f64) -> Self {
+        self.reserve = if reserve.is_finite() {
+            reserve.clamp(0.0, 0.5)
+        } else {
+            0.0
+        };
+        self
     }
 
     /// The running policy snapshot.
@@ -109,7 +124,7 @@ impl Dispatch {
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
         let deadline = received
-            .checked_add(decision.budget)
+            .checked_add(decision.budget.mul_f64(1.0 - self.reserve))
             .unwrap_or_else(|| received + MAX_BUDGET);
         let labels = [
             ("route", route.name.clone()),
