@@ -396,13 +396,12 @@ impl Gateway {
             (Some(_), None) => return Err(StartError::Settings(NO_TOKEN.into())),
             (None, _) => None,
         };
-        let (bulk_http, bulk_grpc) = (bulk.http, bulk.grpc);
         match admin_addr {
             Some(admin) => {
-                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, %admin, ?bulk_http, ?bulk_grpc, "tiergate is serving")
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, %admin, bulk_http = ?bulk.http, bulk_grpc = ?bulk.grpc, "tiergate is serving")
             }
             None => {
-                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, ?bulk_http, ?bulk_grpc, "tiergate is serving");
+                tracing::info!(http = %addrs.0, grpc = %addrs.1, metrics = %addrs.2, bulk_http = ?bulk.http, bulk_grpc = ?bulk.grpc, "tiergate is serving");
                 tracing::warn!("the admin API is off: {NO_TOKEN}");
             }
         }
