@@ -310,7 +310,12 @@ impl Gateway {
             .with_micro_batch(TierService::new(micro_batch.clone()))
             .with_offline(TierService::new(offline_tier));
         let max_response = config.limits.max_response_bytes;
-        let admission = Admission::new(&config.limits, shutdown.clone());
+        // Its memory watch runs on the batch threads, off the real-time ones.
+        let admission = {
+            let batch = batch_threads.handle();
+            let _on_batch = batch.enter();
+            Admission::new(&config.limits, shutdown.clone())
+        };
         let reserve = config.limits.budget_reserve;
         if !(0.0..=0.5).contains(&reserve) {
             return Err(StartError::Settings(format!(

@@ -380,29 +380,39 @@ fn realtime_runtime(threads: &tiergate::config::Threads) -> anyhow::Result<tokio
 /// `request_id` and `trace_id`; with `trace.otlp_endpoint` set, spans are also exported
 /// (keep the returned exporter alive while serving).
 fn init_logs(config: &Config) -> anyhow::Result<Option<tiergate::telemetry::Exporter>> {
-    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::filter::{filter_fn, FilterExt as _};
+    use tracing_subscriber::layer::{Layer as _, SubscriberExt};
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let (otlp, exporter) = match tiergate::telemetry::layer(&config.trace).map_err(anyhow::Error::msg)? {
-        Some((layer, exporter)) => (Some(layer), Some(exporter)),
-        None => (None, None),
+    // Each layer has its own filter, so a span no layer wants is never made: with no
+    // exporter, the request's inner spans cost nothing.
+    let level = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level))
     };
-    let text =
-        (config.log.format == LogFormat::Text).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
-    let json = (config.log.format == LogFormat::Json).then(|| {
-        tracing_subscriber::fmt::layer()
+    let logged = || level().and(filter_fn(tiergate::telemetry::logged));
+    let mut layers: Vec<Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>> = Vec::new();
+    layers.push(match config.log.format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .with_filter(logged())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(false)
             .with_span_list(true)
             .with_writer(std::io::stderr)
+            .with_filter(logged())
+            .boxed(),
     });
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(text)
-        .with(json)
-        .with(otlp)
-        .init();
+    let exporter = match tiergate::telemetry::layer(&config.trace).map_err(anyhow::Error::msg)? {
+        Some((layer, exporter)) => {
+            layers.push(layer.with_filter(level()).boxed());
+            Some(exporter)
+        }
+        None => None,
+    };
+    tracing_subscriber::registry().with(layers).init();
     Ok(exporter)
 }
 

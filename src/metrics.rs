@@ -16,7 +16,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::Tier;
+use crate::classify::{Reason, Tier};
 
 /// Requests that reached a route, by `route`, `tier` and `outcome`.
 pub const REQUESTS: &str = "tiergate_requests_total";
@@ -140,6 +140,97 @@ impl Instruments {
             backend_seconds: metrics::histogram!(BACKEND_SECONDS, &labels),
             in_flight: metrics::gauge!(IN_FLIGHT, &labels),
         }
+    }
+}
+
+/// One route's request instruments, each registered the first time it is used, so the
+/// request path records without building a label set or looking it up. Kept in the
+/// route: a new policy snapshot starts empty and finds the same series again.
+#[derive(Default)]
+pub struct RouteInstruments {
+    tiers: [OnceLock<TierInstruments>; 3],
+}
+
+/// One route's handles on one tier; the labelled counters registered as first counted.
+struct TierInstruments {
+    handles: Instruments,
+    ok: OnceLock<metrics::Counter>,
+    /// SLO met, missed.
+    slo: [OnceLock<metrics::Counter>; 2],
+    /// By [`Reason`], in declaration order.
+    decisions: [OnceLock<metrics::Counter>; 16],
+}
+
+impl RouteInstruments {
+    /// Latency, backend latency and in-flight handles of `route` (this route's name) on `tier`.
+    pub fn handles(&self, route: &str, tier: Tier) -> &Instruments {
+        &self.tier(route, tier).handles
+    }
+
+    /// Counts one classifier decision ([`count_decision`]).
+    pub fn decided(&self, route: &str, tier: Tier, reason: Reason) {
+        match self.tier(route, tier).decisions.get(reason as usize) {
+            Some(cell) => cell
+                .get_or_init(|| metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason.as_str()))
+                .increment(1),
+            None => count_decision(route, tier, reason.as_str()),
+        }
+    }
+
+    /// Counts a request served on `tier` against its SLO ([`count_slo`]).
+    pub fn slo(&self, route: &str, tier: Tier, met: bool) {
+        let cell = &self.tier(route, tier).slo[usize::from(!met)];
+        cell.get_or_init(|| {
+            let result = if met { "met" } else { "missed" };
+            metrics::counter!(SLO_REQUESTS, "route" => route.to_owned(), "tier" => tier.as_str(), "result" => result)
+        })
+        .increment(1);
+    }
+
+    /// Counts one finished request ([`count_request`]); an `ok` on a tier from a handle.
+    pub fn request(&self, route: &str, tier: Option<Tier>, outcome: &'static str) {
+        match tier {
+            Some(tier) if outcome == "ok" => self
+                .tier(route, tier)
+                .ok
+                .get_or_init(|| metrics::counter!(REQUESTS, "route" => route.to_owned(), "tier" => tier.as_str(), "outcome" => outcome))
+                .increment(1),
+            _ => count_request(route, tier, outcome),
+        }
+    }
+
+    fn tier(&self, route: &str, tier: Tier) -> &TierInstruments {
+        let index = match tier {
+            Tier::Realtime => 0,
+            Tier::MicroBatch => 1,
+            Tier::Offline => 2,
+        };
+        self.tiers[index].get_or_init(|| TierInstruments {
+            handles: Instruments::new(route, tier),
+            ok: OnceLock::new(),
+            slo: Default::default(),
+            decisions: Default::default(),
+        })
+    }
+}
+
+impl std::fmt::Debug for RouteInstruments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteInstruments")
+    }
+}
+
+/// A copy starts empty: its handles are registered again on first use.
+impl Clone for RouteInstruments {
+    fn clone(&self) -> Self {
+        RouteInstruments::default()
+    }
+}
+
+/// Instruments are not part of what a route is.
+impl PartialEq for RouteInstruments {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }
 

@@ -71,6 +71,18 @@ where
     )))
 }
 
+/// Whether the log lines see `meta`: every event, and every span but the request's
+/// inner ones (`classify`, `tier`, `backend`). Those are for the exporter: a log layer
+/// formats each span's fields as it opens, a cost paid on every request, and a line
+/// inside a request already carries the request span's `request_id`, `trace_id`,
+/// `route`, `tier` and `reason`.
+pub fn logged(meta: &tracing::Metadata<'_>) -> bool {
+    !(meta.is_span() && meta.target().starts_with("tiergate") && INNER_SPANS.contains(&meta.name()))
+}
+
+/// The spans inside a request's span that only the exporter records.
+const INNER_SPANS: [&str; 3] = ["classify", "tier", "backend"];
+
 /// Makes `span` (a request's, not yet entered) a child of the client's span in `ids`
 /// and returns the exported trace and span ids, or `None` when export is off.
 pub fn adopt(span: &Span, ids: &Ids) -> Option<(u128, u64)> {
@@ -125,4 +137,50 @@ fn exported(span: &Span) -> Option<SpanContext> {
     let cx = span.context();
     let context = cx.span().span_context().clone();
     context.is_valid().then_some(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+
+    /// A log destination the test can read back.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("not poisoned").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn log_lines_carry_the_request_span_and_the_inner_spans_are_never_made() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let logs = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .with_filter(tracing_subscriber::filter::filter_fn(super::logged));
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(logs), || {
+            let request = tracing::info_span!("request", request_id = "r-1");
+            let _request = request.enter();
+            let backend = tracing::info_span!("backend", endpoint = "10.0.0.1:8000");
+            assert!(backend.is_disabled(), "no layer wants an inner span, so it is not made");
+            let _backend = backend.enter();
+            tracing::warn!("inside the backend call");
+        });
+        let text = String::from_utf8(lines.0.lock().expect("not poisoned").clone()).expect("utf-8");
+        assert!(text.contains("inside the backend call"), "{text}");
+        assert!(text.contains("request{request_id=\"r-1\"}"), "{text}");
+        assert!(!text.contains("backend{"), "{text}");
+    }
 }

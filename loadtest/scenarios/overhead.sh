@@ -2,11 +2,13 @@
 # Real-time pass-through overhead, side by side in one run: the simulator called
 # directly, through tiergate, through a bare hyper proxy (loadtest's `bare_proxy`: the
 # HTTP stack with none of tiergate's work) and through nginx as a plain reverse proxy,
-# all to the same simulator. Open loop, same offered rate, targets interleaved in rounds.
+# all to the same simulator. Open loop, same offered rate, targets interleaved in short
+# rounds (2 s each by default), so that bursts of noise on a shared machine fall on every
+# target alike rather than on whichever one was running.
 # tiergate runs twice: `tiergate` with one worker thread (threads.workers = 1), as nginx
 # runs one worker process here, and `tiergate_per_core` with its default (one per core).
 #
-#   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 30s 6)
+#   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 60s 30)
 #   PROTOCOL=grpc loadtest/scenarios/overhead.sh ...                 (the gRPC door and a
 #       grpc:// backend; nginx with grpc_pass; no bare hyper proxy, it speaks HTTP/1)
 #
@@ -16,8 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE=${1:-200}
-DURATION=${2:-30s}
-ROUNDS=${3:-6}
+DURATION=${2:-60s}
+ROUNDS=${3:-30}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 PROTOCOL=${PROTOCOL:-http}
 OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL}

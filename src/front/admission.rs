@@ -234,10 +234,10 @@ fn watch_rss(limit: u64, over: Arc<AtomicBool>, shutdown: CancellationToken) {
     });
 }
 
-/// This process's resident set size, from `/proc/self/status` (Linux).
+/// This process's resident set size, from `/proc/self/statm` (Linux): one short line,
+/// much cheaper for the kernel to make than `/proc/self/status`.
 pub fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
 }

@@ -120,18 +120,14 @@ impl Dispatch {
                 return count(route, served);
             }
         };
-        metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+        route.instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
         let deadline = received
             .checked_add(decision.budget.mul_f64(1.0 - self.reserve))
             .unwrap_or_else(|| received + MAX_BUDGET);
-        let labels = [
-            ("route", route.name.clone()),
-            ("tier", decision.tier.as_str().to_owned()),
-        ];
-        let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, &labels);
-        in_flight.increment(1.0);
+        let handles = route.instruments.handles(&route.name, decision.tier);
+        handles.in_flight.increment(1.0);
         // Keep a copy only when the route may send real-time overflow elsewhere.
         let spare = (decision.tier == Tier::Realtime && route.borrow.realtime_overflow).then(|| request_copy(&request));
         let call = Call {
@@ -151,7 +147,7 @@ impl Dispatch {
                     reason: Reason::RealtimeOverflow,
                     ..decision
                 };
-                metrics::count_decision(&route.name, decision.tier, decision.reason.as_str());
+                route.instruments.decided(&route.name, decision.tier, decision.reason);
                 ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
                 let call = Call {
                     route: route.clone(),
@@ -164,13 +160,13 @@ impl Dispatch {
                 result = self.tiers.serve(call).instrument(tier_span(decision.tier)).await;
             }
         }
-        in_flight.decrement(1.0);
+        handles.in_flight.decrement(1.0);
         let elapsed = received.elapsed();
-        ::metrics::histogram!(metrics::REQUEST_SECONDS, &labels).record(elapsed.as_secs_f64());
+        handles.request_seconds.record(elapsed.as_secs_f64());
         if decision.tier != Tier::Offline {
             // An offline acceptance is not the job's end: jobs count when they finish.
             let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
-            metrics::count_slo(&route.name, decision.tier, met);
+            route.instruments.slo(&route.name, decision.tier, met);
         }
         count(
             route,
@@ -263,7 +259,9 @@ fn count(route: &Route, served: Served) -> Served {
         },
         Err(e) => e.kind.outcome(),
     };
-    metrics::count_request(&route.name, served.decision.map(|d| d.tier), outcome);
+    route
+        .instruments
+        .request(&route.name, served.decision.map(|d| d.tier), outcome);
     tracing::debug!(outcome, "served");
     served
 }
