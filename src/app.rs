@@ -385,6 +385,8 @@ impl Gateway {
             tasks.spawn(batch_threads.serve(listener, serve_grpc.clone()));
         }
         tasks.spawn(serve_http(http));
+        // On the real-time threads: their request deadlines are then filed without a wake-up.
+        tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
         tasks.spawn(serve_grpc(grpc));
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
         let admin_addr = match (admin, tokens) {

@@ -71,17 +71,18 @@ where
     )))
 }
 
-/// Whether the log lines see `meta`: every event, and every span but the request's
-/// inner ones (`classify`, `tier`, `backend`). Those are for the exporter: a log layer
-/// formats each span's fields as it opens, a cost paid on every request, and a line
-/// inside a request already carries the request span's `request_id`, `trace_id`,
-/// `route`, `tier` and `reason`.
+/// Whether the log lines see `meta`: every event, and every span but a request's own
+/// (`request`, and the `classify`, `tier` and `backend` spans inside it). Those are for
+/// the exporter: a log layer formats each span's fields as it opens and again as each
+/// is recorded, a cost paid on every request for lines that are rarely written. A
+/// request's `served` line carries its `request_id`, `trace_id`, `route`, `tier` and
+/// `reason` as fields instead; with export off, these spans are never made.
 pub fn logged(meta: &tracing::Metadata<'_>) -> bool {
-    !(meta.is_span() && meta.target().starts_with("tiergate") && INNER_SPANS.contains(&meta.name()))
+    !(meta.is_span() && meta.target().starts_with("tiergate") && EXPORTED_ONLY.contains(&meta.name()))
 }
 
-/// The spans inside a request's span that only the exporter records.
-const INNER_SPANS: [&str; 3] = ["classify", "tier", "backend"];
+/// The spans of a request that only the exporter records.
+const EXPORTED_ONLY: [&str; 4] = ["request", "classify", "tier", "backend"];
 
 /// Makes `span` (a request's, not yet entered) a child of the client's span in `ids`
 /// and returns the exported trace and span ids, or `None` when export is off.
@@ -163,7 +164,7 @@ mod tests {
     }
 
     #[test]
-    fn log_lines_carry_the_request_span_and_the_inner_spans_are_never_made() {
+    fn a_request_s_spans_are_never_made_for_log_lines_alone() {
         let lines = Lines::default();
         let writer = lines.clone();
         let logs = tracing_subscriber::fmt::layer()
@@ -172,15 +173,28 @@ mod tests {
             .with_filter(tracing_subscriber::filter::filter_fn(super::logged));
         tracing::subscriber::with_default(tracing_subscriber::registry().with(logs), || {
             let request = tracing::info_span!("request", request_id = "r-1");
+            assert!(
+                request.is_disabled(),
+                "no layer wants a request's span, so it is not made"
+            );
             let _request = request.enter();
             let backend = tracing::info_span!("backend", endpoint = "10.0.0.1:8000");
-            assert!(backend.is_disabled(), "no layer wants an inner span, so it is not made");
+            assert!(backend.is_disabled(), "nor the spans inside it");
             let _backend = backend.enter();
-            tracing::warn!("inside the backend call");
+            let batch = tracing::info_span!("batch", rows = 3);
+            let _batch = batch.enter();
+            tracing::warn!(request_id = "r-2", "inside the backend call");
         });
         let text = String::from_utf8(lines.0.lock().expect("not poisoned").clone()).expect("utf-8");
         assert!(text.contains("inside the backend call"), "{text}");
-        assert!(text.contains("request{request_id=\"r-1\"}"), "{text}");
-        assert!(!text.contains("backend{"), "{text}");
+        assert!(
+            text.contains("request_id=\"r-2\""),
+            "an event's own fields are kept: {text}"
+        );
+        assert!(
+            text.contains("batch{rows=3}"),
+            "other spans are still on the line: {text}"
+        );
+        assert!(!text.contains("request{") && !text.contains("backend{"), "{text}");
     }
 }

@@ -99,6 +99,8 @@ pub struct Ids {
     pub span_id: u64,
     /// Whether the trace is recorded (the client's flag, or sampled when the gateway starts it).
     pub sampled: bool,
+    /// The door the request came in by (`http`, `grpc`), once [`Ids::span`] has named it.
+    pub door: &'static str,
 }
 
 impl Ids {
@@ -121,6 +123,7 @@ impl Ids {
             parent: parent.map(|p| p.span_id),
             span_id: new_span_id(),
             sampled: parent.is_none_or(|p| p.sampled),
+            door: "",
         }
     }
 
@@ -128,6 +131,7 @@ impl Ids {
     /// `route`, `tier` and `reason` recorded as they are known. With OTLP export on,
     /// the span's parent is the client's span and the ids are taken from the exporter.
     pub fn span(&mut self, door: &'static str) -> Span {
+        self.door = door;
         let span = tracing::info_span!(
             "request",
             door,
@@ -141,8 +145,10 @@ impl Ids {
             self.trace_id = trace_id;
             self.span_id = span_id;
         }
-        let trace_id = hex::<32>(self.trace_id);
-        span.record("trace_id", std::str::from_utf8(&trace_id).unwrap_or_default());
+        if !span.is_disabled() {
+            let trace_id = hex::<32>(self.trace_id);
+            span.record("trace_id", std::str::from_utf8(&trace_id).unwrap_or_default());
+        }
         span
     }
 
@@ -181,7 +187,7 @@ impl Ids {
 
 /// The low `N / 2` bytes of `value` as `N` lowercase hex digits (ids are written on
 /// every request; this is several times quicker than `format!`).
-fn hex<const N: usize>(value: u128) -> [u8; N] {
+pub fn hex<const N: usize>(value: u128) -> [u8; N] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0; N];
     for (i, digit) in out.iter_mut().enumerate() {

@@ -220,22 +220,26 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
     assert_eq!(batch_call.parent_span_id, batch.span_id);
     assert_eq!(hex(&batch_call.span_id), batch_fields[2]);
 
-    // Every log line inside the request carries its request id and trace id.
+    // Each request's `served` line carries its request id, trace id, route and decision.
     let log = std::fs::read_to_string(&log_path).expect("log");
     let served: Vec<&str> = log.lines().filter(|l| l.contains("\"served\"")).collect();
     assert_eq!(served.len(), 2, "a debug line per served request:\n{log}");
     let mut seen = Vec::new();
     for line in served {
         let line: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
-        let request_span = line["spans"]
-            .as_array()
-            .and_then(|spans| spans.iter().find(|s| s["name"] == "request"))
-            .unwrap_or_else(|| panic!("the line is inside the request span: {line}"))
-            .clone();
-        seen.push((request_span["trace_id"].clone(), request_span["request_id"].clone()));
+        let fields = &line["fields"];
+        assert_eq!(fields["door"], "http", "{line}");
+        assert_eq!(fields["route"], "r", "{line}");
+        assert_eq!(fields["outcome"], "ok", "{line}");
+        seen.push((
+            fields["trace_id"].clone(),
+            fields["request_id"].clone(),
+            fields["tier"].clone(),
+        ));
     }
-    assert_eq!(seen[0], (TRACE.into(), "trace-test-7".into()));
+    assert_eq!(seen[0], (TRACE.into(), "trace-test-7".into(), "realtime".into()));
     assert_eq!(seen[1].0, BATCH_TRACE, "{seen:?}");
+    assert_eq!(seen[1].2, "micro_batch", "{seen:?}");
     assert_eq!(
         seen[1].1.as_str().map(str::len),
         Some(32),

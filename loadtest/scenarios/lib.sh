@@ -26,6 +26,44 @@ wait_ready() {
   echo "port $1 never became ready" >&2; return 1
 }
 
+# realtime_policy BACKEND_URL: $WORK/policy with one real-time-only route for resnet50.
+realtime_policy() {
+  mkdir -p "$WORK/policy"
+  printf '[routes.resnet50]\nmodels = ["resnet50"]\n[routes.resnet50.realtime]\nendpoints = ["%s"]\nmax_concurrency = 1024\n' \
+    "$1" > "$WORK/policy/realtime.toml"
+}
+
+# start_nginx PORT BACKEND_PORT [grpc]: nginx with one worker as a reverse proxy on PORT
+# to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over h2c), config in $WORK.
+start_nginx() {
+  local site
+  if [ "${3:-}" = grpc ]; then
+    site="upstream sim { server 127.0.0.1:$2; keepalive 64; }
+  server { listen 127.0.0.1:$1 http2; location / { grpc_pass grpc://sim; } }"
+  else
+    site="upstream sim { server 127.0.0.1:$2; keepalive 64; }
+  server {
+    listen 127.0.0.1:$1;
+    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+  }"
+  fi
+  mkdir -p "$WORK/nginx"
+  cat > "$WORK/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  $site
+}
+NGINX
+  nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+}
+
 # backlog_file PATH N: a Batch API input file of N one-row resnet50 requests.
 backlog_file() {
   python3 - "$1" "$2" <<'PY'

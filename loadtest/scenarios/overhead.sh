@@ -7,6 +7,8 @@
 # target alike rather than on whichever one was running.
 # tiergate runs twice: `tiergate` with one worker thread (threads.workers = 1), as nginx
 # runs one worker process here, and `tiergate_per_core` with its default (one per core).
+# PREV=/path/to/an/older/tiergate adds `tiergate_prev`, that binary with one worker, to
+# compare two builds in the same run.
 #
 #   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 60s 30)
 #   PROTOCOL=grpc loadtest/scenarios/overhead.sh ...                 (the gRPC door and a
@@ -37,52 +39,26 @@ GWC=$(free_port); GWCG=$(free_port); GWCM=$(free_port)
 
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 if [ "$PROTOCOL" = grpc ]; then BACKEND="grpc://127.0.0.1:$SIMG"; else BACKEND="http://127.0.0.1:$SIM"; fi
-mkdir -p "$WORK/policy"
-cat > "$WORK/policy/overhead.toml" <<TOML
-[routes.resnet50]
-models = ["resnet50"]
-[routes.resnet50.realtime]
-endpoints = ["$BACKEND"]
-max_concurrency = 1024
-TOML
+realtime_policy "$BACKEND"
 TIERGATE_THREADS__WORKERS=1 "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw" \
   --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_per_core" \
   --http "127.0.0.1:$GWC" --grpc "127.0.0.1:$GWCG" --metrics "127.0.0.1:$GWCM" 2>"$WORK/gw_per_core.log" & PIDS+=($!)
 
+if [ -n "${PREV:-}" ]; then
+  GWP=$(free_port)
+  TIERGATE_THREADS__WORKERS=1 "$PREV" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_prev" \
+    --http "127.0.0.1:$GWP" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" 2>"$WORK/gw_prev.log" & PIDS+=($!)
+fi
 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 
-mkdir -p "$WORK/nginx"
-cat > "$WORK/nginx/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-$(if [ "$PROTOCOL" = grpc ]; then cat <<GRPC
-  upstream sim { server 127.0.0.1:$SIMG; keepalive 64; }
-  server { listen 127.0.0.1:$NGX http2; location / { grpc_pass grpc://sim; } }
-GRPC
-else cat <<HTTP
-  upstream sim { server 127.0.0.1:$SIM; keepalive 64; }
-  server {
-    listen 127.0.0.1:$NGX;
-    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-HTTP
-fi)
-}
-NGINX
-nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+if [ "$PROTOCOL" = grpc ]; then start_nginx "$NGX" "$SIMG" grpc; else start_nginx "$NGX" "$SIM"; fi
 
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 wait_ready "$GWC" /v2/health/ready
 wait_ready "$BARE" /v2/health/ready
+[ -z "${PREV:-}" ] || wait_ready "$GWP" /v2/health/ready 30
 wait_port "$NGX"
 wait_port "$SIMG"
 wait_port "$GWG"
@@ -96,6 +72,7 @@ else
   TARGETS=(--target "direct=http://127.0.0.1:$SIM" --target "tiergate=http://127.0.0.1:$GW"
            --target "tiergate_per_core=http://127.0.0.1:$GWC"
            --target "bare_hyper=http://127.0.0.1:$BARE" --target "nginx=http://127.0.0.1:$NGX")
+  [ -z "${PREV:-}" ] || TARGETS+=(--target "tiergate_prev=http://127.0.0.1:$GWP")
 fi
 "$BIN/loadtest" compare "${TARGETS[@]}" \
   --model resnet50 --rate "$RATE" --duration "$DURATION" --rounds "$ROUNDS" \

@@ -22,6 +22,7 @@ use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::{Policy, Route, Store};
 use crate::tiers::{Call, Reply, Tiers};
+use crate::trace;
 
 use super::admission::{Admission, Ticket};
 use super::meta::MAX_BUDGET;
@@ -107,6 +108,7 @@ impl Dispatch {
     pub async fn serve(&self, route: &Arc<Route>, meta: Meta, request: Request<Bytes>, received: Instant) -> Served {
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
+        let ids = request.extensions().get::<trace::Ids>().cloned();
         let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
         let decision = match classified {
             Ok(d) => d,
@@ -117,7 +119,7 @@ impl Dispatch {
                     result: Err(refused(route, refusal)),
                     policy_version: route.policy_version(),
                 };
-                return count(route, served);
+                return count(route, served, ids.as_ref());
             }
         };
         route.instruments.decided(&route.name, decision.tier, decision.reason);
@@ -176,11 +178,12 @@ impl Dispatch {
                 result,
                 policy_version: route.policy_version(),
             },
+            ids.as_ref(),
         )
     }
 
     /// A request on `route` that failed before classification (bad body, bad budget).
-    pub fn failed(&self, route: &Route, error: Error) -> Served {
+    pub fn failed(&self, route: &Route, error: Error, ids: &trace::Ids) -> Served {
         count(
             route,
             Served {
@@ -189,6 +192,7 @@ impl Dispatch {
                 result: Err(error),
                 policy_version: route.policy_version(),
             },
+            Some(ids),
         )
     }
 
@@ -249,8 +253,10 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
     Error::new(Kind::NoTier, message)
 }
 
-/// Counts the request by its outcome: the error's kind, or the backend's status class.
-fn count(route: &Route, served: Served) -> Served {
+/// Counts the request by its outcome (the error's kind, or the backend's status class)
+/// and writes its `served` debug line, which carries the request's ids, route and
+/// decision as fields: the request's own span is for the exporter only.
+fn count(route: &Route, served: Served, ids: Option<&trace::Ids>) -> Served {
     let outcome = match &served.result {
         Ok(reply) => match reply.status().as_u16() {
             0..=399 => "ok",
@@ -262,6 +268,18 @@ fn count(route: &Route, served: Served) -> Served {
     route
         .instruments
         .request(&route.name, served.decision.map(|d| d.tier), outcome);
-    tracing::debug!(outcome, "served");
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let trace_id = ids.map(|ids| trace::hex::<32>(ids.trace_id));
+        tracing::debug!(
+            door = ids.map_or("", |ids| ids.door),
+            request_id = ids.and_then(|ids| ids.request_id.to_str().ok()),
+            trace_id = trace_id.as_ref().and_then(|t| std::str::from_utf8(t).ok()),
+            route = route.name.as_str(),
+            tier = served.decision.map(|d| d.tier.as_str()),
+            reason = served.decision.map(|d| d.reason.as_str()),
+            outcome,
+            "served"
+        );
+    }
     served
 }

@@ -83,10 +83,10 @@ impl GrpcDoor {
         };
         let mut ticket = match self.dispatch.admit(&route, headers) {
             Ok(ticket) => ticket,
-            Err(e) => return answer(self.dispatch.failed(&route, e)),
+            Err(e) => return answer(self.dispatch.failed(&route, e, ids)),
         };
         if let Err(e) = ticket.hold(prost::Message::encoded_len(&msg)) {
-            return answer(self.dispatch.failed(&route, e));
+            return answer(self.dispatch.failed(&route, e, ids));
         }
         let model = msg.model_name.clone();
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
@@ -104,7 +104,7 @@ impl GrpcDoor {
             });
         let served = match prepared {
             Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,
-            Err(e) => self.dispatch.failed(&route, e),
+            Err(e) => self.dispatch.failed(&route, e, ids),
         };
         drop(ticket);
         answer(served)

@@ -175,7 +175,7 @@ impl Door {
         parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
         let mut ticket = match self.dispatch.admit(&route, &parts.headers) {
             Ok(ticket) => ticket,
-            Err(e) => return render(self.dispatch.failed(&route, e)),
+            Err(e) => return render(self.dispatch.failed(&route, e, ids)),
         };
         let prepared = async {
             // Hold the declared length before reading, so a flood of large bodies is
@@ -207,7 +207,7 @@ impl Door {
                     .serve(&route, meta, Request::from_parts(parts, body), received)
                     .await
             }
-            Err(e) => self.dispatch.failed(&route, e),
+            Err(e) => self.dispatch.failed(&route, e, ids),
         };
         let response = render(served);
         drop(ticket);
