@@ -25,14 +25,6 @@ BASE=${1:-300}
 DURATION=${2:-40s}
 RESERVE=${RESERVE:-0.1}
 CPUS=${CPUS:-shared}
-case $CPUS in
-  shared) SERVER_SIDE=(); CLIENT_SIDE=() ;;
-  split)
-    LAST=$(($(nproc) - 1))
-    [ "$LAST" -ge 1 ] || { echo "CPUS=split needs 2 CPUs" >&2; exit 2; }
-    SERVER_SIDE=(taskset -c "0-$((LAST - 1))"); CLIENT_SIDE=(taskset -c "$LAST") ;;
-  *) echo "CPUS is shared or split, not $CPUS" >&2; exit 2 ;;
-esac
 PEAK=$((BASE * 20))
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/burst}
@@ -40,6 +32,8 @@ OUT=${OUT:-$TARGET_DIR/loadtest/burst}
 cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release
 . loadtest/scenarios/lib.sh
+cpu_sides "$CPUS"
+SERVER_SIDE=("${MOST_CPUS[@]}"); CLIENT_SIDE=("${LAST_CPU[@]}")
 
 SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port)
 "${SERVER_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-eager --instances 1 2>"$WORK/sim.log" & PIDS+=($!)

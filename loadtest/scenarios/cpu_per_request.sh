@@ -45,7 +45,7 @@ fi
 TOKIO_WORKER_THREADS=1 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 TARGETS+=("bare_hyper $! $BARE")
 
-start_nginx "$NGX" "$SIM"
+start_nginx "$NGX" "$SIM" http
 
 wait_ready "$SIM" /v2/health/ready
 for t in "${TARGETS[@]}"; do set -- $t; wait_ready "$3" /v2/health/ready 30; done

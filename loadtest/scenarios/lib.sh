@@ -26,6 +26,19 @@ wait_ready() {
   echo "port $1 never became ready" >&2; return 1
 }
 
+# cpu_sides shared|split: sets the command prefixes MOST_CPUS and LAST_CPU. split (2 CPUs
+# or more): taskset to every CPU but the last, and to the last; shared: both empty.
+cpu_sides() {
+  case $1 in
+    shared) MOST_CPUS=(); LAST_CPU=() ;;
+    split)
+      local last=$(($(nproc) - 1))
+      [ "$last" -ge 1 ] || { echo "CPUS=split needs 2 CPUs" >&2; exit 2; }
+      MOST_CPUS=(taskset -c "0-$((last - 1))"); LAST_CPU=(taskset -c "$last") ;;
+    *) echo "CPUS is shared or split, not $1" >&2; exit 2 ;;
+  esac
+}
+
 # realtime_policy BACKEND_URL: $WORK/policy with one real-time-only route for resnet50.
 realtime_policy() {
   mkdir -p "$WORK/policy"
@@ -33,11 +46,12 @@ realtime_policy() {
     "$1" > "$WORK/policy/realtime.toml"
 }
 
-# start_nginx PORT BACKEND_PORT [grpc]: nginx with one worker as a reverse proxy on PORT
-# to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over h2c), config in $WORK.
+# start_nginx PORT BACKEND_PORT http|grpc [COMMAND PREFIX...]: nginx with one worker as a
+# reverse proxy on PORT to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over
+# h2c), config in $WORK, started under the prefix (e.g. taskset -c 0) when one is given.
 start_nginx() {
   local site
-  if [ "${3:-}" = grpc ]; then
+  if [ "$3" = grpc ]; then
     site="upstream sim { server 127.0.0.1:$2; keepalive 64; }
   server { listen 127.0.0.1:$1 http2; location / { grpc_pass grpc://sim; } }"
   else
@@ -61,7 +75,7 @@ http {
   $site
 }
 NGINX
-  nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+  "${@:4}" nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 }
 
 # backlog_file PATH N: a Batch API input file of N one-row resnet50 requests.

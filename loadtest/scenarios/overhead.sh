@@ -11,6 +11,10 @@
 # compare two builds in the same run.
 #
 #   loadtest/scenarios/overhead.sh [RATE] [DURATION] [ROUNDS]     (defaults: 200 60s 30)
+#   CPUS=split loadtest/scenarios/overhead.sh ...                    (the proxies on every
+#       CPU but the last, the simulator and the load generator on the last one, as a
+#       gateway on its own cores between callers and model servers on other machines;
+#       the default, CPUS=shared, lets every process share every CPU)
 #   PROTOCOL=grpc loadtest/scenarios/overhead.sh ...                 (the gRPC door and a
 #       grpc:// backend; nginx with grpc_pass; no bare hyper proxy, it speaks HTTP/1)
 #
@@ -24,7 +28,8 @@ DURATION=${2:-60s}
 ROUNDS=${3:-30}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 PROTOCOL=${PROTOCOL:-http}
-OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL}
+CPUS=${CPUS:-shared}
+OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL-$CPUS}
 
 if ! command -v nginx >/dev/null; then
   apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
@@ -33,26 +38,32 @@ cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release
 
 . loadtest/scenarios/lib.sh
+cpu_sides "$CPUS"
+PROXY_SIDE=("${MOST_CPUS[@]}"); PEER_SIDE=("${LAST_CPU[@]}")
 
 SIM=$(free_port); SIMG=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port); BARE=$(free_port); NGX=$(free_port)
 GWC=$(free_port); GWCG=$(free_port); GWCM=$(free_port)
 
-"$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
+"${PEER_SIDE[@]}" "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --grpc "127.0.0.1:$SIMG" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 if [ "$PROTOCOL" = grpc ]; then BACKEND="grpc://127.0.0.1:$SIMG"; else BACKEND="http://127.0.0.1:$SIM"; fi
 realtime_policy "$BACKEND"
-TIERGATE_THREADS__WORKERS=1 "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw" \
+TIERGATE_THREADS__WORKERS=1 "${PROXY_SIDE[@]}" "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw" \
   --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_per_core" \
+"${PROXY_SIDE[@]}" "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_per_core" \
   --http "127.0.0.1:$GWC" --grpc "127.0.0.1:$GWCG" --metrics "127.0.0.1:$GWCM" 2>"$WORK/gw_per_core.log" & PIDS+=($!)
 
 if [ -n "${PREV:-}" ]; then
   GWP=$(free_port)
-  TIERGATE_THREADS__WORKERS=1 "$PREV" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_prev" \
+  TIERGATE_THREADS__WORKERS=1 "${PROXY_SIDE[@]}" "$PREV" serve --policy-dir "$WORK/policy" --data-dir "$WORK/gw_prev" \
     --http "127.0.0.1:$GWP" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" 2>"$WORK/gw_prev.log" & PIDS+=($!)
 fi
-"$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
+"${PROXY_SIDE[@]}" "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 
-if [ "$PROTOCOL" = grpc ]; then start_nginx "$NGX" "$SIMG" grpc; else start_nginx "$NGX" "$SIM"; fi
+if [ "$PROTOCOL" = grpc ]; then
+  start_nginx "$NGX" "$SIMG" grpc "${PROXY_SIDE[@]}"
+else
+  start_nginx "$NGX" "$SIM" http "${PROXY_SIDE[@]}"
+fi
 
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
@@ -74,6 +85,6 @@ else
            --target "bare_hyper=http://127.0.0.1:$BARE" --target "nginx=http://127.0.0.1:$NGX")
   [ -z "${PREV:-}" ] || TARGETS+=(--target "tiergate_prev=http://127.0.0.1:$GWP")
 fi
-"$BIN/loadtest" compare "${TARGETS[@]}" \
+"${PEER_SIDE[@]}" "$BIN/loadtest" compare "${TARGETS[@]}" \
   --model resnet50 --rate "$RATE" --duration "$DURATION" --rounds "$ROUNDS" \
   --budget-ms 200 --json "$OUT/results.json" --plot "$OUT" | tee "$OUT/summary.txt"
