@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU time per request of each proxy in the overhead scenario, side by side: tiergate
-# (one worker thread), the bare hyper proxy (one worker thread) and nginx (one worker),
-# all in front of the same simulator. Each target gets RATE requests/s for SECONDS in
+# (one worker thread), the bare hyper proxy (one worker thread; with hyper-util's pooled
+# client as tiergate has, and as `bare_inline` with its experimental inline HTTP/1
+# client) and nginx (one worker), all in front of the same simulator. Each target gets RATE requests/s for SECONDS in
 # each of ROUNDS rounds (targets interleaved); the proxy's user and system CPU ticks are
 # read from /proc/PID/stat around each round. At low load a request's CPU time on the
 # proxy is most of what the proxy adds to its latency, and it is far less noisy on a
@@ -29,7 +30,7 @@ TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 . loadtest/scenarios/lib.sh
 
-SIM=$(free_port); GW=$(free_port); BARE=$(free_port); NGX=$(free_port); PREV_GW=$(free_port)
+SIM=$(free_port); GW=$(free_port); BARE=$(free_port); NGX=$(free_port); PREV_GW=$(free_port); BARE_INLINE=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 realtime_policy "http://127.0.0.1:$SIM"
 gateway() { # gateway BINARY PORT NAME: a one-worker gateway; prints its PID
@@ -44,6 +45,8 @@ if [ -n "${PREV:-}" ]; then
 fi
 TOKIO_WORKER_THREADS=1 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 TARGETS+=("bare_hyper $! $BARE")
+TOKIO_WORKER_THREADS=1 "$BIN/bare_proxy" "127.0.0.1:$BARE_INLINE" "127.0.0.1:$SIM" inline & PIDS+=($!)
+TARGETS+=("bare_inline $! $BARE_INLINE")
 
 start_nginx "$NGX" "$SIM" http
 
