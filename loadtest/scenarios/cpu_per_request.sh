@@ -11,7 +11,8 @@
 #
 #   loadtest/scenarios/cpu_per_request.sh [RATE] [SECONDS] [ROUNDS]   (defaults: 500 10 3)
 #
-# Prints one line per target and round (CPU µs per request, then the client's latency)
+# Prints one line per target and round (CPU µs per request, then the client's latency),
+# then each target's rounds sorted with their median,
 # and writes them to $OUT (default target/loadtest/cpu_per_request)/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -75,3 +76,14 @@ N=$((RATE * SECONDS_PER_ROUND))
     done
   done
 } | tee "$OUT/summary.txt"
+# Each target's rounds in order and their median.
+python3 - "$OUT/summary.txt" <<'PY' | tee -a "$OUT/summary.txt"
+import statistics, sys
+rounds = {}
+for line in open(sys.argv[1]):
+    if line.startswith("round "):
+        _, _, target, cpu, *_ = line.split()
+        rounds.setdefault(target, []).append(int(cpu))
+for target, cpu in rounds.items():
+    print(f"{target:<14} µs CPU/request: {', '.join(map(str, sorted(cpu)))}; median {statistics.median(cpu):g}")
+PY
