@@ -72,10 +72,17 @@ pub async fn backend_with(specs: Vec<ModelSpec>) -> Backend {
     }
 }
 
-/// An address nothing listens on.
+/// An address nothing listens on, and nothing else in this test process can take: a
+/// socket stays bound to it (never listening, so connecting is refused) until the
+/// process ends. A port merely freed could be handed to another test's listener, which
+/// would then answer for the "dead" backend.
 pub async fn dead_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    listener.local_addr().expect("addr")
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    HELD.lock().expect("not poisoned").push(socket);
+    addr
 }
 
 pub fn config() -> Config {
