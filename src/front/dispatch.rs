@@ -108,7 +108,10 @@ impl Dispatch {
     pub async fn serve(&self, route: &Arc<Route>, meta: Meta, request: Request<Bytes>, received: Instant) -> Served {
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
-        let ids = request.extensions().get::<trace::Ids>().cloned();
+        // The ids, for the `served` line only, so only when it is written.
+        let ids = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| request.extensions().get::<trace::Ids>().cloned())
+            .flatten();
         let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
         let decision = match classified {
             Ok(d) => d,
