@@ -20,7 +20,7 @@
 #
 # Installs nginx from the distribution's packages when it is missing (needs root), builds
 # tiergate and loadtest in release mode, and writes results to $OUT (default
-# target/loadtest/overhead): summary.txt, results.json and SVG plots.
+# target/loadtest/overhead-PROTOCOL-CPUS): summary.txt, results.json and SVG plots.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATE=${1:-200}
