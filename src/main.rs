@@ -376,15 +376,15 @@ fn realtime_runtime(threads: &tiergate::config::Threads) -> anyhow::Result<tokio
         .build()?)
 }
 
-/// Logs to stderr in the configured format, each line inside a request carrying its
-/// `request_id` and `trace_id`; with `trace.otlp_endpoint` set, spans are also exported
-/// (keep the returned exporter alive while serving).
+/// Logs to stderr in the configured format (a request's `served` line carries its
+/// `request_id` and `trace_id` as fields); with `trace.otlp_endpoint` set, spans are
+/// also exported (keep the returned exporter alive while serving).
 fn init_logs(config: &Config) -> anyhow::Result<Option<tiergate::telemetry::Exporter>> {
     use tracing_subscriber::filter::{filter_fn, FilterExt as _};
     use tracing_subscriber::layer::{Layer as _, SubscriberExt};
     use tracing_subscriber::util::SubscriberInitExt;
     // Each layer has its own filter, so a span no layer wants is never made: with no
-    // exporter, the request's inner spans cost nothing.
+    // exporter, a request's spans cost nothing.
     let level = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level))
