@@ -217,8 +217,8 @@ pub(super) fn cancel(
     Ok(get(conn, id)?.map(|j| j.state))
 }
 
-/// Expires queued jobs whose window passed (when `expire`), deletes finished ones older
-/// than `retention_ms`, and resynchronises the unfinished count; returns (expired, deleted).
+/// Expires queued jobs whose window passed (when `expire`), deletes finished ones at
+/// least `retention_ms` old (so 0 deletes every finished job), and resynchronises the unfinished count; returns (expired, deleted).
 pub(super) fn sweep(
     conn: &Connection,
     now: i64,
@@ -236,7 +236,7 @@ pub(super) fn sweep(
     )?
     };
     let deleted = conn.execute(
-        "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?1",
+        "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ?1",
         [now.saturating_sub(retention_ms)],
     )?;
     unfinished.store(self::unfinished(conn)?, Ordering::Release);
