@@ -17,11 +17,11 @@ use http::{HeaderMap, HeaderValue};
 use tracing::Span;
 
 /// The W3C trace context header.
-pub const TRACEPARENT: &str = "traceparent";
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 /// The W3C trace context response header (level 2): the trace and the gateway's span.
-pub const TRACERESPONSE: &str = "traceresponse";
+pub const TRACERESPONSE: http::HeaderName = http::HeaderName::from_static("traceresponse");
 /// The request id header, taken from the client or made here.
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// Longest request id taken from a client; a longer (or non-printable) one is replaced.
 const MAX_REQUEST_ID: usize = 128;

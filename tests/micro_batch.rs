@@ -134,7 +134,7 @@ async fn concurrent_callers_share_one_batch_and_each_gets_its_own_rows() {
             .parse()
             .expect("ms");
         assert!(waited > 0.0, "it waited for the busy slot");
-        let binary = answer.header(protocol::HEADER_LEN).is_some();
+        let binary = answer.header(protocol::HEADER_LEN.as_str()).is_some();
         assert_eq!(binary, i % 2 == 0, "caller {i} gets the encoding it asked for");
         let resp = decode(&answer);
         assert_eq!(resp.id.as_deref(), Some(format!("c{i}").as_str()), "its own id");

@@ -180,10 +180,10 @@ fn outcome(result: Result<Decision, Refusal>) -> Value {
             "reason": d.reason.as_str(),
             "budget_ms": ms(d.budget),
             "budget_source": match d.source {
-                BudgetSource::Header => meta::BUDGET_HEADER,
-                BudgetSource::GrpcTimeout => meta::GRPC_TIMEOUT,
-                BudgetSource::KserveTimeout => "kserve timeout parameter",
-                BudgetSource::RouteDefault => "route default_budget",
+                BudgetSource::Header => meta::BUDGET_HEADER.to_string(),
+                BudgetSource::GrpcTimeout => meta::GRPC_TIMEOUT.to_string(),
+                BudgetSource::KserveTimeout => "kserve timeout parameter".to_owned(),
+                BudgetSource::RouteDefault => "route default_budget".to_owned(),
             },
         }),
         Err(r) => json!({

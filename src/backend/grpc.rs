@@ -130,9 +130,9 @@ async fn infer(
     };
     let mut msg = with_deadline(request_to_grpc(model, Some(version), &request), budget);
     for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
-        if let Some(value) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
+        if let Some(value) = parts.headers.get(&name).and_then(|v| v.to_str().ok()) {
             if let Ok(value) = value.parse() {
-                msg.metadata_mut().insert(name, value);
+                msg.metadata_mut().insert(bridge::metadata_key(&name), value);
             }
         }
     }

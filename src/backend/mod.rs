@@ -7,6 +7,7 @@
 
 mod checks;
 mod grpc;
+mod h1;
 pub mod health;
 mod pool;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -48,8 +48,11 @@ pub struct Pool {
 /// How the pool talks to its endpoints.
 #[derive(Debug)]
 enum Transport {
-    /// KServe v2 over HTTP, one keep-alive connection pool for all endpoints.
-    Http(Box<Client<HttpConnector, Full<Bytes>>>),
+    /// KServe v2 over HTTP/1.1, idle connections per endpoint (same order), each call
+    /// driving its own connection.
+    Http1(Arc<Vec<super::h1::Conns>>),
+    /// KServe v2 over HTTP/2, one client multiplexing calls over a connection per endpoint.
+    Http2(Box<Client<HttpConnector, Full<Bytes>>>),
     /// KServe v2 over gRPC, one multiplexed channel per endpoint (same order).
     Grpc(Vec<super::grpc::Client>),
 }
@@ -65,7 +68,8 @@ pub(super) struct Endpoint {
 /// A pool's endpoints, shared with its health checks.
 pub(super) type Endpoints = Vec<Endpoint>;
 
-/// A keep-alive HTTP client for one pool, HTTP/1.1 or HTTP/2 as `spec` says.
+/// A keep-alive HTTP client for one pool, HTTP/1.1 or HTTP/2 as `spec` says (its
+/// health checks, and its calls when they are HTTP/2).
 fn http_client(spec: &PoolSpec) -> Client<HttpConnector, Full<Bytes>> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -107,10 +111,23 @@ impl Pool {
             false => {
                 let client = http_client(spec);
                 let path = spec.health.check_path.clone().unwrap_or_default();
-                (
-                    Transport::Http(Box::new(client.clone())),
-                    Probe::Http(Box::new(client), path),
-                )
+                let transport = match spec.http2 {
+                    true => Transport::Http2(Box::new(client.clone())),
+                    false => {
+                        let conns: Vec<_> = endpoints
+                            .iter()
+                            .map(|e| {
+                                let max_idle = spec.max_concurrency.get() as usize;
+                                let idle = super::h1::IDLE_TIMEOUT;
+                                super::h1::Conns::new(e.authority.clone(), spec.connect_timeout, idle, max_idle)
+                            })
+                            .collect();
+                        let conns = Arc::new(conns);
+                        super::h1::start_sweep(Arc::downgrade(&conns));
+                        Transport::Http1(conns)
+                    }
+                };
+                (transport, Probe::Http(Box::new(client), path))
             }
         };
         // Checks run when the route has a check path (gRPC pools use ServerReady instead).
@@ -191,7 +208,7 @@ impl Pool {
     /// content type some servers insist on; binary-extension bodies are re-encoded as
     /// JSON tensors when the pool says its backends do not read binary tensors.
     fn adapt(&self, parts: &mut http::request::Parts, body: Bytes) -> Result<Bytes, Error> {
-        if !matches!(self.transport, Transport::Http(_)) || !parts.uri.path().ends_with("/infer") {
+        if matches!(self.transport, Transport::Grpc(_)) || !parts.uri.path().ends_with("/infer") {
             return Ok(body);
         }
         let header_len =
@@ -292,7 +309,8 @@ impl Pool {
         let started = Instant::now();
         let call = async {
             match &self.transport {
-                Transport::Http(client) => self.send_http(client, &endpoint.authority, parts, body).await,
+                Transport::Http1(conns) => self.send_http1(&conns[at], parts, body).await,
+                Transport::Http2(client) => self.send_http2(client, &endpoint.authority, parts, body).await,
                 Transport::Grpc(clients) => super::grpc::call(clients[at].clone(), parts, body, deadline).await,
             }
         };
@@ -327,7 +345,19 @@ impl Pool {
         result
     }
 
-    async fn send_http(
+    async fn send_http1(
+        &self,
+        conns: &super::h1::Conns,
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response<Bytes>, Failure> {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let uri = Uri::try_from(path).map_err(|e| Failure::Other(e.to_string()))?;
+        let response = conns.send(outgoing(parts, uri, body), self.max_response_bytes).await?;
+        Ok(end_to_end(response))
+    }
+
+    async fn send_http2(
         &self,
         client: &Client<HttpConnector, Full<Bytes>>,
         authority: &Authority,
@@ -344,11 +374,8 @@ impl Pool {
                 .cloned()
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = parts.method.clone();
-        *request.uri_mut() = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        copy_end_to_end(&parts.headers, request.headers_mut());
-        let response = client.request(request).await.map_err(|e| {
+        let uri = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
+        let response = client.request(outgoing(parts, uri, body)).await.map_err(|e| {
             let detail = chain(&e);
             if e.is_connect() {
                 Failure::Connect(detail)
@@ -356,15 +383,13 @@ impl Pool {
                 Failure::Other(detail)
             }
         })?;
-        let (mut head, body) = response.into_parts();
+        let (head, body) = response.into_parts();
         let body = Limited::new(body, self.max_response_bytes)
             .collect()
             .await
             .map_err(|e| Failure::Body(e.to_string()))?
             .to_bytes();
-        let headers = std::mem::take(&mut head.headers);
-        copy_end_to_end(&headers, &mut head.headers);
-        Ok(Response::from_parts(head, body))
+        Ok(end_to_end(Response::from_parts(head, body)))
     }
 
     fn error(&self, at: usize, failure: Failure) -> Error {
@@ -385,6 +410,21 @@ impl Pool {
             ),
         }
     }
+}
+
+/// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
+fn outgoing(parts: &http::request::Parts, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    copy_end_to_end(&parts.headers, request.headers_mut());
+    request
+}
+
+/// A backend answer with only its end-to-end headers.
+fn end_to_end(mut response: Response<Bytes>) -> Response<Bytes> {
+    keep_end_to_end(response.headers_mut());
+    response
 }
 
 /// How a call to one endpoint failed.
@@ -444,35 +484,45 @@ impl Drop for InFlight<'_> {
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
 /// `host` (the client sets it for the backend) and `content-length` (recomputed).
-const HOP_BY_HOP: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
+const HOP_BY_HOP: [HeaderName; 11] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HOST,
+    header::CONTENT_LENGTH,
 ];
 
 /// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
 /// named in `Connection`.
 pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
-    let named: Vec<String> = from
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .collect();
+    let connection = from.get_all(header::CONNECTION);
+    let named = |name: &HeaderName| {
+        connection
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
+    };
     for (name, value) in from {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || n == "content-length" || named.iter().any(|t| t == n) {
-            continue;
+        if !HOP_BY_HOP.contains(name) && !named(name) {
+            to.append(name.clone(), value.clone());
         }
-        to.append(name.clone(), value.clone());
+    }
+}
+
+/// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them,
+/// copying only when a hop-by-hop header other than `content-length` is there.
+fn keep_end_to_end(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        let all = std::mem::take(headers);
+        copy_end_to_end(&all, headers);
     }
 }
 
@@ -510,6 +560,15 @@ mod tests {
         copy_end_to_end(&from, &mut to);
         let kept: Vec<&str> = to.keys().map(|k| k.as_str()).collect();
         assert_eq!(kept, ["content-type", "inference-header-content-length"]);
+        let mut in_place = from.clone();
+        keep_end_to_end(&mut in_place);
+        assert_eq!(in_place, to, "in place, the same headers stay");
+        let mut plain = HeaderMap::new();
+        plain.insert("content-length", HeaderValue::from_static("3"));
+        plain.insert("content-type", HeaderValue::from_static("text/plain"));
+        keep_end_to_end(&mut plain);
+        let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type"]);
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl GrpcDoor {
             (trace::TRACERESPONSE, Some(ids.answer().to_string())),
         ] {
             if let Some(value) = value.and_then(|v| v.parse().ok()) {
-                metadata.insert(name, value);
+                metadata.insert(bridge::metadata_key(&name), value);
             }
         }
         (metadata, result)
@@ -149,7 +149,7 @@ impl GrpcDoor {
 
 /// Converts a served request to a gRPC answer with the decision as metadata.
 fn answer(served: Served) -> Answered {
-    let mut pairs: Vec<(&str, &'static str)> = Vec::with_capacity(2);
+    let mut pairs: Vec<(http::HeaderName, &'static str)> = Vec::with_capacity(2);
     if let Some(d) = served.decision {
         pairs.extend([(TIER_HEADER, d.tier.as_str()), (REASON_HEADER, d.reason.as_str())]);
     }
@@ -158,11 +158,17 @@ fn answer(served: Served) -> Answered {
     }
     let tag = |metadata: &mut MetadataMap| {
         for (key, value) in &pairs {
-            metadata.insert(*key, tonic::metadata::MetadataValue::from_static(value));
+            metadata.insert(
+                bridge::metadata_key(key),
+                tonic::metadata::MetadataValue::from_static(value),
+            );
         }
     };
     let mut metadata = MetadataMap::new();
-    metadata.insert(POLICY_VERSION_HEADER, served.policy_version.into());
+    metadata.insert(
+        bridge::metadata_key(&POLICY_VERSION_HEADER),
+        served.policy_version.into(),
+    );
     if let Ok(reply) = &served.result {
         // How a batched request was batched, as on HTTP.
         for key in [BATCH_SIZE_HEADER, QUEUE_MS_HEADER] {

@@ -34,11 +34,11 @@ use super::meta;
 const JOBS: &str = "/v1/jobs/";
 
 /// Response header naming the tier that served the request.
-pub const TIER_HEADER: &str = "x-tiergate-tier";
+pub const TIER_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-tier");
 /// Response header: the version of the policy that served the request.
-pub const POLICY_VERSION_HEADER: &str = "x-tiergate-policy-version";
+pub const POLICY_VERSION_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-policy-version");
 /// Response header naming the reason for the decision (or refusal).
-pub const REASON_HEADER: &str = "x-tiergate-reason";
+pub const REASON_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-reason");
 
 /// The HTTP door.
 #[derive(Debug)]

@@ -14,9 +14,11 @@ use crate::error::{Error, Kind};
 use crate::policy::Route;
 
 /// Header carrying the client's budget in whole milliseconds.
-pub const BUDGET_HEADER: &str = "x-tiergate-budget-ms";
+pub const BUDGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-budget-ms");
+/// The header asking for an asynchronous answer (RFC 7240 `respond-async`).
+const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
 /// The gRPC deadline header, also honoured on HTTP.
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// Longest budget honoured; larger ones are clamped (a week covers any completion window).
 pub const MAX_BUDGET: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -79,7 +81,7 @@ pub fn read(
 /// True when a `Prefer` header asks for `respond-async` (RFC 7240).
 pub fn prefers_async(headers: &HeaderMap) -> bool {
     headers
-        .get_all(http::header::HeaderName::from_static("prefer"))
+        .get_all(PREFER)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -122,10 +124,10 @@ mod tests {
         Route::test(flags, WhenUnmet::Reject)
     }
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    fn headers<K: http::header::IntoHeaderName + Clone>(pairs: &[(K, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(http::HeaderName::try_from(*k).expect("name"), v.parse().expect("value"));
+            h.append(k.clone(), v.parse().expect("value"));
         }
         h
     }
@@ -136,30 +138,30 @@ mod tests {
         let ms = Duration::from_millis;
         // (headers, KServe timeout in µs, budget read)
         type Case = (
-            &'static [(&'static str, &'static str)],
+            Vec<(http::HeaderName, &'static str)>,
             Option<u64>,
             Option<(Duration, BudgetSource)>,
         );
         let cases: &[Case] = &[
             (
-                &[(BUDGET_HEADER, "120")],
+                vec![(BUDGET_HEADER, "120")],
                 Some(5),
                 Some((ms(120), BudgetSource::Header)),
             ),
             (
-                &[(BUDGET_HEADER, "120"), (GRPC_TIMEOUT, "1S")],
+                vec![(BUDGET_HEADER, "120"), (GRPC_TIMEOUT, "1S")],
                 None,
                 Some((ms(120), BudgetSource::Header)),
             ),
             (
-                &[(GRPC_TIMEOUT, "250m")],
+                vec![(GRPC_TIMEOUT, "250m")],
                 Some(5),
                 Some((ms(250), BudgetSource::GrpcTimeout)),
             ),
-            (&[], Some(1_500_000), Some((ms(1500), BudgetSource::KserveTimeout))),
-            (&[], None, None),
+            (vec![], Some(1_500_000), Some((ms(1500), BudgetSource::KserveTimeout))),
+            (vec![], None, None),
             (
-                &[(BUDGET_HEADER, "99999999999999")],
+                vec![(BUDGET_HEADER, "99999999999999")],
                 None,
                 Some((MAX_BUDGET, BudgetSource::Header)),
             ),
@@ -208,14 +210,14 @@ mod tests {
             ("prefer", "respond-async")
         ])));
         assert!(!prefers_async(&headers(&[("prefer", "return=minimal")])));
-        assert!(!prefers_async(&headers(&[])));
+        assert!(!prefers_async(&headers::<&str>(&[])));
     }
 
     #[test]
     fn rollout_key_from_header_then_id() {
         let r = route();
         let by_header = read(&headers(&[("x-request-id", "abc")]), None, Some("zzz"), &r).expect("valid");
-        let by_id = read(&headers(&[]), None, Some("abc"), &r).expect("valid");
+        let by_id = read(&headers::<&str>(&[]), None, Some("abc"), &r).expect("valid");
         assert_eq!(by_header.key, key_hash(b"abc"));
         assert_eq!(by_id.key, key_hash(b"abc"));
     }

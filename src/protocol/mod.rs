@@ -40,7 +40,7 @@ pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;
 
 /// Header carrying the JSON header length of a binary-extension body.
-pub const HEADER_LEN: &str = "inference-header-content-length";
+pub const HEADER_LEN: http::HeaderName = http::HeaderName::from_static("inference-header-content-length");
 
 /// Sets the headers that frame an encoded body: `application/octet-stream` plus
 /// `inference-header-content-length` for the binary extension (`header_len` set), else

@@ -119,7 +119,7 @@ impl GrpcInferenceService for SimGrpc {
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let traceparent = req
             .metadata()
-            .get(crate::trace::TRACEPARENT)
+            .get(crate::trace::TRACEPARENT.as_str())
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let msg = req.into_inner();

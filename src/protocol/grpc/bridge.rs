@@ -17,6 +17,12 @@ use crate::protocol::{self, InferRequest, InferResponse, Tensor};
 /// and statistics passed through from gRPC backends).
 pub const PROTOBUF: &str = "application/x-protobuf";
 
+/// The gRPC metadata key for one of the gateway's header names (lowercase ASCII, none
+/// ending in `-bin`, so always a valid ASCII key).
+pub fn metadata_key(name: &http::HeaderName) -> tonic::metadata::MetadataKey<tonic::metadata::Ascii> {
+    tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes()).expect("a header name is a valid ASCII key")
+}
+
 /// The KServe v2 HTTP form of an infer request: binary tensors; with `binary_outputs`,
 /// every output is asked back in binary too (exact, and what a gRPC caller needs).
 pub fn http_infer_request(

@@ -28,11 +28,11 @@ use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
 
 /// Request header a door sets on calls that arrived over gRPC (never taken from clients:
 /// the HTTP door removes it).
-pub const DOOR_HEADER: &str = "x-tiergate-door";
+pub const DOOR_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-door");
 /// Request header that makes a submission idempotent.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Headers kept with a job: what frames its body. Credentials are never stored.
-const KEPT_HEADERS: [&str; 2] = ["content-type", protocol::HEADER_LEN];
+const KEPT_HEADERS: [http::HeaderName; 2] = [http::header::CONTENT_TYPE, protocol::HEADER_LEN];
 
 /// The offline tier service.
 #[derive(Debug, Clone)]
@@ -98,9 +98,9 @@ impl Offline {
             .iter()
             .filter_map(|k| {
                 headers
-                    .get(*k)
+                    .get(k)
                     .and_then(|v| v.to_str().ok())
-                    .map(|v| ((*k).to_owned(), v.to_owned()))
+                    .map(|v| (k.as_str().to_owned(), v.to_owned()))
             })
             .collect();
         let path = call

@@ -1,0 +1,261 @@
+//! HTTP/1.1 to one endpoint: a stack of idle keep-alive connections, each driven by
+//! the call that is using it.
+//!
+//! Under the pool, for HTTP/1.1 pools (HTTP/2 pools keep hyper-util's client, whose one
+//! connection carries many calls). hyper-util's pooled client runs each connection as
+//! a task of its own and passes every request and answer across channels, so one call
+//! wakes two tasks. Here a call takes the most recently used idle connection (or opens
+//! one) and polls the connection itself, beside its own request, until the whole answer
+//! is read: one task, nothing handed over. The connection then goes back on the stack.
+//!
+//! - A connection is reused only by the runtime that opened it: its socket is
+//!   registered with that runtime's I/O driver, so a connection opened by offline work
+//!   on the batch threads never carries a real-time call, nor the reverse.
+//! - A call dropped mid-exchange (its deadline passed) drops its connection, which
+//!   closes it; a connection is put back only after a whole answer, open and in step.
+//! - A request that never left (the idle connection turned out closed by the backend)
+//!   goes again on another connection; one that may have left is never sent twice.
+//! - Idle connections are closed after the idle timeout ([`IDLE_TIMEOUT`] in pools), by
+//!   the next call or by the sweep; at most `max_idle` are kept.
+
+use std::future::Future;
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use super::pool::{chain, Failure};
+
+/// How long a pool's connection may sit idle before it is closed.
+pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The idle connections to one endpoint.
+#[derive(Debug)]
+pub(super) struct Conns {
+    authority: Authority,
+    host: HeaderValue,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    max_idle: usize,
+    /// Oldest at the bottom; calls take from the top.
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// An open connection nobody is using.
+struct Idle {
+    runtime: tokio::runtime::Id,
+    since: Instant,
+    sender: http1::SendRequest<Full<Bytes>>,
+    /// `None` once the connection has ended.
+    connection: Option<http1::Connection<TokioIo<TcpStream>, Full<Bytes>>>,
+}
+
+impl std::fmt::Debug for Idle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idle")
+            .field("since", &self.since)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one exchange on one connection ended.
+enum Exchange {
+    /// The answer, or why there is none.
+    Done(Result<Response<Bytes>, Failure>),
+    /// The connection closed before the request was written: here it is back, and why.
+    NotSent(Request<Full<Bytes>>, String),
+}
+
+impl Conns {
+    /// Connections to `authority` (an `http` endpoint's host and port), opened within
+    /// `connect_timeout`, at most `max_idle` kept idle, each for less than `idle_timeout`.
+    pub(super) fn new(
+        authority: Authority,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> Self {
+        let host = HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header value");
+        Conns {
+            authority,
+            host,
+            connect_timeout,
+            idle_timeout,
+            max_idle,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
+    /// answer, refusing a body over `max_body` bytes.
+    pub(super) async fn send(
+        &self,
+        mut request: Request<Full<Bytes>>,
+        max_body: usize,
+    ) -> Result<Response<Bytes>, Failure> {
+        request.headers_mut().insert(http::header::HOST, self.host.clone());
+        let runtime = Handle::try_current().map_err(|e| Failure::Other(e.to_string()))?.id();
+        loop {
+            let (mut conn, reused) = match self.take(runtime) {
+                Some(idle) => (idle, true),
+                None => (self.connect(runtime).await?, false),
+            };
+            match exchange(&mut conn, request, max_body).await {
+                Exchange::Done(answer) => {
+                    // Only after a whole answer is the connection in step for another.
+                    if answer.is_ok() && conn.connection.is_some() {
+                        self.put(conn);
+                    }
+                    return answer;
+                }
+                // A stale idle connection: try the next one, or a new one.
+                Exchange::NotSent(back, _) if reused => request = back,
+                Exchange::NotSent(_, why) => return Err(Failure::Other(why)),
+            }
+        }
+    }
+
+    /// Closes the connections idle for the idle timeout or longer.
+    pub(super) fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let expired = self.drain_expired(&mut idle, Instant::now());
+        drop(idle);
+        drop(expired); // closes them, outside the lock
+    }
+
+    /// The most recently used idle connection opened on `runtime`, if any; expired
+    /// ones are closed on the way.
+    fn take(&self, runtime: tokio::runtime::Id) -> Option<Idle> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let expired = self.drain_expired(&mut idle, Instant::now());
+        let found = idle
+            .iter()
+            .rposition(|c| c.runtime == runtime)
+            .map(|at| idle.remove(at));
+        drop(idle);
+        drop(expired); // closes them, outside the lock
+        found
+    }
+
+    /// Puts an open connection back on top, unless `max_idle` are already idle.
+    fn put(&self, mut conn: Idle) {
+        conn.since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+
+    /// Takes the connections idle for the idle timeout or longer off the stack (the
+    /// caller drops them).
+    fn drain_expired(&self, idle: &mut Vec<Idle>, now: Instant) -> Vec<Idle> {
+        let stale = idle
+            .iter()
+            .take_while(|c| now.duration_since(c.since) >= self.idle_timeout)
+            .count();
+        idle.drain(..stale).collect()
+    }
+
+    /// Opens a connection within the connect timeout.
+    async fn connect(&self, runtime: tokio::runtime::Id) -> Result<Idle, Failure> {
+        let host = self.authority.host().trim_start_matches('[').trim_end_matches(']');
+        let port = self.authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| {
+                Failure::Connect(format!(
+                    "tcp connect timed out after {} ms",
+                    self.connect_timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| Failure::Connect(format!("tcp connect error: {e}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| Failure::Connect(format!("tcp connect error: {e}")))?;
+        let (sender, connection) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Connect(chain(&e)))?;
+        Ok(Idle {
+            runtime,
+            since: Instant::now(),
+            sender,
+            connection: Some(connection),
+        })
+    }
+}
+
+/// One request and its whole answer on `conn`, driving the connection in this task;
+/// the connection is gone from `conn` if it ended.
+async fn exchange(conn: &mut Idle, request: Request<Full<Bytes>>, max_body: usize) -> Exchange {
+    let Idle { sender, connection, .. } = conn;
+    let mut call = std::pin::pin!(async {
+        if let Err(e) = sender.ready().await {
+            return Exchange::NotSent(request, chain(&e));
+        }
+        let response = match sender.try_send_request(request).await {
+            Ok(response) => response,
+            Err(mut e) => {
+                let why = chain(e.error());
+                return match e.take_message() {
+                    Some(request) => Exchange::NotSent(request, why),
+                    None => Exchange::Done(Err(Failure::Other(why))),
+                };
+            }
+        };
+        let (head, body) = response.into_parts();
+        match Limited::new(body, max_body).collect().await {
+            Ok(body) => Exchange::Done(Ok(Response::from_parts(head, body.to_bytes()))),
+            Err(e) => Exchange::Done(Err(Failure::Body(e.to_string()))),
+        }
+    });
+    std::future::poll_fn(|cx| {
+        // The connection first: it reads and writes for the call, and when it has ended
+        // (closed, or failed) dropping it tells the call so.
+        if let Some(open) = connection.as_mut() {
+            if open.poll_without_shutdown(cx).is_ready() {
+                *connection = None;
+            }
+        }
+        call.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// Starts closing `conns`' expired idle connections every half [`IDLE_TIMEOUT`], if a
+/// runtime is running; the task ends when the pool is dropped.
+pub(super) fn start_sweep(conns: Weak<Vec<Conns>>) {
+    let Ok(runtime) = Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(IDLE_TIMEOUT / 2);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(conns) = conns.upgrade() else {
+                return;
+            };
+            conns.iter().for_each(Conns::sweep);
+        }
+    });
+}
+
+#[cfg(test)]
+impl Conns {
+    /// How many connections are idle now.
+    fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+
+use super::*;
+
+const LIMIT: usize = 1 << 20;
+
+/// What the test backend saw, by connection (numbered from 0 in accept order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Request(usize),
+    Closed(usize),
+}
+
+/// How the test backend answers.
+#[derive(Clone)]
+enum Mode {
+    /// `200 ok`, keeping the connection open.
+    KeepAlive,
+    /// `200 ok` (no `Connection: close`), then closes the connection when told.
+    CloseWhenTold(Arc<Notify>),
+    /// A 200 with a body of this many bytes.
+    Big(usize),
+    /// Never answers.
+    Silent,
+}
+
+/// A raw HTTP/1.1 backend reporting every request and every closed connection.
+async fn backend(mode: Mode) -> (Authority, mpsc::UnboundedReceiver<Event>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let authority = listener
+        .local_addr()
+        .expect("bound")
+        .to_string()
+        .parse()
+        .expect("authority");
+    let (events, seen) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for n in 0.. {
+            let (stream, _) = listener.accept().await.expect("accept");
+            tokio::spawn(serve(n, stream, mode.clone(), events.clone()));
+        }
+    });
+    (authority, seen)
+}
+
+async fn serve(n: usize, mut stream: TcpStream, mode: Mode, events: mpsc::UnboundedSender<Event>) {
+    let mut buf = Vec::new();
+    loop {
+        // One request head (these requests carry no body).
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => {
+                    let _ = events.send(Event::Closed(n));
+                    return;
+                }
+                Ok(read) => buf.extend_from_slice(&chunk[..read]),
+            }
+        }
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("a whole head") + 4;
+        buf.drain(..end);
+        let _ = events.send(Event::Request(n));
+        let body = match &mode {
+            Mode::Silent => continue, // read on: the next read sees the caller leave
+            Mode::Big(len) => "x".repeat(*len),
+            Mode::KeepAlive | Mode::CloseWhenTold(_) => "ok".into(),
+        };
+        let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        stream.write_all(answer.as_bytes()).await.expect("answer");
+        if let Mode::CloseWhenTold(told) = &mode {
+            told.notified().await;
+            drop(stream);
+            let _ = events.send(Event::Closed(n));
+            return;
+        }
+    }
+}
+
+fn conns(authority: Authority, idle_timeout: Duration, max_idle: usize) -> Conns {
+    Conns::new(authority, Duration::from_secs(1), idle_timeout, max_idle)
+}
+
+fn get() -> Request<Full<Bytes>> {
+    Request::builder()
+        .uri("/v2/health/ready")
+        .body(Full::default())
+        .expect("request")
+}
+
+async fn ok(conns: &Conns) {
+    let answer = conns
+        .send(get(), LIMIT)
+        .await
+        .unwrap_or_else(|_| panic!("the call failed"));
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.body().as_ref(), b"ok");
+}
+
+#[tokio::test]
+async fn sequential_calls_share_one_connection() {
+    let (authority, mut seen) = backend(Mode::KeepAlive).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    for _ in 0..3 {
+        ok(&conns).await;
+        assert_eq!(seen.recv().await, Some(Event::Request(0)));
+    }
+    assert_eq!(conns.idle_count(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_the_backend_closed_is_replaced_before_the_request_leaves() {
+    let close = Arc::new(Notify::new());
+    let (authority, mut seen) = backend(Mode::CloseWhenTold(close.clone())).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    ok(&conns).await;
+    assert_eq!(seen.recv().await, Some(Event::Request(0)));
+    assert_eq!(
+        conns.idle_count(),
+        1,
+        "the answer did not say the connection would close"
+    );
+    close.notify_one();
+    assert_eq!(seen.recv().await, Some(Event::Closed(0)));
+    // A connect waits for the I/O driver, which by then has also read the backend's FIN
+    // on the idle connection (sent on loopback before this connect began).
+    let elsewhere = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    TcpStream::connect(elsewhere.local_addr().expect("bound"))
+        .await
+        .expect("connect");
+    ok(&conns).await;
+    assert_eq!(
+        seen.recv().await,
+        Some(Event::Request(1)),
+        "sent once, on a new connection"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_over_the_limit_fails_and_its_connection_is_closed() {
+    let (authority, mut seen) = backend(Mode::Big(1000)).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    let failed = conns.send(get(), 100).await;
+    assert!(matches!(failed, Err(Failure::Body(_))));
+    assert_eq!(seen.recv().await, Some(Event::Request(0)));
+    assert_eq!(seen.recv().await, Some(Event::Closed(0)));
+    assert_eq!(conns.idle_count(), 0);
+}
+
+#[tokio::test]
+async fn a_dropped_call_closes_its_connection() {
+    let (authority, mut seen) = backend(Mode::Silent).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    {
+        let call = conns.send(get(), LIMIT);
+        tokio::pin!(call);
+        tokio::select! {
+            _ = &mut call => panic!("the silent backend answered"),
+            event = seen.recv() => assert_eq!(event, Some(Event::Request(0))),
+        }
+    } // the deadline passed: the call is dropped
+    assert_eq!(seen.recv().await, Some(Event::Closed(0)));
+    assert_eq!(conns.idle_count(), 0);
+}
+
+#[tokio::test]
+async fn expired_connections_are_closed_not_reused() {
+    let (authority, mut seen) = backend(Mode::KeepAlive).await;
+    let conns = conns(authority, Duration::ZERO, 8);
+    ok(&conns).await;
+    ok(&conns).await;
+    let mut events = vec![seen.recv().await, seen.recv().await, seen.recv().await];
+    events.sort();
+    let expected = [Event::Request(0), Event::Request(1), Event::Closed(0)].map(Some);
+    assert_eq!(events, expected);
+    conns.sweep();
+    assert_eq!(seen.recv().await, Some(Event::Closed(1)));
+    assert_eq!(conns.idle_count(), 0);
+}
+
+#[tokio::test]
+async fn at_most_max_idle_connections_are_kept() {
+    let (authority, mut seen) = backend(Mode::KeepAlive).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 1);
+    tokio::join!(ok(&conns), ok(&conns));
+    let mut events = vec![seen.recv().await, seen.recv().await, seen.recv().await];
+    events.sort();
+    assert_eq!(events[..2], [Some(Event::Request(0)), Some(Event::Request(1))]);
+    assert!(matches!(events[2], Some(Event::Closed(_))), "{events:?}");
+    assert_eq!(conns.idle_count(), 1);
+}
+
+#[test]
+fn a_connection_carries_calls_only_for_the_runtime_that_opened_it() {
+    let server = tokio::runtime::Runtime::new().expect("runtime");
+    let (authority, mut seen) = server.block_on(backend(Mode::KeepAlive));
+    let conns = Arc::new(conns(authority, IDLE_TIMEOUT, 8));
+    let current = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let (first, second) = (current(), current());
+    first.block_on(ok(&conns));
+    first.block_on(ok(&conns));
+    second.block_on(ok(&conns));
+    first.block_on(ok(&conns));
+    let events: Vec<_> = (0..4).map(|_| seen.blocking_recv()).collect();
+    let expected = [0, 0, 1, 0].map(|n| Some(Event::Request(n)));
+    assert_eq!(events, expected);
+    assert_eq!(conns.idle_count(), 2);
+}
