@@ -351,8 +351,10 @@ impl Pool {
         parts: &http::request::Parts,
         body: Bytes,
     ) -> Result<Response<Bytes>, Failure> {
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let uri = Uri::try_from(path).map_err(|e| Failure::Other(e.to_string()))?;
+        // Origin form (`/path?query`), the path shared, not parsed again.
+        let mut uri = http::uri::Parts::default();
+        uri.path_and_query = Some(path_and_query(parts));
+        let uri = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
         let response = conns.send(outgoing(parts, uri, body), self.max_response_bytes).await?;
         Ok(end_to_end(response))
     }
@@ -367,13 +369,7 @@ impl Pool {
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(Scheme::HTTP);
         uri.authority = Some(authority.clone());
-        uri.path_and_query = Some(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
+        uri.path_and_query = Some(path_and_query(parts));
         let uri = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
         let response = client.request(outgoing(parts, uri, body)).await.map_err(|e| {
             let detail = chain(&e);
@@ -412,12 +408,22 @@ impl Pool {
     }
 }
 
+/// The request's path and query (`/` when it has none).
+fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
+    parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
 /// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
 fn outgoing(parts: &http::request::Parts, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
-    copy_end_to_end(&parts.headers, request.headers_mut());
+    *request.headers_mut() = parts.headers.clone();
+    keep_end_to_end(request.headers_mut());
     request
 }
 
@@ -516,10 +522,12 @@ pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them,
-/// copying only when a hop-by-hop header other than `content-length` is there.
+/// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them:
+/// `content-length` and `host` (in nearly every message) are removed in place, and the
+/// map is copied only when another hop-by-hop header is there.
 fn keep_end_to_end(headers: &mut HeaderMap) {
     headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::HOST);
     if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         let all = std::mem::take(headers);
         copy_end_to_end(&all, headers);
@@ -565,6 +573,7 @@ mod tests {
         assert_eq!(in_place, to, "in place, the same headers stay");
         let mut plain = HeaderMap::new();
         plain.insert("content-length", HeaderValue::from_static("3"));
+        plain.insert("host", HeaderValue::from_static("gateway"));
         plain.insert("content-type", HeaderValue::from_static("text/plain"));
         keep_end_to_end(&mut plain);
         let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
