@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use crate::classify::Tier;
 use crate::policy::PoolSpec;
 
-pub use pool::{copy_end_to_end, Pool};
+pub use pool::Pool;
 
 /// The pools of one tier, by route name.
 #[derive(Debug)]

@@ -506,7 +506,7 @@ const HOP_BY_HOP: [HeaderName; 11] = [
 
 /// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
 /// named in `Connection`.
-pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     let connection = from.get_all(header::CONNECTION);
     let named = |name: &HeaderName| {
         connection
