@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions per request of each proxy in the overhead scenario, counted exactly by
 # valgrind's callgrind: tiergate (one worker thread), PREV=/path/to/older/tiergate when
-# given, and the bare hyper proxy with hyper-util's pooled client (bare_hyper) and with
-# its inline HTTP/1 client (bare_inline), each in front of the same simulator. Each
+# given, the bare hyper proxy with hyper-util's pooled client (bare_hyper) and with
+# its inline HTTP/1 client (bare_inline), and nginx with the overhead scenario's config
+# (in one process: master_process off), each in front of the same simulator. Each
 # proxy runs under callgrind, is warmed up, has its counters zeroed, serves N requests
 # at 50/s, and is dumped; the count is every user-space instruction the process ran in
 # that window (all threads, background work included) divided by N.
@@ -25,6 +26,9 @@ OUT=${OUT:-$TARGET_DIR/loadtest/instructions_per_request}
 
 if ! command -v valgrind >/dev/null; then
   apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
+fi
+if ! command -v nginx >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
 fi
 cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release
@@ -75,6 +79,10 @@ bare() { # bare CLIENT NAME
   if [ -n "${PREV:-}" ]; then gateway "$PREV" tiergate_prev; fi
   bare legacy bare_hyper
   bare inline bare_inline
+  PORT=$(free_port)
+  nginx_config "$PORT" "$SIM" http
+  sed -i '1i master_process off;' "$WORK/nginx/nginx.conf"
+  count nginx NGINX=1 nginx -c "$WORK/nginx/nginx.conf"
   echo
   echo "tiergate: the functions with the most instructions of their own, per request"
   python3 loadtest/scenarios/callgrind_self.py "$OUT/tiergate.callgrind" "$N" 25 | tail -n +2

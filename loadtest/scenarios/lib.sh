@@ -50,6 +50,12 @@ realtime_policy() {
 # reverse proxy on PORT to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over
 # h2c), config in $WORK, started under the prefix (e.g. taskset -c 0) when one is given.
 start_nginx() {
+  nginx_config "$1" "$2" "$3"
+  "${@:4}" nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
+}
+
+# nginx_config PORT BACKEND_PORT http|grpc: writes start_nginx's config to $WORK/nginx/nginx.conf.
+nginx_config() {
   local site
   if [ "$3" = grpc ]; then
     site="upstream sim { server 127.0.0.1:$2; keepalive 64; }
@@ -75,7 +81,6 @@ http {
   $site
 }
 NGINX
-  "${@:4}" nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 }
 
 # backlog_file PATH N: a Batch API input file of N one-row resnet50 requests.

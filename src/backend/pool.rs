@@ -307,11 +307,15 @@ impl Pool {
             given: false,
         };
         let started = Instant::now();
+        // The gRPC and HTTP/2 calls are boxed: the gRPC one's future is the largest, and
+        // unboxed it would set the size of every call's future (moved on each request).
         let call = async {
             match &self.transport {
                 Transport::Http1(conns) => self.send_http1(&conns[at], parts, body).await,
-                Transport::Http2(client) => self.send_http2(client, &endpoint.authority, parts, body).await,
-                Transport::Grpc(clients) => super::grpc::call(clients[at].clone(), parts, body, deadline).await,
+                Transport::Http2(client) => Box::pin(self.send_http2(client, &endpoint.authority, parts, body)).await,
+                Transport::Grpc(clients) => {
+                    Box::pin(super::grpc::call(clients[at].clone(), parts, body, deadline)).await
+                }
             }
         };
         let call = tokio::time::timeout_at(deadline, call);

@@ -80,6 +80,16 @@ fn error_cases() -> Vec<(&'static str, Bytes, Option<usize>, String)> {
         deep = json!([deep]);
     }
     cases.push(("too deep", fp32(deep), "inputs[0].data is nested deeper than 64 arrays"));
+    // More tensors than are compared pairwise: the names go through a hash map instead.
+    let mut many: Vec<Value> = (0..20)
+        .map(|i| input(&format!("t{i}"), "INT8", json!([1]), json!([1])))
+        .collect();
+    many.push(input("t3", "INT8", json!([1]), json!([1])));
+    cases.push((
+        "duplicate among many",
+        (json_body(json!({ "inputs": many })), None),
+        "inputs[20].name \"t3\" is already used by inputs[3]; tensor names must be unique",
+    ));
     cases
         .into_iter()
         .map(|(n, (b, h), m)| (n, b, h, m.to_owned()))

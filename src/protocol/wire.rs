@@ -167,15 +167,28 @@ pub(crate) fn check_tensors<S: Sink>(
     Ok(checked)
 }
 
+/// Up to this many tensors, names are compared pairwise: no allocation, and fewer
+/// instructions than hashing for the one to four tensors of a typical request.
+const PAIRWISE_UNIQUE: usize = 16;
+
 fn check_unique<S>(kind: &str, wires: &[WireTensor<S>]) -> Result<(), Error> {
+    let duplicate = |first: usize, i: usize| Error::DuplicateName {
+        path: format!("{kind}[{i}]"),
+        name: wires[i].name.clone(),
+        first: format!("{kind}[{first}]"),
+    };
+    if wires.len() <= PAIRWISE_UNIQUE {
+        for (i, wire) in wires.iter().enumerate() {
+            if let Some(first) = wires[..i].iter().position(|w| w.name == wire.name) {
+                return Err(duplicate(first, i));
+            }
+        }
+        return Ok(());
+    }
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(wires.len());
     for (i, wire) in wires.iter().enumerate() {
         if let Some(first) = seen.insert(&wire.name, i) {
-            return Err(Error::DuplicateName {
-                path: format!("{kind}[{i}]"),
-                name: wire.name.clone(),
-                first: format!("{kind}[{first}]"),
-            });
+            return Err(duplicate(first, i));
         }
     }
     Ok(())
