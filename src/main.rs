@@ -1,9 +1,11 @@
-//! The `tiergate` command: `serve`, `demo`, `sim`, `policy`, `jobs`, `flags` and `explain`.
+//! The `tiergate` command: `serve`, `demo`, `sim`, `policy`, `jobs`, `flags`, `explain`,
+//! `top` and `health`.
 
 mod client;
 mod demo;
 mod jobs;
 mod ops;
+mod probe;
 mod top;
 
 use std::net::SocketAddr;
@@ -75,6 +77,9 @@ enum Command {
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
     Top(top::TopArgs),
+    /// Exit 0 when a gateway is ready (its /v2/health/ready answers 200), else say why
+    /// and exit 1: the container image's health check, which needs no curl.
+    Health(probe::HealthArgs),
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +111,11 @@ struct ServeArgs {
     /// Address of the bulk gRPC door, served by the batch threads (overrides listen.bulk_grpc).
     #[arg(long)]
     bulk_grpc: Option<SocketAddr>,
+    /// Check the startup settings and the policy (its pools against the backend
+    /// allowlist, the admin token, the stop's timings), print the result and exit
+    /// without serving: 0 when the gateway would start with them.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(Debug, Args)]
@@ -196,6 +206,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Flags { command } => runtime(1)?.block_on(ops::flags(command)),
         Command::Explain(args) => runtime(1)?.block_on(ops::explain(args)),
         Command::Top(args) => runtime(1)?.block_on(top::run(args)),
+        Command::Health(args) => runtime(1)?.block_on(probe::run(args)),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
@@ -206,6 +217,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config.listen.admin = args.admin.unwrap_or(config.listen.admin);
             config.listen.bulk_http = args.bulk_http.or(config.listen.bulk_http);
             config.listen.bulk_grpc = args.bulk_grpc.or(config.listen.bulk_grpc);
+            if args.check {
+                return Ok(serve_check(&config));
+            }
             let runtime = realtime_runtime(&config.threads)?;
             let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
             let _exporter = init_logs(&config)?;
@@ -241,6 +255,35 @@ fn policy_check(dir: &std::path::Path) -> ExitCode {
     }
 }
 
+/// `tiergate serve --check`: the startup checks that need no socket, and their verdict.
+fn serve_check(config: &Config) -> ExitCode {
+    let policy = match Policy::load_dir(&config.policy_dir) {
+        Ok(policy) => policy,
+        Err(problems) => {
+            eprintln!("the policy in {} is invalid:\n{problems}", config.policy_dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match tiergate::app::check(config, &policy) {
+        Ok(()) => {
+            let l = &config.listen;
+            println!(
+                "ok: {} route(s) from {}; would serve HTTP on {}, gRPC on {}, metrics on {}",
+                policy.routes().len(),
+                config.policy_dir.display(),
+                l.http,
+                l.grpc,
+                l.metrics
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tiergate would not start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let policy = Policy::load_dir(&config.policy_dir)
         .map_err(|p| anyhow::anyhow!("the policy in {} is invalid:\n{p}", config.policy_dir.display()))?;
@@ -250,8 +293,19 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
         tracing::error!(error = %e, "hot reload is off: policy file changes take effect only after a restart");
     }
     stopped().await;
-    tracing::info!("shutting down: draining open requests");
-    gateway.stop().await?;
+    let stop = &config.shutdown;
+    let deadline = tokio::time::Instant::now() + stop.timeout;
+    gateway.drain();
+    tracing::info!(drain_delay = ?stop.drain_delay, timeout = ?stop.timeout,
+        "stopping: readiness is 503; still accepting for drain_delay, then finishing open work");
+    tokio::select! {
+        _ = tokio::time::sleep(stop.drain_delay) => {}
+        _ = stopped() => tracing::info!("a second stop signal: no longer accepting"),
+    }
+    gateway
+        .stop_within(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await?;
+    tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 

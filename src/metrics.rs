@@ -101,6 +101,11 @@ pub const ADMIN_REFUSALS: &str = "tiergate_admin_refusals_total";
 pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
 /// Always 1, labelled with the running `version`.
 pub const BUILD_INFO: &str = "tiergate_build_info";
+/// 1 while the gateway is ready for new work (`/v2/health/ready` answers 200), else 0.
+pub const READY: &str = "tiergate_ready";
+/// 1 while `reason` keeps the gateway from being ready, else 0, by `reason`
+/// (`draining`, `offline_store`, `pool_ejected`).
+pub const NOT_READY: &str = "tiergate_not_ready";
 
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[
@@ -333,7 +338,15 @@ pub async fn serve(
             text(StatusCode::OK, handle.render())
         }
     };
-    crate::front::serve(listener, Duration::from_secs(10), 256, shutdown, answer).await
+    crate::front::serve(
+        listener,
+        Duration::from_secs(10),
+        256,
+        shutdown.clone(),
+        shutdown,
+        answer,
+    )
+    .await
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -49,17 +49,6 @@ async fn a_stalled_endpoint_is_ejected_after_one_slow_call_and_traffic_moves_awa
     );
     assert!(scrape.contains(&ejected), "{ejected} in\n{scrape}");
     a.sim.release();
-}
-
-/// A `tiergate sim` child process on `port`.
-fn sim_process(port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["sim", "--http", &format!("127.0.0.1:{port}"), "--model", "m:instant"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sim starts")
 }
 
 #[tokio::test]

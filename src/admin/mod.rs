@@ -64,7 +64,15 @@ pub async fn serve(listener: TcpListener, admin: Admin, shutdown: CancellationTo
         let admin = admin.clone();
         async move { admin.answer(req).await }
     };
-    crate::front::serve(listener, std::time::Duration::from_secs(10), 64, shutdown, answer).await
+    crate::front::serve(
+        listener,
+        std::time::Duration::from_secs(10),
+        64,
+        shutdown.clone(),
+        shutdown,
+        answer,
+    )
+    .await
 }
 
 impl Admin {

@@ -151,6 +151,12 @@ impl Health {
         }
     }
 
+    /// Whether the endpoint is ejected now (its circuit open: the state the
+    /// `tiergate_backend_circuit_state` gauge shows as 1).
+    pub fn is_ejected(&self) -> bool {
+        matches!(self.lock().circuit, Circuit::Open { .. })
+    }
+
     /// The spec this circuit follows.
     pub fn spec(&self) -> &HealthSpec {
         &self.spec

@@ -62,6 +62,14 @@ impl Pools {
         pool.clone()
     }
 
+    /// Whether `route`'s pool, as `spec` describes it, has every endpoint ejected. A pool
+    /// no call has used yet has not been built, so it is not ejected.
+    pub fn all_ejected(&self, route: &str, spec: &PoolSpec) -> bool {
+        self.by_route
+            .get(route)
+            .is_some_and(|entry| *entry.0 == *spec && entry.1.all_ejected())
+    }
+
     fn build(&self, route: &str, spec: &PoolSpec) -> Arc<Pool> {
         Arc::new(Pool::new(route, self.tier, spec, self.max_response_bytes))
     }

@@ -147,6 +147,11 @@ impl Pool {
         }
     }
 
+    /// Whether every endpoint of the pool is ejected, so every call would be refused.
+    pub fn all_ejected(&self) -> bool {
+        self.endpoints.iter().all(|e| e.health.is_ejected())
+    }
+
     /// Calls now in flight across the pool.
     pub fn in_flight(&self) -> usize {
         self.max_concurrency as usize - self.limit.available_permits()

@@ -13,7 +13,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::Pools;
@@ -26,6 +25,7 @@ use crate::trace;
 
 use super::admission::{Admission, Ticket};
 use super::meta::MAX_BUDGET;
+use super::ready::{NotReady, Readiness};
 
 /// How long a model metadata or readiness call to a backend may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,7 +37,7 @@ pub struct Dispatch {
     admission: Arc<Admission>,
     tiers: Tiers,
     control: Pools,
-    shutdown: CancellationToken,
+    readiness: Arc<Readiness>,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
 }
@@ -57,20 +57,20 @@ pub struct Served {
 
 impl Dispatch {
     /// Serves `policy` through `tiers`; model metadata calls read at most
-    /// `max_response_bytes`; not ready once `shutdown` fires.
+    /// `max_response_bytes`; ready as `readiness` says.
     pub fn new(
         policy: Arc<Store>,
         admission: Arc<Admission>,
         tiers: Tiers,
         max_response_bytes: usize,
-        shutdown: CancellationToken,
+        readiness: Arc<Readiness>,
     ) -> Self {
         Dispatch {
             policy,
             admission,
             tiers,
             control: Pools::new(Tier::Realtime, max_response_bytes),
-            shutdown,
+            readiness,
             reserve: 0.0,
         }
     }
@@ -98,9 +98,15 @@ impl Dispatch {
         self.admission.admit(route, headers)
     }
 
-    /// Whether the gateway takes new work (false once shutdown begins).
-    pub fn ready(&self) -> bool {
-        !self.shutdown.is_cancelled()
+    /// Why the gateway should not be sent new work (empty when it is ready).
+    pub fn not_ready(&self) -> Vec<NotReady> {
+        self.readiness.check(&self.policy.load())
+    }
+
+    /// Whether the gateway is draining (stopping): HTTP/1.1 answers then ask the client
+    /// to close its connection, so it reconnects to another replica.
+    pub fn draining(&self) -> bool {
+        self.readiness.is_draining()
     }
 
     /// Classifies `request` (KServe v2 HTTP form, body read and checked) on `route` and

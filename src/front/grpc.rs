@@ -224,7 +224,7 @@ impl GrpcInferenceService for GrpcDoor {
         _: tonic::Request<pb::ServerReadyRequest>,
     ) -> Result<tonic::Response<pb::ServerReadyResponse>, Status> {
         Ok(tonic::Response::new(pb::ServerReadyResponse {
-            ready: self.dispatch.ready(),
+            ready: self.dispatch.not_ready().is_empty(),
         }))
     }
 

@@ -93,13 +93,25 @@ impl Door {
     /// Each path's work is boxed, so the future hyper keeps for every open connection
     /// (idle keep-alive ones too) stays small, and a request in flight holds only the
     /// state of the path it took.
+    /// While the gateway drains, an HTTP/1.1 answer asks the client to close its
+    /// connection, so its next request opens one to a replica that is not stopping.
     pub async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
+        let mut response = self.route(req).await;
+        if close {
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    async fn route(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
         match (target(&path), &method) {
             (Target::Live, &Method::GET) => empty(StatusCode::OK),
-            (Target::Ready, &Method::GET) if !self.dispatch.ready() => empty(StatusCode::SERVICE_UNAVAILABLE),
-            (Target::Ready, &Method::GET) => empty(StatusCode::OK),
+            (Target::Ready, &Method::GET) => not_ready(&self.dispatch.not_ready()),
             (Target::Server, &Method::GET) => json(StatusCode::OK, server_metadata()),
             (Target::Model { name, rest: "/infer" }, &Method::POST) => {
                 match self.dispatch.policy().route_for_model(name).cloned() {
@@ -356,6 +368,19 @@ fn json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// `/v2/health/ready`: 200 with no body when ready, else 503 with every reason.
+fn not_ready(reasons: &[super::ready::NotReady]) -> Response<Full<Bytes>> {
+    if reasons.is_empty() {
+        return empty(StatusCode::OK);
+    }
+    let messages: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    let body = serde_json::json!({
+        "error": format!("not ready: {}", messages.join("; ")),
+        "reasons": reasons.iter().map(|r| r.reason()).collect::<Vec<_>>(),
+    });
+    json(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(body.to_string()))
 }
 
 fn empty(status: StatusCode) -> Response<Full<Bytes>> {

@@ -4,7 +4,8 @@
 //! classifier needs from a request's headers; [`dispatch`] is what every door does
 //! once a request is read: classify, serve on its tier, count. [`serve`] is the one connection loop
 //! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
-//! one port, a header read timeout against slow clients, graceful drain on shutdown.
+//! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
+//! whether the gateway should be sent new work.
 
 pub mod admission;
 pub mod batch_api;
@@ -12,19 +13,14 @@ pub mod dispatch;
 pub mod grpc;
 pub mod http;
 pub mod jobs;
+mod listen;
 pub mod meta;
+pub mod ready;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_stream::{Stream, StreamExt as _};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -32,25 +28,36 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use listen::{limited_incoming, Counted};
 
 /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list) a client may send.
 const MAX_HEADER_BYTES: usize = 64 << 10;
 /// Concurrent HTTP/2 streams per connection.
 const MAX_STREAMS: u32 = 1024;
 
-/// How long in-flight exchanges may finish after shutdown begins.
-const DRAIN: Duration = Duration::from_secs(10);
+/// How long, once a stop begins, a connection that has had no request yet may take to
+/// send its first (at most the header read timeout).
+const FIRST_REQUEST: Duration = Duration::from_secs(1);
+
+/// How long connections still open when a stop ends may take to write the answers the
+/// end gave them, before they are closed.
+pub const FLUSH: Duration = Duration::from_millis(500);
 
 /// Accepts connections on `listener` and answers each request with `answer`, until
-/// `shutdown` fires; then stops accepting and lets open exchanges finish (up to 10 s).
+/// `closing` fires; then stops accepting and lets open exchanges finish (idle
+/// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
+/// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     header_read_timeout: Duration,
     max_connections: usize,
-    shutdown: CancellationToken,
+    closing: CancellationToken,
+    ending: CancellationToken,
     answer: F,
 ) -> std::io::Result<()>
 where
@@ -71,104 +78,66 @@ where
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
-    let connections = Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS)));
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => break,
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            // At the connection limit: close at once rather than let the backlog grow.
-            ::metrics::counter!(crate::metrics::ADMISSION_REFUSALS, "reason" => "connections").increment(1);
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    let connections = TaskTracker::new();
+    let first_request = header_read_timeout.min(FIRST_REQUEST);
+    let mut accepted = listen::accept(listener, max_connections, closing.clone());
+    while let Some(stream) = accepted.recv().await {
         let answer = answer.clone();
+        // Told on every request, so a stop knows whether the connection has had one.
+        let asked = Arc::new(Notify::new());
+        let told = asked.clone();
         let service = service_fn(move |req| {
+            told.notify_one();
             let answer = answer.clone();
             async move { Ok::<_, Infallible>(answer(req).await) }
         });
+        let peer = stream.peer();
         let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-            drop(permit);
+        let closing = closing.clone();
+        connections.spawn(async move {
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => Some(ended),
+                () = closing.cancelled() => None,
+            };
+            let ended = match ended {
+                Some(ended) => ended,
+                None => {
+                    // A connection that has not had its first request yet (just accepted,
+                    // from the backlog) gets until it comes: its client may have sent it.
+                    tokio::select! {
+                        ended = connection.as_mut() => return log_end(peer, ended),
+                        () = asked.notified() => {}
+                        () = tokio::time::sleep(first_request) => {}
+                    }
+                    // The request in progress is answered, then the connection closes
+                    // (HTTP/2: GOAWAY); an idle one closes now.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            log_end(peer, ended);
         });
     }
-    drop(listener);
+    connections.close();
+    if ending.is_cancelled() {
+        return Ok(()); // stopped outright (a listener with nothing to drain)
+    }
     tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(DRAIN) => tracing::warn!("connections still open after the drain period"),
+        biased;
+        () = connections.wait() => return Ok(()),
+        () = ending.cancelled() => {}
+    }
+    // What ended now is answered (micro-batch callers get 503): let it be written.
+    if tokio::time::timeout(FLUSH, connections.wait()).await.is_err() {
+        tracing::warn!("connections still open at the end of the drain are closed");
     }
     Ok(())
 }
 
-/// Accepted connections for a server that takes a stream of them (the gRPC door),
-/// closed at once beyond `max` open ones.
-pub fn limited_incoming(listener: TcpListener, max: usize) -> impl Stream<Item = std::io::Result<Counted>> {
-    let open = Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS)));
-    tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(move |accepted| match accepted {
-        Ok(stream) => match open.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let _ = stream.set_nodelay(true);
-                Some(Ok(Counted {
-                    stream,
-                    _permit: permit,
-                }))
-            }
-            Err(_) => {
-                ::metrics::counter!(crate::metrics::ADMISSION_REFUSALS, "reason" => "connections").increment(1);
-                None
-            }
-        },
-        Err(e) => Some(Err(e)),
-    })
-}
-
-/// A connection counted against its listener's limit until it closes.
-#[derive(Debug)]
-pub struct Counted {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-impl tonic::transport::server::Connected for Counted {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+fn log_end<E: std::fmt::Display>(peer: std::net::SocketAddr, ended: Result<(), E>) {
+    if let Err(e) = ended {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 

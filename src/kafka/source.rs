@@ -48,12 +48,15 @@ struct Answer {
     body: Bytes,
 }
 
-/// Runs `source` until `shutdown`; a failure to create its clients is logged and ends it.
+/// Runs `source` until `closing` (the chunk in hand is still answered and committed)
+/// or `shutdown` (it is dropped uncommitted, to be read again); a failure to create its
+/// clients is logged and ends it.
 pub async fn run(
     settings: Kafka,
     source: KafkaSource,
     policy: Arc<Store>,
     micro: MicroBatch,
+    closing: CancellationToken,
     shutdown: CancellationToken,
 ) {
     let group = super::group(&source);
@@ -85,7 +88,7 @@ pub async fn run(
     let paused = ::metrics::gauge!(metrics::KAFKA_PAUSED, "source" => source.input.clone());
     loop {
         let what = format!("kafka source {}", source.input);
-        let Some(first) = super::next(&consumer, &what, &shutdown).await else {
+        let Some(first) = super::next(&consumer, &what, &closing).await else {
             return;
         };
         let mut chunk = vec![first];

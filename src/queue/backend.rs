@@ -28,6 +28,12 @@ impl Queue {
         }
     }
 
+    /// Why the queue cannot commit, while its last commit failed (the Kafka queue: its
+    /// local view of the state topic).
+    pub fn failing(&self) -> Option<String> {
+        self.local().failing()
+    }
+
     /// Jobs by state (for metrics). With Kafka, every replica counts every job.
     pub async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
         self.local().counts().await

@@ -6,11 +6,15 @@
 //! transaction, commits once, and only then answers them all: many concurrent
 //! submissions share one fsync (group commit), and nobody is told "accepted" before
 //! the commit is durable (WAL with `synchronous = FULL`). The file is opened in
-//! exclusive locking mode, so two gateways can never share it.
+//! exclusive locking mode, so two gateways can never share it. Temporary data
+//! (statement journals of large updates, sorts) stays in memory: a container's root
+//! file system is often read-only, and SQLite's temporary files would otherwise fail
+//! there. A commit that fails marks the store as failing (readiness says so, the cause
+//! is logged once) until one succeeds again.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -39,8 +43,8 @@ pub struct Limits {
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// An operation: run against the connection inside the open transaction, or (`None`)
 /// told that no transaction could begin; either way it returns how to answer once the
-/// commit's outcome is known.
-type Op = Box<dyn FnOnce(Option<&Connection>) -> Reply + Send>;
+/// commit's outcome is known, and its own failure, if any.
+type Op = Box<dyn FnOnce(Option<&Connection>) -> (Reply, Option<StoreError>) + Send>;
 
 /// The embedded store; cheap to clone.
 #[derive(Clone)]
@@ -50,6 +54,22 @@ pub struct Embedded {
     path: Arc<PathBuf>,
     /// Unfinished jobs, kept by the writer's operations and recounted on every sweep.
     unfinished: Arc<AtomicI64>,
+    /// Why the last commit failed, until one succeeds.
+    failing: Arc<Failing>,
+}
+
+/// Held by the tests that make a store fail, so they do not run at once: one of them
+/// counts the log lines a failing store writes, and `tracing` decides once per call
+/// site, across threads, whether a line is wanted.
+#[cfg(test)]
+pub(crate) static ABORTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Why the store's last commit failed, if it did; the cause is logged when the store
+/// starts failing and again when it recovers, never once per operation.
+#[derive(Debug)]
+struct Failing {
+    path: PathBuf,
+    cause: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Embedded {
@@ -89,6 +109,7 @@ impl Embedded {
             "PRAGMA locking_mode = EXCLUSIVE;
              PRAGMA journal_mode = WAL;
              PRAGMA synchronous = {synchronous};
+             PRAGMA temp_store = MEMORY;
              PRAGMA foreign_keys = ON;"
         ))?;
         jobs::schema(&conn)?;
@@ -103,12 +124,19 @@ impl Embedded {
         }
         let (ops, rx) = mpsc::channel(BACKLOG);
         let (cpus, nice) = (limits.writer_cpus.clone(), limits.writer_nice);
+        let failing = Arc::new(Failing {
+            path: path.clone(),
+            cause: Mutex::new(None),
+        });
+        let writes = failing.clone();
+        // The writer logs where the opener does (the global subscriber, or a test's).
+        let logs = tracing::dispatcher::get_default(Clone::clone);
         std::thread::Builder::new()
             .name("tiergate-store".into())
             .spawn(move || {
                 cpus.pin_this_thread();
                 crate::cpu::lower_this_thread(nice);
-                writer(conn, rx)
+                tracing::dispatcher::with_default(&logs, || writer(conn, rx, &writes))
             })
             .map_err(|e| StoreError::Io(format!("cannot start the store's writer thread: {e}")))?;
         Ok(Embedded {
@@ -116,7 +144,25 @@ impl Embedded {
             limits,
             path: Arc::new(path),
             unfinished,
+            failing,
         })
+    }
+
+    /// Runs an operation after which SQLite has rolled the transaction back, as an I/O
+    /// error or a full disk makes it do; its error says `simulated`. For tests, which
+    /// hold [`ABORTING`] meanwhile.
+    #[cfg(test)]
+    pub(crate) async fn abort_a_commit(&self) -> Result<(), StoreError> {
+        self.call(|conn| -> Result<(), StoreError> {
+            conn.execute_batch("ROLLBACK")?;
+            Err(StoreError::Io("disk I/O error (simulated)".into()))
+        })
+        .await
+    }
+
+    /// Why the store cannot commit, while its last commit failed (`None` once one succeeds).
+    pub fn failing(&self) -> Option<String> {
+        self.failing.cause()
     }
 
     /// Runs `f` in the writer's next commit and returns its result once durable.
@@ -131,9 +177,11 @@ impl Embedded {
                 Some(conn) => savepoint(conn, f),
                 None => Err(StoreError::Io("no transaction could begin".into())),
             };
-            Box::new(move |committed: Result<(), StoreError>| {
+            let failed = result.as_ref().err().cloned();
+            let reply: Reply = Box::new(move |committed: Result<(), StoreError>| {
                 let _ = tx.send(committed.and(result));
-            })
+            });
+            (reply, failed)
         });
         self.ops.send(op).await.map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
@@ -276,10 +324,18 @@ impl JobStore for Embedded {
 }
 
 /// Runs `f` inside a savepoint: its writes stay if it succeeds and are undone if it
-/// fails, without disturbing the other operations of the same commit.
+/// fails, without disturbing the other operations of the same commit. When SQLite has
+/// rolled the whole transaction back (an I/O error, a full disk), `f`'s own error is
+/// returned, not the savepoint's.
 fn savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
     conn.execute_batch("SAVEPOINT op")?;
     let result = f(conn);
+    if conn.is_autocommit() {
+        return Err(match result {
+            Err(e) => e,
+            Ok(_) => StoreError::Io("the transaction was rolled back".into()),
+        });
+    }
     let end = match &result {
         Ok(_) => "RELEASE op",
         Err(_) => "ROLLBACK TO op; RELEASE op",
@@ -289,27 +345,72 @@ fn savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, Stor
 }
 
 /// The writer thread: group commit until every sender is gone.
-fn writer(conn: Connection, mut rx: mpsc::Receiver<Op>) {
+///
+/// An operation whose failure makes SQLite roll back the whole transaction undoes
+/// every operation of the group before it too: the group ends there and all of them
+/// are told why, so none is reported done when it was not (nor failed when it was).
+fn writer(conn: Connection, mut rx: mpsc::Receiver<Op>, failing: &Failing) {
     let mut replies: Vec<Reply> = Vec::with_capacity(GROUP);
     while let Some(first) = rx.blocking_recv() {
-        let began = conn.execute_batch("BEGIN IMMEDIATE").map_err(StoreError::from);
-        if let Err(e) = began {
-            first(None)(Err(e));
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let e = StoreError::from(e);
+            failing.set(&e);
+            first(None).0(Err(e));
             continue;
         }
-        replies.push(first(Some(&conn)));
-        while replies.len() < GROUP {
-            match rx.try_recv() {
-                Ok(op) => replies.push(op(Some(&conn))),
-                Err(_) => break,
+        let mut aborted = None;
+        let mut next = Some(first);
+        while let Some(op) = next.take() {
+            let (reply, failed) = op(Some(&conn));
+            replies.push(reply);
+            if conn.is_autocommit() {
+                let cause = failed.map_or_else(|| "the transaction was rolled back".to_owned(), |e| e.to_string());
+                aborted = Some(StoreError::Io(format!(
+                    "{cause} (the commit it shared with {} other operation(s) was rolled back)",
+                    replies.len() - 1
+                )));
+                break;
+            }
+            if replies.len() < GROUP {
+                next = rx.try_recv().ok();
             }
         }
-        let committed = conn.execute_batch("COMMIT").map_err(StoreError::from);
-        if committed.is_err() {
-            let _ = conn.execute_batch("ROLLBACK");
+        let committed = match aborted {
+            Some(e) => Err(e),
+            None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+        };
+        match &committed {
+            Ok(()) => failing.clear(),
+            Err(e) => {
+                failing.set(e);
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+            }
         }
         for reply in replies.drain(..) {
             reply(committed.clone());
+        }
+    }
+}
+
+impl Failing {
+    fn cause(&self) -> Option<String> {
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, e: &StoreError) {
+        let mut cause = self.cause.lock().unwrap_or_else(|e| e.into_inner());
+        if cause.is_none() {
+            tracing::error!(store = %self.path.display(), error = %e,
+                "the offline store cannot commit: readiness is 503 until a commit succeeds");
+        }
+        *cause = Some(e.to_string());
+    }
+
+    fn clear(&self) {
+        if self.cause.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
+            tracing::info!(store = %self.path.display(), "the offline store commits again");
         }
     }
 }

@@ -182,8 +182,15 @@ pub enum StoreError {
 }
 
 impl From<rusqlite::Error> for StoreError {
+    /// SQLite's message with its extended result code, which tells I/O failures apart
+    /// (<https://sqlite.org/rescode.html>: 6410 is a temporary directory it cannot use).
     fn from(e: rusqlite::Error) -> Self {
-        StoreError::Io(e.to_string())
+        match &e {
+            rusqlite::Error::SqliteFailure(code, _) => {
+                StoreError::Io(format!("{e} (SQLite result code {})", code.extended_code))
+            }
+            _ => StoreError::Io(e.to_string()),
+        }
     }
 }
 

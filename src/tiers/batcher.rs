@@ -336,7 +336,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
                 }
                 continue;
             }
-            let (batch, next) = self.fill(first).await;
+            let (batch, next) = self.fill(first, &shutdown).await;
             carry = next;
             if let Some((batch, slot, flush)) = batch {
                 let send = send.clone();
@@ -397,10 +397,12 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
     /// Grows a batch from `first` until a slot frees (or it is sealed: full, at the
     /// deadline limit, or past `max_wait`; then it waits for a slot); returns the batch
     /// (none when every caller dropped out) and an entry that did not fit, which starts
-    /// the next batch.
+    /// the next batch. When `shutdown` fires while it waits for a slot, every entry it
+    /// holds is answered [`Kind::Unavailable`] and it returns neither.
     async fn fill(
         &mut self,
         first: Entry<T, R>,
+        shutdown: &CancellationToken,
     ) -> (Option<(Batch<T, R>, OwnedSemaphorePermit, Flush)>, Option<Entry<T, R>>) {
         let opened = Instant::now();
         let mut batch = Filling {
@@ -423,9 +425,19 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
                 break (slot, ready());
             }
             if let Some(flush) = sealed {
-                break (self.slot().await, flush);
+                tokio::select! {
+                    slot = self.slot() => break (slot, flush),
+                    () = shutdown.cancelled() => {
+                        self.stopped(batch.entries.into_iter().chain(carry));
+                        return (None, None);
+                    }
+                }
             }
             tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.stopped(batch.entries.into_iter().chain(carry));
+                    return (None, None);
+                }
                 slot = self.shared.slots.clone().acquire_owned() => {
                     break (slot.expect("the semaphore is never closed"), ready());
                 }
@@ -473,6 +485,14 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed")
+    }
+
+    /// Answers `entries` (held while the gateway shut down) with [`Kind::Unavailable`].
+    fn stopped(&self, entries: impl Iterator<Item = Entry<T, R>>) {
+        for entry in entries {
+            self.shared.release_entry(&entry);
+            answer(entry, Kind::Unavailable, "the gateway is shutting down");
+        }
     }
 
     /// Leaves out callers who went away and answers those whose deadline has passed.

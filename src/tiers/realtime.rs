@@ -29,6 +29,20 @@ impl Realtime {
         }
     }
 
+    /// The routes of `policy` whose real-time pool has every endpoint ejected.
+    pub fn ejected(&self, policy: &crate::policy::Policy) -> Vec<String> {
+        policy
+            .routes()
+            .iter()
+            .filter(|r| {
+                r.realtime
+                    .as_ref()
+                    .is_some_and(|spec| self.pools.all_ejected(&r.name, spec))
+            })
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
     /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).
     pub fn idle(&self, route: &crate::policy::Route) -> bool {
         route

@@ -193,3 +193,122 @@ async fn many_concurrent_submissions_share_commits() {
     }
     assert_eq!(store.counts().await.unwrap(), vec![(State::Queued, 2000)]);
 }
+
+/// An operation after which SQLite has rolled the transaction back (here by hand, as an
+/// I/O error or a full disk does) ends its commit: the operations before it in the same
+/// commit are told they failed, the store says it is failing, and the operations after
+/// it run in a commit of their own. Before, those later operations ran outside any
+/// transaction (applied) and were then told "cannot commit - no transaction is active".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_that_aborts_the_transaction_ends_its_commit_and_only_its_commit() {
+    let _one_at_a_time = ABORTING.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    // Hold the writer inside a first operation until the others are queued behind it.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .call(move |conn| {
+                    started_tx.send(()).unwrap();
+                    gate_rx.recv().unwrap();
+                    jobs::insert(conn, vec![job(Some("held"))], 100, &AtomicI64::new(0), 0)
+                })
+                .await
+        })
+    };
+    tokio::task::spawn_blocking(move || started_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let abort = {
+        let store = store.clone();
+        tokio::spawn(async move { store.abort_a_commit().await })
+    };
+    while store.ops.capacity() > BACKLOG - 1 {
+        tokio::task::yield_now().await;
+    }
+    let after = {
+        let store = store.clone();
+        tokio::spawn(async move { store.submit(vec![job(Some("after"))]).await })
+    };
+    while store.ops.capacity() > BACKLOG - 2 {
+        tokio::task::yield_now().await;
+    }
+    gate_tx.send(()).unwrap();
+
+    let held = held.await.unwrap().expect_err("rolled back with the commit it shared");
+    assert!(held.to_string().contains("simulated"), "told the real cause: {held}");
+    let abort = abort.await.unwrap().expect_err("the aborting operation fails");
+    assert!(abort.to_string().contains("simulated"), "{abort}");
+    let after = after
+        .await
+        .unwrap()
+        .expect("the next operation gets a commit of its own");
+    let job = store.get(&after[0].id).await.unwrap().expect("and its job is there");
+    assert_eq!(job.request.idempotency_key.as_deref(), Some("after"));
+    let queued = store.counts().await.unwrap();
+    assert_eq!(queued, vec![(State::Queued, 1)], "the rolled-back job is not there");
+    assert_eq!(store.failing(), None, "a commit that succeeds clears the failure");
+}
+
+/// The store keeps its temporary data in memory: a large update inside a commit needs a
+/// statement journal, and a read-only root file system (no writable temporary
+/// directory) must not break it.
+#[tokio::test]
+async fn temporary_data_stays_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let mode: i64 = store
+        .call(|conn| Ok(conn.query_row("PRAGMA temp_store", [], |r| r.get(0))?))
+        .await
+        .unwrap();
+    assert_eq!(mode, 2, "PRAGMA temp_store = MEMORY");
+}
+
+/// A store that keeps failing logs its cause once, not once per operation (a worker
+/// retrying its lease every few milliseconds logged ~48 warnings a second, none with
+/// the cause), and logs again once it commits.
+#[tokio::test]
+async fn a_failing_store_logs_its_cause_once_and_its_recovery_once() {
+    let _one_at_a_time = ABORTING.lock().await;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Lines {
+        fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            struct Text(String);
+            impl tracing::field::Visit for Text {
+                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                    self.0.push_str(&format!("{}={value:?} ", field.name()));
+                }
+            }
+            let mut text = Text(String::new());
+            event.record(&mut text);
+            self.0.lock().unwrap().push((*event.metadata().level(), text.0));
+        }
+    }
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::registry().with(lines.clone());
+    let _logs = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    for _ in 0..5 {
+        let failed = store.abort_a_commit().await;
+        assert!(failed.is_err());
+    }
+    store.counts().await.unwrap();
+    store.counts().await.unwrap();
+    let seen = lines.0.lock().unwrap().clone();
+    let errors: Vec<_> = seen
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::ERROR)
+        .collect();
+    assert_eq!(errors.len(), 1, "{seen:?}");
+    assert!(errors[0].1.contains("simulated"), "the cause is in the line: {seen:?}");
+    let recovered = seen.iter().filter(|(_, text)| text.contains("commits again")).count();
+    assert_eq!(recovered, 1, "{seen:?}");
+}

@@ -257,6 +257,20 @@ impl MicroBatch {
         })
     }
 
+    /// The routes of `policy` whose batch pool has every endpoint ejected.
+    pub fn ejected(&self, policy: &crate::policy::Policy) -> Vec<String> {
+        policy
+            .routes()
+            .iter()
+            .filter(|r| {
+                r.micro_batch
+                    .as_ref()
+                    .is_some_and(|spec| self.inner.pools.all_ejected(&r.name, &spec.pool))
+            })
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
     /// Serves offline `calls` on their routes' batch pools as filler: riding in
     /// callers' batches within a small cost slack, or in batches of their own when the
     /// pool is idle, so micro-batch callers always go first. One answer per call, in order.

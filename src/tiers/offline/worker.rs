@@ -27,64 +27,80 @@ use crate::queue::{self, Answer, Finish, Job, JobStore, Queue};
 use crate::tiers::{Call, MicroBatch, Realtime, Reply};
 use tower::ServiceExt as _;
 
-/// Runs the offline workers until `shutdown`: jobs of `store`, routes from `policy`,
-/// batches through `micro`; `wake` says a job was accepted. One task per route with
-/// runnable jobs: it leases up to a batch's worth of the route's oldest jobs and
-/// queues them as filler, which rides in micro-batch callers' batches within a small
-/// cost slack or has batches of its own when the pool is idle.
-pub async fn run(
-    store: Queue,
-    policy: Arc<Store>,
-    micro: MicroBatch,
-    realtime: Realtime,
-    settings: config::Offline,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let active: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let mut tasks = JoinSet::new();
-    let mut sweep = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        match store.runnable_routes().await {
-            Ok(routes) => {
-                for name in routes {
-                    if !active.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone()) {
-                        continue; // already draining
+/// What the offline workers drain: jobs of `store`, routes from `policy`, batches
+/// through `micro` (and `realtime`, when a route lets offline work borrow it); `wake`
+/// says a job was accepted.
+#[derive(Debug, Clone)]
+pub struct Workers {
+    /// The queue.
+    pub store: Queue,
+    /// The running policy.
+    pub policy: Arc<Store>,
+    /// The micro-batch tier, whose batches carry the jobs as filler.
+    pub micro: MicroBatch,
+    /// The real-time tier, borrowed while idle when a route allows it.
+    pub realtime: Realtime,
+    /// The offline tier's settings.
+    pub settings: config::Offline,
+    /// Notified on every accepted submission.
+    pub wake: Arc<Notify>,
+}
+
+/// How long a route's worker waits after the queue failed before it tries again (the
+/// queue logs the cause once; readiness reports it).
+const STORE_BACKOFF: Duration = Duration::from_secs(1);
+
+impl Workers {
+    /// Runs the workers: one task per route with runnable jobs, which leases up to a
+    /// batch's worth of the route's oldest jobs and queues them as filler, riding in
+    /// micro-batch callers' batches within a small cost slack or in batches of their own
+    /// when the pool is idle. Once `closing` fires nothing more is leased and each task
+    /// finishes the group it holds; one still running when `shutdown` fires hands its
+    /// jobs back to the queue (queued again, for this gateway's next start or another
+    /// replica). Returns when every task has ended.
+    pub async fn run(self, closing: CancellationToken, shutdown: CancellationToken) {
+        let active: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let mut tasks = JoinSet::new();
+        let mut sweep = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            match self.store.runnable_routes().await {
+                Ok(routes) => {
+                    for name in routes {
+                        if !active.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone()) {
+                            continue; // already draining
+                        }
+                        let worker = RouteWorker {
+                            name,
+                            workers: self.clone(),
+                            active: active.clone(),
+                            closing: closing.clone(),
+                            shutdown: shutdown.clone(),
+                        };
+                        tasks.spawn(worker.run());
                     }
-                    let worker = RouteWorker {
-                        name,
-                        store: store.clone(),
-                        policy: policy.clone(),
-                        micro: micro.clone(),
-                        realtime: realtime.clone(),
-                        settings: settings.clone(),
-                        active: active.clone(),
-                        wake: wake.clone(),
-                    };
-                    tasks.spawn(worker.run());
+                }
+                Err(e) => tracing::debug!(error = %e, "offline: cannot list runnable jobs"),
+            }
+            while tasks.try_join_next().is_some() {}
+            // Wait for a submission, a route worker that finished, or the next sweep.
+            tokio::select! {
+                biased;
+                _ = closing.cancelled() => break,
+                _ = sweep.tick() => {
+                    if let Err(e) = self.store.sweep(ms(self.settings.retention)).await {
+                        tracing::debug!(error = %e, "offline sweep failed");
+                    }
+                    report(&self.store).await;
+                }
+                _ = self.wake.notified() => {
+                    // Submissions can arrive thousands a second: look for runnable routes at
+                    // most every LOOK, so the scan does not compete with them for the store.
+                    tokio::time::sleep(LOOK).await;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "offline: cannot list runnable jobs"),
         }
-        while tasks.try_join_next().is_some() {}
-        // Wait for a submission, a route worker that finished, or the next sweep.
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            _ = sweep.tick() => {
-                if let Err(e) = store.sweep(ms(settings.retention)).await {
-                    tracing::warn!(error = %e, "offline sweep failed");
-                }
-                report(&store).await;
-            }
-            _ = wake.notified() => {
-                // Submissions can arrive thousands a second: look for runnable routes at
-                // most every LOOK, so the scan does not compete with them for the store.
-                tokio::time::sleep(LOOK).await;
-            }
-        }
+        while tasks.join_next().await.is_some() {}
     }
-    tasks.shutdown().await;
 }
 
 /// Shortest time between two looks for routes with runnable jobs.
@@ -93,19 +109,18 @@ const LOOK: Duration = Duration::from_millis(20);
 /// Drains one route's jobs.
 struct RouteWorker {
     name: String,
-    store: Queue,
-    policy: Arc<Store>,
-    micro: MicroBatch,
-    realtime: Realtime,
-    settings: config::Offline,
+    workers: Workers,
     active: Arc<Mutex<HashSet<String>>>,
-    wake: Arc<Notify>,
+    closing: CancellationToken,
+    shutdown: CancellationToken,
 }
 
 impl RouteWorker {
     async fn run(self) {
-        loop {
-            let Some(route) = self.policy.load().route(&self.name).cloned() else {
+        let w = &self.workers;
+        let mut store_failed = false;
+        while !self.closing.is_cancelled() {
+            let Some(route) = w.policy.load().route(&self.name).cloned() else {
                 self.fail_all("the route no longer exists").await;
                 break;
             };
@@ -116,33 +131,65 @@ impl RouteWorker {
             // One batch's worth at a time, so a job is leased only when it can be sent
             // soon (cancel and expiry still reach the rest).
             let group = usize::try_from(spec.max_batch.get()).unwrap_or(usize::MAX).max(1);
-            let jobs = match self.store.lease_route(&self.name, group).await {
+            let jobs = match w.store.lease_route(&self.name, group).await {
                 Ok(jobs) if jobs.is_empty() => break,
                 Ok(jobs) => jobs,
                 Err(e) => {
-                    tracing::warn!(route = %self.name, error = %e, "offline: cannot lease jobs");
+                    tracing::debug!(route = %self.name, error = %e, "offline: cannot lease jobs");
+                    store_failed = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(STORE_BACKOFF) => {}
+                        () = self.closing.cancelled() => {}
+                    }
                     break;
                 }
             };
-            let calls = jobs.iter().map(|job| call(&route, job, &self.settings)).collect();
-            let answers = self.serve(&route, calls).await;
+            let calls = jobs.iter().map(|job| call(&route, job, &w.settings)).collect();
+            let answers = tokio::select! {
+                answers = self.serve(&route, calls) => answers,
+                () = self.shutdown.cancelled() => {
+                    self.hand_back(&jobs).await;
+                    break;
+                }
+            };
             let ends = jobs
                 .iter()
                 .zip(answers)
-                .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &self.settings)))
+                .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
                 .collect::<Vec<_>>();
             for (_, _, end) in &ends {
                 crate::metrics::count_attempt(&self.name, end);
             }
-            if let Err(e) = self.store.finish_all(ends).await {
+            if let Err(e) = w.store.finish_all(ends).await {
                 tracing::warn!(error = %e, "could not record a batch of results; those jobs run again after restart");
             }
-            if let Err(e) = self.store.finalize().await {
-                tracing::warn!(error = %e, "could not finalize finished batches; the next sweep retries");
+            if let Err(e) = w.store.finalize().await {
+                tracing::debug!(error = %e, "could not finalize finished batches; the next sweep retries");
             }
         }
         self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.name);
-        self.wake.notify_one(); // jobs may have arrived since the last lease came back empty
+        if !store_failed {
+            w.wake.notify_one(); // jobs may have arrived since the last lease came back empty
+        }
+    }
+
+    /// Queues `jobs` again (the gateway is stopping before their attempt ended), so this
+    /// gateway's next start or another replica runs them.
+    async fn hand_back(&self, jobs: &[Job]) {
+        let now = queue::now_ms();
+        let ends = jobs
+            .iter()
+            .map(|job| {
+                let error = "handed back: the gateway stopped before this attempt ended".to_owned();
+                (job.id.clone(), job.attempts, Finish::Retry { error, not_before: now })
+            })
+            .collect();
+        match self.workers.store.finish_all(ends).await {
+            Ok(_) => tracing::info!(route = %self.name, jobs = jobs.len(), "offline jobs handed back to the queue"),
+            Err(e) => {
+                tracing::warn!(route = %self.name, error = %e, "could not hand jobs back; they run again after restart")
+            }
+        }
     }
 
     /// Serves `calls` as micro-batch filler; first, when the route allows it, one at a
@@ -150,20 +197,21 @@ impl RouteWorker {
     async fn serve(&self, route: &crate::policy::Route, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
         let mut answers = Vec::with_capacity(calls.len());
         let mut calls = calls.into_iter().peekable();
-        while route.borrow.offline_on_realtime && calls.peek().is_some() && self.realtime.idle(route) {
+        let realtime = &self.workers.realtime;
+        while route.borrow.offline_on_realtime && calls.peek().is_some() && realtime.idle(route) {
             let Some(call) = calls.next() else { break };
             ::metrics::counter!(crate::metrics::BORROWED, "route" => route.name.clone(), "from" => "realtime", "to" => "offline")
                 .increment(1);
-            answers.push(self.realtime.clone().oneshot(call).await);
+            answers.push(realtime.clone().oneshot(call).await);
         }
-        answers.extend(self.micro.serve_filler(calls.collect()).await);
+        answers.extend(self.workers.micro.serve_filler(calls.collect()).await);
         answers
     }
 
     /// Fails every runnable job of the route (it cannot be served any more).
     async fn fail_all(&self, why: &str) {
         loop {
-            let jobs = match self.store.lease_route(&self.name, 1024).await {
+            let jobs = match self.workers.store.lease_route(&self.name, 1024).await {
                 Ok(jobs) if !jobs.is_empty() => jobs,
                 _ => return,
             };
@@ -172,7 +220,7 @@ impl RouteWorker {
                 .iter()
                 .map(|job| (job.id.clone(), job.attempts, Finish::Failed { error: error.clone() }))
                 .collect();
-            if self.store.finish_all(ends).await.is_err() {
+            if self.workers.store.finish_all(ends).await.is_err() {
                 return;
             }
         }

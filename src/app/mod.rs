@@ -3,18 +3,27 @@
 //! The only place that knows every part. [`Gateway::start`] binds what the startup
 //! settings name (tests pass port 0), builds the tiers and the door over a policy
 //! store, spawns each listener's loop with one shutdown signal, and hands back the
-//! bound addresses; [`Gateway::stop`] drains and joins them.
+//! bound addresses; [`Gateway::drain`] turns readiness off and [`Gateway::stop`] drains
+//! and joins them, in two steps: *closing* (no new connections or leases; open work
+//! finishes) and, at the stop's deadline, *ending* (what is still open is answered,
+//! handed back or closed).
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Admin, Tokens};
+mod kafka;
+mod settings;
+mod threads;
+
+pub use settings::check;
+
+use crate::admin::{self, Admin};
 use crate::config::{Config, QueueKind};
 use crate::control::history::History;
 use crate::control::Control;
@@ -23,9 +32,13 @@ use crate::front::batch_api::OfflineApi;
 use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
+use crate::front::ready::Readiness;
 use crate::policy::{Allowlist, Policy, Problems, Store};
 use crate::queue::{embedded, Embedded, Queue, StoreError};
 use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
+use kafka::{check_sources, open_kafka, start_sources};
+use settings::{admin_tokens, NO_TOKEN};
+use threads::BatchThreads;
 
 /// A running gateway.
 #[derive(Debug)]
@@ -36,131 +49,17 @@ pub struct Gateway {
     admin: Option<SocketAddr>,
     bulk: BulkAddrs,
     control: Arc<Control>,
+    readiness: Arc<Readiness>,
+    /// Fires first on stop: listeners stop accepting, offline workers stop leasing.
+    closing: CancellationToken,
+    /// Fires at the stop's deadline (and cancels `closing`): everything ends.
     shutdown: CancellationToken,
+    /// The doors and the offline workers: joined first, while open work finishes.
+    draining: JoinSet<std::io::Result<()>>,
+    /// Everything else (metrics, admin, policy watch, readiness gauges).
     tasks: JoinSet<std::io::Result<()>>,
+    stop_timeout: Duration,
     batch_threads: BatchThreads,
-}
-
-/// The micro-batch tier's own runtime, so batch work never runs on the threads that
-/// serve real-time requests. Shut down without blocking when the gateway goes.
-#[derive(Debug)]
-struct BatchThreads(Option<tokio::runtime::Runtime>);
-
-impl BatchThreads {
-    fn start(threads: &crate::config::Threads) -> Result<BatchThreads, StartError> {
-        let nice = threads.batch_nice;
-        if !(0..=19).contains(&nice) {
-            return Err(StartError::Settings(format!(
-                "threads.batch_nice is {nice}: give a nice value from 0 (the real-time threads' priority) to 19 (the lowest)"
-            )));
-        }
-        threads
-            .batch_cpus
-            .check("threads.batch_cpus")
-            .map_err(StartError::Settings)?;
-        let cpus = threads.batch_cpus.clone();
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.batch_workers.max(1))
-            .thread_name("tiergate-batch")
-            .on_thread_start(move || {
-                cpus.pin_this_thread();
-                crate::cpu::lower_this_thread(nice);
-            })
-            .enable_all()
-            .build()
-            .map(|rt| BatchThreads(Some(rt)))
-            .map_err(|e| StartError::Settings(format!("cannot start the micro-batch threads: {e}")))
-    }
-
-    fn handle(&self) -> tokio::runtime::Handle {
-        self.0
-            .as_ref()
-            .map(|rt| rt.handle().clone())
-            .expect("running until dropped")
-    }
-
-    /// Runs the listener loop `serve` on the batch threads, `listener` moved to their
-    /// reactor first so that its connections are accepted, read and answered there.
-    fn serve<F, Fut>(&self, listener: TcpListener, serve: F) -> impl Future<Output = std::io::Result<()>>
-    where
-        F: FnOnce(TcpListener) -> Fut + Send + 'static,
-        Fut: Future<Output = std::io::Result<()>> + Send + 'static,
-    {
-        let moved = listener.into_std();
-        let task = self
-            .handle()
-            .spawn(async move { serve(TcpListener::from_std(moved?)?).await });
-        async move { task.await.map_err(std::io::Error::other)? }
-    }
-}
-
-impl Drop for BatchThreads {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// Why sources are refused in a build without the `kafka` feature.
-#[cfg(not(feature = "kafka"))]
-const NO_KAFKA: &str = "kafka.sources are set, but this build has no Kafka support (build with --features kafka)";
-
-/// Checks the Kafka sources (brokers reachable, topics there, routes with a batch
-/// pool) before anything is bound; refuses sources in a build without Kafka support.
-async fn check_sources(config: &Config, policy: Policy) -> Result<Policy, StartError> {
-    if config.kafka.sources.is_empty() {
-        return Ok(policy);
-    }
-    #[cfg(feature = "kafka")]
-    {
-        let settings = config.kafka.clone();
-        tokio::task::spawn_blocking(move || crate::kafka::check(&settings, &policy).map(|()| policy))
-            .await
-            .map_err(|e| StartError::Settings(e.to_string()))?
-            .map_err(StartError::Settings)
-    }
-    #[cfg(not(feature = "kafka"))]
-    {
-        let _ = policy;
-        Err(StartError::Settings(NO_KAFKA.into()))
-    }
-}
-
-/// Starts the Kafka sources on the batch threads.
-#[cfg(feature = "kafka")]
-fn start_sources(
-    config: &Config,
-    policy: &Arc<Store>,
-    micro: &MicroBatch,
-    threads: &BatchThreads,
-    shutdown: &CancellationToken,
-) -> Result<(), StartError> {
-    for source in &config.kafka.sources {
-        threads.handle().spawn(crate::kafka::source::run(
-            config.kafka.clone(),
-            source.clone(),
-            policy.clone(),
-            micro.clone(),
-            shutdown.clone(),
-        ));
-    }
-    Ok(())
-}
-
-/// Without the `kafka` feature there are no sources to start.
-#[cfg(not(feature = "kafka"))]
-fn start_sources(
-    config: &Config,
-    _: &Arc<Store>,
-    _: &MicroBatch,
-    _: &BatchThreads,
-    _: &CancellationToken,
-) -> Result<(), StartError> {
-    match config.kafka.sources.is_empty() {
-        true => Ok(()),
-        false => Err(StartError::Settings(NO_KAFKA.into())),
-    }
 }
 
 /// The bound listeners a gateway serves on.
@@ -275,8 +174,8 @@ impl Gateway {
         wake: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Result<Gateway, StartError> {
+        settings::check(config, &policy)?;
         let allow = Allowlist::parse(&config.backends.allow).map_err(StartError::Settings)?;
-        allow.check(&policy).map_err(StartError::Policy)?;
         let tokens = admin_tokens(config)?;
         let history_error = |source| StartError::History {
             dir: config.data_dir.clone(),
@@ -317,13 +216,9 @@ impl Gateway {
             Admission::new(&config.limits, shutdown.clone())
         };
         let reserve = config.limits.budget_reserve;
-        if !(0.0..=0.5).contains(&reserve) {
-            return Err(StartError::Settings(format!(
-                "limits.budget_reserve is {reserve}: give the share of each budget to keep back, from 0 to 0.5"
-            )));
-        }
+        let readiness = Readiness::new(store.clone(), realtime_tier.clone(), micro_batch.clone());
         let dispatch = Arc::new(
-            Dispatch::new(policy.clone(), admission, tiers, max_response, shutdown.clone())
+            Dispatch::new(policy.clone(), admission, tiers, max_response, readiness.clone())
                 .with_budget_reserve(reserve),
         );
         let api = OfflineApi {
@@ -336,59 +231,75 @@ impl Gateway {
         let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
         let addrs = (local(&http), local(&grpc), local(&metrics));
 
-        let mut tasks = JoinSet::new();
-        let workers = offline::worker::run(
+        let (mut tasks, mut draining) = (JoinSet::new(), JoinSet::new());
+        let closing = shutdown.child_token();
+        let workers = offline::worker::Workers {
             store,
-            policy.clone(),
-            micro_batch,
-            realtime_tier,
-            config.offline.clone(),
+            policy: policy.clone(),
+            micro: micro_batch,
+            realtime: realtime_tier,
+            settings: config.offline.clone(),
             wake,
-            shutdown.clone(),
-        );
-        start_sources(config, &policy, &micro_batch_handle, &batch_threads, &shutdown)?;
+        };
+        start_sources(
+            config,
+            &policy,
+            &micro_batch_handle,
+            &batch_threads,
+            &closing,
+            &shutdown,
+        )?;
         // Offline workers run on the batch threads too (their store I/O has its own thread).
-        let workers = batch_threads.handle().spawn(workers);
-        tasks.spawn(async move { workers.await.map_err(std::io::Error::other) });
+        let workers = batch_threads
+            .handle()
+            .spawn(workers.run(closing.clone(), shutdown.clone()));
+        draining.spawn(async move { workers.await.map_err(std::io::Error::other) });
         let answer = move |req| door.clone().answer(req);
-        let (limits, stop) = (config.limits.clone(), shutdown.clone());
+        let (limits, stop) = (config.limits.clone(), (closing.clone(), shutdown.clone()));
         let serve_http = move |listener| {
             crate::front::serve(
                 listener,
                 limits.header_read_timeout,
                 limits.max_connections,
-                stop,
+                stop.0,
+                stop.1,
                 answer,
             )
         };
-        let (max_connections, stop) = (config.limits.max_connections, shutdown.clone());
+        let (max_connections, stop) = (config.limits.max_connections, (closing.clone(), shutdown.clone()));
         let serve_grpc = move |listener| async move {
-            tonic::transport::Server::builder()
+            // Closing ends the incoming stream once the backlog is taken, and the server
+            // lets open calls finish (GOAWAY; the signal itself never fires); ending
+            // drops the rest.
+            let server = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
                 .max_concurrent_streams(1024)
                 .add_service(grpc_door)
                 .serve_with_incoming_shutdown(
-                    crate::front::limited_incoming(listener, max_connections),
-                    stop.cancelled(),
-                )
-                .await
-                .map_err(std::io::Error::other)
+                    crate::front::limited_incoming(listener, max_connections, stop.0),
+                    std::future::pending::<()>(),
+                );
+            tokio::select! {
+                served = server => served.map_err(std::io::Error::other),
+                () = stop.1.cancelled() => Ok(()),
+            }
         };
         let bulk = BulkAddrs {
             http: bulk_http.as_ref().map(local),
             grpc: bulk_grpc.as_ref().map(local),
         };
         if let Some(listener) = bulk_http {
-            tasks.spawn(batch_threads.serve(listener, serve_http.clone()));
+            draining.spawn(batch_threads.serve(listener, serve_http.clone()));
         }
         if let Some(listener) = bulk_grpc {
-            tasks.spawn(batch_threads.serve(listener, serve_grpc.clone()));
+            draining.spawn(batch_threads.serve(listener, serve_grpc.clone()));
         }
-        tasks.spawn(serve_http(http));
+        draining.spawn(serve_http(http));
         // On the real-time threads: their request deadlines are then filed without a wake-up.
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
-        tasks.spawn(serve_grpc(grpc));
+        draining.spawn(serve_grpc(grpc));
         tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
+        tasks.spawn(readiness.clone().run(policy.clone(), shutdown.clone()));
         let admin_addr = match (admin, tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
@@ -419,8 +330,12 @@ impl Gateway {
             admin: admin_addr,
             bulk,
             control,
+            readiness,
+            closing,
             shutdown,
+            draining,
             tasks,
+            stop_timeout: config.shutdown.timeout,
             batch_threads,
         })
     }
@@ -470,14 +385,50 @@ impl Gateway {
         Ok(())
     }
 
-    /// Stops accepting, drains open exchanges, and waits for every listener to end.
-    pub async fn stop(mut self) -> std::io::Result<()> {
-        self.shutdown.cancel();
-        while let Some(done) = self.tasks.join_next().await {
-            done.map_err(std::io::Error::other)??;
+    /// From now on readiness answers 503 (`draining`); everything else goes on, new
+    /// connections and requests included, until [`Gateway::stop`].
+    pub fn drain(&self) {
+        self.readiness.drain();
+    }
+
+    /// Stops within `shutdown.timeout`, as [`Gateway::stop_within`] does.
+    pub async fn stop(self) -> std::io::Result<()> {
+        let timeout = self.stop_timeout;
+        self.stop_within(timeout).await
+    }
+
+    /// Stops: readiness off; no new connections (idle ones closed, HTTP/2 ones sent
+    /// GOAWAY) and no new offline leases; in-flight requests, queued micro-batch callers
+    /// and leased offline jobs finish. What is still open after `timeout` is ended:
+    /// micro-batch callers get 503, leased jobs are queued again, connections close.
+    /// Returns once every task has ended.
+    pub async fn stop_within(mut self, timeout: Duration) -> std::io::Result<()> {
+        // The end comes early enough for the answers it makes to be written in time.
+        let deadline = tokio::time::Instant::now() + timeout.saturating_sub(crate::front::FLUSH.min(timeout / 4));
+        self.readiness.drain();
+        self.closing.cancel();
+        let mut outcome = Ok(());
+        if tokio::time::timeout_at(deadline, join_all(&mut self.draining, &mut outcome))
+            .await
+            .is_err()
+        {
+            tracing::warn!(?timeout, "work still open at the end of the drain is ended now");
         }
+        self.shutdown.cancel();
+        join_all(&mut self.draining, &mut outcome).await;
+        join_all(&mut self.tasks, &mut outcome).await;
         drop(self.batch_threads);
-        Ok(())
+        outcome
+    }
+}
+
+/// Joins every task of `set`, keeping the first failure in `outcome`; cancel-safe.
+async fn join_all(set: &mut JoinSet<std::io::Result<()>>, outcome: &mut std::io::Result<()>) {
+    while let Some(done) = set.join_next().await {
+        let done = done.map_err(std::io::Error::other).and_then(|r| r);
+        if let (Err(e), Ok(())) = (done, &outcome) {
+            *outcome = Err(e);
+        }
     }
 }
 
@@ -496,54 +447,6 @@ fn open_embedded(config: &Config) -> Result<Embedded, StartError> {
         dir: config.data_dir.clone(),
         source,
     })
-}
-
-/// Starts the Kafka queue (`offline.queue = "kafka"`): brokers and topics checked, the
-/// state topic read, the consumer group joined.
-#[cfg(feature = "kafka")]
-async fn open_kafka(config: &Config, wake: &Arc<Notify>, shutdown: &CancellationToken) -> Result<Queue, StartError> {
-    let max_message = config.limits.max_body_bytes.max(config.limits.max_response_bytes);
-    crate::queue::kafka::KafkaQueue::start(
-        &config.kafka,
-        &config.data_dir,
-        store_limits(config),
-        max_message,
-        wake.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .map(Queue::Kafka)
-    .map_err(StartError::Settings)
-}
-
-/// Without the `kafka` feature there is no Kafka queue.
-#[cfg(not(feature = "kafka"))]
-async fn open_kafka(_: &Config, _: &Arc<Notify>, _: &CancellationToken) -> Result<Queue, StartError> {
-    Err(StartError::Settings(
-        "offline.queue = \"kafka\", but this build has no Kafka support (build with --features kafka)".into(),
-    ))
-}
-
-/// Why the admin API is off when no token is configured.
-const NO_TOKEN: &str = "no admin token is configured (admin.token_file, or TIERGATE_ADMIN__TOKEN); \
-                        set one, or admin.insecure_no_auth = true on a loopback address for a local test";
-
-/// The admin API's tokens, checking that it does not share a port with a data listener.
-fn admin_tokens(config: &Config) -> Result<Option<Tokens>, StartError> {
-    let tokens =
-        Tokens::from_settings(&config.admin, config.listen.admin).map_err(|e| StartError::Settings(e.to_string()))?;
-    let l = &config.listen;
-    let shared = [Some(l.http), Some(l.grpc), Some(l.metrics), l.bulk_http, l.bulk_grpc]
-        .into_iter()
-        .flatten()
-        .any(|data| data.port() != 0 && data.port() == l.admin.port());
-    if tokens.is_some() && shared {
-        return Err(StartError::Settings(format!(
-            "listen.admin ({}) shares a port with a data or metrics listener; the admin API needs its own",
-            l.admin
-        )));
-    }
-    Ok(tokens)
 }
 
 /// Binds `addr` with a queue of `backlog` connections the kernel has accepted and the

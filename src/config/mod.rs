@@ -13,6 +13,10 @@ use serde::Deserialize;
 
 use crate::cpu::CpuList;
 
+mod kafka;
+
+pub use kafka::{Kafka, KafkaQueue, KafkaSource};
+
 /// The startup settings.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -39,6 +43,35 @@ pub struct Config {
     pub admin: Admin,
     /// Where backend pools may point.
     pub backends: Backends,
+    /// How a stop signal drains the gateway.
+    pub shutdown: Shutdown,
+}
+
+/// How the gateway stops on SIGTERM (or Ctrl-C): readiness turns 503 at once; new
+/// connections and requests are still served for `drain_delay`, so load balancers
+/// take the gateway out of rotation before it stops accepting; then it stops
+/// accepting, lets in-flight requests and queued micro-batch callers finish, hands
+/// leased offline jobs back to the queue, and exits, all within `timeout` of the signal.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shutdown {
+    /// How long the gateway keeps accepting after the signal while readiness is 503.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// The longest a stop takes, from the signal to exit. Work still open past it is
+    /// answered 503 (micro-batch callers) or handed back (offline jobs) and connections
+    /// are closed. Keep it below Kubernetes' `terminationGracePeriodSeconds`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown {
+            drain_delay: Duration::from_secs(5),
+            timeout: Duration::from_secs(25),
+        }
+    }
 }
 
 /// The admin API's settings. It listens on `listen.admin` only when a token is
@@ -69,56 +102,6 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Kafka settings. Sources need a build with the `kafka` feature.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Kafka {
-    /// Bootstrap brokers, `host:port[,host:port...]`.
-    pub brokers: String,
-    /// Extra librdkafka client settings for every client (`"security.protocol" = "ssl"`, ...).
-    pub client: std::collections::BTreeMap<String, String>,
-    /// Topics of inference requests served through a route's micro-batch tier, with
-    /// the answers produced to another topic.
-    pub sources: Vec<KafkaSource>,
-    /// The offline queue's topics, when `offline.queue = "kafka"`.
-    pub queue: KafkaQueue,
-}
-
-/// The offline queue on Kafka: jobs on a partitioned topic consumed by every replica
-/// as one group, job states on a compacted topic every replica reads whole.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct KafkaQueue {
-    /// The jobs topic (partitioned; its partitions bound how many replicas share work).
-    pub jobs: String,
-    /// The job-state topic (`cleanup.policy=compact`), keyed by job, file and batch id.
-    pub states: String,
-    /// The consumer group the replicas share.
-    pub group: String,
-    /// Most jobs one replica holds read and unfinished; past it its partitions pause.
-    pub max_in_flight: usize,
-    /// This replica's name in job states and heartbeats (default: the host name and
-    /// process id). Names must differ between replicas.
-    pub replica: Option<String>,
-    /// How long a replica's heartbeats may be missing before its partitions of the
-    /// jobs topic go to the others.
-    #[serde(with = "humantime_serde")]
-    pub member_timeout: Duration,
-}
-
-impl Default for KafkaQueue {
-    fn default() -> Self {
-        KafkaQueue {
-            jobs: "tiergate-jobs".to_owned(),
-            states: "tiergate-job-states".to_owned(),
-            group: "tiergate-offline".to_owned(),
-            max_in_flight: 1024,
-            replica: None,
-            member_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
 /// Where the offline tier keeps its jobs.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -128,50 +111,6 @@ pub enum QueueKind {
     Embedded,
     /// Kafka topics (`[kafka.queue]`): several gateway replicas; needs the `kafka` build.
     Kafka,
-}
-
-impl Default for Kafka {
-    fn default() -> Self {
-        Kafka {
-            brokers: "127.0.0.1:9092".to_owned(),
-            client: Default::default(),
-            sources: Vec::new(),
-            queue: KafkaQueue::default(),
-        }
-    }
-}
-
-/// One Kafka source: requests from `input`, answers to `output` under the same key.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSource {
-    /// The route that serves the requests (its micro-batch tier).
-    pub route: String,
-    /// The topic the requests are read from.
-    pub input: String,
-    /// The topic the answers are written to, keyed like the requests.
-    pub output: String,
-    /// The request path each message is served as: a KServe v2 infer path
-    /// (`/v2/models/NAME/infer`) or the route's JSON path.
-    pub path: String,
-    /// Consumer group; default `tiergate-ROUTE`.
-    #[serde(default)]
-    pub group: Option<String>,
-    /// Each request's budget in the micro-batch tier.
-    #[serde(default = "default_source_budget", with = "humantime_serde")]
-    pub budget: Duration,
-    /// Most requests read ahead of the answers (the partitions are paused while the
-    /// batch pool is saturated; nothing more is read).
-    #[serde(default = "default_source_in_flight")]
-    pub max_in_flight: usize,
-}
-
-fn default_source_budget() -> Duration {
-    Duration::from_secs(2)
-}
-
-fn default_source_in_flight() -> usize {
-    512
 }
 
 /// The backend allowlist: every pool endpoint in the policy (from files or the admin
@@ -382,6 +321,7 @@ impl Default for Config {
             log: Log::default(),
             admin: Admin::default(),
             backends: Backends::default(),
+            shutdown: Shutdown::default(),
         }
     }
 }
@@ -479,100 +419,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_bind_loopback_on_triton_ports() {
-        let config = Config::load(None, Vec::new()).expect("defaults load");
-        assert_eq!(config.listen.http.to_string(), "127.0.0.1:8000");
-        assert_eq!(config.listen.grpc.to_string(), "127.0.0.1:8001");
-        assert_eq!(config.listen.metrics.to_string(), "127.0.0.1:8002");
-        assert_eq!(config.listen.admin.to_string(), "127.0.0.1:8003");
-        assert_eq!(
-            (config.listen.bulk_http, config.listen.bulk_grpc),
-            (None, None),
-            "bulk doors off"
-        );
-    }
-
-    #[test]
-    fn bulk_doors_come_from_the_file_or_the_environment() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("tiergate.toml");
-        std::fs::write(&file, "[listen]\nbulk_http = \"0.0.0.0:8010\"\n").expect("write");
-        let env = vec![("TIERGATE_LISTEN__BULK_GRPC".to_owned(), "0.0.0.0:8011".to_owned())];
-        let config = Config::load(Some(&file), env).expect("loads");
-        assert_eq!(config.listen.bulk_http, Some("0.0.0.0:8010".parse().expect("addr")));
-        assert_eq!(config.listen.bulk_grpc, Some("0.0.0.0:8011".parse().expect("addr")));
-        let env = vec![("TIERGATE_LISTEN__BULK_HTTP".to_owned(), "nowhere".to_owned())];
-        let err = Config::load(None, env).expect_err("a bad address is refused");
-        assert!(err.to_string().contains("bulk_http"), "{err}");
-    }
-
-    #[test]
-    fn file_then_environment() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("tiergate.toml");
-        std::fs::write(
-            &file,
-            "policy_dir = \"/etc/tiergate\"\n[listen]\nhttp = \"0.0.0.0:9000\"\n[limits]\nheader_read_timeout = \"3s\"\n",
-        )
-        .expect("write");
-        let env = vec![
-            ("TIERGATE_LISTEN__HTTP".to_owned(), "0.0.0.0:9001".to_owned()),
-            ("TIERGATE_THREADS__WORKERS".to_owned(), "3".to_owned()),
-            ("TIERGATE_DATA_DIR".to_owned(), "/var/lib/tiergate".to_owned()),
-            ("OTHER".to_owned(), "ignored".to_owned()),
-            ("TIERGATE_URL".to_owned(), "http://client.side".to_owned()),
-            ("TIERGATE_ADMIN__TOKEN".to_owned(), "s3cret-token-value".to_owned()),
-            (
-                "TIERGATE_BACKENDS__ALLOW".to_owned(),
-                "10.0.0.0/8,triton.internal".to_owned(),
-            ),
-        ];
-        let config = Config::load(Some(&file), env).expect("loads");
-        assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
-        assert_eq!(config.policy_dir, PathBuf::from("/etc/tiergate"));
-        assert_eq!(config.data_dir, PathBuf::from("/var/lib/tiergate"));
-        assert_eq!(config.threads.workers, 3);
-        assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
-        assert_eq!(config.backends.allow, ["10.0.0.0/8", "triton.internal"]);
-        let token = config.admin.token.expect("token from the environment");
-        assert_eq!(token.0, "s3cret-token-value");
-        assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");
-    }
-
-    #[test]
-    fn unknown_keys_are_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("tiergate.toml");
-        std::fs::write(&file, "[listen]\nhtp = \"0.0.0.0:9000\"\n").expect("write");
-        let err = Config::load(Some(&file), Vec::new()).expect_err("typo refused");
-        assert!(err.to_string().contains("htp"), "{err}");
-    }
-
-    #[test]
-    fn cpu_lists_come_from_the_file_or_the_environment_and_bad_ones_say_why() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("tiergate.toml");
-        std::fs::write(&file, "[threads]\nrealtime_cpus = \"0-3,8\"\n").expect("write");
-        let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "1".to_owned())];
-        let config = Config::load(Some(&file), env).expect("loads");
-        assert_eq!(config.threads.realtime_cpus.to_string(), "0-3,8");
-        assert_eq!(
-            config.threads.batch_cpus.to_string(),
-            "1",
-            "a bare number from the environment"
-        );
-        assert_eq!(
-            config.threads.realtime_workers(),
-            5,
-            "workers = 0: one per real-time CPU"
-        );
-        assert_eq!(Config::default().threads.realtime_workers(), 0, "tokio's one per core");
-        let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "3-1".to_owned())];
-        let err = Config::load(None, env).expect_err("a backwards range is refused");
-        assert!(err.to_string().contains("runs backwards"), "{err}");
-    }
-}
+mod tests;

@@ -1,0 +1,95 @@
+use super::*;
+
+#[test]
+fn defaults_bind_loopback_on_triton_ports() {
+    let config = Config::load(None, Vec::new()).expect("defaults load");
+    assert_eq!(config.listen.http.to_string(), "127.0.0.1:8000");
+    assert_eq!(config.listen.grpc.to_string(), "127.0.0.1:8001");
+    assert_eq!(config.listen.metrics.to_string(), "127.0.0.1:8002");
+    assert_eq!(config.listen.admin.to_string(), "127.0.0.1:8003");
+    assert_eq!(
+        (config.listen.bulk_http, config.listen.bulk_grpc),
+        (None, None),
+        "bulk doors off"
+    );
+}
+
+#[test]
+fn bulk_doors_come_from_the_file_or_the_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tiergate.toml");
+    std::fs::write(&file, "[listen]\nbulk_http = \"0.0.0.0:8010\"\n").expect("write");
+    let env = vec![("TIERGATE_LISTEN__BULK_GRPC".to_owned(), "0.0.0.0:8011".to_owned())];
+    let config = Config::load(Some(&file), env).expect("loads");
+    assert_eq!(config.listen.bulk_http, Some("0.0.0.0:8010".parse().expect("addr")));
+    assert_eq!(config.listen.bulk_grpc, Some("0.0.0.0:8011".parse().expect("addr")));
+    let env = vec![("TIERGATE_LISTEN__BULK_HTTP".to_owned(), "nowhere".to_owned())];
+    let err = Config::load(None, env).expect_err("a bad address is refused");
+    assert!(err.to_string().contains("bulk_http"), "{err}");
+}
+
+#[test]
+fn file_then_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tiergate.toml");
+    std::fs::write(
+        &file,
+        "policy_dir = \"/etc/tiergate\"\n[listen]\nhttp = \"0.0.0.0:9000\"\n[limits]\nheader_read_timeout = \"3s\"\n",
+    )
+    .expect("write");
+    let env = vec![
+        ("TIERGATE_LISTEN__HTTP".to_owned(), "0.0.0.0:9001".to_owned()),
+        ("TIERGATE_THREADS__WORKERS".to_owned(), "3".to_owned()),
+        ("TIERGATE_DATA_DIR".to_owned(), "/var/lib/tiergate".to_owned()),
+        ("OTHER".to_owned(), "ignored".to_owned()),
+        ("TIERGATE_URL".to_owned(), "http://client.side".to_owned()),
+        ("TIERGATE_ADMIN__TOKEN".to_owned(), "s3cret-token-value".to_owned()),
+        (
+            "TIERGATE_BACKENDS__ALLOW".to_owned(),
+            "10.0.0.0/8,triton.internal".to_owned(),
+        ),
+    ];
+    let config = Config::load(Some(&file), env).expect("loads");
+    assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
+    assert_eq!(config.policy_dir, PathBuf::from("/etc/tiergate"));
+    assert_eq!(config.data_dir, PathBuf::from("/var/lib/tiergate"));
+    assert_eq!(config.threads.workers, 3);
+    assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
+    assert_eq!(config.backends.allow, ["10.0.0.0/8", "triton.internal"]);
+    let token = config.admin.token.expect("token from the environment");
+    assert_eq!(token.0, "s3cret-token-value");
+    assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tiergate.toml");
+    std::fs::write(&file, "[listen]\nhtp = \"0.0.0.0:9000\"\n").expect("write");
+    let err = Config::load(Some(&file), Vec::new()).expect_err("typo refused");
+    assert!(err.to_string().contains("htp"), "{err}");
+}
+
+#[test]
+fn cpu_lists_come_from_the_file_or_the_environment_and_bad_ones_say_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tiergate.toml");
+    std::fs::write(&file, "[threads]\nrealtime_cpus = \"0-3,8\"\n").expect("write");
+    let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "1".to_owned())];
+    let config = Config::load(Some(&file), env).expect("loads");
+    assert_eq!(config.threads.realtime_cpus.to_string(), "0-3,8");
+    assert_eq!(
+        config.threads.batch_cpus.to_string(),
+        "1",
+        "a bare number from the environment"
+    );
+    assert_eq!(
+        config.threads.realtime_workers(),
+        5,
+        "workers = 0: one per real-time CPU"
+    );
+    assert_eq!(Config::default().threads.realtime_workers(), 0, "tokio's one per core");
+    let env = vec![("TIERGATE_THREADS__BATCH_CPUS".to_owned(), "3-1".to_owned())];
+    let err = Config::load(None, env).expect_err("a backwards range is refused");
+    assert!(err.to_string().contains("runs backwards"), "{err}");
+}

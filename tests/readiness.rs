@@ -1,0 +1,77 @@
+//! Readiness tells the truth: `/v2/health/ready` (and gRPC `ServerReady`) answers 503,
+//! with the reason, while every endpoint of a route's pool is ejected, and 200 again once
+//! a check passes; `tiergate_ready` and `tiergate_not_ready{reason}` say the same. (The
+//! drain's 503 is in shutdown.rs; a store that cannot commit, in `front::ready`'s tests.)
+//! One gateway per test process: the readiness gauges are process-wide.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn readiness_is_503_while_every_endpoint_of_a_pool_is_ejected_and_says_which() {
+    let port = free_port();
+    let mut child = sim_process(port);
+    wait_ready(port, "/v2/health/ready", Duration::from_secs(20)).await;
+    let toml = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://127.0.0.1:{port}\"]\n\
+         [routes.r.realtime.health]\neject_after = 1\neject_for = \"300ms\"\ncheck_interval = \"100ms\"\n"
+    );
+    let gw = gateway(&toml).await;
+    assert_eq!(
+        infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(get(gw.http_addr(), "/v2/health/ready").await.status, 200);
+
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    // No traffic: the pool's checks eject it, and readiness says so.
+    let ready = poll_ready(&gw, 503).await;
+    assert_eq!(
+        ready.json()["reasons"],
+        serde_json::json!(["pool_ejected"]),
+        "{}",
+        ready.text()
+    );
+    assert!(ready.text().contains("route r's realtime pool"), "{}", ready.text());
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    assert!(scrape.contains("tiergate_ready 0"), "{scrape}");
+    assert!(
+        scrape.contains("tiergate_not_ready{reason=\"pool_ejected\"} 1"),
+        "{scrape}"
+    );
+    assert!(scrape.contains("tiergate_not_ready{reason=\"draining\"} 0"), "{scrape}");
+
+    // Back on the same port: a passing check ends the ejection, and readiness follows.
+    let mut child = sim_process(port);
+    poll_ready(&gw, 200).await;
+    assert!(get(gw.metrics_addr(), "/metrics")
+        .await
+        .text()
+        .contains("tiergate_ready 1"));
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+}
+
+/// Polls `/v2/health/ready` until it answers `status` (10 s at most), as a load balancer does.
+async fn poll_ready(gw: &tiergate::app::Gateway, status: u16) -> Answer {
+    let limit = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = get(gw.http_addr(), "/v2/health/ready").await;
+        if answer.status == status {
+            return answer;
+        }
+        assert!(
+            Instant::now() < limit,
+            "readiness never answered {status}: {}",
+            answer.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,343 @@
+//! Graceful shutdown of the `tiergate serve` process, end to end: SIGTERM with requests
+//! open in every tier. Readiness turns 503 at once, new connections are still served for
+//! `shutdown.drain_delay`, then the doors stop accepting while every open request is
+//! answered (real-time calls in flight, micro-batch callers still queued), and the
+//! process exits 0. Past `shutdown.timeout`, leased offline jobs are handed back to the
+//! queue and the next start runs them: nothing is lost.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use tiergate::protocol::grpc::pb;
+use tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tokio::time::Instant;
+
+/// Every tier on one route: budgets under 10 s are real time, from 10 s micro-batch (one
+/// batch in flight, so the rest queue in the gateway), `Prefer: respond-async` offline.
+fn policy(rt: &Backend, batch: &Backend) -> String {
+    format!(
+        r#"
+[defaults]
+realtime_below = "10s"
+offline_from = "1m"
+[routes.r]
+models = ["m"]
+[routes.r.flags]
+realtime = true
+micro_batch = true
+offline = true
+[routes.r.realtime]
+endpoints = ["{}"]
+[routes.r.micro_batch]
+endpoints = ["{}"]
+max_batch = 2
+max_wait = "1ms"
+max_in_flight = 1
+"#,
+        rt.url(),
+        batch.url()
+    )
+}
+
+/// A `tiergate serve` child process and the addresses it reported.
+struct Served {
+    child: Child,
+    http: SocketAddr,
+    grpc: SocketAddr,
+    log: mpsc::Receiver<String>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // only if a failed test left it running
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tiergate serve` on port 0 with the policy in `dir/policies` and its data
+/// in `dir/data`, and waits for its "serving" log line.
+fn serve(dir: &Path, drain_delay: &str, timeout: &str) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .arg("serve")
+        .env_clear()
+        .env("TIERGATE_POLICY_DIR", dir.join("policies"))
+        .env("TIERGATE_DATA_DIR", dir.join("data"))
+        .env("TIERGATE_LISTEN__HTTP", "127.0.0.1:0")
+        .env("TIERGATE_LISTEN__GRPC", "127.0.0.1:0")
+        .env("TIERGATE_LISTEN__METRICS", "127.0.0.1:0")
+        .env("TIERGATE_LOG__FORMAT", "json")
+        .env("TIERGATE_SHUTDOWN__DRAIN_DELAY", drain_delay)
+        .env("TIERGATE_SHUTDOWN__TIMEOUT", timeout)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tiergate starts");
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, log) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Owned from here on, so a failed wait below still stops the process.
+    let mut served = Served {
+        child,
+        http: SocketAddr::from(([127, 0, 0, 1], 0)),
+        grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+        log,
+    };
+    let limit = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let line = served
+            .log
+            .recv_timeout(limit.saturating_duration_since(std::time::Instant::now()))
+            .expect("the gateway logs that it is serving within 20 s");
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if entry["fields"]["message"] == "tiergate is serving" {
+            let addr = |door: &str| {
+                let text = entry["fields"][door].as_str().expect("an address");
+                text.parse::<SocketAddr>().expect("address")
+            };
+            (served.http, served.grpc) = (addr("http"), addr("grpc"));
+            return served;
+        }
+    }
+}
+
+impl Served {
+    fn terminate(&self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    }
+
+    /// Waits for the process to exit (within `limit`), returning its status and the
+    /// log lines it wrote since start-up. The test's own backends keep running meanwhile.
+    async fn exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>) {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return (status, self.log.try_iter().collect());
+            }
+            assert!(Instant::now() < until, "the gateway did not exit within {limit:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn write_policy(dir: &Path, text: &str) {
+    std::fs::create_dir_all(dir.join("policies")).expect("dir");
+    std::fs::write(dir.join("policies/test.toml"), text).expect("policy");
+}
+
+/// Polls `pred` every 10 ms for at most `limit`.
+async fn until(limit: Duration, what: &str, mut pred: impl AsyncFnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !pred().await {
+        assert!(Instant::now() < end, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn refuses_connections(addr: SocketAddr) -> bool {
+    tokio::net::TcpStream::connect(addr).await.is_err()
+}
+
+/// An infer request for model `m` with `headers`, answered on its own connection.
+fn infer_task(addr: SocketAddr, headers: &'static [(&'static str, &'static str)]) -> tokio::task::JoinHandle<Answer> {
+    tokio::spawn(async move { infer(addr, "m", headers, BODY).await })
+}
+
+const REALTIME: &[(&str, &str)] = &[("x-tiergate-budget-ms", "9000")];
+
+/// A real-time call through the gRPC door, on a connection opened now.
+fn grpc_task(
+    addr: SocketAddr,
+) -> tokio::task::JoinHandle<Result<tonic::Response<pb::ModelInferResponse>, tonic::Status>> {
+    tokio::spawn(async move {
+        let mut client = GrpcInferenceServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connects");
+        let input = pb::model_infer_request::InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 2],
+            ..Default::default()
+        };
+        let message = pb::ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![input],
+            raw_input_contents: vec![[1f32, 2.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into()],
+            ..Default::default()
+        };
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("x-tiergate-budget-ms", "9000".parse().expect("ascii"));
+        client.model_infer(request).await
+    })
+}
+const MICRO_BATCH: &[(&str, &str)] = &[("x-tiergate-budget-ms", "20000")];
+const OFFLINE: &[(&str, &str)] = &[("prefer", "respond-async")];
+
+#[tokio::test]
+async fn sigterm_with_work_in_every_tier_answers_all_of_it_and_exits_cleanly() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_policy(dir.path(), &policy(&rt, &batch));
+    let mut gw = serve(dir.path(), "1s", "20s");
+    let addr = gw.http;
+    // Hold both pools, so the work is open when the signal comes: real-time calls at
+    // the backend, one micro-batch at the backend and the rest queued in the gateway,
+    // offline jobs leased as filler behind them.
+    rt.sim.hold();
+    batch.sim.hold();
+    let realtime: Vec<_> = (0..3).map(|_| infer_task(addr, REALTIME)).collect();
+    let over_grpc = grpc_task(gw.grpc);
+    let micro_batch: Vec<_> = (0..6).map(|_| infer_task(addr, MICRO_BATCH)).collect();
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        let accepted = infer(addr, "m", OFFLINE, BODY).await;
+        assert_eq!(accepted.status, 202, "{}", accepted.text());
+        jobs.push(accepted.header("location").expect("a job location").to_owned());
+    }
+    wait_for(&rt, |s| s.requests == 4).await;
+    wait_for(&batch, |s| s.requests >= 1).await;
+
+    gw.terminate();
+    until(Duration::from_secs(2), "readiness turns 503", async || {
+        get(addr, "/v2/health/ready").await.status == 503
+    })
+    .await;
+    let ready = get(addr, "/v2/health/ready").await;
+    assert_eq!(
+        ready.json()["reasons"],
+        serde_json::json!(["draining"]),
+        "{}",
+        ready.text()
+    );
+    let mut probe = GrpcInferenceServiceClient::connect(format!("http://{}", gw.grpc))
+        .await
+        .expect("connects");
+    let grpc_ready = probe.server_ready(pb::ServerReadyRequest {}).await.expect("answers");
+    assert!(!grpc_ready.into_inner().ready, "gRPC ServerReady says the same");
+    // Still accepting during the drain delay, and asking HTTP/1.1 clients to move on.
+    let during = get(addr, "/v2").await;
+    assert_eq!(during.status, 200, "a new connection is still served while draining");
+    assert_eq!(during.header("connection"), Some("close"));
+    // Then the door closes, with every request still open.
+    drop(probe);
+    until(Duration::from_secs(5), "both doors stop accepting", async || {
+        refuses_connections(addr).await && refuses_connections(gw.grpc).await
+    })
+    .await;
+    rt.sim.release();
+    batch.sim.release();
+
+    for (tier, tasks) in [("realtime", realtime), ("micro_batch", micro_batch)] {
+        for task in tasks {
+            let answer = task.await.expect("the request task ends");
+            assert_eq!(
+                answer.status,
+                200,
+                "an open {tier} request is answered: {}",
+                answer.text()
+            );
+            assert_eq!(answer.tier().0, Some(tier));
+        }
+    }
+    let grpc = over_grpc
+        .await
+        .expect("the gRPC task ends")
+        .expect("the open gRPC call is answered");
+    assert!(!grpc.get_ref().outputs.is_empty());
+    let (status, log) = gw.exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}; log:\n{}", log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("\"stopped\"")), "{}", log.join("\n"));
+    assert!(
+        !log.iter().any(|l| l.contains("still open at the end")),
+        "nothing was cut off:\n{}",
+        log.join("\n")
+    );
+    // The jobs leased at the signal finished or went back to the queue; none is lost.
+    let (running, known) = job_states(&dir.path().join("data/offline.db"), &jobs);
+    assert_eq!(running, 0, "no job is left leased");
+    assert_eq!(known, jobs.len(), "every accepted job is in the store");
+}
+
+#[tokio::test]
+async fn past_the_timeout_leased_jobs_are_handed_back_and_the_next_start_runs_them() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_policy(dir.path(), &policy(&rt, &batch));
+    let mut gw = serve(dir.path(), "100ms", "1500ms");
+    batch.sim.hold(); // the batch pool never answers before the timeout
+    let mut jobs = Vec::new();
+    for _ in 0..5 {
+        let accepted = infer(gw.http, "m", OFFLINE, BODY).await;
+        assert_eq!(accepted.status, 202, "{}", accepted.text());
+        jobs.push(accepted.header("location").expect("a job location").to_owned());
+    }
+    wait_for(&batch, |s| s.requests >= 1).await; // a group of jobs is leased and sent
+    let queued_caller = infer_task(gw.http, MICRO_BATCH);
+    gw.terminate();
+    let answer = queued_caller.await.expect("ends");
+    assert_eq!(
+        answer.status,
+        503,
+        "a caller still queued at the timeout is told: {}",
+        answer.text()
+    );
+    let (status, log) = gw.exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "exit status {status}; log:\n{}", log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("handed back")), "{}", log.join("\n"));
+    let (running, known) = job_states(&dir.path().join("data/offline.db"), &jobs);
+    assert_eq!((running, known), (0, jobs.len()), "handed back, not left leased");
+
+    // The next start (another replica, with Kafka) runs every one of them.
+    batch.sim.release();
+    let gw = serve(dir.path(), "100ms", "5s");
+    for job in &jobs {
+        let mut done = None;
+        until(
+            Duration::from_secs(20),
+            "every job succeeds after the restart",
+            async || {
+                let answer = get(gw.http, job).await;
+                done = Some(answer.status);
+                answer.status == 200
+            },
+        )
+        .await;
+        assert_eq!(done, Some(200));
+    }
+}
+
+/// How many of `jobs` (their `/v1/jobs/ID` locations) are running, and how many the
+/// store at `db` knows, read from the file after the gateway exited.
+fn job_states(db: &Path, jobs: &[String]) -> (usize, usize) {
+    let conn = rusqlite::Connection::open(db).expect("the store opens");
+    let mut running = 0;
+    let mut known = 0;
+    for location in jobs {
+        let id = location.rsplit('/').next().expect("an id");
+        let state: Option<String> = conn
+            .query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+            .ok();
+        known += usize::from(state.is_some());
+        running += usize::from(state.as_deref() == Some("running"));
+    }
+    (running, known)
+}
