@@ -1,26 +1,51 @@
 #!/usr/bin/env bash
-# Checks what can be checked here of deploy/ (run by scripts/test):
-#   - the alerting rules pass `promtool check rules` and their unit tests, and the
-#     Prometheus config passes `promtool check config` (promtool from the distribution's
-#     prometheus package, installed here when missing);
-#   - the compose file, the Kubernetes manifests and the Dockerfile agree on ports,
-#     health paths, the policy directory and the backend allowlist, and the policies
-#     they ship pass `tiergate policy check` (deploy/check.py, PyYAML in a venv).
-# The dashboard's metric names are checked against a live scrape by tests/observability.rs.
+# Checks deploy/ by running what it ships (run by scripts/test):
+#   - the alerting rules pass `promtool check rules` and their unit tests, the Prometheus
+#     config `promtool check config`, the Alertmanager config `amtool check-config`;
+#   - deploy/check.py: both Kubernetes shapes rendered (kubectl kustomize) and validated
+#     strictly (kubernetes-validate, two Kubernetes versions), what they and compose
+#     would run checked with `tiergate serve --check`, the wiring cross-checked;
+#   - deploy/alerts_test.py: Prometheus and Alertmanager against a running gateway, a
+#     backend stopped and brought back, the alerts fired and resolved;
+#   - deploy/image_test.py: the image built with podman and run read-only: every tier,
+#     the Batch API, SIGTERM under load.
+# The distribution's packages it needs are installed here when missing, with their
+# services kept from starting. The dashboard's metric names are checked against a live
+# scrape by tests/observability.rs.
 #
 #   deploy/check.sh PATH_TO_TIERGATE_BINARY
 set -euo pipefail
 cd "$(dirname "$0")"
 TIERGATE=$(realpath "${1:?usage: deploy/check.sh PATH_TO_TIERGATE_BINARY}")
 
-if ! command -v promtool >/dev/null; then
-  echo "installing promtool (Debian's prometheus package)" >&2
+# Debian packages, as command:package.
+NEEDED=(promtool:prometheus prometheus:prometheus prometheus-alertmanager:prometheus-alertmanager
+        amtool:prometheus-alertmanager podman:podman runc:runc catatonit:catatonit mmdebstrap:mmdebstrap)
+missing=()
+for pair in "${NEEDED[@]}"; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "installing ${missing[*]} (Debian packages)" >&2
+  # Keep the packages' own services (prometheus, alertmanager) from starting: this
+  # machine runs only the instances the tests start. A policy-rc.d already there stays.
+  own_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  # The package may start its own server; this machine only needs promtool.
-  pkill -x prometheus 2>/dev/null || true
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
 fi
+command -v kubectl >/dev/null || { echo "deploy/check.sh: kubectl (for kubectl kustomize) is not installed" >&2; exit 1; }
+
 (cd prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml && promtool check config prometheus.yml)
+amtool check-config prometheus/alertmanager.yml
 
 VENV=$(../tests/conformance/venv.sh deploy)
 "$VENV/bin/python" check.py "$TIERGATE"
+"$VENV/bin/python" alerts_test.py "$TIERGATE" "$(command -v prometheus)" "$(command -v prometheus-alertmanager)"
+"$VENV/bin/python" image_test.py "$TIERGATE"
