@@ -114,7 +114,7 @@ def base_image():
     rootfs = CACHE / "bookworm-minbase.tar"
     if not rootfs.exists():
         print(f"image: making the base root file system {rootfs} (mmdebstrap, once)", file=sys.stderr)
-        partial = rootfs.with_suffix(".partial")
+        partial = CACHE / "bookworm-minbase.partial.tar"  # mmdebstrap writes a tar for a .tar name
         sh("mmdebstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(partial), capture=False)
         partial.rename(rootfs)
     podman("import", str(rootfs), BASE)
