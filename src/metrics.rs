@@ -137,6 +137,15 @@ impl std::fmt::Debug for Instruments {
 }
 
 impl Instruments {
+    /// Handles that record nothing (a control pool's calls are no tier's).
+    pub fn unexported() -> Self {
+        Instruments {
+            request_seconds: metrics::Histogram::noop(),
+            backend_seconds: metrics::Histogram::noop(),
+            in_flight: metrics::Gauge::noop(),
+        }
+    }
+
     /// Handles for `route` and `tier`.
     pub fn new(route: &str, tier: Tier) -> Self {
         let labels = [("route", route.to_owned()), ("tier", tier.as_str().to_owned())];

@@ -75,3 +75,60 @@ async fn poll_ready(gw: &tiergate::app::Gateway, status: u16) -> Answer {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Model metadata and readiness go to the route's control pool, which has its own
+/// connections and circuits and writes nothing on the tiers' series: asking for a
+/// model's readiness while the real-time endpoint is ejected (it stalls on inference,
+/// and still answers metadata) leaves that endpoint shown as ejected and adds no
+/// real-time backend latency.
+#[tokio::test]
+async fn metadata_calls_never_show_on_the_real_time_pool_series() {
+    let backend = backend(&["m"]).await;
+    backend.sim.hold(); // inference stalls; metadata is still answered
+    let toml = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n\
+         [routes.r.realtime.health]\neject_after = 1\neject_for = \"1m\"\nslow_call = \"50ms\"\ncheck_path = \"\"\n",
+        backend.url()
+    );
+    let gw = gateway(&toml).await;
+    let budget = [("x-tiergate-budget-ms", "250")];
+    assert_eq!(infer(gw.http_addr(), "m", &budget, BODY).await.status, 504, "stalled");
+    let ejected = format!(
+        "tiergate_backend_circuit_state{{route=\"r\",tier=\"realtime\",endpoint=\"{}\"}} 1",
+        backend.addr
+    );
+    let latency = "tiergate_backend_duration_seconds_count{route=\"r\",tier=\"realtime\"} ";
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    assert!(scrape.contains(&ejected), "{ejected} in\n{scrape}");
+    let calls_before = count_after(&scrape, latency);
+
+    for _ in 0..3 {
+        let ready = get(gw.http_addr(), "/v2/models/m/ready").await;
+        assert_eq!(ready.status, 200, "metadata is answered: {}", ready.text());
+    }
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    assert!(
+        scrape.contains(&ejected),
+        "still shown ejected after metadata calls:\n{scrape}"
+    );
+    assert_eq!(
+        count_after(&scrape, latency),
+        calls_before,
+        "metadata calls are not real-time calls"
+    );
+    assert_eq!(
+        infer(gw.http_addr(), "m", &budget, BODY).await.status,
+        503,
+        "and it is still ejected"
+    );
+    backend.sim.release();
+}
+
+/// The number that follows `prefix` on its line of `scrape`.
+fn count_after(scrape: &str, prefix: &str) -> u64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{scrape}"))
+}

@@ -28,6 +28,8 @@ pub struct Health {
     state: Mutex<State>,
     circuit_gauge: ::metrics::Gauge,
     labels: [(&'static str, String); 3],
+    /// Whether its circuit and ejections are exported (a tier's pool) or not (control).
+    exported: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +76,26 @@ impl Health {
             }),
             circuit_gauge,
             labels,
+            exported: true,
+        }
+    }
+
+    /// A closed circuit for `endpoint` of `route`'s control pool, on no exported series.
+    pub fn unexported(spec: HealthSpec, route: &str, endpoint: &str) -> Self {
+        Health {
+            spec,
+            state: Mutex::new(State {
+                failures: 0,
+                trips: 0,
+                circuit: Circuit::Closed,
+            }),
+            circuit_gauge: ::metrics::Gauge::noop(),
+            labels: [
+                ("route", route.to_owned()),
+                ("tier", "control".to_owned()),
+                ("endpoint", endpoint.to_owned()),
+            ],
+            exported: false,
         }
     }
 
@@ -121,9 +143,11 @@ impl Health {
             let length = self.spec.eject_for.saturating_mul(factor.min(MAX_BACKOFF));
             s.circuit = Circuit::Open { until: now + length };
             self.circuit_gauge.set(1.0);
-            let mut labels = self.labels.to_vec();
-            labels.push(("reason", why.to_owned()));
-            ::metrics::counter!(metrics::BACKEND_EJECTIONS, &labels).increment(1);
+            if self.exported {
+                let mut labels = self.labels.to_vec();
+                labels.push(("reason", why.to_owned()));
+                ::metrics::counter!(metrics::BACKEND_EJECTIONS, &labels).increment(1);
+            }
             tracing::warn!(
                 endpoint = %self.labels[2].1, route = %self.labels[0].1, tier = %self.labels[1].1,
                 reason = why, failures = s.failures, ejected_for = ?length,

@@ -20,19 +20,40 @@ use crate::policy::PoolSpec;
 
 pub use pool::Pool;
 
-/// The pools of one tier, by route name.
+/// What a pool serves, and so what it is named in logs, errors and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A tier's calls: its endpoints' circuits, checks and latency are exported with
+    /// `tier="..."`.
+    Tier(Tier),
+    /// Model metadata, readiness and config (the control plane): its own connections
+    /// and circuits, no active checks, and nothing on the tiers' series.
+    Control,
+}
+
+impl Role {
+    /// The name used in messages and spans (`realtime`, `micro_batch`, `control`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Tier(tier) => tier.as_str(),
+            Role::Control => "control",
+        }
+    }
+}
+
+/// The pools of one role (a tier, or the control plane), by route name.
 #[derive(Debug)]
 pub struct Pools {
-    tier: Tier,
+    role: Role,
     max_response_bytes: usize,
     by_route: DashMap<String, (Arc<PoolSpec>, Arc<Pool>)>,
 }
 
 impl Pools {
-    /// An empty registry for `tier`; pools read at most `max_response_bytes` per answer.
-    pub fn new(tier: Tier, max_response_bytes: usize) -> Self {
+    /// An empty registry for `role`; pools read at most `max_response_bytes` per answer.
+    pub fn new(role: Role, max_response_bytes: usize) -> Self {
         Pools {
-            tier,
+            role,
             max_response_bytes,
             by_route: DashMap::new(),
         }
@@ -71,6 +92,6 @@ impl Pools {
     }
 
     fn build(&self, route: &str, spec: &PoolSpec) -> Arc<Pool> {
-        Arc::new(Pool::new(route, self.tier, spec, self.max_response_bytes))
+        Arc::new(Pool::new(route, self.role, spec, self.max_response_bytes))
     }
 }

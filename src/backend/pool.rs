@@ -25,7 +25,7 @@ use tracing::Instrument;
 
 use super::checks::Probe;
 use super::health::{Admit, Health};
-use crate::classify::Tier;
+use super::Role;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
 use crate::policy::PoolSpec;
@@ -35,7 +35,7 @@ use crate::protocol;
 #[derive(Debug)]
 pub struct Pool {
     route: String,
-    tier: Tier,
+    role: Role,
     endpoints: Arc<Vec<Endpoint>>,
     limit: Arc<Semaphore>,
     max_concurrency: u32,
@@ -87,14 +87,21 @@ fn http_client(spec: &PoolSpec) -> Client<HttpConnector, Full<Bytes>> {
 struct InFlight<'a>(&'a AtomicUsize);
 
 impl Pool {
-    /// A pool for `tier` of `route`, as `spec` describes; connects lazily.
-    pub fn new(route: &str, tier: Tier, spec: &PoolSpec, max_response_bytes: usize) -> Self {
+    /// A pool of `route` in `role`, as `spec` describes; connects lazily.
+    pub fn new(route: &str, role: Role, spec: &PoolSpec, max_response_bytes: usize) -> Self {
+        let tier = match role {
+            Role::Tier(tier) => Some(tier),
+            Role::Control => None,
+        };
         let endpoints: Vec<Endpoint> = spec
             .endpoints
             .iter()
             .filter_map(|uri| uri.authority().cloned())
             .map(|authority| Endpoint {
-                health: Health::new(spec.health.clone(), route, tier.as_str(), authority.as_str()),
+                health: match tier {
+                    Some(tier) => Health::new(spec.health.clone(), route, tier.as_str(), authority.as_str()),
+                    None => Health::unexported(spec.health.clone(), route, authority.as_str()),
+                },
                 authority,
                 in_flight: AtomicUsize::new(0),
             })
@@ -130,20 +137,21 @@ impl Pool {
                 (transport, Probe::Http(Box::new(client), path))
             }
         };
-        // Checks run when the route has a check path (gRPC pools use ServerReady instead).
-        if spec.health.check_path.is_some() {
+        // Checks run when the route has a check path (gRPC pools use ServerReady instead),
+        // for a tier's pool only: the control pool's endpoints are the tier pools' own.
+        if spec.health.check_path.is_some() && tier.is_some() {
             super::checks::start(Arc::downgrade(&endpoints), probe, spec.health.check_interval);
         }
         Pool {
             route: route.to_owned(),
-            tier,
+            role,
             endpoints,
             limit: Arc::new(Semaphore::new(spec.max_concurrency.get() as usize)),
             max_concurrency: spec.max_concurrency.get(),
             binary_tensors: spec.binary_tensors,
             transport,
             max_response_bytes,
-            instruments: Instruments::new(route, tier),
+            instruments: tier.map_or_else(Instruments::unexported, |tier| Instruments::new(route, tier)),
         }
     }
 
@@ -176,14 +184,14 @@ impl Pool {
                 format!(
                     "route {} {} pool is at its concurrency limit ({} calls in flight)",
                     self.route,
-                    self.tier.as_str(),
+                    self.role.as_str(),
                     self.max_concurrency
                 ),
             ));
         };
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
-        let span = tracing::info_span!("backend", route = %self.route, tier = self.tier.as_str(), endpoint = tracing::field::Empty);
+        let span = tracing::info_span!("backend", route = %self.route, tier = self.role.as_str(), endpoint = tracing::field::Empty);
         if let Some(ids) = parts.extensions.get::<crate::trace::Ids>() {
             ids.to_backend(&span, &mut parts.headers);
         }
@@ -290,7 +298,7 @@ impl Pool {
             format!(
                 "every endpoint of route {}'s {} pool is ejected after failing; the first may be tried again in {} ms",
                 self.route,
-                self.tier.as_str(),
+                self.role.as_str(),
                 wait.as_millis()
             ),
         ))

@@ -15,7 +15,7 @@ use http::Request;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::Pools;
+use crate::backend::{Pools, Role};
 use crate::classify::{classify, Decision, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics;
@@ -69,7 +69,7 @@ impl Dispatch {
             policy,
             admission,
             tiers,
-            control: Pools::new(Tier::Realtime, max_response_bytes),
+            control: Pools::new(Role::Control, max_response_bytes),
             readiness,
             reserve: 0.0,
         }

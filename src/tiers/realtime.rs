@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::backend::Pools;
+use crate::backend::{Pools, Role};
 use crate::classify::Tier;
 use crate::error::{Error, Kind};
 
@@ -25,7 +25,7 @@ impl Realtime {
     /// A real-time tier whose pools read at most `max_response_bytes` per answer.
     pub fn new(max_response_bytes: usize) -> Self {
         Realtime {
-            pools: Arc::new(Pools::new(Tier::Realtime, max_response_bytes)),
+            pools: Arc::new(Pools::new(Role::Tier(Tier::Realtime), max_response_bytes)),
         }
     }
 

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::batcher::{self, Flush, Queue, Settings, Shared};
 use super::cost::Cost;
 use super::{Call, Reply};
-use crate::backend::{Pool, Pools};
+use crate::backend::{Pool, Pools, Role};
 use crate::classify::Tier;
 use crate::error::{Error, Kind};
 use crate::metrics;
@@ -292,7 +292,7 @@ impl MicroBatch {
     ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
-                pools: Pools::new(Tier::MicroBatch, max_response_bytes),
+                pools: Pools::new(Role::Tier(Tier::MicroBatch), max_response_bytes),
                 routes: DashMap::new(),
                 shutdown,
                 threads,
