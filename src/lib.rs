@@ -12,7 +12,8 @@
 //!
 //! - [`front`]: the doors (KServe v2 over HTTP, JSON routes) and request metadata.
 //! - [`protocol`]: KServe v2 wire formats, JSON and Triton's binary tensor extension.
-//! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason.
+//! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason,
+//!   over the leaf [`decision`] (tiers, reasons, budget sources, doors).
 //! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
 //! - [`backend`]: pools of backend endpoints and the calls to them.
 //! - [`queue`]: the offline tier's durable job store, below the offline tier.
@@ -28,6 +29,7 @@ pub mod front;
 pub mod protocol;
 
 pub mod classify;
+pub mod decision;
 pub mod tiers;
 
 pub mod backend;

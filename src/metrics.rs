@@ -3,20 +3,15 @@
 //! Beside the request path. Names are the constants below and nowhere else; labels use
 //! the vocabulary (`route`, `tier`, `outcome`, `reason`). Hot-path code records
 //! through pre-registered handles ([`Instruments`]) so a request costs no registry
-//! look-up. The recorder is process-wide and installed once, by [`install`]; the
-//! text format is served by [`serve`] on the metrics port (Triton's 8002).
+//! look-up. The recorder is process-wide and installed once, by [`install`]; `app`
+//! serves its text format on the metrics port (Triton's 8002). A leaf of the request
+//! path: it names the decision types and nothing else of the gateway's.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use http_body_util::Full;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-use crate::classify::{Reason, Tier};
+use crate::decision::{Reason, Tier};
 
 /// Requests that reached a route, by `route`, `tier` and `outcome`.
 pub const REQUESTS: &str = "tiergate_requests_total";
@@ -158,11 +153,12 @@ impl Instruments {
 }
 
 /// One route's request instruments, each registered the first time it is used, so the
-/// request path records without building a label set or looking it up. Kept in the
-/// route: a new policy snapshot starts empty and finds the same series again.
+/// request path records without building a label set or looking it up. The doors keep
+/// one per route name (see `front::dispatch`), across policy snapshots.
 #[derive(Default)]
 pub struct RouteInstruments {
-    tiers: [OnceLock<TierInstruments>; 3],
+    /// By [`Tier::index`].
+    tiers: [OnceLock<TierInstruments>; Tier::ALL.len()],
 }
 
 /// One route's handles on one tier; the labelled counters registered as first counted.
@@ -171,8 +167,8 @@ struct TierInstruments {
     ok: OnceLock<metrics::Counter>,
     /// SLO met, missed.
     slo: [OnceLock<metrics::Counter>; 2],
-    /// By [`Reason`], in declaration order.
-    decisions: [OnceLock<metrics::Counter>; 16],
+    /// By [`Reason::index`].
+    decisions: [OnceLock<metrics::Counter>; Reason::ALL.len()],
 }
 
 impl RouteInstruments {
@@ -183,12 +179,9 @@ impl RouteInstruments {
 
     /// Counts one classifier decision ([`count_decision`]).
     pub fn decided(&self, route: &str, tier: Tier, reason: Reason) {
-        match self.tier(route, tier).decisions.get(reason as usize) {
-            Some(cell) => cell
-                .get_or_init(|| metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason.as_str()))
-                .increment(1),
-            None => count_decision(route, tier, reason.as_str()),
-        }
+        self.tier(route, tier).decisions[reason.index()]
+            .get_or_init(|| metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason.as_str()))
+            .increment(1);
     }
 
     /// Counts a request served on `tier` against its SLO ([`count_slo`]).
@@ -214,12 +207,7 @@ impl RouteInstruments {
     }
 
     fn tier(&self, route: &str, tier: Tier) -> &TierInstruments {
-        let index = match tier {
-            Tier::Realtime => 0,
-            Tier::MicroBatch => 1,
-            Tier::Offline => 2,
-        };
-        self.tiers[index].get_or_init(|| TierInstruments {
+        self.tiers[tier.index()].get_or_init(|| TierInstruments {
             handles: Instruments::new(route, tier),
             ok: OnceLock::new(),
             slo: Default::default(),
@@ -234,20 +222,6 @@ impl std::fmt::Debug for RouteInstruments {
     }
 }
 
-/// A copy starts empty: its handles are registered again on first use.
-impl Clone for RouteInstruments {
-    fn clone(&self) -> Self {
-        RouteInstruments::default()
-    }
-}
-
-/// Instruments are not part of what a route is.
-impl PartialEq for RouteInstruments {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
 /// Counts one finished request.
 pub fn count_request(route: &str, tier: Option<Tier>, outcome: &'static str) {
     let tier = tier.map_or("none", Tier::as_str);
@@ -259,20 +233,6 @@ pub fn count_slo(route: &str, tier: Tier, met: bool) {
     let result = if met { "met" } else { "missed" };
     metrics::counter!(SLO_REQUESTS, "route" => route.to_owned(), "tier" => tier.as_str(), "result" => result)
         .increment(1);
-}
-
-/// Counts an offline attempt's end (and, when it is the job's last, the job's SLO).
-pub fn count_attempt(route: &str, end: &crate::queue::Finish) {
-    let result = match end {
-        crate::queue::Finish::Answered(a) if (200..300).contains(&a.status) => "succeeded",
-        crate::queue::Finish::Answered(_) => "answered",
-        crate::queue::Finish::Retry { .. } => "retry",
-        crate::queue::Finish::Failed { .. } => "failed",
-    };
-    metrics::counter!(OFFLINE_ATTEMPTS, "route" => route.to_owned(), "result" => result).increment(1);
-    if result != "retry" {
-        count_slo(route, Tier::Offline, result == "succeeded");
-    }
 }
 
 /// Counts one classifier decision.
@@ -319,51 +279,4 @@ fn register_known_labels() {
     }
     metrics::gauge!(POLICY_LAST_RELOAD_OK).set(1.0);
     metrics::gauge!(OFFLINE_OLDEST_QUEUED).set(0.0);
-}
-
-/// Serves `GET /metrics` in the Prometheus text format until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    handle: PrometheusHandle,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let upkeep = handle.clone();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => upkeep.run_upkeep(),
-                _ = stop.cancelled() => return,
-            }
-        }
-    });
-    let answer = move |req: http::Request<hyper::body::Incoming>| {
-        let handle = handle.clone();
-        async move {
-            if req.uri().path() != "/metrics" {
-                return text(StatusCode::NOT_FOUND, "metrics are at /metrics\n".into());
-            }
-            text(StatusCode::OK, handle.render())
-        }
-    };
-    crate::front::serve(
-        listener,
-        Duration::from_secs(10),
-        256,
-        shutdown.clone(),
-        shutdown,
-        answer,
-    )
-    .await
-}
-
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    response
 }

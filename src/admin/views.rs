@@ -6,8 +6,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::classify::{classify, BudgetSource, Decision, Meta, Refusal};
+use crate::classify::classify;
 use crate::control::{edit, route_etag};
+use crate::decision::{BudgetSource, Decision, Meta, Refusal};
 use crate::front::meta;
 use crate::policy::{JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 use crate::tiers::MicroBatch;

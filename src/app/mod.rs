@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 mod kafka;
+mod scrape;
 mod settings;
 mod threads;
 
@@ -298,7 +299,7 @@ impl Gateway {
         // On the real-time threads: their request deadlines are then filed without a wake-up.
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
         draining.spawn(serve_grpc(grpc));
-        tasks.spawn(crate::metrics::serve(metrics, prometheus, shutdown.clone()));
+        tasks.spawn(scrape::serve(metrics, prometheus, shutdown.clone()));
         tasks.spawn(readiness.clone().run(policy.clone(), shutdown.clone()));
         let admin_addr = match (admin, tokens) {
             (Some(listener), Some(tokens)) => {

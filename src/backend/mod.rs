@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::classify::Tier;
+use crate::decision::Tier;
 use crate::policy::PoolSpec;
 
 pub use pool::Pool;

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::classify::{classify, BudgetSource, Decision, Meta, Refusal};
+use crate::classify::classify;
+use crate::decision::{BudgetSource, Decision, Meta, Refusal};
 use crate::policy::{Policy, Route};
 
 /// Most changes reported; a change to a widely used default could list thousands.

@@ -11,14 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use dashmap::DashMap;
 use http::Request;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Pools, Role};
-use crate::classify::{classify, Decision, Meta, Reason, Refusal, Tier};
+use crate::classify::classify;
+use crate::decision::{Decision, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
-use crate::metrics;
+use crate::metrics::{self, RouteInstruments};
 use crate::policy::{Policy, Route, Store};
 use crate::tiers::{Call, Reply, Tiers};
 use crate::trace;
@@ -38,6 +40,8 @@ pub struct Dispatch {
     tiers: Tiers,
     control: Pools,
     readiness: Arc<Readiness>,
+    /// Each route's request instruments, by route name, kept across policy snapshots.
+    instruments: DashMap<String, Arc<RouteInstruments>>,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
 }
@@ -71,6 +75,7 @@ impl Dispatch {
             tiers,
             control: Pools::new(Role::Control, max_response_bytes),
             readiness,
+            instruments: DashMap::new(),
             reserve: 0.0,
         }
     }
@@ -118,6 +123,7 @@ impl Dispatch {
         let ids = tracing::enabled!(tracing::Level::DEBUG)
             .then(|| request.extensions().get::<trace::Ids>().cloned())
             .flatten();
+        let instruments = self.instruments(route);
         let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
         let decision = match classified {
             Ok(d) => d,
@@ -128,16 +134,16 @@ impl Dispatch {
                     result: Err(refused(route, refusal)),
                     policy_version: route.policy_version(),
                 };
-                return count(route, served, ids.as_ref());
+                return count(route, &instruments, served, ids.as_ref());
             }
         };
-        route.instruments.decided(&route.name, decision.tier, decision.reason);
+        instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
         let deadline = received
             .checked_add(decision.budget.mul_f64(1.0 - self.reserve))
             .unwrap_or_else(|| received + MAX_BUDGET);
-        let handles = route.instruments.handles(&route.name, decision.tier);
+        let handles = instruments.handles(&route.name, decision.tier);
         handles.in_flight.increment(1.0);
         // Keep a copy only when the route may send real-time overflow elsewhere.
         let spare = (decision.tier == Tier::Realtime && route.borrow.realtime_overflow).then(|| request_copy(&request));
@@ -158,7 +164,7 @@ impl Dispatch {
                     reason: Reason::RealtimeOverflow,
                     ..decision
                 };
-                route.instruments.decided(&route.name, decision.tier, decision.reason);
+                instruments.decided(&route.name, decision.tier, decision.reason);
                 ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
                 let call = Call {
                     route: route.clone(),
@@ -177,10 +183,11 @@ impl Dispatch {
         if decision.tier != Tier::Offline {
             // An offline acceptance is not the job's end: jobs count when they finish.
             let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
-            route.instruments.slo(&route.name, decision.tier, met);
+            instruments.slo(&route.name, decision.tier, met);
         }
         count(
             route,
+            &instruments,
             Served {
                 decision: Some(decision),
                 refusal: None,
@@ -195,6 +202,7 @@ impl Dispatch {
     pub fn failed(&self, route: &Route, error: Error, ids: &trace::Ids) -> Served {
         count(
             route,
+            &self.instruments(route),
             Served {
                 decision: None,
                 refusal: None,
@@ -203,6 +211,14 @@ impl Dispatch {
             },
             Some(ids),
         )
+    }
+
+    /// `route`'s request instruments (registered on first use, one set per route name).
+    fn instruments(&self, route: &Route) -> Arc<RouteInstruments> {
+        if let Some(found) = self.instruments.get(&route.name) {
+            return found.clone();
+        }
+        self.instruments.entry(route.name.clone()).or_default().clone()
     }
 
     /// Sends a model GET (metadata, readiness, config) to the route serving `model`,
@@ -265,7 +281,7 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
 /// Counts the request by its outcome (the error's kind, or the backend's status class)
 /// and writes its `served` debug line, which carries the request's ids, route and
 /// decision as fields: the request's own span is for the exporter only.
-fn count(route: &Route, served: Served, ids: Option<&trace::Ids>) -> Served {
+fn count(route: &Route, instruments: &RouteInstruments, served: Served, ids: Option<&trace::Ids>) -> Served {
     let outcome = match &served.result {
         Ok(reply) => match reply.status().as_u16() {
             0..=399 => "ok",
@@ -274,9 +290,7 @@ fn count(route: &Route, served: Served, ids: Option<&trace::Ids>) -> Served {
         },
         Err(e) => e.kind.outcome(),
     };
-    route
-        .instruments
-        .request(&route.name, served.decision.map(|d| d.tier), outcome);
+    instruments.request(&route.name, served.decision.map(|d| d.tier), outcome);
     if tracing::enabled!(tracing::Level::DEBUG) {
         let trace_id = ids.map(|ids| trace::hex::<32>(ids.trace_id));
         tracing::debug!(

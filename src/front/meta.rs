@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-use crate::classify::{key_hash, BudgetSource, Meta};
+use crate::classify::key_hash;
+use crate::decision::{BudgetSource, Meta};
 use crate::error::{Error, Kind};
 use crate::policy::Route;
 

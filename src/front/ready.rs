@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::Tier;
+use crate::decision::Tier;
 use crate::metrics;
 use crate::policy::{Policy, Store};
 use crate::queue::Queue;

@@ -22,8 +22,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::classify::{BudgetSource, Decision, Reason, Tier};
 use crate::config::{Kafka, KafkaSource};
+use crate::decision::{BudgetSource, Decision, Reason, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::Store;

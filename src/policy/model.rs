@@ -55,8 +55,6 @@ pub struct Route {
     pub borrow: Borrow,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
-    /// Its request metrics' handles.
-    pub instruments: crate::metrics::RouteInstruments,
 }
 
 /// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
@@ -258,7 +256,6 @@ impl Route {
             limits: None,
             borrow: Borrow::default(),
             version: std::sync::OnceLock::new(),
-            instruments: Default::default(),
         }
     }
 }

@@ -261,7 +261,6 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .and_then(|l| limits(check, &format!("{at}.limits"), l)),
         borrow,
         version: std::sync::OnceLock::new(),
-        instruments: Default::default(),
     }
 }
 

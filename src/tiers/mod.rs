@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 
-use crate::classify::{Decision, Tier};
+use crate::decision::{Decision, Tier};
 use crate::error::{Error, Kind};
 use crate::policy::Route;
 
@@ -119,7 +119,7 @@ mod tests {
     use tower::service_fn;
 
     use super::*;
-    use crate::classify::{BudgetSource, Reason};
+    use crate::decision::{BudgetSource, Reason};
     use crate::policy::{Flags, WhenUnmet};
 
     fn call(tier: Tier) -> Call {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::backend::{Pools, Role};
-use crate::classify::Tier;
+use crate::decision::Tier;
 use crate::error::{Error, Kind};
 
 use super::{Call, Reply};

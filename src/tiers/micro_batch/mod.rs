@@ -38,7 +38,7 @@ use super::batcher::{self, Flush, Queue, Settings, Shared};
 use super::cost::Cost;
 use super::{Call, Reply};
 use crate::backend::{Pool, Pools, Role};
-use crate::classify::Tier;
+use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::{BatchSpec, JsonAdapter};

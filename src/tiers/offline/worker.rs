@@ -18,8 +18,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::{BudgetSource, Decision, Reason, Tier};
 use crate::config;
+use crate::decision::{BudgetSource, Decision, Reason, Tier};
 use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
@@ -158,7 +158,7 @@ impl RouteWorker {
                 .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
                 .collect::<Vec<_>>();
             for (_, _, end) in &ends {
-                crate::metrics::count_attempt(&self.name, end);
+                count_attempt(&self.name, end);
             }
             if let Err(e) = w.store.finish_all(ends).await {
                 tracing::warn!(error = %e, "could not record a batch of results; those jobs run again after restart");
@@ -310,6 +310,20 @@ fn kept(reply: Reply) -> Answer {
         status: head.status.as_u16(),
         headers,
         body,
+    }
+}
+
+/// Counts an offline attempt's end (and, when it is the job's last, the job's SLO).
+fn count_attempt(route: &str, end: &Finish) {
+    let result = match end {
+        Finish::Answered(a) if (200..300).contains(&a.status) => "succeeded",
+        Finish::Answered(_) => "answered",
+        Finish::Retry { .. } => "retry",
+        Finish::Failed { .. } => "failed",
+    };
+    ::metrics::counter!(crate::metrics::OFFLINE_ATTEMPTS, "route" => route.to_owned(), "result" => result).increment(1);
+    if result != "retry" {
+        crate::metrics::count_slo(route, Tier::Offline, result == "succeeded");
     }
 }
 
