@@ -28,6 +28,8 @@ pub enum BudgetSource {
     KserveTimeout,
     /// The route's `default_budget`.
     RouteDefault,
+    /// A Kafka source's `budget` setting.
+    KafkaSource,
 }
 
 /// What the door learned about a request, the classifier's only input besides policy.
@@ -63,6 +65,8 @@ pub enum Reason {
     /// Real-time was called for, its pool was full, and the route lets the overflow be
     /// served by the micro-batch tier (`borrow.realtime_overflow`) within the budget.
     RealtimeOverflow,
+    /// A Kafka source's request: bulk work, always on the micro-batch tier.
+    KafkaSource,
 }
 
 /// The classifier's answer for one request.
@@ -117,7 +121,7 @@ impl Tier {
 
 impl Reason {
     /// Every reason, in the order of [`Reason::index`].
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::BudgetRealtime,
         Reason::BudgetMicroBatch,
         Reason::BudgetOffline,
@@ -127,6 +131,7 @@ impl Reason {
         Reason::MicroBatchRollout,
         Reason::BestEffort,
         Reason::RealtimeOverflow,
+        Reason::KafkaSource,
     ];
 
     /// Its position in [`Reason::ALL`], for tables indexed by reason.
@@ -141,6 +146,7 @@ impl Reason {
             Reason::MicroBatchRollout => 6,
             Reason::BestEffort => 7,
             Reason::RealtimeOverflow => 8,
+            Reason::KafkaSource => 9,
         }
     }
 
@@ -156,6 +162,7 @@ impl Reason {
             Reason::MicroBatchRollout => "micro_batch_rollout",
             Reason::BestEffort => "best_effort",
             Reason::RealtimeOverflow => "realtime_overflow",
+            Reason::KafkaSource => "kafka_source",
         }
     }
 }

@@ -33,8 +33,9 @@ pub enum Kind {
     DeadlineUnmeetable,
     /// The route has no enabled tier that can meet the request's budget.
     NoTier,
-    /// The decision named a tier this build does not serve yet.
-    TierUnavailable,
+    /// The request asks for what its door cannot do (an offline acceptance, which
+    /// answers later, over gRPC); the message says how to ask instead.
+    Unsupported,
     /// The deadline passed while the backend was working; the backend call was dropped.
     Deadline,
     /// The backend could not be reached, or answered with something that is not HTTP.
@@ -83,7 +84,7 @@ impl Kind {
             Kind::Shed | Kind::DeadlineUnmeetable | Kind::NoTier | Kind::Unavailable | Kind::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Kind::TierUnavailable => StatusCode::NOT_IMPLEMENTED,
+            Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
             Kind::QueueFull | Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
@@ -114,7 +115,7 @@ impl Kind {
         match self {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::NotFound => Code::NotFound,
-            Kind::MethodNotAllowed | Kind::TierUnavailable => Code::Unimplemented,
+            Kind::MethodNotAllowed | Kind::Unsupported => Code::Unimplemented,
             Kind::TooLarge | Kind::Shed | Kind::QueueFull | Kind::StoreFull | Kind::RateLimited => {
                 Code::ResourceExhausted
             }
@@ -138,7 +139,7 @@ impl Kind {
             Kind::StoreFull => "store_full",
             Kind::DeadlineUnmeetable => "deadline_unmeetable",
             Kind::NoTier => "no_tier",
-            Kind::TierUnavailable => "tier_unavailable",
+            Kind::Unsupported => "unsupported",
             Kind::Deadline => "deadline",
             Kind::Backend => "backend_error",
             Kind::Unavailable => "unavailable",
@@ -202,7 +203,7 @@ mod tests {
                 "deadline_unmeetable",
             ),
             (NoTier, 503, Code::Unavailable, None, "no_tier"),
-            (TierUnavailable, 501, Code::Unimplemented, None, "tier_unavailable"),
+            (Unsupported, 501, Code::Unimplemented, None, "unsupported"),
             (Deadline, 504, Code::DeadlineExceeded, None, "deadline"),
             (Backend, 502, Code::Unavailable, None, "backend_error"),
             (Unavailable, 503, Code::Unavailable, Some(1), "unavailable"),

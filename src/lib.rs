@@ -35,9 +35,6 @@ pub mod tiers;
 pub mod backend;
 pub mod queue;
 
-#[cfg(feature = "kafka")]
-pub mod kafka;
-
 pub mod admin;
 pub mod app;
 pub mod config;

@@ -99,8 +99,6 @@ pub struct Ids {
     pub span_id: u64,
     /// Whether the trace is recorded (the client's flag, or sampled when the gateway starts it).
     pub sampled: bool,
-    /// The door the request came in by (`http`, `grpc`), once [`Ids::span`] has named it.
-    pub door: &'static str,
 }
 
 impl Ids {
@@ -123,18 +121,16 @@ impl Ids {
             parent: parent.map(|p| p.span_id),
             span_id: new_span_id(),
             sampled: parent.is_none_or(|p| p.sampled),
-            door: "",
         }
     }
 
     /// The request's span (`door` → ... → `backend` spans nest inside it), its
     /// `route`, `tier` and `reason` recorded as they are known. With OTLP export on,
     /// the span's parent is the client's span and the ids are taken from the exporter.
-    pub fn span(&mut self, door: &'static str) -> Span {
-        self.door = door;
+    pub fn span(&mut self, door: crate::decision::Door) -> Span {
         let span = tracing::info_span!(
             "request",
-            door,
+            door = door.as_str(),
             request_id = self.request_id.to_str().unwrap_or_default(),
             trace_id = tracing::field::Empty,
             route = tracing::field::Empty,

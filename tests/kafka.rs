@@ -131,6 +131,21 @@ async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
         retried > 0.0,
         "chunks of 256 against a queue of 64 met back-pressure:\n{scrape}"
     );
+    // The source is a door like the others: its requests are counted as decided
+    // (always micro-batch), as served, and against the SLO.
+    let counter = |name: &str| {
+        scrape
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let decided = counter("tiergate_decisions_total{route=\"r\",tier=\"micro_batch\",reason=\"kafka_source\"}");
+    assert!(decided >= f64::from(N), "every message decided micro-batch, retries too:\n{scrape}");
+    let ok = counter("tiergate_requests_total{route=\"r\",tier=\"micro_batch\",outcome=\"ok\"}");
+    assert_eq!(ok, f64::from(N), "{scrape}");
+    let met = counter("tiergate_slo_requests_total{route=\"r\",tier=\"micro_batch\",result=\"met\"}");
+    assert_eq!(met, f64::from(N), "{scrape}");
     gw.stop().await.expect("stops");
 }
 

@@ -185,6 +185,7 @@ fn outcome(result: Result<Decision, Refusal>) -> Value {
                 BudgetSource::GrpcTimeout => meta::GRPC_TIMEOUT.to_string(),
                 BudgetSource::KserveTimeout => "kserve timeout parameter".to_owned(),
                 BudgetSource::RouteDefault => "route default_budget".to_owned(),
+                BudgetSource::KafkaSource => "kafka source budget".to_owned(),
             },
         }),
         Err(r) => json!({

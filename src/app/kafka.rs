@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 use super::threads::BatchThreads;
 use super::StartError;
 use crate::config::Config;
-use crate::policy::{Policy, Store};
+use crate::front::dispatch::Dispatch;
+use crate::policy::Policy;
 use crate::queue::Queue;
-use crate::tiers::MicroBatch;
 
 /// Why sources are refused in a build without the `kafka` feature.
 #[cfg(not(feature = "kafka"))]
@@ -26,7 +26,7 @@ pub(super) async fn check_sources(config: &Config, policy: Policy) -> Result<Pol
     #[cfg(feature = "kafka")]
     {
         let settings = config.kafka.clone();
-        tokio::task::spawn_blocking(move || crate::kafka::check(&settings, &policy).map(|()| policy))
+        tokio::task::spawn_blocking(move || crate::front::kafka_source::check(&settings, &policy).map(|()| policy))
             .await
             .map_err(|e| StartError::Settings(e.to_string()))?
             .map_err(StartError::Settings)
@@ -44,18 +44,16 @@ pub(super) async fn check_sources(config: &Config, policy: Policy) -> Result<Pol
 #[cfg(feature = "kafka")]
 pub(super) fn start_sources(
     config: &Config,
-    policy: &Arc<Store>,
-    micro: &MicroBatch,
+    dispatch: &Arc<Dispatch>,
     threads: &BatchThreads,
     closing: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> Result<(), StartError> {
     for source in &config.kafka.sources {
-        threads.handle().spawn(crate::kafka::source::run(
+        threads.handle().spawn(crate::front::kafka_source::run(
             config.kafka.clone(),
             source.clone(),
-            policy.clone(),
-            micro.clone(),
+            dispatch.clone(),
             closing.clone(),
             shutdown.clone(),
         ));
@@ -67,8 +65,7 @@ pub(super) fn start_sources(
 #[cfg(not(feature = "kafka"))]
 pub(super) fn start_sources(
     config: &Config,
-    _: &Arc<Store>,
-    _: &MicroBatch,
+    _: &Arc<Dispatch>,
     _: &BatchThreads,
     _: &CancellationToken,
     _: &CancellationToken,

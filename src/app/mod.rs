@@ -206,9 +206,11 @@ impl Gateway {
         );
         let micro_batch_handle = micro_batch.clone();
         let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
-        let tiers = Tiers::new(realtime)
-            .with_micro_batch(TierService::new(micro_batch.clone()))
-            .with_offline(TierService::new(offline_tier));
+        let tiers = Tiers::new(
+            realtime,
+            TierService::new(micro_batch.clone()),
+            TierService::new(offline_tier),
+        );
         let max_response = config.limits.max_response_bytes;
         // Its memory watch runs on the batch threads, off the real-time ones.
         let admission = {
@@ -242,14 +244,7 @@ impl Gateway {
             settings: config.offline.clone(),
             wake,
         };
-        start_sources(
-            config,
-            &policy,
-            &micro_batch_handle,
-            &batch_threads,
-            &closing,
-            &shutdown,
-        )?;
+        start_sources(config, &dispatch, &batch_threads, &closing, &shutdown)?;
         // Offline workers run on the batch threads too (their store I/O has its own thread).
         let workers = batch_threads
             .handle()

@@ -18,14 +18,14 @@ use tracing::Instrument;
 
 use crate::backend::{Pools, Role};
 use crate::classify::classify;
-use crate::decision::{Decision, Meta, Reason, Refusal, Tier};
+use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics::{self, RouteInstruments};
 use crate::policy::{Policy, Route, Store};
 use crate::tiers::{Call, Reply, Tiers};
 use crate::trace;
 
-use super::admission::{Admission, Ticket};
+use super::admission::Admission;
 use super::meta::MAX_BUDGET;
 use super::ready::{NotReady, Readiness};
 
@@ -97,10 +97,9 @@ impl Dispatch {
         self.policy.load()
     }
 
-    /// Admits a request on `route` (global limits, rate limits) before anything is
-    /// read; the ticket holds its share of the global limits until dropped.
-    pub fn admit(&self, route: &Route, headers: &http::HeaderMap) -> Result<Ticket, Error> {
-        self.admission.admit(route, headers)
+    /// The admission control every door's requests pass first (see [`super::pipeline`]).
+    pub(super) fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// Why the gateway should not be sent new work (empty when it is ready).
@@ -115,18 +114,18 @@ impl Dispatch {
     }
 
     /// Classifies `request` (KServe v2 HTTP form, body read and checked) on `route` and
-    /// serves it on its tier; `received` is when the door got it (the budget's start).
-    pub async fn serve(&self, route: &Arc<Route>, meta: Meta, request: Request<Bytes>, received: Instant) -> Served {
-        let request_span = tracing::Span::current();
-        request_span.record("route", route.name.as_str());
-        // The ids, for the `served` line only, so only when it is written.
-        let ids = tracing::enabled!(tracing::Level::DEBUG)
-            .then(|| request.extensions().get::<trace::Ids>().cloned())
-            .flatten();
-        let instruments = self.instruments(route);
+    /// serves it on its tier; `received` is when `door` got it (the budget's start).
+    pub(super) async fn serve(
+        &self,
+        route: &Arc<Route>,
+        door: Door,
+        meta: Meta,
+        request: Request<Bytes>,
+        received: Instant,
+    ) -> Served {
         let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
-        let decision = match classified {
-            Ok(d) => d,
+        match classified {
+            Ok(decision) => self.serve_decided(route, door, decision, request, received).await,
             Err(refusal) => {
                 let served = Served {
                     decision: None,
@@ -134,9 +133,26 @@ impl Dispatch {
                     result: Err(refused(route, refusal)),
                     policy_version: route.policy_version(),
                 };
-                return count(route, &instruments, served, ids.as_ref());
+                count(route, door, &self.instruments(route), served, debug_ids(&request))
             }
-        };
+        }
+    }
+
+    /// Serves `request` on the tier `decision` names, counting the decision, the
+    /// request and its SLO; a real-time request the full real-time pool sheds goes to the
+    /// micro-batch tier when the route lets it (`borrow.realtime_overflow`).
+    pub(super) async fn serve_decided(
+        &self,
+        route: &Arc<Route>,
+        door: Door,
+        decision: Decision,
+        request: Request<Bytes>,
+        received: Instant,
+    ) -> Served {
+        let request_span = tracing::Span::current();
+        request_span.record("route", route.name.as_str());
+        let ids = debug_ids(&request).cloned();
+        let instruments = self.instruments(route);
         instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
@@ -149,7 +165,8 @@ impl Dispatch {
         let spare = (decision.tier == Tier::Realtime && route.borrow.realtime_overflow).then(|| request_copy(&request));
         let call = Call {
             route: route.clone(),
-            decision,
+            tier: decision.tier,
+            door,
             deadline,
             request,
         };
@@ -168,7 +185,8 @@ impl Dispatch {
                 ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
                 let call = Call {
                     route: route.clone(),
-                    decision,
+                    tier: decision.tier,
+                    door,
                     deadline,
                     request,
                 };
@@ -185,32 +203,25 @@ impl Dispatch {
             let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
             instruments.slo(&route.name, decision.tier, met);
         }
-        count(
-            route,
-            &instruments,
-            Served {
-                decision: Some(decision),
-                refusal: None,
-                result,
-                policy_version: route.policy_version(),
-            },
-            ids.as_ref(),
-        )
+        let served = Served {
+            decision: Some(decision),
+            refusal: None,
+            result,
+            policy_version: route.policy_version(),
+        };
+        count(route, door, &instruments, served, ids.as_ref())
     }
 
-    /// A request on `route` that failed before classification (bad body, bad budget).
-    pub fn failed(&self, route: &Route, error: Error, ids: &trace::Ids) -> Served {
-        count(
-            route,
-            &self.instruments(route),
-            Served {
-                decision: None,
-                refusal: None,
-                result: Err(error),
-                policy_version: route.policy_version(),
-            },
-            Some(ids),
-        )
+    /// A request on `route` that failed before classification (refused at admission, a
+    /// bad body, a bad budget), counted.
+    pub(super) fn failed(&self, route: &Route, door: Door, error: Error, ids: Option<&trace::Ids>) -> Served {
+        let served = Served {
+            decision: None,
+            refusal: None,
+            result: Err(error),
+            policy_version: route.policy_version(),
+        };
+        count(route, door, &self.instruments(route), served, ids)
     }
 
     /// `route`'s request instruments (registered on first use, one set per route name).
@@ -231,6 +242,14 @@ impl Dispatch {
             .ok_or_else(|| Error::new(Kind::NoTier, format!("route {} has no pool to ask", route.name)))?;
         let pool = self.control.get(&route.name, spec);
         pool.forward(request, Instant::now() + CONTROL_TIMEOUT).await
+    }
+}
+
+/// The request's ids, for the `served` line only, so only when it is written.
+fn debug_ids(request: &Request<Bytes>) -> Option<&trace::Ids> {
+    match tracing::enabled!(tracing::Level::DEBUG) {
+        true => request.extensions().get::<trace::Ids>(),
+        false => None,
     }
 }
 
@@ -281,7 +300,13 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
 /// Counts the request by its outcome (the error's kind, or the backend's status class)
 /// and writes its `served` debug line, which carries the request's ids, route and
 /// decision as fields: the request's own span is for the exporter only.
-fn count(route: &Route, instruments: &RouteInstruments, served: Served, ids: Option<&trace::Ids>) -> Served {
+fn count(
+    route: &Route,
+    door: Door,
+    instruments: &RouteInstruments,
+    served: Served,
+    ids: Option<&trace::Ids>,
+) -> Served {
     let outcome = match &served.result {
         Ok(reply) => match reply.status().as_u16() {
             0..=399 => "ok",
@@ -294,7 +319,7 @@ fn count(route: &Route, instruments: &RouteInstruments, served: Served, ids: Opt
     if tracing::enabled!(tracing::Level::DEBUG) {
         let trace_id = ids.map(|ids| trace::hex::<32>(ids.trace_id));
         tracing::debug!(
-            door = ids.map_or("", |ids| ids.door),
+            door = door.as_str(),
             request_id = ids.and_then(|ids| ids.request_id.to_str().ok()),
             trace_id = trace_id.as_ref().and_then(|t| std::str::from_utf8(t).ok()),
             route = route.name.as_str(),

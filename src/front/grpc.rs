@@ -22,11 +22,11 @@ use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::config::Limits;
+use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use crate::protocol::grpc::{bridge, pb, request_from_grpc};
 use crate::tiers::micro_batch::{BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
-use crate::tiers::offline::DOOR_HEADER;
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
@@ -59,7 +59,7 @@ impl GrpcDoor {
     /// Serves one infer request; `headers` are the call's metadata as HTTP headers.
     async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Answered {
         let mut ids = trace::Ids::read(headers);
-        let span = ids.span("grpc");
+        let span = ids.span(Door::Grpc);
         let (mut metadata, result) = self.infer_traced(headers, msg, &ids).instrument(span).await;
         for (name, value) in [
             (trace::REQUEST_ID, ids.request_id.to_str().ok().map(str::to_owned)),
@@ -72,7 +72,8 @@ impl GrpcDoor {
         (metadata, result)
     }
 
-    /// [`GrpcDoor::infer`] inside the request's span.
+    /// [`GrpcDoor::infer`] inside the request's span: the door pipeline
+    /// ([`super::pipeline`]), its own step converting the message.
     async fn infer_traced(&self, headers: &HeaderMap, msg: pb::ModelInferRequest, ids: &trace::Ids) -> Answered {
         let received = Instant::now();
         let Some(route) = self.dispatch.policy().route_for_model(&msg.model_name).cloned() else {
@@ -81,12 +82,12 @@ impl GrpcDoor {
                 Err(status(&unmatched_model("grpc", &msg.model_name))),
             );
         };
-        let mut ticket = match self.dispatch.admit(&route, headers) {
-            Ok(ticket) => ticket,
-            Err(e) => return answer(self.dispatch.failed(&route, e, ids)),
+        let mut admitted = match self.dispatch.admit(Door::Grpc, route, headers, ids, received) {
+            Ok(admitted) => admitted,
+            Err(refused) => return answer(*refused),
         };
-        if let Err(e) = ticket.hold(prost::Message::encoded_len(&msg)) {
-            return answer(self.dispatch.failed(&route, e, ids));
+        if let Err(e) = admitted.hold(prost::Message::encoded_len(&msg)) {
+            return answer(admitted.failed(e));
         }
         let model = msg.model_name.clone();
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
@@ -94,20 +95,16 @@ impl GrpcDoor {
             .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))
             .and_then(|req| {
                 let timeout_us = req.parameters.get("timeout").and_then(Value::as_u64);
-                let meta = meta::read(headers, timeout_us, req.id.as_deref(), &route)?;
-                let mut request = bridge::http_infer_request(&model, version.as_deref(), req, true);
-                request
-                    .headers_mut()
-                    .insert(DOOR_HEADER, http::HeaderValue::from_static("grpc"));
-                request.extensions_mut().insert(ids.clone());
-                Ok((request, meta))
+                let meta = admitted.meta(headers, timeout_us, req.id.as_deref())?;
+                Ok((bridge::http_infer_request(&model, version.as_deref(), req, true), meta))
             });
         let served = match prepared {
-            Ok((request, meta)) => self.dispatch.serve(&route, meta, request, received).await,
-            Err(e) => self.dispatch.failed(&route, e, ids),
+            Ok((request, meta)) => admitted.serve(request, meta).await,
+            Err(e) => admitted.failed(e),
         };
-        drop(ticket);
-        answer(served)
+        let answered = answer(served);
+        drop(admitted);
+        answered
     }
 
     /// A model GET on the route's backend; `accept` asks a gRPC backend for protobuf.

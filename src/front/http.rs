@@ -19,16 +19,15 @@ use tokio::time::Instant;
 
 use super::batch_api::{OfflineApi, BATCHES, FILES};
 use crate::config::Limits;
+use crate::decision::Door as DoorKind;
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
-use crate::tiers::offline::DOOR_HEADER;
 use crate::trace;
 use tracing::Instrument;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
-use super::meta;
 
 /// Where offline jobs are answered: `/v1/jobs/{id}`.
 const JOBS: &str = "/v1/jobs/";
@@ -167,13 +166,14 @@ impl Door {
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
         let mut ids = trace::Ids::read(req.headers());
-        let span = ids.span("http");
+        let span = ids.span(DoorKind::Http);
         let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
         ids.to_client(response.headers_mut());
         response
     }
 
-    /// [`Door::serve`] inside the request's span, its ids in the request's extensions.
+    /// [`Door::serve`] inside the request's span: the door pipeline
+    /// ([`super::pipeline`]), its own step reading and checking the body.
     async fn serve_traced(
         &self,
         route: Arc<Route>,
@@ -182,12 +182,13 @@ impl Door {
         ids: &trace::Ids,
     ) -> Response<Full<Bytes>> {
         let received = Instant::now();
-        let (mut parts, body) = req.into_parts();
-        parts.extensions.insert(ids.clone());
-        parts.headers.remove(DOOR_HEADER); // only the gRPC door sets it
-        let mut ticket = match self.dispatch.admit(&route, &parts.headers) {
-            Ok(ticket) => ticket,
-            Err(e) => return render(self.dispatch.failed(&route, e, ids)),
+        let (parts, body) = req.into_parts();
+        let mut admitted = match self
+            .dispatch
+            .admit(DoorKind::Http, route, &parts.headers, ids, received)
+        {
+            Ok(admitted) => admitted,
+            Err(refused) => return render(*refused),
         };
         let prepared = async {
             // Hold the declared length before reading, so a flood of large bodies is
@@ -195,9 +196,9 @@ impl Door {
             let declared = content_length(&parts.headers)
                 .unwrap_or(0)
                 .min(self.limits.max_body_bytes);
-            ticket.hold(declared)?;
+            admitted.hold(declared)?;
             let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
-            ticket.hold(body.len().saturating_sub(declared))?;
+            admitted.hold(body.len().saturating_sub(declared))?;
             let (timeout_us, id) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
@@ -210,19 +211,15 @@ impl Door {
                     (None, None)
                 }
             };
-            let meta = meta::read(&parts.headers, timeout_us, id.as_deref(), &route)?;
+            let meta = admitted.meta(&parts.headers, timeout_us, id.as_deref())?;
             Ok::<_, Error>((body, meta))
         };
         let served = match prepared.await {
-            Ok((body, meta)) => {
-                self.dispatch
-                    .serve(&route, meta, Request::from_parts(parts, body), received)
-                    .await
-            }
-            Err(e) => self.dispatch.failed(&route, e, ids),
+            Ok((body, meta)) => admitted.serve(Request::from_parts(parts, body), meta).await,
+            Err(e) => admitted.failed(e),
         };
         let response = render(served);
-        drop(ticket);
+        drop(admitted);
         response
     }
 

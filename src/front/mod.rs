@@ -13,8 +13,11 @@ pub mod dispatch;
 pub mod grpc;
 pub mod http;
 pub mod jobs;
+#[cfg(feature = "kafka")]
+pub mod kafka_source;
 mod listen;
 pub mod meta;
+pub mod pipeline;
 pub mod ready;
 
 use std::convert::Infallible;

@@ -73,9 +73,7 @@ impl tower::Service<Call> for Realtime {
                 ));
             };
             let pool = pools.get(&call.route.name, spec);
-            let mut request = call.request;
-            request.headers_mut().remove(super::offline::DOOR_HEADER); // internal, never forwarded
-            pool.forward(request, call.deadline).await
+            pool.forward(call.request, call.deadline).await
         })
     }
 }

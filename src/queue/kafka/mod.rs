@@ -27,6 +27,7 @@
 //! results, cancellation.
 
 mod batch_api;
+pub mod client;
 mod produce;
 mod reader;
 pub mod records;
@@ -116,10 +117,9 @@ impl KafkaQueue {
         }
         let checked = kafka.clone();
         let topics = [settings.jobs.clone(), settings.states.clone()];
-        let partitions =
-            tokio::task::spawn_blocking(move || crate::kafka::partitions(&checked, &topics, "kafka.queue"))
-                .await
-                .map_err(|e| e.to_string())??;
+        let partitions = tokio::task::spawn_blocking(move || client::partitions(&checked, &topics, "kafka.queue"))
+            .await
+            .map_err(|e| e.to_string())??;
         let max_unfinished = limits.max_unfinished;
         let store = Embedded::open_view(&data_dir.join("kafka"), limits).map_err(|e| {
             format!(
@@ -131,7 +131,7 @@ impl KafkaQueue {
             .max(100 << 20)
             .min(i32::MAX as usize)
             .to_string();
-        let reader: StreamConsumer = crate::kafka::client(
+        let reader: StreamConsumer = client::client(
             kafka,
             &[
                 ("group.id", "tiergate-view"),
@@ -154,7 +154,7 @@ impl KafkaQueue {
             .await
             .map_err(|e| format!("kafka queue: reading {}: {e}", settings.states))?;
         let max = (max_message + (64 << 10)).to_string();
-        let producer: FutureProducer = crate::kafka::client(
+        let producer: FutureProducer = client::client(
             kafka,
             &[
                 ("enable.idempotence", "true"),
@@ -168,7 +168,7 @@ impl KafkaQueue {
         let pending = Arc::new(Mutex::new(Pending::default()));
         // Partitions are assigned by the replicas themselves (see `rebalance`); offsets
         // are committed under the group, so the usual lag tools see it.
-        let jobs: StreamConsumer = crate::kafka::client(
+        let jobs: StreamConsumer = client::client(
             kafka,
             &[
                 ("group.id", &settings.group),

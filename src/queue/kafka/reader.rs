@@ -39,7 +39,7 @@ impl KafkaQueue {
         let mut room = true;
         loop {
             let message = tokio::select! {
-                m = crate::kafka::next(&inner.jobs, &inner.settings.jobs, &shutdown), if room => match m {
+                m = super::client::next(&inner.jobs, &inner.settings.jobs, &shutdown), if room => match m {
                     Some(m) => m,
                     None => continue, // shutting down: the branch below ends the loop
                 },

@@ -67,7 +67,7 @@ impl View {
     /// Applies records until `shutdown`, many per commit.
     pub async fn run(self: Arc<View>, shutdown: CancellationToken) {
         loop {
-            let Some(first) = crate::kafka::next(&self.consumer, &self.topic, &shutdown).await else {
+            let Some(first) = super::client::next(&self.consumer, &self.topic, &shutdown).await else {
                 return;
             };
             let mut batch = vec![first];

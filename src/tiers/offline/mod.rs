@@ -22,13 +22,11 @@ use tokio::sync::Notify;
 
 use super::{Call, Reply};
 use crate::config;
+use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol;
 use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
 
-/// Request header a door sets on calls that arrived over gRPC (never taken from clients:
-/// the HTTP door removes it).
-pub const DOOR_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-door");
 /// Request header that makes a submission idempotent.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Headers kept with a job: what frames its body. Credentials are never stored.
@@ -68,9 +66,9 @@ impl tower::Service<Call> for Offline {
 impl Offline {
     async fn accept(&self, call: Call) -> Result<Reply, Error> {
         let headers = call.request.headers();
-        if headers.get(DOOR_HEADER).is_some_and(|v| v == "grpc") {
+        if call.door != Door::Http {
             return Err(Error::new(
-                Kind::TierUnavailable,
+                Kind::Unsupported,
                 format!(
                     "route {}: this call is classified to the offline tier, which answers later and so only over HTTP \
                      (Prefer: respond-async, or the Batch API); over gRPC send a deadline below {} ms",

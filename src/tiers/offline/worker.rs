@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config;
-use crate::decision::{BudgetSource, Decision, Reason, Tier};
+use crate::decision::{Door, Tier};
 use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
@@ -240,12 +240,8 @@ fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline
     }
     Call {
         route: route.clone(),
-        decision: Decision {
-            tier: Tier::Offline,
-            reason: Reason::BudgetOffline,
-            budget: settings.attempt_timeout,
-            source: BudgetSource::RouteDefault,
-        },
+        tier: Tier::Offline,
+        door: Door::Http, // offline jobs come in over HTTP only
         deadline: Instant::now() + settings.attempt_timeout,
         request,
     }

@@ -1,15 +1,6 @@
-//! Kafka as a source and sink (the `kafka` feature): inference requests read from a
-//! topic, served through a route's micro-batch tier, and answered to another topic
-//! under the request's key.
-//!
-//! Beside the request path: a source is one more caller of the micro-batch tier, next
-//! to the doors. [`check`] runs at start and refuses to start with a clear error when
-//! the brokers cannot be reached, a topic is missing, or a source names a route
-//! without a batch pool. [`source::run`] is the loop; its delivery is at least once
-//! (offsets are committed only after the answers are acknowledged by the brokers), and
-//! answers are keyed like the requests, so a replay overwrites rather than adds.
-
-pub mod source;
+//! Kafka clients as every part of tiergate makes them (the offline queue, the Kafka
+//! sources): the brokers and the operator's settings, reading with retries, and the
+//! topics' metadata at start.
 
 use std::time::Duration;
 
@@ -18,8 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::OwnedMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Kafka, KafkaSource};
-use crate::policy::Policy;
+use crate::config::Kafka;
 
 /// How long start waits for the brokers' metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -57,45 +47,6 @@ pub async fn next(consumer: &StreamConsumer, what: &str, shutdown: &Cancellation
             }
         }
     }
-}
-
-/// The consumer group of `source`.
-pub fn group(source: &KafkaSource) -> String {
-    source
-        .group
-        .clone()
-        .unwrap_or_else(|| format!("tiergate-{}", source.route))
-}
-
-/// Checks that every source can run: its route has a micro-batch pool, the brokers
-/// answer, and its topics exist. Blocking (librdkafka's metadata call): run it off the
-/// runtime's threads.
-pub fn check(settings: &Kafka, policy: &Policy) -> Result<(), String> {
-    if settings.sources.is_empty() {
-        return Ok(());
-    }
-    for source in &settings.sources {
-        let route = policy
-            .route(&source.route)
-            .ok_or_else(|| format!("kafka source {}: no route {} in the policy", source.input, source.route))?;
-        if route.micro_batch.is_none() {
-            return Err(format!(
-                "kafka source {}: route {} has no micro_batch pool to serve it",
-                source.input, source.route
-            ));
-        }
-        if source.max_in_flight == 0 {
-            return Err(format!(
-                "kafka source {}: max_in_flight must be at least 1",
-                source.input
-            ));
-        }
-    }
-    for source in &settings.sources {
-        let what = format!("kafka source {}", source.input);
-        partitions(settings, &[source.input.clone(), source.output.clone()], &what)?;
-    }
-    Ok(())
 }
 
 /// The partition count of each of `topics`, refusing (for `what`) when the brokers do

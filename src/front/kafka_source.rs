@@ -1,13 +1,21 @@
-//! One Kafka source: read a chunk of requests (up to `max_in_flight`), serve them all at
-//! once through the route's micro-batch tier (so they share batches), produce every
-//! answer to the output topic under its request's key, wait until the brokers have all
-//! of them, then commit the chunk's offsets. A crash before the commit replays the
-//! chunk: at least once, and keyed, so a consumer of the output keeps the last answer.
+//! A Kafka source (the `kafka` feature): a door whose requests come from a topic and
+//! whose answers go to another under each request's key.
 //!
-//! Back-pressure: requests the tier sheds (queue full, budget it cannot meet, pool at
-//! its limit) are retried with exponential back-off while the source's partitions are
-//! paused, so nothing more is read until the batch pool takes them. Nothing is buffered
-//! beyond the chunk.
+//! Each message goes through the door pipeline like any door's request (admission,
+//! held bytes, counted decision, request and SLO metrics), but its tier is decided,
+//! not classified: a topic is bulk work, so it is always the micro-batch tier, and
+//! never takes real-time capacity (`x-tiergate-reason`-style reason `kafka_source`).
+//! The loop reads a chunk of requests (up to `max_in_flight`), serves them all at once
+//! (so they share batches), produces every answer, waits until the brokers have all of
+//! them, then commits the chunk's offsets. A crash before the commit replays the chunk:
+//! at least once, and keyed, so a consumer of the output keeps the last answer.
+//!
+//! Back-pressure: requests that are refused for now (queue full, a budget it cannot
+//! meet, a pool at its limit, a rate limit, the micro_batch flag off) are retried with
+//! exponential back-off while the source's partitions are paused, so nothing more is
+//! read until the batch pool takes them. Nothing is buffered beyond the chunk. [`check`]
+//! runs at start and refuses to start with a clear error when the brokers cannot be
+//! reached, a topic is missing, or a source names a route without a batch pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,15 +28,15 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use tracing::Instrument as _;
 
+use super::dispatch::Dispatch;
 use crate::config::{Kafka, KafkaSource};
-use crate::decision::{BudgetSource, Decision, Reason, Tier};
+use crate::decision::{BudgetSource, Decision, Door, Reason, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics;
-use crate::policy::Store;
-use crate::tiers::Call;
-use crate::tiers::MicroBatch;
+use crate::policy::Policy;
+use crate::trace;
 
 /// Attempts per request before its answer is the last error (about 35 s of back-off).
 const MAX_ATTEMPTS: u32 = 20;
@@ -54,13 +62,12 @@ struct Answer {
 pub async fn run(
     settings: Kafka,
     source: KafkaSource,
-    policy: Arc<Store>,
-    micro: MicroBatch,
+    dispatch: Arc<Dispatch>,
     closing: CancellationToken,
     shutdown: CancellationToken,
 ) {
-    let group = super::group(&source);
-    let consumer: Result<StreamConsumer, _> = super::client(
+    let group = group(&source);
+    let consumer: Result<StreamConsumer, _> = crate::queue::kafka::client::client(
         &settings,
         &[
             ("group.id", &group),
@@ -71,7 +78,7 @@ pub async fn run(
     )
     .create();
     let producer: Result<FutureProducer, _> =
-        super::client(&settings, &[("enable.idempotence", "true"), ("acks", "all")]).create();
+        crate::queue::kafka::client::client(&settings, &[("enable.idempotence", "true"), ("acks", "all")]).create();
     let (consumer, producer) = match (consumer, producer) {
         (Ok(c), Ok(p)) => (Arc::new(c), p),
         (Err(e), _) | (_, Err(e)) => {
@@ -88,7 +95,7 @@ pub async fn run(
     let paused = ::metrics::gauge!(metrics::KAFKA_PAUSED, "source" => source.input.clone());
     loop {
         let what = format!("kafka source {}", source.input);
-        let Some(first) = super::next(&consumer, &what, &closing).await else {
+        let Some(first) = crate::queue::kafka::client::next(&consumer, &what, &closing).await else {
             return;
         };
         let mut chunk = vec![first];
@@ -98,7 +105,7 @@ pub async fn run(
                 _ => break,
             }
         }
-        let Some(answers) = serve(&source, &chunk, &policy, &micro, &consumer, &paused, &shutdown).await else {
+        let Some(answers) = serve(&source, &chunk, &dispatch, &consumer, &paused, &shutdown).await else {
             return; // shutting down: the chunk is not committed and will be read again
         };
         if !produce(&producer, &source, &chunk, answers, &shutdown).await {
@@ -111,13 +118,12 @@ pub async fn run(
     }
 }
 
-/// Serves every message of `chunk`, retrying what the tier sheds with the partitions
-/// paused; `None` when shutdown comes first.
+/// Serves every message of `chunk`, retrying what is refused for now with the
+/// partitions paused; `None` when shutdown comes first.
 async fn serve(
     source: &KafkaSource,
     chunk: &[OwnedMessage],
-    policy: &Arc<Store>,
-    micro: &MicroBatch,
+    dispatch: &Arc<Dispatch>,
     consumer: &StreamConsumer,
     paused: &::metrics::Gauge,
     shutdown: &CancellationToken,
@@ -129,9 +135,9 @@ async fn serve(
     while !pending.is_empty() {
         let mut calls = tokio::task::JoinSet::new();
         for &i in &pending {
-            let call = call(source, &chunk[i], policy);
-            let micro = micro.clone();
-            calls.spawn(async move { (i, served(call, micro).await) });
+            let request = request(source, &chunk[i]);
+            let (source, dispatch) = (source.clone(), dispatch.clone());
+            calls.spawn(async move { (i, served(&source, &dispatch, request).await) });
         }
         let mut again = Vec::new();
         let mut counted = false;
@@ -139,13 +145,13 @@ async fn serve(
             let Ok((i, result)) = joined else { continue };
             match result {
                 // The tier switched off by its flag: wait, for as long as it takes.
-                Err(e) if e.kind == Kind::TierUnavailable => again.push(i),
-                Err(e) if sheds(e.kind) && attempt + 1 < MAX_ATTEMPTS => {
+                Err(Refused::FlagOff) => again.push(i),
+                Err(Refused::Error(e)) if sheds(e.kind) && attempt + 1 < MAX_ATTEMPTS => {
                     counted = true;
                     again.push(i);
                 }
                 Ok(answer) => answers[i] = Some(answer),
-                Err(e) => answers[i] = Some(failure(&e)),
+                Err(Refused::Error(e)) => answers[i] = Some(failure(&e)),
             }
         }
         // A task that panicked leaves its slot empty: serve it again.
@@ -183,11 +189,21 @@ async fn serve(
     )
 }
 
+/// Why a message was not answered this time.
+enum Refused {
+    /// The route's micro_batch flag is off: the source pauses (its requests wait,
+    /// nothing is lost) until it is on again.
+    FlagOff,
+    /// The request failed; retried when [`sheds`] says the failure may pass.
+    Error(Error),
+}
+
 fn lost() -> Error {
     Error::new(Kind::Unavailable, "the request was lost inside the gateway")
 }
 
-/// Whether an error means "not now" (the tier sheds or the backend is away): retried.
+/// Whether an error means "not now" (the tier sheds, a limit is reached, the backend is
+/// away): retried.
 fn sheds(kind: Kind) -> bool {
     matches!(
         kind,
@@ -195,27 +211,15 @@ fn sheds(kind: Kind) -> bool {
             | Kind::QueueFull
             | Kind::DeadlineUnmeetable
             | Kind::Overloaded
+            | Kind::RateLimited
             | Kind::Unavailable
             | Kind::Deadline
             | Kind::Backend
     )
 }
 
-/// The micro-batch call for one message: POST `source.path` with the payload.
-fn call(source: &KafkaSource, message: &OwnedMessage, policy: &Arc<Store>) -> Result<Call, Error> {
-    let route = policy.load().route(&source.route).cloned().ok_or_else(|| {
-        Error::new(
-            Kind::Unavailable,
-            format!("route {} is not in the running policy", source.route),
-        )
-    })?;
-    if !route.flags.micro_batch {
-        // Switching the flag off pauses the source (its requests wait, nothing is lost).
-        return Err(Error::new(
-            Kind::TierUnavailable,
-            format!("route {}: the micro_batch flag is off", route.name),
-        ));
-    }
+/// The request for one message: POST `source.path` with the payload and its content type.
+fn request(source: &KafkaSource, message: &OwnedMessage) -> Result<Request<Bytes>, Error> {
     let mut request = Request::new(Bytes::copy_from_slice(message.payload().unwrap_or_default()));
     *request.method_mut() = Method::POST;
     *request.uri_mut() = source
@@ -229,28 +233,52 @@ fn call(source: &KafkaSource, message: &OwnedMessage, policy: &Arc<Store>) -> Re
         .and_then(|v| HeaderValue::from_bytes(v).ok())
         .unwrap_or(HeaderValue::from_static("application/json"));
     request.headers_mut().insert(http::header::CONTENT_TYPE, content_type);
-    let ids = crate::trace::Ids::read(request.headers());
-    request.extensions_mut().insert(ids);
-    Ok(Call {
-        route,
-        decision: Decision {
-            tier: Tier::MicroBatch,
-            reason: Reason::BudgetMicroBatch,
-            budget: source.budget,
-            source: BudgetSource::RouteDefault,
-        },
-        deadline: Instant::now() + source.budget,
-        request,
-    })
+    Ok(request)
 }
 
-async fn served(call: Result<Call, Error>, micro: MicroBatch) -> Result<Answer, Error> {
-    let reply = micro.oneshot(call?).await?;
+/// One message through the door pipeline, decided micro-batch with the source's budget.
+async fn served(
+    source: &KafkaSource,
+    dispatch: &Dispatch,
+    request: Result<Request<Bytes>, Error>,
+) -> Result<Answer, Refused> {
+    let request = request.map_err(Refused::Error)?;
+    let route = dispatch.policy().route(&source.route).cloned().ok_or_else(|| {
+        Refused::Error(Error::new(
+            Kind::Unavailable,
+            format!("route {} is not in the running policy", source.route),
+        ))
+    })?;
+    if !route.flags.micro_batch {
+        return Err(Refused::FlagOff);
+    }
+    let mut ids = trace::Ids::read(request.headers());
+    let span = ids.span(Door::Kafka);
+    let served = async {
+        let received = Instant::now();
+        let mut admitted = match dispatch.admit(Door::Kafka, route, request.headers(), &ids, received) {
+            Ok(admitted) => admitted,
+            Err(refused) => return *refused,
+        };
+        if let Err(e) = admitted.hold(request.body().len()) {
+            return admitted.failed(e);
+        }
+        let decision = Decision {
+            tier: Tier::MicroBatch,
+            reason: Reason::KafkaSource,
+            budget: source.budget,
+            source: BudgetSource::KafkaSource,
+        };
+        admitted.serve_decided(decision, request).await
+    }
+    .instrument(span)
+    .await;
+    let reply = served.result.map_err(Refused::Error)?;
     if reply.status().is_server_error() {
-        return Err(Error::new(
+        return Err(Refused::Error(Error::new(
             Kind::Backend,
             format!("the backend answered {}", reply.status()),
-        ));
+        )));
     }
     let content_type = reply.headers().get(http::header::CONTENT_TYPE).cloned();
     Ok(Answer {
@@ -386,6 +414,45 @@ fn lag(consumer: &StreamConsumer, topic: &str) -> Vec<(i32, i64)> {
             Some((e.partition(), (high - done).max(0)))
         })
         .collect()
+}
+
+/// The consumer group of `source`.
+pub fn group(source: &KafkaSource) -> String {
+    source
+        .group
+        .clone()
+        .unwrap_or_else(|| format!("tiergate-{}", source.route))
+}
+
+/// Checks that every source can run: its route has a micro-batch pool, the brokers
+/// answer, and its topics exist. Blocking (librdkafka's metadata call): run it off the
+/// runtime's threads.
+pub fn check(settings: &Kafka, policy: &Policy) -> Result<(), String> {
+    if settings.sources.is_empty() {
+        return Ok(());
+    }
+    for source in &settings.sources {
+        let route = policy
+            .route(&source.route)
+            .ok_or_else(|| format!("kafka source {}: no route {} in the policy", source.input, source.route))?;
+        if route.micro_batch.is_none() {
+            return Err(format!(
+                "kafka source {}: route {} has no micro_batch pool to serve it",
+                source.input, source.route
+            ));
+        }
+        if source.max_in_flight == 0 {
+            return Err(format!(
+                "kafka source {}: max_in_flight must be at least 1",
+                source.input
+            ));
+        }
+    }
+    for source in &settings.sources {
+        let what = format!("kafka source {}", source.input);
+        crate::queue::kafka::client::partitions(settings, &[source.input.clone(), source.output.clone()], &what)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
