@@ -141,7 +141,10 @@ async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
             .unwrap_or(0.0)
     };
     let decided = counter("tiergate_decisions_total{route=\"r\",tier=\"micro_batch\",reason=\"kafka_source\"}");
-    assert!(decided >= f64::from(N), "every message decided micro-batch, retries too:\n{scrape}");
+    assert!(
+        decided >= f64::from(N),
+        "every message decided micro-batch, retries too:\n{scrape}"
+    );
     let ok = counter("tiergate_requests_total{route=\"r\",tier=\"micro_batch\",outcome=\"ok\"}");
     assert_eq!(ok, f64::from(N), "{scrape}");
     let met = counter("tiergate_slo_requests_total{route=\"r\",tier=\"micro_batch\",result=\"met\"}");

@@ -9,22 +9,28 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use tokio::time::Instant;
 
-use super::pool::{Endpoint, Endpoints};
+use super::endpoint::{Endpoint, Endpoints};
+use super::h1::Conns;
 
 /// Longest a check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest check answer read.
+const CHECK_BODY: usize = 64 << 10;
 
 /// How a pool's endpoints are asked whether they are ready.
 #[derive(Clone)]
 pub(super) enum Probe {
-    /// `GET` this path; 200 is ready.
-    Http(Box<Client<HttpConnector, Full<Bytes>>>, String),
+    /// `GET` this path over the pool's own HTTP/1.1 connections (same order as the
+    /// endpoints); 200 is ready.
+    Http1(Arc<Vec<Conns>>, String),
+    /// `GET` this path over the pool's HTTP/2 client; 200 is ready.
+    Http2(Box<super::h2::Client>, String),
     /// `ServerReady` on each endpoint's channel (same order as the endpoints).
     Grpc(Vec<super::grpc::Client>),
 }
@@ -58,13 +64,18 @@ pub(super) fn start(endpoints: Weak<Endpoints>, probe: Probe, interval: Duration
 async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration) {
     let exchange = async {
         match probe {
-            Probe::Http(client, path) => {
+            Probe::Http1(conns, path) => {
+                let request = http::Request::get(path.as_str()).body(Full::new(Bytes::new())).ok()?;
+                let response = conns.get(at)?.send(request, CHECK_BODY).await.ok()?;
+                Some(response.status() == http::StatusCode::OK)
+            }
+            Probe::Http2(client, path) => {
                 let uri = format!("http://{}{path}", endpoint.authority);
                 let request = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
                 let response = client.request(request).await.ok()?;
                 let ok = response.status() == http::StatusCode::OK;
                 // Read the (small) body so the connection goes back to the pool.
-                Limited::new(response.into_body(), 64 << 10).collect().await.ok()?;
+                Limited::new(response.into_body(), CHECK_BODY).collect().await.ok()?;
                 Some(ok)
             }
             Probe::Grpc(clients) => {

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::pool::Failure;
+use super::endpoint::Failure;
 use crate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use crate::protocol::grpc::{bridge, pb, request_to_grpc, response_from_grpc};
 use crate::protocol::{self, InferRequest, Tensor};
@@ -181,7 +181,7 @@ fn backend_status(status: tonic::Status, deadline: Instant) -> Result<Response<B
     if !transport {
         return Ok(bridge::status_to_http(&status));
     }
-    let detail = super::pool::chain(&status);
+    let detail = super::endpoint::chain(&status);
     if status.message().contains("connect") {
         Err(Failure::Connect(detail))
     } else {

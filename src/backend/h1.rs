@@ -32,7 +32,8 @@ use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::pool::{chain, Failure};
+use super::endpoint::{chain, Failure};
+use super::message::{end_to_end, outgoing, path_and_query};
 
 /// How long a pool's connection may sit idle before it is closed.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -97,6 +98,22 @@ impl Conns {
             max_idle,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Sends the call of `parts` and `body` (in origin form, the path shared, not parsed
+    /// again) with only its end-to-end headers, and reads the whole answer (at most
+    /// `max_body` bytes), keeping only its end-to-end headers.
+    pub(super) async fn send_call(
+        &self,
+        parts: &http::request::Parts,
+        body: Bytes,
+        max_body: usize,
+    ) -> Result<Response<Bytes>, Failure> {
+        let mut uri = http::uri::Parts::default();
+        uri.path_and_query = Some(path_and_query(parts));
+        let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
+        let response = self.send(outgoing(parts, uri, body), max_body).await?;
+        Ok(end_to_end(response))
     }
 
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole

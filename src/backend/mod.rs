@@ -1,14 +1,20 @@
 //! Backends: the model servers tiergate calls, grouped into pools.
 //!
 //! The bottom of the request path. [`Pool`] sends calls to the endpoints of one tier
-//! of one route, over HTTP or, for `grpc://` endpoints, over gRPC; [`Pools`] finds or builds the pool for a route's current spec, so a
+//! of one route (endpoint choice, circuits, limits, errors), over `h1` (HTTP/1.1, its
+//! own client), `h2` (HTTP/2) or, for `grpc://` endpoints, `grpc`, with the messages of
+//! `message` (end-to-end headers only); `endpoint` holds what they and the active
+//! `checks` share; [`Pools`] finds or builds the pool for a route's current spec, so a
 //! tier keeps its connections and counters for as long as a route's pool is unchanged
 //! and gets fresh ones when a policy reload changes it.
 
 mod checks;
+mod endpoint;
 mod grpc;
 mod h1;
+mod h2;
 pub mod health;
+mod message;
 mod pool;
 
 use std::sync::Arc;

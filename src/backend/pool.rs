@@ -13,17 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use http::{HeaderValue, Request, Response};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::checks::Probe;
+use super::endpoint::{Endpoint, Failure, InFlight, Verdict};
 use super::health::{Admit, Health};
 use super::Role;
 use crate::error::{Error, Kind};
@@ -52,39 +48,10 @@ enum Transport {
     /// driving its own connection.
     Http1(Arc<Vec<super::h1::Conns>>),
     /// KServe v2 over HTTP/2, one client multiplexing calls over a connection per endpoint.
-    Http2(Box<Client<HttpConnector, Full<Bytes>>>),
+    Http2(Box<super::h2::Client>),
     /// KServe v2 over gRPC, one multiplexed channel per endpoint (same order).
     Grpc(Vec<super::grpc::Client>),
 }
-
-/// One backend endpoint of a pool: where it is, its load and its circuit.
-#[derive(Debug)]
-pub(super) struct Endpoint {
-    pub(super) authority: Authority,
-    in_flight: AtomicUsize,
-    pub(super) health: Health,
-}
-
-/// A pool's endpoints, shared with its health checks.
-pub(super) type Endpoints = Vec<Endpoint>;
-
-/// A keep-alive HTTP client for one pool, HTTP/1.1 or HTTP/2 as `spec` says (its
-/// health checks, and its calls when they are HTTP/2).
-fn http_client(spec: &PoolSpec) -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(spec.connect_timeout));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .http2_only(spec.http2)
-        .build(connector)
-}
-
-/// Marks one call in flight on an endpoint until dropped.
-struct InFlight<'a>(&'a AtomicUsize);
 
 impl Pool {
     /// A pool of `route` in `role`, as `spec` describes; connects lazily.
@@ -115,26 +82,27 @@ impl Pool {
                     .collect();
                 (Transport::Grpc(clients.clone()), Probe::Grpc(clients))
             }
-            false => {
-                let client = http_client(spec);
+            false if spec.http2 => {
+                let client = super::h2::client(spec);
                 let path = spec.health.check_path.clone().unwrap_or_default();
-                let transport = match spec.http2 {
-                    true => Transport::Http2(Box::new(client.clone())),
-                    false => {
-                        let conns: Vec<_> = endpoints
-                            .iter()
-                            .map(|e| {
-                                let max_idle = spec.max_concurrency.get() as usize;
-                                let idle = super::h1::IDLE_TIMEOUT;
-                                super::h1::Conns::new(e.authority.clone(), spec.connect_timeout, idle, max_idle)
-                            })
-                            .collect();
-                        let conns = Arc::new(conns);
-                        super::h1::start_sweep(Arc::downgrade(&conns));
-                        Transport::Http1(conns)
-                    }
-                };
-                (transport, Probe::Http(Box::new(client), path))
+                (
+                    Transport::Http2(Box::new(client.clone())),
+                    Probe::Http2(Box::new(client), path),
+                )
+            }
+            false => {
+                let conns: Vec<_> = endpoints
+                    .iter()
+                    .map(|e| {
+                        let max_idle = spec.max_concurrency.get() as usize;
+                        let idle = super::h1::IDLE_TIMEOUT;
+                        super::h1::Conns::new(e.authority.clone(), spec.connect_timeout, idle, max_idle)
+                    })
+                    .collect();
+                let conns = Arc::new(conns);
+                super::h1::start_sweep(Arc::downgrade(&conns));
+                let path = spec.health.check_path.clone().unwrap_or_default();
+                (Transport::Http1(conns.clone()), Probe::Http1(conns, path))
             }
         };
         // Checks run when the route has a check path (gRPC pools use ServerReady instead),
@@ -234,21 +202,18 @@ impl Pool {
             }
             Some(_) if self.binary_tensors => Ok(body),
             Some(_) => {
-                let mut req = protocol::decode_request(&body, header_len)
-                    .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
-                req.parameters.remove("binary_data_output");
-                req.outputs.iter_mut().for_each(|o| o.binary_data = None);
-                let (encoded, header_len) = protocol::encode_request(&req, false);
-                if header_len.is_some() {
-                    return Err(Error::new(
-                        Kind::BadRequest,
-                        format!(
-                            "route {}'s backends read JSON tensors only (binary_tensors = false), and a tensor in this \
-                             request cannot be carried as JSON (FP16, NaN or infinity, or BYTES that are not UTF-8)",
-                            self.route
-                        ),
-                    ));
-                }
+                let encoded = protocol::as_json_tensors(&body, header_len)
+                    .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?
+                    .ok_or_else(|| {
+                        Error::new(
+                            Kind::BadRequest,
+                            format!(
+                                "route {}'s backends read JSON tensors only (binary_tensors = false), and a tensor in \
+                                 this request cannot be carried as JSON (FP16, NaN or infinity, or BYTES that are not UTF-8)",
+                                self.route
+                            ),
+                        )
+                    })?;
                 parts.headers.remove(protocol::HEADER_LEN);
                 parts.headers.insert(http::header::CONTENT_TYPE, json);
                 Ok(encoded)
@@ -324,8 +289,17 @@ impl Pool {
         // unboxed it would set the size of every call's future (moved on each request).
         let call = async {
             match &self.transport {
-                Transport::Http1(conns) => self.send_http1(&conns[at], parts, body).await,
-                Transport::Http2(client) => Box::pin(self.send_http2(client, &endpoint.authority, parts, body)).await,
+                Transport::Http1(conns) => conns[at].send_call(parts, body, self.max_response_bytes).await,
+                Transport::Http2(client) => {
+                    Box::pin(super::h2::send(
+                        client,
+                        &endpoint.authority,
+                        parts,
+                        body,
+                        self.max_response_bytes,
+                    ))
+                    .await
+                }
                 Transport::Grpc(clients) => {
                     Box::pin(super::grpc::call(clients[at].clone(), parts, body, deadline)).await
                 }
@@ -362,49 +336,6 @@ impl Pool {
         result
     }
 
-    async fn send_http1(
-        &self,
-        conns: &super::h1::Conns,
-        parts: &http::request::Parts,
-        body: Bytes,
-    ) -> Result<Response<Bytes>, Failure> {
-        // Origin form (`/path?query`), the path shared, not parsed again.
-        let mut uri = http::uri::Parts::default();
-        uri.path_and_query = Some(path_and_query(parts));
-        let uri = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        let response = conns.send(outgoing(parts, uri, body), self.max_response_bytes).await?;
-        Ok(end_to_end(response))
-    }
-
-    async fn send_http2(
-        &self,
-        client: &Client<HttpConnector, Full<Bytes>>,
-        authority: &Authority,
-        parts: &http::request::Parts,
-        body: Bytes,
-    ) -> Result<Response<Bytes>, Failure> {
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(Scheme::HTTP);
-        uri.authority = Some(authority.clone());
-        uri.path_and_query = Some(path_and_query(parts));
-        let uri = Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        let response = client.request(outgoing(parts, uri, body)).await.map_err(|e| {
-            let detail = chain(&e);
-            if e.is_connect() {
-                Failure::Connect(detail)
-            } else {
-                Failure::Other(detail)
-            }
-        })?;
-        let (head, body) = response.into_parts();
-        let body = Limited::new(body, self.max_response_bytes)
-            .collect()
-            .await
-            .map_err(|e| Failure::Body(e.to_string()))?
-            .to_bytes();
-        Ok(end_to_end(Response::from_parts(head, body)))
-    }
-
     fn error(&self, at: usize, failure: Failure) -> Error {
         let backend = &self.endpoints[at].authority;
         match failure {
@@ -422,187 +353,5 @@ impl Pool {
                 format!("the budget ran out while backend {backend} was working; the call was dropped"),
             ),
         }
-    }
-}
-
-/// The request's path and query (`/` when it has none).
-fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
-    parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"))
-}
-
-/// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
-fn outgoing(parts: &http::request::Parts, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
-    let mut request = Request::new(Full::new(body));
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = uri;
-    *request.headers_mut() = parts.headers.clone();
-    keep_end_to_end(request.headers_mut());
-    request
-}
-
-/// A backend answer with only its end-to-end headers.
-fn end_to_end(mut response: Response<Bytes>) -> Response<Bytes> {
-    keep_end_to_end(response.headers_mut());
-    response
-}
-
-/// How a call to one endpoint failed.
-pub(super) enum Failure {
-    /// No connection could be made: the request never left, so it may go elsewhere.
-    Connect(String),
-    /// The exchange failed after connecting.
-    Other(String),
-    /// The response body was unreadable or too large.
-    Body(String),
-    /// The deadline passed.
-    Deadline,
-}
-
-/// The health outcome of one call, given once; a probe dropped before it is given
-/// frees the endpoint's probe slot.
-struct Verdict<'a> {
-    health: &'a Health,
-    probe: bool,
-    given: bool,
-}
-
-impl Verdict<'_> {
-    fn pass(&mut self) {
-        if !std::mem::replace(&mut self.given, true) {
-            self.health.succeeded();
-        }
-    }
-
-    fn fail(&mut self, why: &'static str) {
-        if !std::mem::replace(&mut self.given, true) {
-            self.health.failed(why, Instant::now());
-        }
-    }
-}
-
-impl Drop for Verdict<'_> {
-    fn drop(&mut self) {
-        if self.probe && !self.given {
-            self.health.abandoned();
-        }
-    }
-}
-
-impl<'a> InFlight<'a> {
-    fn enter(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::Relaxed);
-        InFlight(counter)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
-/// `host` (the client sets it for the backend) and `content-length` (recomputed).
-const HOP_BY_HOP: [HeaderName; 11] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::HOST,
-    header::CONTENT_LENGTH,
-];
-
-/// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
-/// named in `Connection`.
-fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
-    let connection = from.get_all(header::CONNECTION);
-    let named = |name: &HeaderName| {
-        connection
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
-    };
-    for (name, value) in from {
-        if !HOP_BY_HOP.contains(name) && !named(name) {
-            to.append(name.clone(), value.clone());
-        }
-    }
-}
-
-/// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them:
-/// `content-length` and `host` (in nearly every message) are removed in place, and the
-/// map is copied only when another hop-by-hop header is there.
-fn keep_end_to_end(headers: &mut HeaderMap) {
-    headers.remove(header::CONTENT_LENGTH);
-    headers.remove(header::HOST);
-    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        let all = std::mem::take(headers);
-        copy_end_to_end(&all, headers);
-    }
-}
-
-/// An error and its causes on one line: `client error (Connect): tcp connect error: Connection refused`.
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_stay_behind() {
-        let mut from = HeaderMap::new();
-        for (k, v) in [
-            ("connection", "keep-alive, x-private"),
-            ("x-private", "1"),
-            ("host", "gateway"),
-            ("content-length", "3"),
-            ("transfer-encoding", "chunked"),
-            ("content-type", "application/json"),
-            ("inference-header-content-length", "42"),
-        ] {
-            from.append(k, v.parse().expect("valid"));
-        }
-        let mut to = HeaderMap::new();
-        copy_end_to_end(&from, &mut to);
-        let kept: Vec<&str> = to.keys().map(|k| k.as_str()).collect();
-        assert_eq!(kept, ["content-type", "inference-header-content-length"]);
-        let mut in_place = from.clone();
-        keep_end_to_end(&mut in_place);
-        assert_eq!(in_place, to, "in place, the same headers stay");
-        let mut plain = HeaderMap::new();
-        plain.insert("content-length", HeaderValue::from_static("3"));
-        plain.insert("host", HeaderValue::from_static("gateway"));
-        plain.insert("content-type", HeaderValue::from_static("text/plain"));
-        keep_end_to_end(&mut plain);
-        let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
-        assert_eq!(kept, ["content-type"]);
-    }
-
-    #[test]
-    fn chain_names_every_cause() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        #[derive(Debug, thiserror::Error)]
-        #[error("connect failed")]
-        struct Outer(#[source] std::io::Error);
-        assert_eq!(chain(&Outer(io)), "connect failed: refused");
     }
 }

@@ -37,6 +37,20 @@ pub struct InferRequest {
     pub outputs: Vec<RequestedOutput>,
 }
 
+/// `body` (an infer request in Triton's binary extension, its JSON header
+/// `header_len` bytes long) with every tensor as JSON and no output asked for in
+/// binary, for a backend that reads JSON tensors only; `Ok(None)` when a tensor cannot
+/// be carried as JSON (FP16, NaN or infinity, BYTES that are not UTF-8).
+pub fn as_json_tensors(body: &Bytes, header_len: Option<usize>) -> Result<Option<Bytes>, Error> {
+    let mut req = decode_request(body, header_len)?;
+    req.parameters.remove("binary_data_output");
+    req.outputs.iter_mut().for_each(|o| o.binary_data = None);
+    match encode_request(&req, false) {
+        (encoded, None) => Ok(Some(encoded)),
+        (_, Some(_)) => Ok(None),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(bound(deserialize = "S: Sink"))]
 pub(crate) struct WireRequest<S> {

@@ -1,0 +1,116 @@
+//! The HTTP messages a pool exchanges with a backend: the request with only the
+//! client's end-to-end headers, in origin form for the endpoint, and the answer with
+//! only the backend's. Hop-by-hop headers (RFC 9110 §7.6.1) never cross the gateway.
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
+use http_body_util::Full;
+
+/// The request's path and query (`/` when it has none).
+pub(super) fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
+    parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
+/// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
+pub(super) fn outgoing(parts: &http::request::Parts, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    *request.headers_mut() = parts.headers.clone();
+    keep_end_to_end(request.headers_mut());
+    request
+}
+
+/// A backend answer with only its end-to-end headers.
+pub(super) fn end_to_end(mut response: Response<Bytes>) -> Response<Bytes> {
+    keep_end_to_end(response.headers_mut());
+    response
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
+/// `host` (the client sets it for the backend) and `content-length` (recomputed).
+const HOP_BY_HOP: [HeaderName; 11] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HOST,
+    header::CONTENT_LENGTH,
+];
+
+/// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
+/// named in `Connection`.
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    let connection = from.get_all(header::CONNECTION);
+    let named = |name: &HeaderName| {
+        connection
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
+    };
+    for (name, value) in from {
+        if !HOP_BY_HOP.contains(name) && !named(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them:
+/// `content-length` and `host` (in nearly every message) are removed in place, and the
+/// map is copied only when another hop-by-hop header is there.
+fn keep_end_to_end(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::HOST);
+    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        let all = std::mem::take(headers);
+        copy_end_to_end(&all, headers);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_stay_behind() {
+        let mut from = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("host", "gateway"),
+            ("content-length", "3"),
+            ("transfer-encoding", "chunked"),
+            ("content-type", "application/json"),
+            ("inference-header-content-length", "42"),
+        ] {
+            from.append(k, v.parse().expect("valid"));
+        }
+        let mut to = HeaderMap::new();
+        copy_end_to_end(&from, &mut to);
+        let kept: Vec<&str> = to.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type", "inference-header-content-length"]);
+        let mut in_place = from.clone();
+        keep_end_to_end(&mut in_place);
+        assert_eq!(in_place, to, "in place, the same headers stay");
+        let mut plain = HeaderMap::new();
+        plain.insert("content-length", HeaderValue::from_static("3"));
+        plain.insert("host", HeaderValue::from_static("gateway"));
+        plain.insert("content-type", HeaderValue::from_static("text/plain"));
+        keep_end_to_end(&mut plain);
+        let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type"]);
+    }
+}
