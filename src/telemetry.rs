@@ -18,7 +18,6 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::Trace;
-use crate::trace::Ids;
 
 /// Whether an exporting layer is installed.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -84,20 +83,21 @@ pub fn logged(meta: &tracing::Metadata<'_>) -> bool {
 /// The spans of a request that only the exporter records.
 const EXPORTED_ONLY: [&str; 4] = ["request", "classify", "tier", "backend"];
 
-/// Makes `span` (a request's, not yet entered) a child of the client's span in `ids`
-/// and returns the exported trace and span ids, or `None` when export is off.
-pub fn adopt(span: &Span, ids: &Ids) -> Option<(u128, u64)> {
+/// Makes `span` (a request's, not yet entered) a child of the client's span `parent` in
+/// trace `trace_id` (`sampled` as the client said) and returns the exported trace and
+/// span ids, or `None` when export is off.
+pub fn adopt(span: &Span, trace_id: u128, parent: Option<u64>, sampled: bool) -> Option<(u128, u64)> {
     if !ENABLED.load(Ordering::Acquire) {
         return None;
     }
-    if let Some(parent) = ids.parent {
-        let flags = if ids.sampled {
+    if let Some(parent) = parent {
+        let flags = if sampled {
             TraceFlags::SAMPLED
         } else {
             TraceFlags::default()
         };
         let remote = SpanContext::new(
-            TraceId::from(ids.trace_id),
+            TraceId::from(trace_id),
             SpanId::from(parent),
             flags,
             true,

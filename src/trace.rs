@@ -137,7 +137,7 @@ impl Ids {
             tier = tracing::field::Empty,
             reason = tracing::field::Empty,
         );
-        if let Some((trace_id, span_id)) = crate::telemetry::adopt(&span, self) {
+        if let Some((trace_id, span_id)) = crate::telemetry::adopt(&span, self.trace_id, self.parent, self.sampled) {
             self.trace_id = trace_id;
             self.span_id = span_id;
         }

@@ -40,13 +40,8 @@ pub struct OfflineApi {
     pub wake: Arc<Notify>,
 }
 
-/// Paths this API answers under.
-pub const FILES: &str = "/v1/files";
-/// Paths this API answers under.
-pub const BATCHES: &str = "/v1/batches";
-
 impl OfflineApi {
-    /// Answers `method` on `path` (under [`FILES`] or [`BATCHES`]) with `body`.
+    /// Answers `method` on `path` (under `/v1/files` or `/v1/batches`) with `body`.
     pub async fn answer(
         &self,
         method: &Method,
@@ -273,7 +268,7 @@ impl OfflineApi {
                 );
                 continue;
             };
-            let Some(route) = super::http::route_for(&policy, url) else {
+            let Some(route) = super::paths::route_for(&policy, url) else {
                 problem(
                     &mut errors,
                     line,

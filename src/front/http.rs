@@ -17,7 +17,8 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::batch_api::{OfflineApi, BATCHES, FILES};
+use super::batch_api::OfflineApi;
+use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door as DoorKind;
 use crate::error::{Error, Kind};
@@ -28,9 +29,6 @@ use crate::trace;
 use tracing::Instrument;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
-
-/// Where offline jobs are answered: `/v1/jobs/{id}`.
-const JOBS: &str = "/v1/jobs/";
 
 /// Response header naming the tier that served the request.
 pub const TIER_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-tier");
@@ -54,21 +52,6 @@ enum Body {
     Kserve,
     /// Any JSON document (TF-Serving, OpenAI-style embeddings, ...).
     Json,
-}
-
-/// What a request path asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Target<'a> {
-    Live,
-    Ready,
-    Server,
-    /// `/v2/models/{name}[/versions/{v}]` followed by `rest` ("", "/ready", "/infer", ...).
-    Model {
-        name: &'a str,
-        rest: &'a str,
-    },
-    /// Anything else: a JSON route if the policy has one for this exact path.
-    Other(&'a str),
 }
 
 impl Door {
@@ -253,44 +236,6 @@ impl Door {
     }
 }
 
-/// Whether `path` belongs to the offline tier's API.
-fn offline_path(path: &str) -> bool {
-    path.starts_with(JOBS)
-        || [FILES, BATCHES]
-            .iter()
-            .any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
-}
-
-/// The route serving `path` (a KServe v2 infer path or a JSON route's path).
-pub(super) fn route_for(policy: &crate::policy::Policy, path: &str) -> Option<Arc<Route>> {
-    match target(path) {
-        Target::Model { name, rest: "/infer" } => policy.route_for_model(name).cloned(),
-        Target::Other(p) => policy.route_for_path(p).cloned(),
-        _ => None,
-    }
-}
-
-/// Splits a request path into what it asks for.
-fn target(path: &str) -> Target<'_> {
-    match path {
-        "/v2/health/live" => return Target::Live,
-        "/v2/health/ready" => return Target::Ready,
-        "/v2" | "/v2/" => return Target::Server,
-        _ => {}
-    }
-    let Some(tail) = path.strip_prefix("/v2/models/") else {
-        return Target::Other(path);
-    };
-    let (name, mut rest) = tail.split_at(tail.find('/').unwrap_or(tail.len()));
-    if let Some(after) = rest.strip_prefix("/versions/") {
-        rest = &after[after.find('/').unwrap_or(after.len())..];
-    }
-    if name.is_empty() {
-        return Target::Other(path);
-    }
-    Target::Model { name, rest }
-}
-
 /// The declared body length, if any.
 fn content_length(headers: &HeaderMap) -> Option<usize> {
     headers
@@ -384,31 +329,4 @@ fn empty(status: StatusCode) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::new()));
     *response.status_mut() = status;
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths() {
-        let model = |name, rest| Target::Model { name, rest };
-        let cases = [
-            ("/v2/health/live", Target::Live),
-            ("/v2/health/ready", Target::Ready),
-            ("/v2", Target::Server),
-            ("/v2/models/resnet", model("resnet", "")),
-            ("/v2/models/resnet/ready", model("resnet", "/ready")),
-            ("/v2/models/resnet/infer", model("resnet", "/infer")),
-            ("/v2/models/resnet/versions/3", model("resnet", "")),
-            ("/v2/models/resnet/versions/3/infer", model("resnet", "/infer")),
-            ("/v2/models/resnet/versions/3/ready", model("resnet", "/ready")),
-            ("/v2/models/resnet/config", model("resnet", "/config")),
-            ("/v2/models/", Target::Other("/v2/models/")),
-            ("/v1/embeddings", Target::Other("/v1/embeddings")),
-        ];
-        for (path, want) in cases {
-            assert_eq!(target(path), want, "{path}");
-        }
-    }
 }

@@ -17,6 +17,7 @@ pub mod jobs;
 pub mod kafka_source;
 mod listen;
 pub mod meta;
+mod paths;
 pub mod pipeline;
 pub mod ready;
 

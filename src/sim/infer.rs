@@ -2,30 +2,19 @@
 //! instances, and answer with `OUTPUT0` (a copy of the first input) and `OUTPUT1`
 //! (per-row sums), JSON or binary as the client asked.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use http::{header, Request, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http::{Request, StatusCode};
 use hyper::body::Incoming;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
+use super::answer::{error, read_body, reply, InFlight, Refusal, Reply, POISON};
 use super::instance::{Job, Outcome};
-use super::server::{error, reply, Reply};
-use super::{Model, Stats};
+use super::Model;
 use crate::protocol::{self, Datatype, InferRequest, InferResponse, Tensor, HEADER_LEN};
 
-/// Largest request body accepted.
-pub(crate) const MAX_BODY: usize = 64 << 20;
 /// Largest batch accepted, so `OUTPUT1` stays small whatever `shape[0]` claims.
 const MAX_ROWS: u64 = 1 << 20;
 const OUTPUTS: [&str; 2] = ["OUTPUT0", "OUTPUT1"];
-
-/// The BYTES element (or JSON row) a simulated model refuses with 400: a poison request.
-pub(crate) const POISON: &str = "poison";
-
-/// Why an infer request gets no outputs: the status and the protocol error message.
-pub(crate) struct Refusal(pub StatusCode, pub String);
 
 /// A checked request whose batch is queued.
 struct Queued {
@@ -33,35 +22,6 @@ struct Queued {
     /// The outputs to send, each with whether it goes binary.
     outputs: Vec<(&'static str, bool)>,
     done: oneshot::Receiver<Outcome>,
-}
-
-/// Counts a handler in flight; a handler dropped before answering counts as cancelled.
-pub(crate) struct InFlight {
-    stats: Arc<watch::Sender<Stats>>,
-    pub answered: bool,
-}
-
-impl InFlight {
-    pub(crate) fn enter(stats: &Arc<watch::Sender<Stats>>) -> Self {
-        stats.send_modify(|s| {
-            s.in_flight += 1;
-            s.max_in_flight = s.max_in_flight.max(s.in_flight);
-        });
-        InFlight {
-            stats: Arc::clone(stats),
-            answered: false,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let cancelled = !self.answered;
-        self.stats.send_modify(|s| {
-            s.in_flight = s.in_flight.saturating_sub(1);
-            s.cancelled += u64::from(cancelled);
-        });
-    }
 }
 
 /// Answers `POST /v2/models/{model}/infer` for the model `m`.
@@ -133,34 +93,6 @@ fn queue(m: &Model, model: &str, body: &Bytes, header_len: Option<usize>) -> Res
         .send(Job { rows, reply })
         .map_err(|_| Refusal::no_instance(model))?;
     Ok(Queued { request, outputs, done })
-}
-
-impl Refusal {
-    pub(crate) fn bad(message: impl ToString) -> Self {
-        Refusal(StatusCode::BAD_REQUEST, message.to_string())
-    }
-
-    pub(crate) fn no_instance(model: &str) -> Self {
-        let message = format!("model '{model}' has no running instance");
-        Refusal(StatusCode::INTERNAL_SERVER_ERROR, message)
-    }
-}
-
-pub(crate) async fn read_body(req: Request<Incoming>) -> Result<Bytes, Refusal> {
-    let too_large = || {
-        let message = format!("request body is larger than {} MiB", MAX_BODY >> 20);
-        Refusal(StatusCode::PAYLOAD_TOO_LARGE, message)
-    };
-    let declared = req.headers().get(header::CONTENT_LENGTH);
-    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(Refusal::bad(format!("cannot read the request body: {e}"))),
-    }
 }
 
 /// The batch size: `shape[0]`, the same for every input.

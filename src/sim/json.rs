@@ -13,9 +13,8 @@ use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
-use super::infer::{read_body, InFlight, Refusal, POISON};
+use super::answer::{error, read_body, reply, InFlight, Refusal, Reply, POISON};
 use super::instance::{Job, Outcome};
-use super::server::{error, reply, Reply};
 use super::Simulator;
 
 /// Which JSON service a request is for.

@@ -15,6 +15,7 @@
 //! A BYTES element (or a JSON row) equal to `poison` is refused with 400, as a model
 //! refuses input it cannot read: the micro-batch tier's poison isolation is tested with it.
 
+mod answer;
 mod grpc;
 mod infer;
 mod instance;

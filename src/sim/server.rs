@@ -15,11 +15,8 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use super::answer::{error, reply, Reply};
 use super::{infer, Model, Simulator};
-use crate::protocol::error_body;
-
-/// The simulator's response type.
-pub(crate) type Reply = Response<Full<Bytes>>;
 
 /// A KServe v2 endpoint, with the model and version it names.
 #[derive(Debug, PartialEq, Eq)]
@@ -167,22 +164,8 @@ pub(crate) fn model_metadata(model: &str) -> serde_json::Value {
     })
 }
 
-/// A response with a body and a content type.
-pub(crate) fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
-    let mut reply = Response::new(Full::new(body));
-    *reply.status_mut() = status;
-    let value = header::HeaderValue::from_static(content_type);
-    reply.headers_mut().insert(header::CONTENT_TYPE, value);
-    reply
-}
-
 fn json_reply(status: StatusCode, value: &serde_json::Value) -> Reply {
     reply(status, "application/json", Bytes::from(value.to_string()))
-}
-
-/// The protocol's `{"error": message}` answer.
-pub(crate) fn error(status: StatusCode, message: &str) -> Reply {
-    reply(status, "application/json", error_body(message))
 }
 
 fn empty(status: StatusCode) -> Reply {
