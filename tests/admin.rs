@@ -403,7 +403,12 @@ async fn the_admin_api_stays_off_without_a_token_and_refuses_insecure_exposure()
     config.listen.admin = "0.0.0.0:0".parse().expect("addr");
     config.admin.insecure_no_auth = true;
     let err = Gateway::start(&config, policy(&toml)).await.expect_err("refused");
-    assert!(matches!(err, StartError::Settings(_)), "{err}");
+    assert!(matches!(err, StartError::Invalid(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("admin.insecure_no_auth: is only allowed on a loopback address"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::control::{policy_etag, Control, Edit, Outcome, Refused};
 use crate::metrics;
 use crate::tiers::MicroBatch;
-pub use auth::Tokens;
+pub use auth::{AuthError, Tokens};
 
 /// Largest admin request body: a policy file or a route.
 const MAX_BODY: usize = 4 << 20;

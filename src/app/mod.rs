@@ -12,12 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 mod kafka;
+mod listeners;
 mod scrape;
 mod settings;
 mod threads;
@@ -34,11 +34,13 @@ use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
 use crate::front::http::Door;
 use crate::front::ready::Readiness;
-use crate::policy::{Allowlist, Policy, Problems, Store};
+use crate::policy::{Policy, Problems, Store};
+use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::queue::{embedded, Embedded, Queue, StoreError};
 use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
 use kafka::{check_sources, open_kafka, start_sources};
-use settings::{admin_tokens, NO_TOKEN};
+use listeners::{local, Listeners};
+use settings::{Checked, NO_TOKEN};
 use threads::BatchThreads;
 
 /// A running gateway.
@@ -63,23 +65,6 @@ pub struct Gateway {
     batch_threads: BatchThreads,
 }
 
-/// The bound listeners a gateway serves on.
-#[derive(Debug)]
-pub struct Listeners {
-    /// The KServe v2 HTTP door.
-    pub http: TcpListener,
-    /// The KServe v2 gRPC door.
-    pub grpc: TcpListener,
-    /// The metrics endpoint.
-    pub metrics: TcpListener,
-    /// The admin API, when it is on.
-    pub admin: Option<TcpListener>,
-    /// The bulk HTTP door, when it is on.
-    pub bulk_http: Option<TcpListener>,
-    /// The bulk gRPC door, when it is on.
-    pub bulk_grpc: Option<TcpListener>,
-}
-
 /// The bound addresses of the bulk doors that are on.
 #[derive(Debug, Clone, Copy, Default)]
 struct BulkAddrs {
@@ -100,7 +85,10 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
-    /// The startup settings are inconsistent.
+    /// The startup settings are invalid: every problem, each with its key.
+    #[error("the startup settings are invalid:\n{0}")]
+    Invalid(crate::config::Problems),
+    /// Something the settings name cannot be used (a Kafka broker, the batch threads).
     #[error("{0}")]
     Settings(String),
     /// The policy points a pool outside the backend allowlist.
@@ -125,65 +113,46 @@ pub enum StartError {
 }
 
 impl Gateway {
-    /// Binds the listeners in `config` and starts serving `policy`.
+    /// Checks the settings whole and `policy` against them, binds the listeners in
+    /// `config` and starts serving `policy`.
     pub async fn start(config: &Config, policy: Policy) -> Result<Gateway, StartError> {
+        let checked = settings::checked(config, &policy)?;
         let policy = check_sources(config, policy).await?;
-        let backlog = config.limits.listen_backlog.max(1);
-        let admin = match admin_tokens(config)? {
-            Some(_) => Some(bind("admin API", config.listen.admin, backlog).await?),
-            None => None,
-        };
-        let listeners = Listeners {
-            http: bind("HTTP door", config.listen.http, backlog).await?,
-            grpc: bind("gRPC door", config.listen.grpc, backlog).await?,
-            metrics: bind("metrics endpoint", config.listen.metrics, backlog).await?,
-            admin,
-            bulk_http: bind_some("bulk HTTP door", config.listen.bulk_http, backlog).await?,
-            bulk_grpc: bind_some("bulk gRPC door", config.listen.bulk_grpc, backlog).await?,
-        };
+        let listeners = Listeners::bind(config, checked.tokens.is_some()).await?;
         let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
         let queue = match config.offline.queue {
             QueueKind::Embedded => Queue::Embedded(open_embedded(config)?),
             QueueKind::Kafka => open_kafka(config, &wake, &shutdown).await?,
         };
-        let started = Self::start_with(listeners, config, policy, queue, wake, shutdown.clone());
+        let started = Self::serve(listeners, config, policy, checked, queue, wake, shutdown.clone());
         if started.is_err() {
             shutdown.cancel(); // stops the Kafka queue's tasks
         }
         started
     }
 
-    /// Starts serving `policy` on already bound listeners, with the embedded offline
-    /// store and the policy history under `config.data_dir` (the Kafka queue needs
-    /// [`Gateway::start`]).
-    pub fn start_on(listeners: Listeners, config: &Config, policy: Policy) -> Result<Gateway, StartError> {
-        if config.offline.queue == QueueKind::Kafka {
-            return Err(StartError::Settings(
-                "offline.queue = \"kafka\" is started by Gateway::start, which connects to the brokers first".into(),
-            ));
-        }
-        let queue = Queue::Embedded(open_embedded(config)?);
-        let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
-        Self::start_with(listeners, config, policy, queue, wake, shutdown)
-    }
-
-    fn start_with(
+    /// Builds the parts over `policy` and spawns every listener's loop and worker.
+    fn serve(
         listeners: Listeners,
         config: &Config,
         policy: Policy,
+        checked: Checked,
         store: Queue,
         wake: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Result<Gateway, StartError> {
-        settings::check(config, &policy)?;
-        let allow = Allowlist::parse(&config.backends.allow).map_err(StartError::Settings)?;
-        let tokens = admin_tokens(config)?;
-        let history_error = |source| StartError::History {
-            dir: config.data_dir.clone(),
-            source,
-        };
-        let history = History::open(&config.data_dir, config.admin.audit_log.as_deref()).map_err(history_error)?;
-        let version = history.latest().map_err(history_error)? + 1;
+        let prometheus = crate::metrics::install();
+        let batch_threads = BatchThreads::start(&config.threads)?;
+        let parts = Parts::build(config, policy, checked.allow, store, wake, &shutdown, &batch_threads)?;
+        let (mut tasks, mut draining) = (JoinSet::new(), JoinSet::new());
+        let closing = shutdown.child_token();
+        start_sources(config, &parts.dispatch, &batch_threads, &closing, &shutdown)?;
+        // Offline workers run on the batch threads too (their store I/O has its own thread).
+        let workers = batch_threads
+            .handle()
+            .spawn(parts.workers.run(closing.clone(), shutdown.clone()));
+        draining.spawn(async move { workers.await.map_err(std::io::Error::other) });
+
         let Listeners {
             http,
             grpc,
@@ -192,98 +161,14 @@ impl Gateway {
             bulk_http,
             bulk_grpc,
         } = listeners;
-        let prometheus = crate::metrics::install();
-        let policy = Arc::new(Store::at(policy, version));
-        let dir = config.policy_dir.clone();
-        let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
-        let realtime_tier = Realtime::new(config.limits.max_response_bytes);
-        let realtime = TierService::new(realtime_tier.clone());
-        let batch_threads = BatchThreads::start(&config.threads)?;
-        let micro_batch = MicroBatch::new(
-            config.limits.max_response_bytes,
-            shutdown.clone(),
-            Some(batch_threads.handle()),
-        );
-        let micro_batch_handle = micro_batch.clone();
-        let offline_tier = Offline::new(store.clone(), config.offline.clone(), wake.clone());
-        let tiers = Tiers::new(
-            realtime,
-            TierService::new(micro_batch.clone()),
-            TierService::new(offline_tier),
-        );
-        let max_response = config.limits.max_response_bytes;
-        // Its memory watch runs on the batch threads, off the real-time ones.
-        let admission = {
-            let batch = batch_threads.handle();
-            let _on_batch = batch.enter();
-            Admission::new(&config.limits, shutdown.clone())
-        };
-        let reserve = config.limits.budget_reserve;
-        let readiness = Readiness::new(store.clone(), realtime_tier.clone(), micro_batch.clone());
-        let dispatch = Arc::new(
-            Dispatch::new(policy.clone(), admission, tiers, max_response, readiness.clone())
-                .with_budget_reserve(reserve),
-        );
-        let api = OfflineApi {
-            store: store.clone(),
-            policy: policy.clone(),
-            settings: config.offline.clone(),
-            wake: wake.clone(),
-        };
-        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
-        let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
         let addrs = (local(&http), local(&grpc), local(&metrics));
-
-        let (mut tasks, mut draining) = (JoinSet::new(), JoinSet::new());
-        let closing = shutdown.child_token();
-        let workers = offline::worker::Workers {
-            store,
-            policy: policy.clone(),
-            micro: micro_batch,
-            realtime: realtime_tier,
-            settings: config.offline.clone(),
-            wake,
-        };
-        start_sources(config, &dispatch, &batch_threads, &closing, &shutdown)?;
-        // Offline workers run on the batch threads too (their store I/O has its own thread).
-        let workers = batch_threads
-            .handle()
-            .spawn(workers.run(closing.clone(), shutdown.clone()));
-        draining.spawn(async move { workers.await.map_err(std::io::Error::other) });
-        let answer = move |req| door.clone().answer(req);
-        let (limits, stop) = (config.limits.clone(), (closing.clone(), shutdown.clone()));
-        let serve_http = move |listener| {
-            crate::front::serve(
-                listener,
-                limits.header_read_timeout,
-                limits.max_connections,
-                stop.0,
-                stop.1,
-                answer,
-            )
-        };
-        let (max_connections, stop) = (config.limits.max_connections, (closing.clone(), shutdown.clone()));
-        let serve_grpc = move |listener| async move {
-            // Closing ends the incoming stream once the backlog is taken, and the server
-            // lets open calls finish (GOAWAY; the signal itself never fires); ending
-            // drops the rest.
-            let server = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-                .max_concurrent_streams(1024)
-                .add_service(grpc_door)
-                .serve_with_incoming_shutdown(
-                    crate::front::limited_incoming(listener, max_connections, stop.0),
-                    std::future::pending::<()>(),
-                );
-            tokio::select! {
-                served = server => served.map_err(std::io::Error::other),
-                () = stop.1.cancelled() => Ok(()),
-            }
-        };
         let bulk = BulkAddrs {
             http: bulk_http.as_ref().map(local),
             grpc: bulk_grpc.as_ref().map(local),
         };
+        let serve_http = http_door(parts.door, &config.limits, &closing, &shutdown);
+        let serve_grpc = grpc_door(parts.grpc_door, &config.limits, &closing, &shutdown);
+        // The bulk doors on the batch threads, so reading bulk work never takes a real-time one.
         if let Some(listener) = bulk_http {
             draining.spawn(batch_threads.serve(listener, serve_http.clone()));
         }
@@ -291,24 +176,23 @@ impl Gateway {
             draining.spawn(batch_threads.serve(listener, serve_grpc.clone()));
         }
         draining.spawn(serve_http(http));
+        draining.spawn(serve_grpc(grpc));
         // On the real-time threads: their request deadlines are then filed without a wake-up.
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
-        draining.spawn(serve_grpc(grpc));
         tasks.spawn(scrape::serve(metrics, prometheus, shutdown.clone()));
-        tasks.spawn(readiness.clone().run(policy.clone(), shutdown.clone()));
-        let admin_addr = match (admin, tokens) {
+        tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
+        let admin_addr = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
                 let api = Admin {
-                    control: control.clone(),
+                    control: parts.control.clone(),
                     tokens,
-                    micro_batch: micro_batch_handle,
+                    micro_batch: parts.micro_batch,
                 };
                 tasks.spawn(admin::serve(listener, api, shutdown.clone()));
                 Some(addr)
             }
-            (Some(_), None) => return Err(StartError::Settings(NO_TOKEN.into())),
-            (None, _) => None,
+            _ => None, // bound only when there are tokens
         };
         match admin_addr {
             Some(admin) => {
@@ -325,8 +209,8 @@ impl Gateway {
             metrics: addrs.2,
             admin: admin_addr,
             bulk,
-            control,
-            readiness,
+            control: parts.control,
+            readiness: parts.readiness,
             closing,
             shutdown,
             draining,
@@ -428,6 +312,143 @@ async fn join_all(set: &mut JoinSet<std::io::Result<()>>, outcome: &mut std::io:
     }
 }
 
+/// What every listener serves, built once before any is spawned: the policy and its
+/// control plane, the three tiers, admission, readiness, the dispatch, the doors, and
+/// the offline workers.
+struct Parts {
+    policy: Arc<Store>,
+    control: Arc<Control>,
+    readiness: Arc<Readiness>,
+    dispatch: Arc<Dispatch>,
+    door: Arc<Door>,
+    grpc_door: GrpcInferenceServiceServer<GrpcDoor>,
+    micro_batch: MicroBatch,
+    workers: offline::worker::Workers,
+}
+
+impl Parts {
+    fn build(
+        config: &Config,
+        policy: Policy,
+        allow: crate::policy::Allowlist,
+        store: Queue,
+        wake: Arc<Notify>,
+        shutdown: &CancellationToken,
+        batch_threads: &BatchThreads,
+    ) -> Result<Parts, StartError> {
+        let history_error = |source| StartError::History {
+            dir: config.data_dir.clone(),
+            source,
+        };
+        let history = History::open(&config.data_dir, config.admin.audit_log.as_deref()).map_err(history_error)?;
+        let version = history.latest().map_err(history_error)? + 1;
+        let policy = Arc::new(Store::at(policy, version));
+        let dir = config.policy_dir.clone();
+        let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
+        let max_response = config.limits.max_response_bytes;
+        let realtime = Realtime::new(max_response);
+        let micro_batch = MicroBatch::new(max_response, shutdown.clone(), Some(batch_threads.handle()));
+        let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
+        let tiers = Tiers::new(
+            TierService::new(realtime.clone()),
+            TierService::new(micro_batch.clone()),
+            TierService::new(offline),
+        );
+        // Its memory watch runs on the batch threads, off the real-time ones.
+        let admission = {
+            let batch = batch_threads.handle();
+            let _on_batch = batch.enter();
+            Admission::new(&config.limits, shutdown.clone())
+        };
+        let readiness = Readiness::new(store.clone(), realtime.clone(), micro_batch.clone());
+        let dispatch = Arc::new(
+            Dispatch::new(policy.clone(), admission, tiers, max_response, readiness.clone())
+                .with_budget_reserve(config.limits.budget_reserve),
+        );
+        let api = OfflineApi {
+            store: store.clone(),
+            policy: policy.clone(),
+            settings: config.offline.clone(),
+            wake: wake.clone(),
+        };
+        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
+        let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
+        let workers = offline::worker::Workers {
+            store,
+            policy: policy.clone(),
+            micro: micro_batch.clone(),
+            realtime,
+            settings: config.offline.clone(),
+            wake,
+        };
+        Ok(Parts {
+            policy,
+            control,
+            readiness,
+            dispatch,
+            door,
+            grpc_door,
+            micro_batch,
+            workers,
+        })
+    }
+}
+
+/// The HTTP door's loop for a listener: it stops accepting at `closing` and closes what
+/// is still open at `ending`.
+fn http_door(
+    door: Arc<Door>,
+    limits: &crate::config::Limits,
+    closing: &CancellationToken,
+    ending: &CancellationToken,
+) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
+    let (read_timeout, max_connections) = (limits.header_read_timeout, limits.max_connections);
+    let (closing, ending) = (closing.clone(), ending.clone());
+    move |listener| {
+        let answer = move |req| door.clone().answer(req);
+        Box::pin(crate::front::serve(
+            listener,
+            read_timeout,
+            max_connections,
+            closing,
+            ending,
+            answer,
+        ))
+    }
+}
+
+/// The gRPC door's loop for a listener: closing ends its incoming stream once the
+/// backlog is taken, and the server lets open calls finish (GOAWAY; tonic's own signal
+/// never fires); ending drops the rest.
+fn grpc_door(
+    service: GrpcInferenceServiceServer<GrpcDoor>,
+    limits: &crate::config::Limits,
+    closing: &CancellationToken,
+    ending: &CancellationToken,
+) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
+    let max_connections = limits.max_connections;
+    let (closing, ending) = (closing.clone(), ending.clone());
+    move |listener| {
+        Box::pin(async move {
+            let server = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .max_concurrent_streams(1024)
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    crate::front::limited_incoming(listener, max_connections, closing),
+                    std::future::pending::<()>(),
+                );
+            tokio::select! {
+                served = server => served.map_err(std::io::Error::other),
+                () = ending.cancelled() => Ok(()),
+            }
+        })
+    }
+}
+
+/// A listener's loop, boxed.
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>;
+
 /// The offline store's limits from `config`.
 fn store_limits(config: &Config) -> embedded::Limits {
     embedded::Limits {
@@ -443,37 +464,4 @@ fn open_embedded(config: &Config) -> Result<Embedded, StartError> {
         dir: config.data_dir.clone(),
         source,
     })
-}
-
-/// Binds `addr` with a queue of `backlog` connections the kernel has accepted and the
-/// gateway not yet taken (tokio's own `bind` keeps 1,024: a spike of new connections
-/// overflows it, and an overflowed client waits a second or more to retry).
-async fn bind(what: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpListener, StartError> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-    };
-    socket
-        .and_then(|s| {
-            s.set_reuseaddr(true)?;
-            s.bind(addr)?;
-            s.listen(backlog)
-        })
-        .map_err(|source| StartError::Bind { what, addr, source })
-}
-
-/// Binds `addr` when it is set, as [`bind`] does.
-async fn bind_some(
-    what: &'static str,
-    addr: Option<SocketAddr>,
-    backlog: u32,
-) -> Result<Option<TcpListener>, StartError> {
-    match addr {
-        Some(addr) => bind(what, addr, backlog).await.map(Some),
-        None => Ok(None),
-    }
-}
-
-fn local(listener: &TcpListener) -> SocketAddr {
-    listener.local_addr().expect("a bound TCP listener has a local address")
 }

@@ -1,9 +1,10 @@
-//! The startup checks that need no socket: settings that must agree with each other,
-//! the policy against the backend allowlist, the admin token. `tiergate serve --check`
-//! runs them alone; [`super::Gateway::start`] runs them first.
+//! The startup checks that need no socket: the settings checked whole (every problem
+//! with its dotted key, [`Config::validate`]), the backend allowlist and the admin
+//! token read, then the policy against the allowlist. `tiergate serve --check` runs
+//! them alone; [`super::Gateway::start`] runs them before it binds anything.
 
-use crate::admin::Tokens;
-use crate::config::Config;
+use crate::admin::{AuthError, Tokens};
+use crate::config::{Config, Problem, Problems};
 use crate::policy::{Allowlist, Policy};
 
 use super::StartError;
@@ -12,55 +13,45 @@ use super::StartError;
 pub(super) const NO_TOKEN: &str = "no admin token is configured (admin.token_file, or TIERGATE_ADMIN__TOKEN); \
                         set one, or admin.insecure_no_auth = true on a loopback address for a local test";
 
-/// The admin API's tokens, checking that it does not share a port with a data listener.
-pub(super) fn admin_tokens(config: &Config) -> Result<Option<Tokens>, StartError> {
-    let tokens =
-        Tokens::from_settings(&config.admin, config.listen.admin).map_err(|e| StartError::Settings(e.to_string()))?;
-    let l = &config.listen;
-    let shared = [Some(l.http), Some(l.grpc), Some(l.metrics), l.bulk_http, l.bulk_grpc]
-        .into_iter()
-        .flatten()
-        .any(|data| data.port() != 0 && data.port() == l.admin.port());
-    if tokens.is_some() && shared {
-        return Err(StartError::Settings(format!(
-            "listen.admin ({}) shares a port with a data or metrics listener; the admin API needs its own",
-            l.admin
-        )));
-    }
-    Ok(tokens)
+/// What the checks found usable: the allowlist and the admin API's tokens.
+pub(super) struct Checked {
+    pub(super) allow: Allowlist,
+    pub(super) tokens: Option<Tokens>,
 }
 
-/// Checks what `config` and `policy` must agree on before anything starts: the policy's
-/// pools inside the backend allowlist, thread priorities and CPU lists, the budget
-/// reserve, the stop's timings, and the admin API's token and port.
+/// Checks `config` whole, then `policy` against its backend allowlist.
 pub fn check(config: &Config, policy: &Policy) -> Result<(), StartError> {
-    let allow = Allowlist::parse(&config.backends.allow).map_err(StartError::Settings)?;
+    checked(config, policy).map(|_| ())
+}
+
+/// [`check`], keeping what it read.
+pub(super) fn checked(config: &Config, policy: &Policy) -> Result<Checked, StartError> {
+    let mut problems = config.validate().err().map_or_else(Vec::new, |p| p.0);
+    let allow = Allowlist::parse(&config.backends.allow).map_err(|message| problem("backends.allow", &message));
+    let tokens = Tokens::from_settings(&config.admin, config.listen.admin).map_err(|e| {
+        let key = match e {
+            AuthError::TokenFile(_) => "admin.token_file",
+            AuthError::Weak(_) => "admin.token",
+            AuthError::InsecureExposed(_) => "admin.insecure_no_auth",
+        };
+        problem(key, &e.to_string())
+    });
+    let (allow, tokens) = match (allow, tokens) {
+        (Ok(allow), Ok(tokens)) if problems.is_empty() => (allow, tokens),
+        (allow, tokens) => {
+            problems.extend(allow.err());
+            problems.extend(tokens.err());
+            return Err(StartError::Invalid(Problems(problems)));
+        }
+    };
     allow.check(policy).map_err(StartError::Policy)?;
-    let threads = &config.threads;
-    let nice = threads.batch_nice;
-    if !(0..=19).contains(&nice) {
-        return Err(StartError::Settings(format!(
-            "threads.batch_nice is {nice}: give a nice value from 0 (the real-time threads' priority) to 19 (the lowest)"
-        )));
+    Ok(Checked { allow, tokens })
+}
+
+/// The problem `message` about `key`, which the message may already start with.
+fn problem(key: &str, message: &str) -> Problem {
+    Problem {
+        key: key.to_owned(),
+        message: message.strip_prefix(key).unwrap_or(message).trim_start().to_owned(),
     }
-    for (cpus, setting) in [
-        (&threads.batch_cpus, "threads.batch_cpus"),
-        (&threads.realtime_cpus, "threads.realtime_cpus"),
-    ] {
-        cpus.check(setting).map_err(StartError::Settings)?;
-    }
-    let reserve = config.limits.budget_reserve;
-    if !(0.0..=0.5).contains(&reserve) {
-        return Err(StartError::Settings(format!(
-            "limits.budget_reserve is {reserve}: give the share of each budget to keep back, from 0 to 0.5"
-        )));
-    }
-    let stop = &config.shutdown;
-    if stop.drain_delay >= stop.timeout {
-        return Err(StartError::Settings(format!(
-            "shutdown.drain_delay ({:?}) must be shorter than shutdown.timeout ({:?}): the drain happens within the timeout",
-            stop.drain_delay, stop.timeout
-        )));
-    }
-    admin_tokens(config).map(|_| ())
 }

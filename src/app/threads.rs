@@ -16,7 +16,7 @@ impl BatchThreads {
     pub(super) fn start(threads: &crate::config::Threads) -> Result<BatchThreads, StartError> {
         let (nice, cpus) = (threads.batch_nice, threads.batch_cpus.clone());
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.batch_workers.max(1))
+            .worker_threads(threads.batch_workers)
             .thread_name("tiergate-batch")
             .on_thread_start(move || {
                 cpus.pin_this_thread();

@@ -14,8 +14,10 @@ use serde::Deserialize;
 use crate::cpu::CpuList;
 
 mod kafka;
+mod validate;
 
 pub use kafka::{Kafka, KafkaQueue, KafkaSource};
+pub use validate::{Problem, Problems};
 
 /// The startup settings.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -93,3 +93,59 @@ fn cpu_lists_come_from_the_file_or_the_environment_and_bad_ones_say_why() {
     let err = Config::load(None, env).expect_err("a backwards range is refused");
     assert!(err.to_string().contains("runs backwards"), "{err}");
 }
+
+#[test]
+fn validation_reports_every_problem_with_its_key() {
+    let mut config = Config::default();
+    config.threads.batch_nice = 25;
+    config.threads.batch_workers = 0;
+    config.limits.budget_reserve = 0.9;
+    config.limits.max_connections = 0;
+    config.offline.max_attempts = 0;
+    config.shutdown.drain_delay = Duration::from_secs(30);
+    config.listen.grpc = config.listen.http;
+    config.kafka.sources = vec![KafkaSource {
+        route: "r".into(),
+        input: "t".into(),
+        output: "t".into(),
+        path: "v2/models/m/infer".into(),
+        group: None,
+        budget: Duration::ZERO,
+        max_in_flight: 0,
+    }];
+    let problems = config.validate().expect_err("refused").0;
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "threads.batch_nice",
+            "threads.batch_workers",
+            "limits.max_connections",
+            "limits.budget_reserve",
+            "offline.max_attempts",
+            "kafka.sources[0].max_in_flight",
+            "kafka.sources[0].budget",
+            "kafka.sources[0].path",
+            "kafka.sources[0].output",
+            "listen.grpc",
+            "shutdown.drain_delay",
+        ],
+        "{problems:?}"
+    );
+    assert!(problems.iter().all(|p| !p.message.is_empty()));
+    let grpc = problems.iter().find(|p| p.key == "listen.grpc").expect("listen.grpc");
+    assert!(grpc.message.contains("listen.http"), "{grpc:?}");
+    assert!(Config::default().validate().is_ok(), "the defaults are valid");
+}
+
+#[test]
+fn the_admin_api_may_not_share_a_data_port() {
+    let mut config = Config::default();
+    config.listen.admin = config.listen.metrics;
+    assert!(config.validate().is_ok(), "no admin API configured: nothing shares");
+    config.admin.token = Some(Secret("a-long-enough-admin-token".into()));
+    let problems = config.validate().expect_err("refused").0;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].key, "listen.admin");
+    assert!(problems[0].message.contains("a port of its own"), "{problems:?}");
+}

@@ -81,14 +81,11 @@ impl Dispatch {
     }
 
     /// The same dispatch aiming each request's tiers at `budget × (1 − reserve)`,
-    /// keeping the rest for the time outside the gateway (`limits.budget_reserve`);
-    /// `reserve` is clamped to 0..=0.5.
+    /// keeping the rest for the time outside the gateway (`limits.budget_reserve`, from
+    /// 0 to 0.5: the startup checks refuse any other).
     pub fn with_budget_reserve(mut self, reserve: f64) -> Self {
-        self.reserve = if reserve.is_finite() {
-            reserve.clamp(0.0, 0.5)
-        } else {
-            0.0
-        };
+        debug_assert!((0.0..=0.5).contains(&reserve), "checked by Config::validate");
+        self.reserve = reserve;
         self
     }
 
