@@ -41,6 +41,7 @@ pub mod config;
 pub mod control;
 pub mod cpu;
 pub mod error;
+pub mod headers;
 pub mod metrics;
 pub mod policy;
 pub mod reload;

@@ -1,12 +1,9 @@
 //! The `tiergate` command: `serve`, `demo`, `sim`, `policy`, `jobs`, `flags`, `explain`,
 //! `top` and `health`.
 
-mod client;
-mod demo;
-mod jobs;
-mod ops;
-mod probe;
-mod top;
+mod cli;
+
+use cli::{admin, demo, health, jobs, top};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -70,16 +67,16 @@ enum Command {
     /// Read and set a running gateway's per-route flags (through its admin API).
     Flags {
         #[command(subcommand)]
-        command: ops::FlagsCommand,
+        command: admin::FlagsCommand,
     },
     /// Show how a running gateway would serve a described request; nothing is sent.
-    Explain(ops::ExplainArgs),
+    Explain(admin::ExplainArgs),
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
     Top(top::TopArgs),
     /// Exit 0 when a gateway is ready (its /v2/health/ready answers 200), else say why
     /// and exit 1: the container image's health check, which needs no curl.
-    Health(probe::HealthArgs),
+    Health(health::HealthArgs),
 }
 
 #[derive(Debug, Args)]
@@ -176,16 +173,16 @@ enum PolicyCommand {
         dir: PathBuf,
     },
     #[command(flatten)]
-    Admin(ops::PolicyOps),
+    Admin(admin::PolicyOps),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => code,
-        Err(e) if e.downcast_ref::<ops::Unreachable>().is_some() => {
+        Err(e) if e.downcast_ref::<admin::Unreachable>().is_some() => {
             eprintln!("tiergate: {e:#}");
-            ExitCode::from(ops::UNREACHABLE)
+            ExitCode::from(admin::UNREACHABLE)
         }
         Err(e) => {
             eprintln!("tiergate: {e:#}");
@@ -201,12 +198,12 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         } => Ok(policy_check(&dir)),
         Command::Policy {
             command: PolicyCommand::Admin(command),
-        } => runtime(1)?.block_on(ops::policy(command)),
+        } => runtime(1)?.block_on(admin::policy(command)),
         Command::Jobs { command } => runtime(1)?.block_on(jobs::run(command)),
-        Command::Flags { command } => runtime(1)?.block_on(ops::flags(command)),
-        Command::Explain(args) => runtime(1)?.block_on(ops::explain(args)),
+        Command::Flags { command } => runtime(1)?.block_on(admin::flags(command)),
+        Command::Explain(args) => runtime(1)?.block_on(admin::explain(args)),
         Command::Top(args) => runtime(1)?.block_on(top::run(args)),
-        Command::Health(args) => runtime(1)?.block_on(probe::run(args)),
+        Command::Health(args) => runtime(1)?.block_on(health::run(args)),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
@@ -223,7 +220,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let runtime = realtime_runtime(&config.threads)?;
             let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
             let _exporter = init_logs(&config)?;
-            runtime.block_on(serve(config))
+            runtime.block_on(serve_command(config))
         }
         Command::Demo(args) => {
             let mut config = Config::default();
@@ -284,7 +281,7 @@ fn serve_check(config: &Config) -> ExitCode {
     }
 }
 
-async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+async fn serve_command(config: Config) -> anyhow::Result<ExitCode> {
     let policy = Policy::load_dir(&config.policy_dir)
         .map_err(|p| anyhow::anyhow!("the policy in {} is invalid:\n{p}", config.policy_dir.display()))?;
     let mut gateway = Gateway::start(&config, policy).await?;
@@ -394,9 +391,9 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         let grpc = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
-        tokio::spawn(sim.clone().serve_grpc(grpc, shutdown.clone()));
+        tokio::spawn(sim.clone().listen_grpc(grpc, shutdown.clone()));
     }
-    let server = tokio::spawn(sim.serve(listener, shutdown.clone()));
+    let server = tokio::spawn(sim.listen(listener, shutdown.clone()));
     stopped().await;
     shutdown.cancel();
     server.await??;

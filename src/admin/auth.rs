@@ -6,12 +6,10 @@ use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
 use crate::config;
+use crate::headers;
 
 /// Shortest token accepted: anything shorter is guessable.
 pub const MIN_TOKEN_BYTES: usize = 16;
-/// Request header naming the person behind a token (the CLI sends `$USER`); audited
-/// beside the token's name, never trusted alone.
-pub const ACTOR_HEADER: &str = "x-tiergate-actor";
 
 /// The accepted tokens, each with the name the audit log gives its holder.
 #[derive(Clone)]
@@ -118,7 +116,7 @@ impl Tokens {
             found?
         };
         let actor = headers
-            .get(ACTOR_HEADER)
+            .get(headers::ACTOR)
             .and_then(|v| v.to_str().ok())
             .map(|a| a.trim())
             .filter(|a| !a.is_empty() && a.len() <= 64 && a.bytes().all(|b| b.is_ascii_graphic() || b == b' '));
@@ -161,7 +159,7 @@ mod tests {
         assert_eq!(tokens.who(&bearer("0123")), None);
         assert_eq!(tokens.who(&HeaderMap::new()), None);
         let mut with_actor = bearer("0123456789abcdef0");
-        with_actor.insert(ACTOR_HEADER, "alice".parse().expect("value"));
+        with_actor.insert(headers::ACTOR, "alice".parse().expect("value"));
         assert_eq!(tokens.who(&with_actor).as_deref(), Some("admin (alice)"));
 
         assert!(

@@ -55,7 +55,7 @@ pub struct Admin {
 }
 
 /// Serves the admin API on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, admin: Admin, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn listen(listener: TcpListener, admin: Admin, shutdown: CancellationToken) -> std::io::Result<()> {
     if admin.tokens.is_open() {
         tracing::warn!(addr = %listener.local_addr()?, "the admin API is UNAUTHENTICATED (admin.insecure_no_auth): anyone on this host can change the policy");
     }
@@ -64,7 +64,7 @@ pub async fn serve(listener: TcpListener, admin: Admin, shutdown: CancellationTo
         let admin = admin.clone();
         async move { admin.answer(req).await }
     };
-    crate::front::serve(
+    crate::front::listen(
         listener,
         std::time::Duration::from_secs(10),
         64,

@@ -10,6 +10,7 @@ use crate::classify::classify;
 use crate::control::{edit, route_etag};
 use crate::decision::{BudgetSource, Decision, Meta, Refusal};
 use crate::front::meta;
+use crate::headers;
 use crate::policy::{JsonAdapter, Policy, PoolSpec, Route, WhenUnmet};
 use crate::tiers::MicroBatch;
 
@@ -129,7 +130,7 @@ pub fn explain(policy: &Policy, micro_batch: &MicroBatch, described: &Described)
         headers.append(name, value);
     }
     if let Some(ms) = described.budget_ms {
-        headers.insert(meta::BUDGET_HEADER, HeaderValue::from(ms));
+        headers.insert(headers::BUDGET, HeaderValue::from(ms));
     }
     let keyed = headers.contains_key(&route.rollout_key_header) || described.id.is_some();
     let meta = meta::read(&headers, None, described.id.as_deref(), route).map_err(|e| (400, e.message))?;
@@ -181,7 +182,7 @@ fn outcome(result: Result<Decision, Refusal>) -> Value {
             "reason": d.reason.as_str(),
             "budget_ms": ms(d.budget),
             "budget_source": match d.source {
-                BudgetSource::Header => meta::BUDGET_HEADER.to_string(),
+                BudgetSource::Header => headers::BUDGET.to_string(),
                 BudgetSource::GrpcTimeout => meta::GRPC_TIMEOUT.to_string(),
                 BudgetSource::KserveTimeout => "kserve timeout parameter".to_owned(),
                 BudgetSource::RouteDefault => "route default_budget".to_owned(),

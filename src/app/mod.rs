@@ -124,7 +124,7 @@ impl Gateway {
             QueueKind::Embedded => Queue::Embedded(open_embedded(config)?),
             QueueKind::Kafka => open_kafka(config, &wake, &shutdown).await?,
         };
-        let started = Self::serve(listeners, config, policy, checked, queue, wake, shutdown.clone());
+        let started = Self::assemble(listeners, config, policy, checked, queue, wake, shutdown.clone());
         if started.is_err() {
             shutdown.cancel(); // stops the Kafka queue's tasks
         }
@@ -132,7 +132,7 @@ impl Gateway {
     }
 
     /// Builds the parts over `policy` and spawns every listener's loop and worker.
-    fn serve(
+    fn assemble(
         listeners: Listeners,
         config: &Config,
         policy: Policy,
@@ -170,16 +170,16 @@ impl Gateway {
         let serve_grpc = grpc_door(parts.grpc_door, &config.limits, &closing, &shutdown);
         // The bulk doors on the batch threads, so reading bulk work never takes a real-time one.
         if let Some(listener) = bulk_http {
-            draining.spawn(batch_threads.serve(listener, serve_http.clone()));
+            draining.spawn(batch_threads.listen(listener, serve_http.clone()));
         }
         if let Some(listener) = bulk_grpc {
-            draining.spawn(batch_threads.serve(listener, serve_grpc.clone()));
+            draining.spawn(batch_threads.listen(listener, serve_grpc.clone()));
         }
         draining.spawn(serve_http(http));
         draining.spawn(serve_grpc(grpc));
         // On the real-time threads: their request deadlines are then filed without a wake-up.
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
-        tasks.spawn(scrape::serve(metrics, prometheus, shutdown.clone()));
+        tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
         let admin_addr = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
@@ -189,7 +189,7 @@ impl Gateway {
                     tokens,
                     micro_batch: parts.micro_batch,
                 };
-                tasks.spawn(admin::serve(listener, api, shutdown.clone()));
+                tasks.spawn(admin::listen(listener, api, shutdown.clone()));
                 Some(addr)
             }
             _ => None, // bound only when there are tokens
@@ -406,7 +406,7 @@ fn http_door(
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         let answer = move |req| door.clone().answer(req);
-        Box::pin(crate::front::serve(
+        Box::pin(crate::front::listen(
             listener,
             read_timeout,
             max_connections,

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Serves `GET /metrics` in the Prometheus text format until `shutdown`.
-pub(super) async fn serve(
+pub(super) async fn listen(
     listener: TcpListener,
     handle: PrometheusHandle,
     shutdown: CancellationToken,
@@ -36,7 +36,7 @@ pub(super) async fn serve(
             text(StatusCode::OK, handle.render())
         }
     };
-    crate::front::serve(
+    crate::front::listen(
         listener,
         Duration::from_secs(10),
         256,

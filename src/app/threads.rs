@@ -35,9 +35,9 @@ impl BatchThreads {
             .expect("running until dropped")
     }
 
-    /// Runs the listener loop `serve` on the batch threads, `listener` moved to their
+    /// Runs the listener loop `listen` on the batch threads, `listener` moved to their
     /// reactor first so that its connections are accepted, read and answered there.
-    pub(super) fn serve<F, Fut>(&self, listener: TcpListener, serve: F) -> impl Future<Output = std::io::Result<()>>
+    pub(super) fn listen<F, Fut>(&self, listener: TcpListener, listen: F) -> impl Future<Output = std::io::Result<()>>
     where
         F: FnOnce(TcpListener) -> Fut + Send + 'static,
         Fut: Future<Output = std::io::Result<()>> + Send + 'static,
@@ -45,7 +45,7 @@ impl BatchThreads {
         let moved = listener.into_std();
         let task = self
             .handle()
-            .spawn(async move { serve(TcpListener::from_std(moved?)?).await });
+            .spawn(async move { listen(TcpListener::from_std(moved?)?).await });
         async move { task.await.map_err(std::io::Error::other)? }
     }
 }

@@ -22,10 +22,11 @@ use tokio::sync::Notify;
 
 use crate::config;
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::policy::Store;
 use crate::queue::batches::NewBatch;
 use crate::queue::{self, NewJob, Queue};
-use crate::tiers::offline::{store_error, IDEMPOTENCY_HEADER};
+use crate::tiers::offline::store_error;
 
 /// The offline tier's HTTP API: jobs and the Batch API.
 #[derive(Debug, Clone)]
@@ -165,7 +166,7 @@ impl OfflineApi {
             Some(_) => return Err(bad("metadata must be an object of at most 16 string values".into())),
         };
         let idempotency_key = headers
-            .get(IDEMPOTENCY_HEADER)
+            .get(headers::IDEMPOTENCY_KEY)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let content = self.store.content(&input_file_id).await.map_err(store_error)?;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tracing::Instrument;
 
+use crate::headers;
 use crate::trace;
 use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -26,11 +27,9 @@ use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use crate::protocol::grpc::{bridge, pb, request_from_grpc};
-use crate::tiers::micro_batch::{BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
-use super::http::{POLICY_VERSION_HEADER, REASON_HEADER, TIER_HEADER};
 use super::meta;
 
 /// The gRPC door.
@@ -39,8 +38,9 @@ pub struct GrpcDoor {
     dispatch: Arc<Dispatch>,
 }
 
-/// The outcome of one infer call: its answer and the metadata to send with it.
-type Answered = (MetadataMap, Result<pb::ModelInferResponse, Status>);
+/// A served infer call rendered for gRPC: the message (or status) and the metadata
+/// sent with it.
+type Rendered = (MetadataMap, Result<pb::ModelInferResponse, Status>);
 
 impl GrpcDoor {
     /// A gRPC door over `dispatch`.
@@ -57,7 +57,7 @@ impl GrpcDoor {
     }
 
     /// Serves one infer request; `headers` are the call's metadata as HTTP headers.
-    async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Answered {
+    async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Rendered {
         let mut ids = trace::Ids::read(headers);
         let span = ids.span(Door::Grpc);
         let (mut metadata, result) = self.infer_traced(headers, msg, &ids).instrument(span).await;
@@ -74,7 +74,7 @@ impl GrpcDoor {
 
     /// [`GrpcDoor::infer`] inside the request's span: the door pipeline
     /// ([`super::pipeline`]), its own step converting the message.
-    async fn infer_traced(&self, headers: &HeaderMap, msg: pb::ModelInferRequest, ids: &trace::Ids) -> Answered {
+    async fn infer_traced(&self, headers: &HeaderMap, msg: pb::ModelInferRequest, ids: &trace::Ids) -> Rendered {
         let received = Instant::now();
         let Some(route) = self.dispatch.policy().route_for_model(&msg.model_name).cloned() else {
             return (
@@ -84,10 +84,10 @@ impl GrpcDoor {
         };
         let mut admitted = match self.dispatch.admit(Door::Grpc, route, headers, ids, received) {
             Ok(admitted) => admitted,
-            Err(refused) => return answer(*refused),
+            Err(refused) => return render(*refused),
         };
         if let Err(e) = admitted.hold(prost::Message::encoded_len(&msg)) {
-            return answer(admitted.failed(e));
+            return render(admitted.failed(e));
         }
         let model = msg.model_name.clone();
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
@@ -102,9 +102,9 @@ impl GrpcDoor {
             Ok((request, meta)) => admitted.serve(request, meta).await,
             Err(e) => admitted.failed(e),
         };
-        let answered = answer(served);
+        let rendered = render(served);
         drop(admitted);
-        answered
+        rendered
     }
 
     /// A model GET on the route's backend; `accept` asks a gRPC backend for protobuf.
@@ -144,14 +144,15 @@ impl GrpcDoor {
     }
 }
 
-/// Converts a served request to a gRPC answer with the decision as metadata.
-fn answer(served: Served) -> Answered {
+/// Renders a served request for gRPC, with the decision as metadata (the HTTP door's
+/// `render` does the same in headers).
+fn render(served: Served) -> Rendered {
     let mut pairs: Vec<(http::HeaderName, &'static str)> = Vec::with_capacity(2);
     if let Some(d) = served.decision {
-        pairs.extend([(TIER_HEADER, d.tier.as_str()), (REASON_HEADER, d.reason.as_str())]);
+        pairs.extend([(headers::TIER, d.tier.as_str()), (headers::REASON, d.reason.as_str())]);
     }
     if let Some(r) = served.refusal {
-        pairs.push((REASON_HEADER, r.as_str()));
+        pairs.push((headers::REASON, r.as_str()));
     }
     let tag = |metadata: &mut MetadataMap| {
         for (key, value) in &pairs {
@@ -163,15 +164,15 @@ fn answer(served: Served) -> Answered {
     };
     let mut metadata = MetadataMap::new();
     metadata.insert(
-        bridge::metadata_key(&POLICY_VERSION_HEADER),
+        bridge::metadata_key(&headers::POLICY_VERSION),
         served.policy_version.into(),
     );
     if let Ok(reply) = &served.result {
         // How a batched request was batched, as on HTTP.
-        for key in [BATCH_SIZE_HEADER, QUEUE_MS_HEADER] {
-            let value = reply.headers().get(key).and_then(|v| v.to_str().ok());
+        for key in [headers::BATCH_SIZE, headers::QUEUE_MS] {
+            let value = reply.headers().get(&key).and_then(|v| v.to_str().ok());
             if let Some(value) = value.and_then(|v| v.parse().ok()) {
-                metadata.insert(key, value);
+                metadata.insert(bridge::metadata_key(&key), value);
             }
         }
     }

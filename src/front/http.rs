@@ -22,6 +22,7 @@ use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door as DoorKind;
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
@@ -29,13 +30,6 @@ use crate::trace;
 use tracing::Instrument;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
-
-/// Response header naming the tier that served the request.
-pub const TIER_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-tier");
-/// Response header: the version of the policy that served the request.
-pub const POLICY_VERSION_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-policy-version");
-/// Response header naming the reason for the decision (or refusal).
-pub const REASON_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-reason");
 
 /// The HTTP door.
 #[derive(Debug)]
@@ -130,7 +124,7 @@ impl Door {
         let path = parts.uri.path();
         let answered = async {
             if let Some(id) = path.strip_prefix(JOBS) {
-                return super::jobs::answer(&api.store, &parts.method, id).await;
+                return super::job_status::answer(&api.store, &parts.method, id).await;
             }
             let max = match path.starts_with(FILES) {
                 true => api.settings.max_file_bytes,
@@ -257,13 +251,13 @@ fn render(served: Served) -> Response<Full<Bytes>> {
     };
     let headers = response.headers_mut();
     if let Some(d) = served.decision {
-        headers.insert(TIER_HEADER, HeaderValue::from_static(d.tier.as_str()));
-        headers.insert(REASON_HEADER, HeaderValue::from_static(d.reason.as_str()));
+        headers.insert(headers::TIER, HeaderValue::from_static(d.tier.as_str()));
+        headers.insert(headers::REASON, HeaderValue::from_static(d.reason.as_str()));
     }
     if let Some(refusal) = served.refusal {
-        headers.insert(REASON_HEADER, HeaderValue::from_static(refusal.as_str()));
+        headers.insert(headers::REASON, HeaderValue::from_static(refusal.as_str()));
     }
-    headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(served.policy_version));
+    headers.insert(headers::POLICY_VERSION, HeaderValue::from(served.policy_version));
     response
 }
 

@@ -105,7 +105,7 @@ pub async fn run(
                 _ => break,
             }
         }
-        let Some(answers) = serve(&source, &chunk, &dispatch, &consumer, &paused, &shutdown).await else {
+        let Some(answers) = serve_chunk(&source, &chunk, &dispatch, &consumer, &paused, &shutdown).await else {
             return; // shutting down: the chunk is not committed and will be read again
         };
         if !produce(&producer, &source, &chunk, answers, &shutdown).await {
@@ -120,7 +120,7 @@ pub async fn run(
 
 /// Serves every message of `chunk`, retrying what is refused for now with the
 /// partitions paused; `None` when shutdown comes first.
-async fn serve(
+async fn serve_chunk(
     source: &KafkaSource,
     chunk: &[OwnedMessage],
     dispatch: &Arc<Dispatch>,

@@ -12,10 +12,9 @@ use http::HeaderMap;
 use crate::classify::key_hash;
 use crate::decision::{BudgetSource, Meta};
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::policy::Route;
 
-/// Header carrying the client's budget in whole milliseconds.
-pub const BUDGET_HEADER: http::HeaderName = http::HeaderName::from_static("x-tiergate-budget-ms");
 /// The header asking for an asynchronous answer (RFC 7240 `respond-async`).
 const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
 /// The gRPC deadline header, also honoured on HTTP.
@@ -35,7 +34,7 @@ pub fn read(
     id: Option<&str>,
     route: &Route,
 ) -> Result<Meta, Error> {
-    let budget = if let Some(v) = headers.get(BUDGET_HEADER) {
+    let budget = if let Some(v) = headers.get(headers::BUDGET) {
         let ms = v
             .to_str()
             .ok()
@@ -44,7 +43,8 @@ pub fn read(
                 Error::new(
                     Kind::BadRequest,
                     format!(
-                        "{BUDGET_HEADER} must be a whole number of milliseconds, got {:?}",
+                        "{} must be a whole number of milliseconds, got {:?}",
+                        headers::BUDGET,
                         String::from_utf8_lossy(v.as_bytes())
                     ),
                 )
@@ -145,12 +145,12 @@ mod tests {
         );
         let cases: &[Case] = &[
             (
-                vec![(BUDGET_HEADER, "120")],
+                vec![(headers::BUDGET, "120")],
                 Some(5),
                 Some((ms(120), BudgetSource::Header)),
             ),
             (
-                vec![(BUDGET_HEADER, "120"), (GRPC_TIMEOUT, "1S")],
+                vec![(headers::BUDGET, "120"), (GRPC_TIMEOUT, "1S")],
                 None,
                 Some((ms(120), BudgetSource::Header)),
             ),
@@ -162,7 +162,7 @@ mod tests {
             (vec![], Some(1_500_000), Some((ms(1500), BudgetSource::KserveTimeout))),
             (vec![], None, None),
             (
-                vec![(BUDGET_HEADER, "99999999999999")],
+                vec![(headers::BUDGET, "99999999999999")],
                 None,
                 Some((MAX_BUDGET, BudgetSource::Header)),
             ),
@@ -177,8 +177,8 @@ mod tests {
     fn bad_budgets_say_what_to_fix() {
         let r = route();
         for (h, needle) in [
-            ((BUDGET_HEADER, "1.5"), "whole number of milliseconds, got \"1.5\""),
-            ((BUDGET_HEADER, "-3"), "whole number"),
+            ((headers::BUDGET, "1.5"), "whole number of milliseconds, got \"1.5\""),
+            ((headers::BUDGET, "-3"), "whole number"),
             ((GRPC_TIMEOUT, "10x"), "1 to 8 digits and a unit"),
             ((GRPC_TIMEOUT, "123456789S"), "1 to 8 digits"),
         ] {

@@ -2,7 +2,7 @@
 //!
 //! [`http`] is the KServe v2 HTTP door (plus JSON routes), [`grpc`] the KServe v2 gRPC door; [`meta`] reads what the
 //! classifier needs from a request's headers; [`dispatch`] is what every door does
-//! once a request is read: classify, serve on its tier, count. [`serve`] is the one connection loop
+//! once a request is read: classify, serve on its tier, count. [`listen`] is the one connection loop
 //! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
 //! whether the gateway should be sent new work.
@@ -12,7 +12,7 @@ pub mod batch_api;
 pub mod dispatch;
 pub mod grpc;
 pub mod http;
-pub mod jobs;
+pub mod job_status;
 #[cfg(feature = "kafka")]
 pub mod kafka_source;
 mod listen;
@@ -56,7 +56,7 @@ pub const FLUSH: Duration = Duration::from_millis(500);
 /// `closing` fires; then stops accepting and lets open exchanges finish (idle
 /// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
 /// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
-pub async fn serve<F, Fut>(
+pub async fn listen<F, Fut>(
     listener: TcpListener,
     header_read_timeout: Duration,
     max_connections: usize,

@@ -13,14 +13,14 @@
 //!
 //! # Layout
 //!
-//! `backend` ([`Queue`]: the backend in use) · `embedded` (the SQLite store: writer
+//! `in_use` ([`Queue`]: the queue the gateway was started with) · `embedded` (the SQLite store: writer
 //! thread, group commit) · `jobs` (the jobs table) · `batches` (the Batch API's files and
 //! batches, and their output files) · `kafka` (the Kafka queue for several replicas:
 //! topics, a local view of the state topic, the consumer group).
 
-mod backend;
 pub mod batches;
 pub mod embedded;
+mod in_use;
 mod jobs;
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -30,8 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-pub use backend::Queue;
 pub use embedded::Embedded;
+pub use in_use::Queue;
 
 /// A job's id: `job_` then time-ordered hex.
 pub type JobId = String;

@@ -18,7 +18,7 @@ use crate::protocol::grpc::{bridge, pb, request_from_grpc};
 struct SimGrpc(Simulator);
 
 /// Serves the simulator's models over gRPC on `listener` until `shutdown` fires.
-pub(crate) async fn serve(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+pub(crate) async fn listen(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     tonic::transport::Server::builder()
         .add_service(GrpcInferenceServiceServer::new(SimGrpc(sim)).max_decoding_message_size(super::answer::MAX_BODY))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())

@@ -111,15 +111,15 @@ impl Simulator {
 
     /// Serves KServe v2 over gRPC (`inference.GRPCInferenceService`) on `listener` until
     /// `shutdown` fires: the same models, instances and statistics as [`Self::serve`].
-    pub async fn serve_grpc(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
-        grpc::serve(self, listener, shutdown).await
+    pub async fn listen_grpc(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+        grpc::listen(self, listener, shutdown).await
     }
 
     /// Serves KServe v2 over HTTP/1.1 and h2c on `listener` until `shutdown` fires;
     /// then stops accepting and returns, while each open connection, told by the same
     /// token, finishes its in-flight requests and closes gracefully.
-    pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
-        server::serve(self, listener, shutdown).await
+    pub async fn listen(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+        server::listen(self, listener, shutdown).await
     }
 
     /// A snapshot of `model`'s counters; `None` for an unknown model.

@@ -29,7 +29,7 @@ enum Endpoint<'a> {
     Infer(&'a str, Option<&'a str>),
 }
 
-pub(crate) async fn serve(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+pub(crate) async fn listen(sim: Simulator, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),

@@ -45,7 +45,7 @@ pub(super) async fn start(models: Vec<ModelSpec>) -> Harness {
     let addr = listener.local_addr().unwrap();
     let sim = Simulator::new(models);
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
+    let server = tokio::spawn(sim.clone().listen(listener, shutdown.clone()));
     let client = Client::builder(TokioExecutor::new()).build_http();
     let caller = Caller {
         client,

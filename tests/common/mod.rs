@@ -62,8 +62,8 @@ pub async fn backend_with(specs: Vec<ModelSpec>) -> Backend {
     );
     let sim = Simulator::new(specs);
     let shutdown = CancellationToken::new();
-    tokio::spawn(sim.clone().serve(listener, shutdown.clone()));
-    tokio::spawn(sim.clone().serve_grpc(grpc_listener, shutdown.clone()));
+    tokio::spawn(sim.clone().listen(listener, shutdown.clone()));
+    tokio::spawn(sim.clone().listen_grpc(grpc_listener, shutdown.clone()));
     Backend {
         sim,
         addr,

@@ -40,14 +40,10 @@ use super::{Call, Reply};
 use crate::backend::{Pool, Pools, Role};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::metrics;
 use crate::policy::{BatchSpec, JsonAdapter};
 use crate::protocol::batch::Signature;
-
-/// Response header: rows in the batch that carried the request.
-pub const BATCH_SIZE_HEADER: &str = "x-tiergate-batch-size";
-/// Response header: milliseconds the request waited for its batch to go out.
-pub const QUEUE_MS_HEADER: &str = "x-tiergate-queue-ms";
 
 /// Most lanes (distinct paths and signatures) one route keeps; idle ones are let go
 /// first, so a client cycling through shapes cannot grow the gateway without bound.
@@ -566,7 +562,7 @@ impl RouteLanes {
         let waited = queued_at.elapsed();
         let mut reply = self.forward_alone(call, why).await?;
         if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
-            reply.headers_mut().insert(QUEUE_MS_HEADER, ms);
+            reply.headers_mut().insert(headers::QUEUE_MS, ms);
         }
         Ok(reply)
     }

@@ -12,8 +12,9 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
-use super::{json, kserve, Form, Lane, Part, Rows, BATCH_SIZE_HEADER, QUEUE_MS_HEADER};
+use super::{json, kserve, Form, Lane, Part, Rows};
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::protocol;
 use crate::tiers::batcher::{Batch, Entry, Flush};
 use crate::tiers::Reply;
@@ -189,9 +190,9 @@ fn batch_failure(reply: &Reply, requests: usize, rows: u64) -> Reply {
 fn answer(caller: Entry<Part, Reply>, mut reply: Reply, rows: u64, sent: Instant) {
     let waited = sent.saturating_duration_since(caller.queued_at);
     let headers = reply.headers_mut();
-    headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(rows));
+    headers.insert(headers::BATCH_SIZE, HeaderValue::from(rows));
     if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
-        headers.insert(QUEUE_MS_HEADER, ms);
+        headers.insert(headers::QUEUE_MS, ms);
     }
     let _ = caller.reply.send(Ok(reply));
 }

@@ -24,11 +24,10 @@ use super::{Call, Reply};
 use crate::config;
 use crate::decision::Door;
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::protocol;
 use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
 
-/// Request header that makes a submission idempotent.
-pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Headers kept with a job: what frames its body. Credentials are never stored.
 const KEPT_HEADERS: [http::HeaderName; 2] = [http::header::CONTENT_TYPE, protocol::HEADER_LEN];
 
@@ -77,7 +76,7 @@ impl Offline {
                 ),
             ));
         }
-        let idempotency_key = match headers.get(IDEMPOTENCY_HEADER) {
+        let idempotency_key = match headers.get(headers::IDEMPOTENCY_KEY) {
             None => None,
             Some(v) => Some(
                 v.to_str()

@@ -28,7 +28,7 @@ pub async fn run(args: HealthArgs) -> anyhow::Result<ExitCode> {
     } else {
         "/v2/health/ready"
     };
-    let exchange = crate::client::request(&args.url, "GET", path, &[], Bytes::new());
+    let exchange = crate::cli::client::request(&args.url, "GET", path, &[], Bytes::new());
     match tokio::time::timeout(args.timeout, exchange).await {
         Ok(Ok((200, _, _))) => Ok(ExitCode::SUCCESS),
         Ok(Ok((status, _, body))) => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Args;
 
-use crate::client;
+use crate::cli::client;
 
 /// Outcomes counted as shed (429/503 refusals).
 const SHED: [&str; 6] = [

@@ -265,7 +265,7 @@ async fn request(
     body: Bytes,
 ) -> anyhow::Result<(u16, Bytes)> {
     let headers: Vec<(&str, &str)> = content_type.map(|ct| ("content-type", ct)).into_iter().collect();
-    let (status, _, bytes) = crate::client::request(base, method, path, &headers, body)
+    let (status, _, bytes) = crate::cli::client::request(base, method, path, &headers, body)
         .await
         .with_context(|| format!("cannot reach the gateway at {base}"))?;
     Ok((status, bytes))

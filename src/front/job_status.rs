@@ -12,13 +12,9 @@ use http::{HeaderValue, Method, Response, StatusCode};
 use serde_json::json;
 
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::queue::{Job, JobStore, Queue, State};
 use crate::tiers::offline::store_error;
-
-/// Response header: the job an answer belongs to.
-pub const JOB_ID_HEADER: &str = "x-tiergate-job-id";
-/// Response header: the job's state.
-pub const JOB_STATUS_HEADER: &str = "x-tiergate-job-status";
 
 /// Answers `method` on `/v1/jobs/{id}`.
 pub async fn answer(store: &Queue, method: &Method, id: &str) -> Result<Response<Bytes>, Error> {
@@ -103,7 +99,7 @@ fn json_response(status: StatusCode, body: &serde_json::Value, id: &str, state: 
 fn tag(reply: &mut Response<Bytes>, id: &str, state: State) {
     let headers = reply.headers_mut();
     if let Ok(id) = HeaderValue::from_str(id) {
-        headers.insert(JOB_ID_HEADER, id);
+        headers.insert(headers::JOB_ID, id);
     }
-    headers.insert(JOB_STATUS_HEADER, HeaderValue::from_static(state.as_str()));
+    headers.insert(headers::JOB_STATUS, HeaderValue::from_static(state.as_str()));
 }

@@ -22,7 +22,7 @@ use tiergate::policy::Policy;
 use tiergate::sim::{ModelSpec, Profile, Simulator};
 
 /// The demo policy, built into the binary so the demo runs from any directory.
-pub const POLICY: &str = include_str!("../policies/demo.toml");
+pub const POLICY: &str = include_str!("../../policies/demo.toml");
 /// Where the demo's simulated real-time pool listens (as `policies/demo.toml` says).
 pub const REALTIME_POOL: &str = "127.0.0.1:9100";
 /// Where the demo's simulated batch pool listens.
@@ -90,7 +90,7 @@ impl Demo {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot start the simulated {name} on {addr}: {e}"))?;
             let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
-            tokio::spawn(sim.serve(listener, sims.clone()));
+            tokio::spawn(sim.listen(listener, sims.clone()));
         }
         let mut gateway = Gateway::start(config, policy).await?;
         if let Err(e) = gateway.watch_policy(&config.policy_dir) {

@@ -352,7 +352,7 @@ async fn call(
     if let Some(etag) = if_match {
         headers.push(("if-match", etag));
     }
-    let (status, _, bytes) = crate::client::request(&admin.url, method, path, &headers, body)
+    let (status, _, bytes) = crate::cli::client::request(&admin.url, method, path, &headers, body)
         .await
         .map_err(|e| Unreachable(format!("cannot reach the admin API at {}: {e:#}", admin.url)))?;
     let value = serde_json::from_slice(&bytes)

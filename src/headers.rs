@@ -1,0 +1,28 @@
+//! Every header name of tiergate's own, one type for all (`http::HeaderName`): what the
+//! doors read from clients and what they write on answers. A leaf. (The W3C trace
+//! headers are in [`crate::trace`], KServe's binary-extension header in
+//! [`crate::protocol`].)
+
+use http::HeaderName;
+
+/// Request: the client's budget in milliseconds (first in the budget's order).
+pub const BUDGET: HeaderName = HeaderName::from_static("x-tiergate-budget-ms");
+/// Request: makes an offline submission idempotent (for its tenant and body).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Request to the admin API: who makes a change, for the audit log.
+pub const ACTOR: HeaderName = HeaderName::from_static("x-tiergate-actor");
+
+/// Answer: the tier that served the request.
+pub const TIER: HeaderName = HeaderName::from_static("x-tiergate-tier");
+/// Answer: why it went to that tier (or why none served it).
+pub const REASON: HeaderName = HeaderName::from_static("x-tiergate-reason");
+/// Answer: the version of the policy snapshot that served it.
+pub const POLICY_VERSION: HeaderName = HeaderName::from_static("x-tiergate-policy-version");
+/// Answer (micro-batch): rows in the backend call that carried the request.
+pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-tiergate-batch-size");
+/// Answer (micro-batch): how long the request waited for its batch, in milliseconds.
+pub const QUEUE_MS: HeaderName = HeaderName::from_static("x-tiergate-queue-ms");
+/// Answer (`/v1/jobs/{id}`): the job an answer belongs to.
+pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
+/// Answer (`/v1/jobs/{id}`): the job's state.
+pub const JOB_STATUS: HeaderName = HeaderName::from_static("x-tiergate-job-status");
