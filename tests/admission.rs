@@ -157,16 +157,11 @@ async fn above_the_memory_limit_new_work_is_shed() {
     );
     let gw = gateway_with(config, &toml).await;
     // The watcher reads memory every 100 ms; poll as a client would.
-    let limit = Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = infer(gw.http_addr(), "m", &[], BODY).await;
-        if r.status == 503 {
-            assert!(r.text().contains("memory"), "{}", r.text());
-            break;
-        }
-        assert!(Instant::now() < limit, "never shed above the memory limit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let shed = eventually(Duration::from_secs(5), "shed above the memory limit", || async {
+        Some(infer(gw.http_addr(), "m", &[], BODY).await).filter(|r| r.status == 503)
+    })
+    .await;
+    assert!(shed.text().contains("memory"), "{}", shed.text());
 }
 
 #[tokio::test]

@@ -10,7 +10,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 use tiergate::app::Gateway;
-use tokio::time::Instant;
 
 fn policy(name: &str, rt: &str, batch: &str) -> String {
     format!(
@@ -75,15 +74,12 @@ async fn create(gw: &Gateway, file: &str, window: &str, headers: &[(&str, &str)]
 
 /// Polls the batch as a client would until it reaches `status` (20 s at most).
 async fn until(gw: &Gateway, id: &str, status: &str) -> Value {
-    let limit = Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("batch {id} reaches {status}");
+    eventually(Duration::from_secs(20), &what, || async {
         let batch = get(gw.http_addr(), &format!("/v1/batches/{id}")).await.json();
-        if batch["status"] == status {
-            return batch;
-        }
-        assert!(Instant::now() < limit, "batch never reached {status}: {batch}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (batch["status"] == status).then_some(batch)
+    })
+    .await
 }
 
 /// The lines of a file, by custom_id (asserting each appears once).

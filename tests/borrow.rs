@@ -54,15 +54,10 @@ async fn run_job(addr: std::net::SocketAddr) -> Answer {
     let accepted = infer(addr, "m", &[("prefer", "respond-async")], BODY).await;
     assert_eq!(accepted.status, 202, "{}", accepted.text());
     let location = accepted.header("location").expect("Location").to_owned();
-    let limit = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let answer = get(addr, &location).await;
-        if answer.status != 202 {
-            return answer;
-        }
-        assert!(tokio::time::Instant::now() < limit, "job still pending");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    eventually(std::time::Duration::from_secs(10), "the job finishes", || async {
+        Some(get(addr, &location).await).filter(|answer| answer.status != 202)
+    })
+    .await
 }
 
 #[tokio::test]

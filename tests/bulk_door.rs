@@ -4,36 +4,16 @@
 
 mod common;
 
-use std::collections::HashMap;
-
-use bytes::Bytes;
 use common::*;
 use tiergate::protocol::grpc::pb;
 use tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use tiergate::protocol::grpc::pb::model_infer_request::InferInputTensor;
 
 const MICRO_BATCH: [(&str, &str); 1] = [("x-tiergate-budget-ms", "5000")];
 const REALTIME: [(&str, &str); 1] = [("x-tiergate-budget-ms", "100")];
 
 /// One row of two FP32 values for model `m`, with a micro-batch budget.
 fn grpc_request() -> tonic::Request<pb::ModelInferRequest> {
-    let raw: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let mut request = tonic::Request::new(pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 2],
-            parameters: HashMap::new(),
-            contents: None,
-        }],
-        raw_input_contents: vec![Bytes::from(raw)],
-        ..Default::default()
-    });
-    request
-        .metadata_mut()
-        .insert("x-tiergate-budget-ms", "5000".parse().expect("ascii"));
-    request
+    common::grpc::with_budget(common::grpc::fp32_request("", &[[1.0, 2.0]]), "5000")
 }
 
 #[test]

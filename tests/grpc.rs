@@ -6,51 +6,12 @@ mod common;
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use common::grpc::{client, fp32_request, sums, with_budget};
 use common::*;
 use tiergate::protocol::grpc::pb;
-use tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tiergate::protocol::grpc::pb::model_infer_request::InferInputTensor;
-use tonic::transport::Channel;
 use tonic::Code;
 use tonic_types::StatusExt;
-
-async fn client(addr: std::net::SocketAddr) -> GrpcInferenceServiceClient<Channel> {
-    GrpcInferenceServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connects")
-}
-
-fn fp32_request(id: &str, rows: &[[f32; 2]]) -> pb::ModelInferRequest {
-    let raw: Vec<u8> = rows.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
-    pb::ModelInferRequest {
-        model_name: "m".into(),
-        id: id.into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![rows.len() as i64, 2],
-            parameters: HashMap::new(),
-            contents: None,
-        }],
-        raw_input_contents: vec![Bytes::from(raw)],
-        ..Default::default()
-    }
-}
-
-fn with_budget<T>(msg: T, ms: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("x-tiergate-budget-ms", ms.parse().expect("ascii"));
-    req
-}
-
-fn sums(resp: &pb::ModelInferResponse) -> Vec<f64> {
-    let i = resp.outputs.iter().position(|o| o.name == "OUTPUT1").expect("OUTPUT1");
-    resp.raw_output_contents[i]
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect()
-}
 
 #[tokio::test]
 async fn health_metadata_and_readiness() {

@@ -3,13 +3,10 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use common::*;
 use tiergate::protocol::grpc::pb;
 use tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use tiergate::protocol::grpc::pb::model_infer_request::InferInputTensor;
 use tonic::Code;
 
 fn policy(endpoint: &str) -> String {
@@ -95,16 +92,14 @@ async fn grpc_clients_and_metadata_through_a_grpc_backend() {
     let msg = pb::ModelInferRequest {
         model_name: "m".into(),
         id: "x".into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "INT64".into(),
-            shape: vec![2, 1],
-            parameters: HashMap::new(),
-            contents: Some(pb::InferTensorContents {
+        inputs: vec![common::grpc::input(
+            "INT64",
+            vec![2, 1],
+            Some(pb::InferTensorContents {
                 int64_contents: vec![i64::MIN, 5],
                 ..Default::default()
             }),
-        }],
+        )],
         ..Default::default()
     };
     let out = c.model_infer(msg).await.expect("served").into_inner();
@@ -135,9 +130,7 @@ async fn grpc_clients_and_metadata_through_a_grpc_backend() {
         })
         .await
         .expect("config");
-    let mut direct = GrpcInferenceServiceClient::connect(format!("http://{}", rt.grpc))
-        .await
-        .expect("connects");
+    let mut direct = common::grpc::client(rt.grpc).await;
     let expected = direct
         .model_config(pb::ModelConfigRequest {
             name: "m".into(),
@@ -197,22 +190,18 @@ async fn backend_errors_and_deadlines_cross_the_protocols() {
 #[tokio::test]
 async fn the_simulator_streams_over_grpc() {
     let rt = backend(&["m"]).await;
-    let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", rt.grpc))
-        .await
-        .expect("connects");
+    let mut c = common::grpc::client(rt.grpc).await;
     let request = |id: &str, datatype: &str| pb::ModelInferRequest {
         model_name: "m".into(),
         id: id.into(),
-        inputs: vec![InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: datatype.into(),
-            shape: vec![1, 1],
-            parameters: HashMap::new(),
-            contents: Some(pb::InferTensorContents {
+        inputs: vec![common::grpc::input(
+            datatype,
+            vec![1, 1],
+            Some(pb::InferTensorContents {
                 fp32_contents: vec![2.5],
                 ..Default::default()
             }),
-        }],
+        )],
         ..Default::default()
     };
     let requests = vec![request("a", "FP32"), request("b", "INT8"), request("c", "FP32")];

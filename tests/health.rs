@@ -86,14 +86,10 @@ async fn a_killed_backend_fails_fast_and_is_taken_back_when_it_returns() {
     // It comes back on the same port: the next probe (after the ejection, or once a
     // health check passes) takes it back. Polling is the only signal a client has.
     let mut child = sim_process(port);
-    let limit = Instant::now() + Duration::from_secs(20);
-    loop {
-        if infer(gw.http_addr(), "m", &budget, BODY).await.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < limit, "the backend was never taken back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(20), "the backend is taken back", || async {
+        (infer(gw.http_addr(), "m", &budget, BODY).await.status == 200).then_some(())
+    })
+    .await;
     child.kill().expect("SIGKILL");
     let _ = child.wait();
 }
@@ -132,17 +128,18 @@ async fn a_grpc_pool_is_checked_with_server_ready_and_a_dead_endpoint_is_ejected
     child.wait().expect("reaped");
     // No traffic: only the ServerReady checks can notice. Poll the metrics as an operator would.
     let ejected = format!("tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"127.0.0.1:{grpc}\",reason=\"check\"}} 1");
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
-        if get(gw.metrics_addr(), "/metrics").await.text().contains(&ejected) {
-            break;
-        }
-        assert!(
-            Instant::now() < limit,
-            "the dead gRPC endpoint was never ejected by its checks"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "the dead gRPC endpoint is ejected by its checks",
+        || async {
+            get(gw.metrics_addr(), "/metrics")
+                .await
+                .text()
+                .contains(&ejected)
+                .then_some(())
+        },
+    )
+    .await;
     let r = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
     assert_eq!(r.status, 503, "ejected: refused at once: {}", r.text());
 }

@@ -270,23 +270,8 @@ async fn callers_who_leave_are_not_sent() {
     queued(&gw, "leave", 3).await;
     gone.abort();
     // …and a gRPC caller that cancels.
-    let mut grpc = tiergate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
-        format!("http://{}", gw.grpc_addr()),
-    )
-    .await
-    .expect("connects");
-    let raw = tiergate::protocol::grpc::pb::ModelInferRequest {
-        model_name: "m".into(),
-        id: "cancelled".into(),
-        inputs: vec![tiergate::protocol::grpc::pb::model_infer_request::InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![2, 2],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![vec![0u8; 16].into()],
-        ..Default::default()
-    };
+    let mut grpc = common::grpc::client(gw.grpc_addr()).await;
+    let raw = common::grpc::fp32_request("cancelled", &[[0.0, 0.0], [0.0, 0.0]]);
     let mut cancelled = tonic::Request::new(raw);
     cancelled.set_timeout(Duration::from_secs(5));
     let call = tokio::spawn(async move { grpc.model_infer(cancelled).await });

@@ -56,20 +56,19 @@ async fn submit(gw: &Gateway, headers: &[(&str, &str)], body: &str) -> String {
 
 /// Polls `location` as a client would until the job is no longer pending (10 s at most).
 async fn outcome(gw: &Gateway, location: &str) -> Answer {
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
+    let what = format!("job {location} finishes");
+    eventually(Duration::from_secs(10), &what, || async {
         let answer = get(gw.http_addr(), location).await;
-        if answer.status != 202 {
-            return answer;
+        if answer.status == 202 {
+            assert!(
+                answer.header("retry-after").is_some(),
+                "a pending job says when to ask again"
+            );
+            return None;
         }
-        assert!(answer.header("retry-after").is_some());
-        assert!(
-            Instant::now() < limit,
-            "job {location} still pending: {}",
-            answer.text()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        Some(answer)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -205,25 +204,10 @@ async fn offline_jobs_wait_for_spare_capacity_and_micro_batch_traffic_goes_first
 
 #[tokio::test]
 async fn grpc_calls_classified_offline_are_told_to_use_http() {
-    use tiergate::protocol::grpc::pb;
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
     let gw = gateway(&policy("grpc", &rt.url(), &batch.url())).await;
-    let mut c =
-        pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(format!("http://{}", gw.grpc_addr()))
-            .await
-            .expect("connects");
-    let msg = pb::ModelInferRequest {
-        model_name: "m".into(),
-        inputs: vec![pb::model_infer_request::InferInputTensor {
-            name: "INPUT0".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 1],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![vec![0u8; 4].into()],
-        ..Default::default()
-    };
-    let mut req = tonic::Request::new(msg);
+    let mut c = common::grpc::client(gw.grpc_addr()).await;
+    let mut req = tonic::Request::new(common::grpc::fp32_request("", &[[0.0, 0.0]]));
     req.set_timeout(Duration::from_secs(60));
     let err = c.model_infer(req).await.expect_err("no async answers over gRPC");
     assert_eq!(err.code(), tonic::Code::Unimplemented);

@@ -9,7 +9,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tokio::time::Instant;
 
 #[tokio::test]
 async fn readiness_is_503_while_every_endpoint_of_a_pool_is_ejected_and_says_which() {
@@ -61,19 +60,11 @@ async fn readiness_is_503_while_every_endpoint_of_a_pool_is_ejected_and_says_whi
 
 /// Polls `/v2/health/ready` until it answers `status` (10 s at most), as a load balancer does.
 async fn poll_ready(gw: &tiergate::app::Gateway, status: u16) -> Answer {
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = get(gw.http_addr(), "/v2/health/ready").await;
-        if answer.status == status {
-            return answer;
-        }
-        assert!(
-            Instant::now() < limit,
-            "readiness never answered {status}: {}",
-            answer.text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("readiness answers {status}");
+    eventually(Duration::from_secs(10), &what, || async {
+        Some(get(gw.http_addr(), "/v2/health/ready").await).filter(|a| a.status == status)
+    })
+    .await
 }
 
 /// Model metadata and readiness go to the route's control pool, which has its own

@@ -8,7 +8,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tokio::time::Instant;
 
 fn route(rt: &str, batch: &str, micro_batch: bool) -> String {
     format!(
@@ -19,15 +18,12 @@ fn route(rt: &str, batch: &str, micro_batch: bool) -> String {
 
 /// Polls (as an operator's client would) until the gateway answers with policy `version`.
 async fn until_version(addr: std::net::SocketAddr, version: &str) -> Answer {
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
+    let what = format!("policy version {version} arrives");
+    eventually(Duration::from_secs(10), &what, || async {
         let a = infer(addr, "m", &[("x-tiergate-budget-ms", "2000")], BODY).await;
-        if a.header("x-tiergate-policy-version") == Some(version) {
-            return a;
-        }
-        assert!(Instant::now() < limit, "policy version {version} never arrived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (a.header("x-tiergate-policy-version") == Some(version)).then_some(a)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -58,22 +54,18 @@ async fn valid_changes_swap_in_and_invalid_ones_are_refused() {
         route(&rt.url(), &batch.url(), true).replace("realtime = true", "realtime = yes"),
     )
     .expect("write");
-    let limit = Instant::now() + Duration::from_secs(10);
-    loop {
+    let scrape = eventually(Duration::from_secs(10), "the bad edit is seen", || async {
         let scrape = get(gw.metrics_addr(), "/metrics").await.text();
-        if scrape
+        let rejected = scrape
             .lines()
-            .any(|l| l.starts_with("tiergate_policy_reloads_total{result=\"rejected\"}") && !l.ends_with(" 0"))
-        {
-            assert!(
-                scrape.contains("tiergate_policy_last_reload_ok 0"),
-                "the failed reload is visible"
-            );
-            break;
-        }
-        assert!(Instant::now() < limit, "the bad edit was never seen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .any(|l| l.starts_with("tiergate_policy_reloads_total{result=\"rejected\"}") && !l.ends_with(" 0"));
+        rejected.then_some(scrape)
+    })
+    .await;
+    assert!(
+        scrape.contains("tiergate_policy_last_reload_ok 0"),
+        "the failed reload is visible"
+    );
     let kept = infer(addr, "m", &[("x-tiergate-budget-ms", "2000")], BODY).await;
     assert_eq!(
         kept.header("x-tiergate-policy-version"),

@@ -55,11 +55,10 @@ pub struct Admin {
 }
 
 /// Serves the admin API on `listener` until `shutdown`.
-pub async fn listen(listener: TcpListener, admin: Admin, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn listen(listener: TcpListener, admin: Arc<Admin>, shutdown: CancellationToken) -> std::io::Result<()> {
     if admin.tokens.is_open() {
         tracing::warn!(addr = %listener.local_addr()?, "the admin API is UNAUTHENTICATED (admin.insecure_no_auth): anyone on this host can change the policy");
     }
-    let admin = Arc::new(admin);
     let answer = move |req: Request<Incoming>| {
         let admin = admin.clone();
         async move { admin.answer(req).await }
@@ -76,7 +75,8 @@ pub async fn listen(listener: TcpListener, admin: Admin, shutdown: CancellationT
 }
 
 impl Admin {
-    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    /// Answers one admin request (any body type, so tests drive it without a socket).
+    pub async fn answer<B: crate::front::http::RequestBody>(&self, req: Request<B>) -> Response<Full<Bytes>> {
         let Some(who) = self.tokens.who(req.headers()) else {
             ::metrics::counter!(metrics::ADMIN_REFUSALS, "reason" => "unauthenticated").increment(1);
             let mut r = error(

@@ -51,6 +51,8 @@ pub struct Gateway {
     metrics: SocketAddr,
     admin: Option<SocketAddr>,
     bulk: BulkAddrs,
+    door: Arc<Door>,
+    admin_api: Option<Arc<Admin>>,
     control: Arc<Control>,
     readiness: Arc<Readiness>,
     /// Fires first on stop: listeners stop accepting, offline workers stop leasing.
@@ -166,6 +168,7 @@ impl Gateway {
             http: bulk_http.as_ref().map(local),
             grpc: bulk_grpc.as_ref().map(local),
         };
+        let door = parts.door.clone();
         let serve_http = http_door(parts.door, &config.limits, &closing, &shutdown);
         let serve_grpc = grpc_door(parts.grpc_door, &config.limits, &closing, &shutdown);
         // The bulk doors on the batch threads, so reading bulk work never takes a real-time one.
@@ -181,18 +184,18 @@ impl Gateway {
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
         tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
-        let admin_addr = match (admin, checked.tokens) {
+        let (admin_addr, admin_api) = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
-                let api = Admin {
+                let api = Arc::new(Admin {
                     control: parts.control.clone(),
                     tokens,
                     micro_batch: parts.micro_batch,
-                };
-                tasks.spawn(admin::listen(listener, api, shutdown.clone()));
-                Some(addr)
+                });
+                tasks.spawn(admin::listen(listener, api.clone(), shutdown.clone()));
+                (Some(addr), Some(api))
             }
-            _ => None, // bound only when there are tokens
+            _ => (None, None), // bound only when there are tokens
         };
         match admin_addr {
             Some(admin) => {
@@ -209,6 +212,8 @@ impl Gateway {
             metrics: addrs.2,
             admin: admin_addr,
             bulk,
+            door,
+            admin_api,
             control: parts.control,
             readiness: parts.readiness,
             closing,
@@ -248,6 +253,16 @@ impl Gateway {
     /// The bound address of the bulk gRPC door (served by the batch threads), when it is on.
     pub fn bulk_grpc_addr(&self) -> Option<SocketAddr> {
         self.bulk.grpc
+    }
+
+    /// The HTTP door, to drive without a socket (`Door::answer` takes any request body).
+    pub fn door(&self) -> &Arc<Door> {
+        &self.door
+    }
+
+    /// The admin API, when it is on, to drive without a socket (`Admin::answer`).
+    pub fn admin_api(&self) -> Option<&Arc<Admin>> {
+        self.admin_api.as_ref()
     }
 
     /// The running policy.

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::batch_api::OfflineApi;
@@ -38,6 +37,15 @@ pub struct Door {
     limits: Limits,
     offline: Option<OfflineApi>,
 }
+
+/// A request body the door reads: hyper's (`Incoming`) on a connection, or any other
+/// (`Full<Bytes>`), so tests drive the door without a socket.
+pub trait RequestBody: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> RequestBody for B where B: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+/// A boxed error, as bodies give them.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How a route's request body is checked before it is forwarded unchanged.
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +79,7 @@ impl Door {
     /// state of the path it took.
     /// While the gateway drains, an HTTP/1.1 answer asks the client to close its
     /// connection, so its next request opens one to a replica that is not stopping.
-    pub async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    pub async fn answer<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
         let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
         let mut response = self.route(req).await;
         if close {
@@ -82,7 +90,7 @@ impl Door {
         response
     }
 
-    async fn route(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn route<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
         match (target(&path), &method) {
@@ -116,7 +124,7 @@ impl Door {
     }
 
     /// Answers the offline tier's API (`/v1/jobs/`, `/v1/files`, `/v1/batches`).
-    async fn offline(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn offline<B: RequestBody>(&self, req: Request<B>) -> Response<Full<Bytes>> {
         let Some(api) = self.offline.as_ref() else {
             return failure(&Error::new(Kind::NotFound, "the offline tier is not running"));
         };
@@ -141,7 +149,7 @@ impl Door {
     }
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
-    async fn serve(&self, route: Arc<Route>, req: Request<Incoming>, kind: Body) -> Response<Full<Bytes>> {
+    async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Full<Bytes>> {
         let mut ids = trace::Ids::read(req.headers());
         let span = ids.span(DoorKind::Http);
         let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
@@ -151,10 +159,10 @@ impl Door {
 
     /// [`Door::serve`] inside the request's span: the door pipeline
     /// ([`super::pipeline`]), its own step reading and checking the body.
-    async fn serve_traced(
+    async fn serve_traced<B: RequestBody>(
         &self,
         route: Arc<Route>,
-        req: Request<Incoming>,
+        req: Request<B>,
         kind: Body,
         ids: &trace::Ids,
     ) -> Response<Full<Bytes>> {
@@ -201,7 +209,7 @@ impl Door {
     }
 
     /// Reads a body of at most `max` bytes within the body read timeout.
-    async fn read_body(&self, headers: &HeaderMap, body: Incoming, max: usize) -> Result<Bytes, Error> {
+    async fn read_body<B: RequestBody>(&self, headers: &HeaderMap, body: B, max: usize) -> Result<Bytes, Error> {
         let declared = content_length(headers).map(|n| n as u64);
         let too_large = || {
             Error::new(

@@ -1,6 +1,7 @@
 //! Test support: simulated backends and gateways on 127.0.0.1:0, and a small client.
 #![allow(dead_code)]
 
+pub mod grpc;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 
@@ -165,6 +166,52 @@ pub async fn send(
         status: head.status.as_u16(),
         headers: head.headers,
         body,
+    }
+}
+
+/// One exchange with a door or the admin API without a socket: `answer` is
+/// `Door::answer` or `Admin::answer` (they take any request body), as axum's tests call
+/// a router with `oneshot`.
+pub async fn oneshot<F, Fut>(
+    answer: F,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer
+where
+    F: FnOnce(http::Request<Full<Bytes>>) -> Fut,
+    Fut: std::future::Future<Output = http::Response<Full<Bytes>>>,
+{
+    let mut builder = http::Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let response = answer(builder.body(Full::new(body.into())).expect("request")).await;
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Answer {
+        status: head.status.as_u16(),
+        headers: head.headers,
+        body,
+    }
+}
+
+/// Polls `f` every 20 ms until it gives `Some`, failing the test with `what` after
+/// `limit`: the one wait for a state only polling can see (a process the test started,
+/// a metric, an answer that changes). Never a sleep standing in for an event.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = f().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < end, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
