@@ -124,6 +124,20 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// A whole response, its body read.
+    pub async fn read<B: hyper::body::Body>(response: http::Response<B>) -> Answer
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let (head, body) = response.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Answer {
+            status: head.status.as_u16(),
+            headers: head.headers,
+            body,
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -160,13 +174,7 @@ pub async fn send(
         .await
         .expect("answered within 30 s")
         .expect("exchange");
-    let (head, body) = response.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: head.status.as_u16(),
-        headers: head.headers,
-        body,
-    }
+    Answer::read(response).await
 }
 
 /// One exchange with a door or the admin API without a socket: `answer` is
@@ -188,13 +196,7 @@ where
         builder = builder.header(*k, *v);
     }
     let response = answer(builder.body(Full::new(body.into())).expect("request")).await;
-    let (head, body) = response.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Answer {
-        status: head.status.as_u16(),
-        headers: head.headers,
-        body,
-    }
+    Answer::read(response).await
 }
 
 /// Polls `f` every 20 ms until it gives `Some`, failing the test with `what` after
