@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU time per request of each proxy in the overhead scenario, side by side: tiergate
 # (one worker thread), the bare hyper proxy (one worker thread; with hyper-util's pooled
-# client as tiergate has, and as `bare_inline` with its experimental inline HTTP/1
+# client, and as `bare_inline` with its inline HTTP/1 client, the floor of tiergate's own
 # client) and nginx (one worker), all in front of the same simulator. Each target gets RATE requests/s for SECONDS in
 # each of ROUNDS rounds (targets interleaved); the proxy's user and system CPU ticks are
 # read from /proc/PID/stat around each round. At low load a request's CPU time on the

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use dashmap::DashMap;
 use http::Request;
@@ -40,10 +41,56 @@ pub struct Dispatch {
     tiers: Tiers,
     control: Pools,
     readiness: Arc<Readiness>,
-    /// Each route's request instruments, by route name, kept across policy snapshots.
-    instruments: DashMap<String, Arc<RouteInstruments>>,
+    /// Each route's request instruments.
+    instruments: Instruments,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
+}
+
+/// Each route's request instruments: one set per route name for as long as the gateway
+/// runs (so a reload finds the same series), and, for the running snapshot, a table of
+/// them in its routes' order, so a request finds its route's set by index.
+#[derive(Debug, Default)]
+struct Instruments {
+    names: DashMap<String, Arc<RouteInstruments>>,
+    table: ArcSwap<Table>,
+}
+
+/// The instruments of one snapshot's routes, by [`Route::index`].
+#[derive(Debug, Default)]
+struct Table {
+    version: u64,
+    routes: Vec<Arc<RouteInstruments>>,
+}
+
+impl Instruments {
+    fn by_name(&self, route: &str) -> Arc<RouteInstruments> {
+        if let Some(found) = self.names.get(route) {
+            return found.clone();
+        }
+        self.names.entry(route.to_owned()).or_default().clone()
+    }
+
+    /// Makes the table for `policy` unless it is the one there.
+    fn rebuild(&self, policy: &Policy) {
+        if self.table.load().version == policy.version() {
+            return;
+        }
+        let routes = policy.routes().iter().map(|r| self.by_name(&r.name)).collect();
+        self.table.store(Arc::new(Table {
+            version: policy.version(),
+            routes,
+        }));
+    }
+}
+
+/// What the dispatch is asked to do about a request's tier.
+#[derive(Debug)]
+pub(super) enum Ask {
+    /// Classify it by what its door read.
+    Classify(Meta),
+    /// Serve it as its door decided (a Kafka source: always micro-batch).
+    Decided(Decision),
 }
 
 /// The outcome of one request on a route, for its door to render.
@@ -75,7 +122,7 @@ impl Dispatch {
             tiers,
             control: Pools::new(Role::Control, max_response_bytes),
             readiness,
-            instruments: DashMap::new(),
+            instruments: Instruments::default(),
             reserve: 0.0,
         }
     }
@@ -110,46 +157,39 @@ impl Dispatch {
         self.readiness.is_draining()
     }
 
-    /// Classifies `request` (KServe v2 HTTP form, body read and checked) on `route` and
-    /// serves it on its tier; `received` is when `door` got it (the budget's start).
+    /// Serves `request` (KServe v2 HTTP form, body read and checked) on `route`: on the
+    /// tier the classifier picks from `to`'s metadata, or the one `to` has decided;
+    /// counts the decision, the request and its SLO. `received` is when `door` got it
+    /// (the budget's start). A real-time request the full real-time pool sheds goes to
+    /// the micro-batch tier when the route lets it (`borrow.realtime_overflow`). One
+    /// async function for both, so a request's future nests one state machine here.
     pub(super) async fn serve(
         &self,
         route: &Arc<Route>,
         door: Door,
-        meta: Meta,
-        request: Request<Bytes>,
-        received: Instant,
-    ) -> Served {
-        let classified = tracing::info_span!("classify").in_scope(|| classify(route, &meta));
-        match classified {
-            Ok(decision) => self.serve_decided(route, door, decision, request, received).await,
-            Err(refusal) => {
-                let served = Served {
-                    decision: None,
-                    refusal: Some(refusal),
-                    result: Err(refused(route, refusal)),
-                    policy_version: route.policy_version(),
-                };
-                count(route, door, &self.instruments(route), served, debug_ids(&request))
-            }
-        }
-    }
-
-    /// Serves `request` on the tier `decision` names, counting the decision, the
-    /// request and its SLO; a real-time request the full real-time pool sheds goes to the
-    /// micro-batch tier when the route lets it (`borrow.realtime_overflow`).
-    pub(super) async fn serve_decided(
-        &self,
-        route: &Arc<Route>,
-        door: Door,
-        decision: Decision,
+        to: Ask,
         request: Request<Bytes>,
         received: Instant,
     ) -> Served {
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
-        let ids = debug_ids(&request).cloned();
         let instruments = self.instruments(route);
+        let decision = match to {
+            Ask::Decided(decision) => decision,
+            Ask::Classify(meta) => match tracing::info_span!("classify").in_scope(|| classify(route, &meta)) {
+                Ok(decision) => decision,
+                Err(refusal) => {
+                    let served = Served {
+                        decision: None,
+                        refusal: Some(refusal),
+                        result: Err(refused(route, refusal)),
+                        policy_version: route.policy_version(),
+                    };
+                    return count(route, door, &instruments, served, debug_ids(&request));
+                }
+            },
+        };
+        let ids = debug_ids(&request).cloned();
         instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
@@ -221,12 +261,17 @@ impl Dispatch {
         count(route, door, &self.instruments(route), served, ids)
     }
 
-    /// `route`'s request instruments (registered on first use, one set per route name).
+    /// `route`'s request instruments: from the running snapshot's table, by the route's
+    /// index, when the route belongs to it (nearly always); else by its name.
     fn instruments(&self, route: &Route) -> Arc<RouteInstruments> {
-        if let Some(found) = self.instruments.get(&route.name) {
-            return found.clone();
+        let table = self.instruments.table.load();
+        if table.version == route.policy_version() {
+            if let Some(found) = table.routes.get(route.index()) {
+                return found.clone();
+            }
         }
-        self.instruments.entry(route.name.clone()).or_default().clone()
+        self.instruments.rebuild(&self.policy.load());
+        self.instruments.by_name(&route.name)
     }
 
     /// Sends a model GET (metadata, readiness, config) to the route serving `model`,

@@ -17,6 +17,7 @@
 //! 6. The door renders the answer, and only then drops the [`Admitted`]: what it holds
 //!    of the global limits is released once the answer is built.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -24,7 +25,7 @@ use http::{HeaderMap, Request};
 use tokio::time::Instant;
 
 use super::admission::Ticket;
-use super::dispatch::{Dispatch, Served};
+use super::dispatch::{Ask, Dispatch, Served};
 use super::meta;
 use crate::decision::{Decision, Door, Meta};
 use crate::error::Error;
@@ -87,20 +88,23 @@ impl Admitted<'_> {
         meta::read(headers, timeout_us, id, &self.route)
     }
 
-    /// Step 5: classifies `request` by `meta` and serves it.
-    pub async fn serve(&self, mut request: Request<Bytes>, meta: Meta) -> Served {
+    /// Step 5: classifies `request` by `meta` and serves it. (The dispatch's future is
+    /// returned as it is, not wrapped in one more.)
+    pub fn serve(&self, mut request: Request<Bytes>, meta: Meta) -> impl Future<Output = Served> + Send + '_ {
         request.extensions_mut().insert(self.ids.clone());
         self.dispatch
-            .serve(&self.route, self.door, meta, request, self.received)
-            .await
+            .serve(&self.route, self.door, Ask::Classify(meta), request, self.received)
     }
 
     /// Step 5 for a door that has decided already: serves `request` as `decision` says.
-    pub async fn serve_decided(&self, decision: Decision, mut request: Request<Bytes>) -> Served {
+    pub fn serve_decided(
+        &self,
+        decision: Decision,
+        mut request: Request<Bytes>,
+    ) -> impl Future<Output = Served> + Send + '_ {
         request.extensions_mut().insert(self.ids.clone());
         self.dispatch
-            .serve_decided(&self.route, self.door, decision, request, self.received)
-            .await
+            .serve(&self.route, self.door, Ask::Decided(decision), request, self.received)
     }
 
     /// A request that failed in the door's own step (a bad body, a message too large),

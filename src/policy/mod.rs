@@ -143,8 +143,9 @@ impl Policy {
     /// Gives this snapshot, and each of its routes, `version`.
     fn stamp(&mut self, version: u64) {
         self.version = version;
-        for route in &self.routes {
+        for (i, route) in self.routes.iter().enumerate() {
             let _ = route.version.set(version); // fresh routes: set exactly once
+            let _ = route.index.set(i);
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct Route {
     pub borrow: Borrow,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
+    /// Its place in that snapshot's [`Policy::routes`], set with the version.
+    pub(super) index: std::sync::OnceLock<usize>,
 }
 
 /// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
@@ -228,6 +230,12 @@ impl Route {
         self.version.get().copied().unwrap_or(0)
     }
 
+    /// Its place in its snapshot's [`Policy::routes`] (0 before it is stored), so state
+    /// kept per route beside a snapshot is found without a look-up by name.
+    pub fn index(&self) -> usize {
+        self.index.get().copied().unwrap_or(0)
+    }
+
     /// The pool that answers metadata and readiness for this route's models.
     pub fn metadata_pool(&self) -> Option<&Arc<PoolSpec>> {
         self.realtime.as_ref().or(self.micro_batch.as_ref().map(|b| &b.pool))
@@ -256,6 +264,7 @@ impl Route {
             limits: None,
             borrow: Borrow::default(),
             version: std::sync::OnceLock::new(),
+            index: std::sync::OnceLock::new(),
         }
     }
 }

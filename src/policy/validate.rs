@@ -261,6 +261,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .and_then(|l| limits(check, &format!("{at}.limits"), l)),
         borrow,
         version: std::sync::OnceLock::new(),
+        index: std::sync::OnceLock::new(),
     }
 }
 

@@ -5,11 +5,12 @@
 //! overhead scenario runs it beside tiergate, so the difference between the two is what
 //! tiergate's own work costs, apart from the HTTP stack and the machine.
 //!
-//! Its backend client is hyper-util's pooled client (`legacy`, the default, as tiergate
-//! uses), or `inline`: a stack of idle HTTP/1 connections made with hyper's
-//! `client::conn`, each driven inside the request's own task while a request uses it, so
-//! no task is spawned or woken per request. `inline` is an experiment for choosing
-//! tiergate's next client (see docs/performance.md); it has no idle timeout or bound.
+//! Its backend client is hyper-util's pooled client (`legacy`, the default), or
+//! `inline`: a stack of idle HTTP/1 connections made with hyper's `client::conn`, each
+//! driven inside the request's own task while a request uses it, so no task is spawned
+//! or woken per request. `inline` is the same design as tiergate's own HTTP/1.1 client
+//! (`backend::h1`), kept here as the floor that design sets: it is a weaker copy (no idle
+//! timeout or bound, no reconnect on a stale connection), a baseline, not a candidate.
 
 use std::convert::Infallible;
 use std::future::Future as _;
