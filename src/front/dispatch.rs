@@ -2,10 +2,11 @@
 //! count it, and ask a route's backend for model metadata.
 //!
 //! Between the doors and the tiers. A door parses its protocol, builds the KServe v2
-//! HTTP form of the request ([`crate::tiers::Call`] carries it to the tiers) and calls
-//! [`Dispatch::serve`]; the [`Served`] it gets back holds the decision (or refusal) and
-//! the tier's answer, which the door renders in its own protocol. Metrics are counted
-//! here, once, so both doors count alike.
+//! HTTP form of the request ([`crate::tiers::Call`] carries it to the tiers) and hands
+//! it on through [`crate::front::pipeline`], which calls `Dispatch::serve`; the
+//! [`Served`] it gets back holds the decision (or refusal) and the tier's answer, which
+//! the door renders in its own protocol. Metrics are counted here, once, so both doors
+//! count alike.
 
 use std::sync::Arc;
 use std::time::Duration;

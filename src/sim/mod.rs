@@ -110,7 +110,7 @@ impl Simulator {
     }
 
     /// Serves KServe v2 over gRPC (`inference.GRPCInferenceService`) on `listener` until
-    /// `shutdown` fires: the same models, instances and statistics as [`Self::serve`].
+    /// `shutdown` fires: the same models, instances and statistics as [`Self::listen`].
     pub async fn listen_grpc(self, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
         grpc::listen(self, listener, shutdown).await
     }
