@@ -3,8 +3,10 @@
 //! tiergate sits in front of KServe v2 model servers and serves every request on the
 //! tier its latency budget and its route's flags call for: `realtime` (one request,
 //! one backend call), `micro_batch` (coalesced with other callers into one batch) or
-//! `offline` (a durable queue drained later). The tiers share no queue, connection
-//! pool or limit, so batch load cannot inflate interactive latency.
+//! `offline` (a durable queue drained later). The real-time and micro-batch tiers have
+//! their own connection pools, limits and queues; the offline tier drains through the
+//! batch pool's spare capacity, and a request crosses pools only where its route's
+//! `borrow` rules allow it.
 //!
 //! # Layout
 //!
@@ -22,8 +24,10 @@
 //! to the running policy: validated, written back, versioned, audited), [`reload`]
 //! (watching the policy directory), [`admin`] (the admin API), [`metrics`], [`config`]
 //! (startup settings), [`cpu`] (where and how urgently threads run), [`error`] (one
-//! table from failure to status); [`sim`], the
-//! simulated model server; and [`app`], which composes a running [`app::Gateway`].
+//! table from failure to status), [`headers`] (tiergate's own header names), [`trace`]
+//! (request ids, trace context and spans) and [`telemetry`] (logs and span export);
+//! [`sim`], the simulated model server; and [`app`], which composes a running
+//! [`app::Gateway`]. The command line (`src/cli`) is the binary's, not the library's.
 
 pub mod front;
 pub mod protocol;

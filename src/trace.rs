@@ -1,7 +1,8 @@
 //! Who a request is: its request id and W3C trace context, and the spans it runs in.
 //!
 //! Beside the request path. Each door reads the ids with [`Ids::read`] before anything
-//! else and runs the request inside [`Ids::span`], so every log line about it carries
+//! else and runs the request inside [`Ids::span`] (exported, not logged: see
+//! [`crate::telemetry::logged`]); the request's `served` line (debug level) carries its
 //! `request_id` and `trace_id`. The ids travel to the tiers in the request's
 //! extensions; a backend call sends `traceparent` (the client's trace, with the
 //! gateway's backend span as parent) and `x-request-id`. The client gets `x-request-id`

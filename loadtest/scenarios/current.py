@@ -22,103 +22,83 @@ def scenario(name):
     d = OUT / name
     summary = d / "summary.txt"
     if not summary.exists():
-        missing.append(name)
         return None
     return summary.read_text(), (d / "command").read_text().strip(), (d / "date").read_text().strip()
 
 
-def row(what, figure, target, command, date):
-    rows.append(f"| {what} | {figure} | {target} | `{command}` | {date} |")
-
-
-def overhead():
-    got = scenario("overhead")
-    if not got:
-        return
-    _, command, date = got
+# Each figure reads its scenario's summary text (and any results file beside it) and
+# gives the row's (what, figure, target); the scenario is the one of its name.
+def overhead(text):
     targets = {t["name"]: t for t in json.load(open(OUT / "overhead/results.json"))["targets"]}
     added = lambda name: (targets[name]["added_p50_us"], targets[name]["added_p99_us"])
     tg, bare, nginx = added("tiergate"), added("bare_hyper"), added("nginx")
     p99 = targets["direct"]["summary"]["latency_ms"]["p99"]
-    row("real-time overhead: added p50 / p99 over calling the backend directly",
+    return ("real-time overhead: added p50 / p99 over calling the backend directly",
         f"tiergate +{tg[0]} / +{tg[1]} µs; bare hyper proxy +{bare[0]} / +{bare[1]} µs; nginx +{nginx[0]} / +{nginx[1]} µs "
-        f"(direct p99 {p99:.2f} ms)", "added p99 no worse than nginx's", command, date)
+        f"(direct p99 {p99:.2f} ms)", "added p99 no worse than nginx's")
 
 
-def instructions():
-    got = scenario("instructions")
-    if not got:
-        return
-    text, command, date = got
+def instructions(text):
     count = dict(re.findall(r"^(\w+) (\d+) instructions/request$", text, re.M))
-    row("instructions per proxied request (callgrind)",
+    return ("instructions per proxied request (callgrind)",
         f"tiergate {int(count['tiergate']):,}; bare hyper proxy {int(count['bare_hyper']):,} "
         f"(inline client {int(count['bare_inline']):,}); nginx {int(count['nginx']):,}",
-        "no more than the build before a change", command, date)
+        "no more than the build before a change")
 
 
-def micro_batch():
-    got = scenario("micro_batch")
-    if not got:
-        return
-    text, command, date = got
+def micro_batch(text):
     theory = float(re.search(r"B/t\(B\) = (\d+) rows/s", text).group(1))
     points = []
     for m in re.finditer(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)", text, re.M):
         offered, goodput, of_max, gain, p50, p99, q429, q503, q504 = m.groups()
         points.append((float(of_max), float(gain), float(p99), int(q504), int(offered), int(goodput)))
     best = max(points)
-    row("micro-batch: sustained goodput as a share of the cost model's maximum, gain over per request",
+    return ("micro-batch: sustained goodput as a share of the cost model's maximum, gain over per request",
         f"{best[0]:.2f} of {theory:,.0f} rows/s ({best[5]:,}/s at {best[4]:,}/s offered), {best[1]:.1f}× per request; "
         f"p99 ≤ {max(p[2] for p in points):,.0f} ms at every rate, {sum(p[3] for p in points)} past the budget (504)",
-        "≥ 0.9 of the maximum, ≥ 20×, p99 within the 1 s budget", command, date)
+        "≥ 0.9 of the maximum, ≥ 20×, p99 within the 1 s budget")
 
 
-def isolation():
-    got = scenario("isolation")
-    if not got:
-        return
-    _, command, date = got
+def isolation(text):
     r = json.load(open(OUT / "isolation/results.json"))
     sep, shared = r["separate"], r["shared"]
-    row("isolation: real-time p99 with a batch flood ÷ alone",
+    return ("isolation: real-time p99 with a batch flood ÷ alone",
         f"separate pools {sep['ratio']:.2f} ({sep['rt_p99_alone_ms']:.2f} → {sep['rt_p99_flood_ms']:.2f} ms); "
         f"one shared pool {shared['ratio']:.2f} ({shared['rt_p99_alone_ms']:.2f} → {shared['rt_p99_flood_ms']:.2f} ms)",
-        "≤ 1.10", command, date)
+        "≤ 1.10")
 
 
-def burst():
-    got = scenario("burst")
-    if not got:
-        return
-    text, command, date = got
+def burst(text):
     within = re.search(r"served within the 1 s budget: (\d+) of (\d+) = ([\d.]+)%", text)
     peak = re.search(r"resident memory: peak ([\d.]+) MiB", text).group(1)
     shed = re.search(r"shed (\{[^}]*\})", text).group(1)
-    row("bursts: 20× spikes, admitted requests served within their budget",
+    return ("bursts: 20× spikes, admitted requests served within their budget",
         f"{within.group(3)}% ({within.group(1)} of {within.group(2)}); shed with 429/503: {shed}; peak memory {peak} MiB",
-        "100% of admitted requests within budget, memory bounded", command, date)
+        "100% of admitted requests within budget, memory bounded")
 
 
-def offline_backlog():
-    got = scenario("offline_backlog")
-    if not got:
-        return
-    text, command, date = got
+def offline_backlog(text):
     ratio = re.search(r"mean p99: alone ([\d.]+) ms, with backlog ([\d.]+) ms: ratio ([\d.]+)", text)
     ack = re.search(r"achieved (\d+)/s, ack p50 ([\d.]+) ms, p99 ([\d.]+) ms", text)
     drained = [int(x) for x in re.findall(r"^backlog\S*\s+.*\s(\d+)$", text, re.M)]
-    row("offline backlog: micro-batch p99 with a backlog draining ÷ alone; durable acknowledgements",
+    return ("offline backlog: micro-batch p99 with a backlog draining ÷ alone; durable acknowledgements",
         f"{ratio.group(3)} ({ratio.group(1)} → {ratio.group(2)} ms), backlog drained at {min(drained):,}–{max(drained):,} jobs/s; "
         f"{ack.group(1)} acknowledged jobs/s, p99 {ack.group(3)} ms",
-        "micro-batch callers first; acknowledged only once durable", command, date)
+        "micro-batch callers first; acknowledged only once durable")
 
 
 for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog):
+    got = scenario(figure.__name__)
+    if not got:
+        missing.append(figure.__name__)
+        continue
+    text, command, date = got
     try:
-        figure()
+        what, value, target = figure(text)
     except (KeyError, AttributeError, ValueError, FileNotFoundError) as e:
         missing.append(f"{figure.__name__} (summary unreadable: {e})")
+        continue
+    rows.append(f"| {what} | {value} | {target} | `{command}` | {date} |")
 
 table = ["| what | figure | target | command | date |", "|---|---|---|---|---|", *rows]
 if missing:

@@ -60,13 +60,27 @@ pub enum Admit {
 impl Health {
     /// A closed circuit for `endpoint` of `route`'s `tier` pool.
     pub fn new(spec: HealthSpec, route: &str, tier: &'static str, endpoint: &str) -> Self {
+        let health = Self::closed(spec, route, tier, endpoint, true);
+        health.circuit_gauge.set(0.0);
+        health
+    }
+
+    /// A closed circuit for `endpoint` of `route`'s control pool, on no exported series.
+    pub fn unexported(spec: HealthSpec, route: &str, endpoint: &str) -> Self {
+        Self::closed(spec, route, "control", endpoint, false)
+    }
+
+    fn closed(spec: HealthSpec, route: &str, tier: &'static str, endpoint: &str, exported: bool) -> Self {
         let labels = [
             ("route", route.to_owned()),
             ("tier", tier.to_owned()),
             ("endpoint", endpoint.to_owned()),
         ];
-        let circuit_gauge = ::metrics::gauge!(metrics::BACKEND_CIRCUIT, &labels);
-        circuit_gauge.set(0.0);
+        let circuit_gauge = if exported {
+            ::metrics::gauge!(metrics::BACKEND_CIRCUIT, &labels)
+        } else {
+            ::metrics::Gauge::noop()
+        };
         Health {
             spec,
             state: Mutex::new(State {
@@ -76,26 +90,7 @@ impl Health {
             }),
             circuit_gauge,
             labels,
-            exported: true,
-        }
-    }
-
-    /// A closed circuit for `endpoint` of `route`'s control pool, on no exported series.
-    pub fn unexported(spec: HealthSpec, route: &str, endpoint: &str) -> Self {
-        Health {
-            spec,
-            state: Mutex::new(State {
-                failures: 0,
-                trips: 0,
-                circuit: Circuit::Closed,
-            }),
-            circuit_gauge: ::metrics::Gauge::noop(),
-            labels: [
-                ("route", route.to_owned()),
-                ("tier", "control".to_owned()),
-                ("endpoint", endpoint.to_owned()),
-            ],
-            exported: false,
+            exported,
         }
     }
 

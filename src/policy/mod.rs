@@ -21,6 +21,7 @@ pub use file::PolicyFile;
 pub use model::{
     BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
 };
+pub(crate) use validate::one_a_line;
 pub use validate::{Problem, Problems};
 
 /// Largest policy file read; anything bigger is refused, not parsed.

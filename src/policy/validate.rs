@@ -62,14 +62,19 @@ impl fmt::Display for Problem {
 
 impl fmt::Display for Problems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{p}")?;
-        }
-        Ok(())
+        one_a_line(f, &self.0)
     }
+}
+
+/// Writes `items` one a line, as every list of problems (policy or startup) prints.
+pub(crate) fn one_a_line(f: &mut fmt::Formatter<'_>, items: &[impl fmt::Display]) -> fmt::Result {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            writeln!(f)?;
+        }
+        write!(f, "{item}")?;
+    }
+    Ok(())
 }
 
 /// Collects problems while one file is validated.
