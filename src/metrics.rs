@@ -28,8 +28,13 @@ pub const BACKEND_CIRCUIT: &str = "tiergate_backend_circuit_state";
 /// status_5xx, timeout, slow, broken_answer, check).
 pub const BACKEND_EJECTIONS: &str = "tiergate_backend_ejections_total";
 /// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
-/// body_bytes, rss: global limits; connections: closed at accept).
+/// body_bytes, rss: global limits; connections, connections_per_client: closed at
+/// accept).
 pub const ADMISSION_REFUSALS: &str = "tiergate_admission_refusals_total";
+/// Connections the gateway closed for sending nothing useful, by `reason`
+/// (first_request: no complete first request head in time; idle: no request for
+/// `limits.idle_timeout`).
+pub const CONNECTIONS_CLOSED: &str = "tiergate_connections_closed_total";
 /// Resident memory of the process, when `limits.max_rss_bytes` is set (bytes).
 pub const PROCESS_RSS: &str = "tiergate_process_resident_bytes";
 /// Work one tier lent to another under a route's borrowing rules, by `route`, `from`
@@ -274,8 +279,19 @@ fn register_known_labels() {
         metrics::counter!(POLICY_CHANGES, "action" => action).absolute(0);
     }
     metrics::counter!(ADMIN_REFUSALS, "reason" => "unauthenticated").absolute(0);
-    for reason in ["route", "tenant", "requests", "body_bytes", "rss", "connections"] {
+    for reason in [
+        "route",
+        "tenant",
+        "requests",
+        "body_bytes",
+        "rss",
+        "connections",
+        "connections_per_client",
+    ] {
         metrics::counter!(ADMISSION_REFUSALS, "reason" => reason).absolute(0);
+    }
+    for reason in ["first_request", "idle"] {
+        metrics::counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
     }
     metrics::gauge!(POLICY_LAST_RELOAD_OK).set(1.0);
     metrics::gauge!(OFFLINE_OLDEST_QUEUED).set(0.0);

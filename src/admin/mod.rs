@@ -65,8 +65,7 @@ pub async fn listen(listener: TcpListener, admin: Arc<Admin>, shutdown: Cancella
     };
     crate::front::listen(
         listener,
-        std::time::Duration::from_secs(10),
-        64,
+        crate::front::Connections::small(64),
         shutdown.clone(),
         shutdown,
         answer,

@@ -417,18 +417,11 @@ fn http_door(
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
-    let (read_timeout, max_connections) = (limits.header_read_timeout, limits.max_connections);
+    let allow = crate::front::Connections::from_limits(limits);
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         let answer = move |req| door.clone().answer(req);
-        Box::pin(crate::front::listen(
-            listener,
-            read_timeout,
-            max_connections,
-            closing,
-            ending,
-            answer,
-        ))
+        Box::pin(crate::front::listen(listener, allow, closing, ending, answer))
     }
 }
 
@@ -441,16 +434,17 @@ fn grpc_door(
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
-    let max_connections = limits.max_connections;
+    let allow = crate::front::Connections::from_limits(limits);
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         Box::pin(async move {
             let server = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .max_concurrent_streams(1024)
+                .layer(crate::front::TrackCalls)
                 .add_service(service)
                 .serve_with_incoming_shutdown(
-                    crate::front::limited_incoming(listener, max_connections, closing),
+                    crate::front::limited_incoming(listener, allow, closing),
                     std::future::pending::<()>(),
                 );
             tokio::select! {

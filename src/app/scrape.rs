@@ -38,8 +38,7 @@ pub(super) async fn listen(
     };
     crate::front::listen(
         listener,
-        Duration::from_secs(10),
-        256,
+        crate::front::Connections::small(256),
         shutdown.clone(),
         shutdown,
         answer,

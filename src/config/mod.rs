@@ -251,7 +251,9 @@ pub struct Limits {
     /// Largest backend response body accepted, in bytes (502 above it); also the
     /// largest gRPC message the gateway sends.
     pub max_response_bytes: usize,
-    /// How long a client may take to send its request headers (slow clients are cut).
+    /// How long a client may take, from connecting, to send its first complete request
+    /// head (HTTP/2: the preface and first frame), and any later request head once it
+    /// has begun (slow or silent clients are cut).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// How long a client may take to send its request body (408 past it).
@@ -265,6 +267,14 @@ pub struct Limits {
     pub max_rss_bytes: u64,
     /// Open client connections per door; past it new ones are closed at once.
     pub max_connections: usize,
+    /// Open connections per door from one client address; past it that client's new
+    /// ones are closed at once. 0 is no limit (behind a load balancer or a NAT every
+    /// client may share one address: raise it or set 0 there).
+    pub max_connections_per_client: usize,
+    /// How long a connection may have no request in flight before it is closed (an idle
+    /// keep-alive HTTP/1.1 connection, an HTTP/2 connection with no open stream).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Connections the kernel may hold for each listener before the gateway takes them
     /// (the listen backlog); the kernel caps it at `net.core.somaxconn`.
     pub listen_backlog: u32,
@@ -381,6 +391,8 @@ impl Default for Limits {
             max_in_flight_body_bytes: 1 << 30,
             max_rss_bytes: 0,
             max_connections: 10_000,
+            max_connections_per_client: 1_000,
+            idle_timeout: Duration::from_secs(120),
             listen_backlog: 4096,
             budget_reserve: 0.0,
         }

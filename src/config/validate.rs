@@ -125,6 +125,7 @@ impl Config {
         check.at_least("limits.listen_backlog", u64::from(limits.listen_backlog), 1);
         check.positive("limits.header_read_timeout", limits.header_read_timeout);
         check.positive("limits.body_read_timeout", limits.body_read_timeout);
+        check.positive("limits.idle_timeout", limits.idle_timeout);
         if !(0.0..=0.5).contains(&limits.budget_reserve) {
             check.fail(
                 "limits.budget_reserve",

@@ -23,7 +23,6 @@ pub mod ready;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,11 +32,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use listen::{limited_incoming, Counted};
+pub use listen::{
+    limited_incoming, Activity, ConnectInfo, Connections, Counted, InFlight, TrackCalls, Tracked, TrackedBody,
+};
 
 /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list) a client may send.
 const MAX_HEADER_BYTES: usize = 64 << 10;
@@ -52,14 +52,14 @@ const FIRST_REQUEST: Duration = Duration::from_secs(1);
 /// end gave them, before they are closed.
 pub const FLUSH: Duration = Duration::from_millis(500);
 
-/// Accepts connections on `listener` and answers each request with `answer`, until
+/// Accepts connections on `listener` within `allow`'s limits and deadlines, and answers
+/// each request with `answer`, until
 /// `closing` fires; then stops accepting and lets open exchanges finish (idle
 /// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
 /// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
 pub async fn listen<F, Fut>(
     listener: TcpListener,
-    header_read_timeout: Duration,
-    max_connections: usize,
+    allow: Connections,
     closing: CancellationToken,
     ending: CancellationToken,
     answer: F,
@@ -72,7 +72,7 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
+        .header_read_timeout(allow.first_request)
         .max_buf_size(MAX_HEADER_BYTES)
         .keep_alive(true);
     builder
@@ -83,17 +83,21 @@ where
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
     let connections = TaskTracker::new();
-    let first_request = header_read_timeout.min(FIRST_REQUEST);
-    let mut accepted = listen::accept(listener, max_connections, closing.clone());
+    let first_request = allow.first_request.min(FIRST_REQUEST);
+    let mut accepted = listen::accept(listener, allow, closing.clone());
     while let Some(stream) = accepted.recv().await {
         let answer = answer.clone();
-        // Told on every request, so a stop knows whether the connection has had one.
-        let asked = Arc::new(Notify::new());
-        let told = asked.clone();
+        // Told of every request: its deadlines, and a stop, need to know.
+        let activity = stream.activity();
+        let told = activity.clone();
         let service = service_fn(move |req| {
-            told.notify_one();
+            let in_flight = told.begin();
             let answer = answer.clone();
-            async move { Ok::<_, Infallible>(answer(req).await) }
+            async move {
+                let answered = answer(req).await;
+                drop(in_flight);
+                Ok::<_, Infallible>(answered)
+            }
         });
         let peer = stream.peer();
         let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
@@ -111,7 +115,7 @@ where
                     // from the backlog) gets until it comes: its client may have sent it.
                     tokio::select! {
                         ended = connection.as_mut() => return log_end(peer, ended),
-                        () = asked.notified() => {}
+                        () = activity.asked() => {}
                         () = tokio::time::sleep(first_request) => {}
                     }
                     // The request in progress is answered, then the connection closes
