@@ -202,3 +202,44 @@ async fn json_routes_match_by_path() {
     assert_eq!(bad.status, 400);
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn a_transfer_coding_other_than_chunked_is_refused_not_ignored() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let be = backend(&["m"]).await;
+    let gw = gateway(&route(&be.url(), &be.url(), "realtime = true", "")).await;
+    for coding in ["gzip, chunked", "chunked, chunked, deflate"] {
+        let mut stream = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
+        let request = format!(
+            "POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             transfer-encoding: {coding}\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.expect("read");
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 501") || text.starts_with("HTTP/1.1 400"),
+            "{coding}: refused, got {text}"
+        );
+        assert!(!text.contains("x-tiergate-tier"), "{coding}: never served: {text}");
+    }
+    // The gzip case reaches the door and is named in its answer.
+    let mut stream = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
+    stream
+        .write_all(
+            b"POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\
+              connection: close\r\n\r\n0\r\n\r\n",
+        )
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    stream.read_to_end(&mut got).await.expect("read");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 501"), "{text}");
+    assert!(
+        text.contains("Transfer-Encoding \\\"gzip\\\" is not supported"),
+        "{text}"
+    );
+    assert_eq!(be.sim.stats("m").expect("stats").requests, 0);
+}

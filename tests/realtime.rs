@@ -63,12 +63,38 @@ async fn a_passed_deadline_is_504_and_the_backend_call_is_dropped() {
 }
 
 #[tokio::test]
-async fn a_spent_budget_is_refused_at_once() {
+async fn a_zero_budget_is_a_passed_deadline_and_a_zero_kserve_timeout_is_none() {
     let rt = backend(&["m"]).await;
     let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
-    let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "0")], BODY).await;
-    assert_eq!((a.status, a.header("retry-after")), (503, Some("1")), "{}", a.text());
+    // A zero budget can never be met: 504 without a retry hint, as gRPC answers a
+    // deadline that has passed; nothing reaches the backend.
+    for header in [("x-tiergate-budget-ms", "0"), ("grpc-timeout", "0m")] {
+        let a = infer(gw.http_addr(), "m", &[header], BODY).await;
+        assert_eq!(
+            (a.status, a.header("retry-after")),
+            (504, None),
+            "{header:?}: {}",
+            a.text()
+        );
+        assert!(
+            a.text().contains(header.0),
+            "the message names {}: {}",
+            header.0,
+            a.text()
+        );
+    }
+    let mut grpc = common::grpc::client(gw.grpc_addr()).await;
+    let mut call = tonic::Request::new(common::grpc::fp32_request("g", &[[1.0, 2.0]]));
+    call.metadata_mut()
+        .insert("x-tiergate-budget-ms", "0".parse().expect("ascii"));
+    let status = grpc.model_infer(call).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert_eq!(rt.sim.stats("m").expect("stats").requests, 0);
+    // A KServe `timeout` of 0 is no timeout (as Triton reads it): the route default.
+    let body =
+        r#"{"parameters":{"timeout":0},"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[1,2]}]}"#;
+    let a = infer(gw.http_addr(), "m", &[], body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
     gw.stop().await.expect("stops");
 }
 

@@ -137,12 +137,12 @@ impl Pool {
     /// backend's answer, or an error that says who failed.
     ///
     /// Sheds with [`Kind::Shed`] at the concurrency limit and with
-    /// [`Kind::DeadlineUnmeetable`] when `deadline` has already passed; a connect
+    /// [`Kind::Deadline`] when `deadline` has already passed; a connect
     /// failure is retried once on another endpoint while time remains.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
         if Instant::now() >= deadline {
             return Err(Error::new(
-                Kind::DeadlineUnmeetable,
+                Kind::Deadline,
                 "the budget was spent before the request reached a backend",
             ));
         }

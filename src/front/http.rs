@@ -81,7 +81,10 @@ impl Door {
     /// connection, so its next request opens one to a replica that is not stopping.
     pub async fn answer<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
         let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
-        let mut response = self.route(req).await;
+        let mut response = match unsupported_coding(req.headers()) {
+            None => self.route(req).await,
+            Some(e) => failure(&e),
+        };
         if close {
             response
                 .headers_mut()
@@ -294,6 +297,25 @@ pub fn failure(e: &Error) -> Response<Full<Bytes>> {
         }
     }
     response
+}
+
+/// A transfer coding other than `chunked` (the only one the door decodes): refused
+/// with 501, as RFC 9112 (6.1) asks, rather than read as if it were not there.
+fn unsupported_coding(headers: &http::HeaderMap) -> Option<Error> {
+    let codings = headers.get_all(http::header::TRANSFER_ENCODING);
+    let other = codings
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|c| c.trim_ascii())
+        .find(|c| !c.eq_ignore_ascii_case(b"chunked"))?;
+    Some(Error::new(
+        Kind::Unsupported,
+        format!(
+            "Transfer-Encoding {:?} is not supported: only chunked is; send the body without it (for a compressed \
+             body, use Content-Encoding)",
+            String::from_utf8_lossy(other)
+        ),
+    ))
 }
 
 fn server_metadata() -> Bytes {

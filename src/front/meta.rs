@@ -2,7 +2,9 @@
 //!
 //! Read by every door from headers (and from the KServe `timeout` parameter the door
 //! found in the body). The budget comes from, first match wins: `x-tiergate-budget-ms`,
-//! `grpc-timeout`, the KServe `timeout` parameter (µs), the route's default.
+//! `grpc-timeout`, the KServe `timeout` parameter (µs), the route's default. A zero
+//! budget header or `grpc-timeout` is a deadline already passed (504 /
+//! DEADLINE_EXCEEDED, never a retry hint); a KServe `timeout` of 0 is no timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -49,6 +51,15 @@ pub fn read(
                     ),
                 )
             })?;
+        if ms == 0 {
+            return Err(Error::new(
+                Kind::Deadline,
+                format!(
+                    "{} is 0: no time is left for the request; send at least 1 (ms), or none for the route's default",
+                    headers::BUDGET
+                ),
+            ));
+        }
         Some((Duration::from_millis(ms), BudgetSource::Header))
     } else if let Some(v) = headers.get(GRPC_TIMEOUT) {
         let d = v.to_str().ok().and_then(grpc_timeout).ok_or_else(|| {
@@ -60,9 +71,19 @@ pub fn read(
                 ),
             )
         })?;
+        if d.is_zero() {
+            // As gRPC servers answer a deadline that has passed.
+            return Err(Error::new(
+                Kind::Deadline,
+                format!("{GRPC_TIMEOUT} is 0: the deadline has already passed"),
+            ));
+        }
         Some((d, BudgetSource::GrpcTimeout))
     } else {
-        kserve_timeout_us.map(|us| (Duration::from_micros(us), BudgetSource::KserveTimeout))
+        // A KServe `timeout` of 0 means none, as Triton reads it.
+        kserve_timeout_us
+            .filter(|&us| us > 0)
+            .map(|us| (Duration::from_micros(us), BudgetSource::KserveTimeout))
     };
     let key = match headers
         .get(&route.rollout_key_header)

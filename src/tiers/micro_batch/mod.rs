@@ -459,6 +459,15 @@ impl RouteLanes {
     /// answered by `deadline`: the rows queued ahead (its own included) go out in full
     /// batches over the pool's slots, after the batches now in flight.
     fn admit(&self, rows: u64, deadline: Instant) -> Result<(), Error> {
+        if deadline <= Instant::now() {
+            return Err(Error::new(
+                Kind::Deadline,
+                format!(
+                    "route {}: the budget was spent before the request could be queued",
+                    self.route
+                ),
+            ));
+        }
         let Some(cost) = self.shared.cost.estimate() else {
             return Ok(()); // still learning: nobody is refused on a guess
         };
