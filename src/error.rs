@@ -34,8 +34,14 @@ pub enum Kind {
     /// The route has no enabled tier that can meet the request's budget.
     NoTier,
     /// The request asks for what its door cannot do (an offline acceptance, which
-    /// answers later, over gRPC); the message says how to ask instead.
+    /// answers later, over gRPC; a transfer coding other than chunked); the message
+    /// says how to ask instead.
     Unsupported,
+    /// The data plane needs an API key and the request has none it knows.
+    Unauthenticated,
+    /// An `Idempotency-Key` the tenant already used on this endpoint came with another
+    /// request.
+    KeyReused,
     /// The deadline passed while the backend was working; the backend call was dropped.
     Deadline,
     /// The backend could not be reached, or answered with something that is not HTTP.
@@ -85,6 +91,8 @@ impl Kind {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+            Kind::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Kind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Kind::QueueFull | Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Kind::StoreFull => StatusCode::INSUFFICIENT_STORAGE,
             Kind::Deadline => StatusCode::GATEWAY_TIMEOUT,
@@ -116,6 +124,8 @@ impl Kind {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::NotFound => Code::NotFound,
             Kind::MethodNotAllowed | Kind::Unsupported => Code::Unimplemented,
+            Kind::Unauthenticated => Code::Unauthenticated,
+            Kind::KeyReused => Code::FailedPrecondition,
             Kind::TooLarge | Kind::Shed | Kind::QueueFull | Kind::StoreFull | Kind::RateLimited => {
                 Code::ResourceExhausted
             }
@@ -140,6 +150,8 @@ impl Kind {
             Kind::DeadlineUnmeetable => "deadline_unmeetable",
             Kind::NoTier => "no_tier",
             Kind::Unsupported => "unsupported",
+            Kind::Unauthenticated => "unauthenticated",
+            Kind::KeyReused => "key_reused",
             Kind::Deadline => "deadline",
             Kind::Backend => "backend_error",
             Kind::Unavailable => "unavailable",
@@ -204,6 +216,8 @@ mod tests {
             ),
             (NoTier, 503, Code::Unavailable, None, "no_tier"),
             (Unsupported, 501, Code::Unimplemented, None, "unsupported"),
+            (Unauthenticated, 401, Code::Unauthenticated, None, "unauthenticated"),
+            (KeyReused, 422, Code::FailedPrecondition, None, "key_reused"),
             (Deadline, 504, Code::DeadlineExceeded, None, "deadline"),
             (Backend, 502, Code::Unavailable, None, "backend_error"),
             (Unavailable, 503, Code::Unavailable, Some(1), "unavailable"),

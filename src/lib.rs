@@ -24,7 +24,8 @@
 //! to the running policy: validated, written back, versioned, audited), [`reload`]
 //! (watching the policy directory), [`admin`] (the admin API), [`metrics`], [`config`]
 //! (startup settings), [`cpu`] (where and how urgently threads run), [`error`] (one
-//! table from failure to status), [`headers`] (tiergate's own header names), [`trace`]
+//! table from failure to status), [`headers`] (tiergate's own header names), [`tenant`]
+//! (whose a request's work is), [`files`] (private files and directories), [`trace`]
 //! (request ids, trace context and spans) and [`telemetry`] (logs and span export);
 //! [`sim`], the simulated model server; and [`app`], which composes a running
 //! [`app::Gateway`]. The command line (`src/cli`) is the binary's, not the library's.
@@ -45,10 +46,12 @@ pub mod config;
 pub mod control;
 pub mod cpu;
 pub mod error;
+pub mod files;
 pub mod headers;
 pub mod metrics;
 pub mod policy;
 pub mod reload;
 pub mod sim;
 pub mod telemetry;
+pub mod tenant;
 pub mod trace;

@@ -35,6 +35,17 @@ struct Cli {
     command: Command,
 }
 
+/// `tiergate auth`.
+#[derive(Debug, Subcommand)]
+enum AuthCommand {
+    /// Print a new random API key for TENANT, and the line for the keys file (which
+    /// holds only the key's SHA-256, never the key).
+    NewKey {
+        /// The tenant the key lets in: 1 to 64 letters, digits, '.', '_' or '-'.
+        tenant: String,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway with the startup settings and the policy directory.
@@ -74,6 +85,12 @@ enum Command {
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
     Top(top::TopArgs),
+    /// Data-plane API keys: `tiergate auth new-key TENANT` makes a key and the line
+    /// that lets it in (for the file `auth.keys_file` names).
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
     /// Exit 0 when a gateway is ready (its /v2/health/ready answers 200), else say why
     /// and exit 1: the container image's health check, which needs no curl.
     Health(health::HealthArgs),
@@ -204,6 +221,9 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Explain(args) => runtime(1)?.block_on(admin::explain(args)),
         Command::Top(args) => runtime(1)?.block_on(top::run(args)),
         Command::Health(args) => runtime(1)?.block_on(health::run(args)),
+        Command::Auth {
+            command: AuthCommand::NewKey { tenant },
+        } => new_key(&tenant),
         Command::Serve(args) => {
             let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
             config.policy_dir = args.policy_dir.unwrap_or(config.policy_dir);
@@ -253,6 +273,19 @@ fn policy_check(dir: &std::path::Path) -> ExitCode {
 }
 
 /// `tiergate serve --check`: the startup checks that need no socket, and their verdict.
+/// `tiergate auth new-key TENANT`: a key of 32 random bytes (hex, `tg_` first) and its
+/// keys-file line.
+fn new_key(tenant: &str) -> anyhow::Result<ExitCode> {
+    if !tiergate::front::auth::valid_tenant(tenant) {
+        anyhow::bail!("the tenant must be 1 to 64 letters, digits, '.', '_' or '-', got {tenant:?}");
+    }
+    let key: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    let key = format!("tg_{key}");
+    println!("key (give it to the tenant; it is not kept anywhere): {key}");
+    println!("line for auth.keys_file: {}", tiergate::front::auth::line(tenant, &key));
+    Ok(ExitCode::SUCCESS)
+}
+
 fn serve_check(config: &Config) -> ExitCode {
     let policy = match Policy::load_dir(&config.policy_dir) {
         Ok(policy) => policy,

@@ -45,21 +45,7 @@ fn line(i: usize) -> String {
 }
 
 async fn upload(gw: &Gateway, content: &str) -> Answer {
-    let boundary = "tiergate-test-boundary";
-    let body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
-         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
-    );
-    let content_type = format!("multipart/form-data; boundary={boundary}");
-    send(
-        "POST",
-        gw.http_addr(),
-        "/v1/files",
-        &[("content-type", &content_type)],
-        body,
-    )
-    .await
+    upload_file(gw.http_addr(), content, &[]).await
 }
 
 async fn create(gw: &Gateway, file: &str, window: &str, headers: &[(&str, &str)]) -> Value {

@@ -442,6 +442,15 @@ async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
     assert_eq!(again.status, 202, "{}", again.text());
     assert_eq!(again.json()["id"], first.as_str());
     assert_eq!(again.json()["existing"], true);
+    // The same key with another request is refused at either replica.
+    let reused = infer(
+        two.http_addr(),
+        "m",
+        &[("prefer", "respond-async"), ("idempotency-key", "k-7")],
+        &body(8),
+    )
+    .await;
+    assert_eq!(reused.status, 422, "{}", reused.text());
 
     // A file uploaded at one replica, a batch of it created at the other.
     let lines = jsonl("c", 40);
@@ -576,4 +585,37 @@ async fn upload(addr: std::net::SocketAddr, content: &str) -> String {
     .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     answer.json()["id"].as_str().expect("file id").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
+    let broker = Broker::start().await;
+    broker.create_topics(&["jobs", "states"], PARTITIONS).await;
+    let sim = backend(&["m"]).await;
+    let policy = route(&sim.url(), &sim.url(), "offline = true\nmicro_batch = true", "");
+    let mut config = kafka_config(&broker, "one");
+    std::fs::create_dir_all(&config.data_dir).expect("data dir");
+    let keys = config.data_dir.with_extension("keys");
+    let lines = [("team-a", "key-a"), ("team-b", "key-b")].map(|(t, k)| tiergate::front::auth::line(t, k));
+    std::fs::write(&keys, lines.join("\n")).expect("keys");
+    config.auth.keys_file = Some(keys);
+    let gw = gateway_with(config, &policy).await;
+    let (a, b) = (("authorization", "Bearer key-a"), ("authorization", "Bearer key-b"));
+
+    let job = submit(gw.http_addr(), 3, &[a]).await;
+    let path = format!("/v1/jobs/{job}");
+    let theirs = send("GET", gw.http_addr(), &path, &[b], "").await;
+    assert_eq!(theirs.status, 404, "{}", theirs.text());
+    let cancel = send("DELETE", gw.http_addr(), &path, &[b], "").await;
+    assert_eq!(cancel.status, 404, "{}", cancel.text());
+    let own = send("GET", gw.http_addr(), &path, &[a], "").await;
+    assert!(matches!(own.status, 200 | 202), "{}", own.text());
+
+    let file = upload_file(gw.http_addr(), &jsonl("c", 2), &[a]).await;
+    assert_eq!(file.status, 200, "{}", file.text());
+    let id = file.json()["id"].as_str().expect("id").to_owned();
+    let content = format!("/v1/files/{id}/content");
+    assert_eq!(send("GET", gw.http_addr(), &content, &[b], "").await.status, 404);
+    assert_eq!(send("GET", gw.http_addr(), &content, &[a], "").await.status, 200);
+    gw.stop().await.expect("stops");
 }

@@ -54,8 +54,13 @@ pub struct Admin {
     pub micro_batch: MicroBatch,
 }
 
-/// Serves the admin API on `listener` until `shutdown`.
-pub async fn listen(listener: TcpListener, admin: Arc<Admin>, shutdown: CancellationToken) -> std::io::Result<()> {
+/// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
+pub async fn listen(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     if admin.tokens.is_open() {
         tracing::warn!(addr = %listener.local_addr()?, "the admin API is UNAUTHENTICATED (admin.insecure_no_auth): anyone on this host can change the policy");
     }
@@ -65,7 +70,7 @@ pub async fn listen(listener: TcpListener, admin: Arc<Admin>, shutdown: Cancella
     };
     crate::front::listen(
         listener,
-        crate::front::Connections::small(64),
+        crate::front::Connections::small(64).with_tls(tls),
         shutdown.clone(),
         shutdown,
         answer,

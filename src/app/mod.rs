@@ -145,7 +145,16 @@ impl Gateway {
     ) -> Result<Gateway, StartError> {
         let prometheus = crate::metrics::install();
         let batch_threads = BatchThreads::start(&config.threads)?;
-        let parts = Parts::build(config, policy, checked.allow, store, wake, &shutdown, &batch_threads)?;
+        let callers = Arc::new(checked.callers);
+        let parts = Parts::build(
+            config,
+            policy,
+            (checked.allow, callers.clone()),
+            store,
+            wake,
+            &shutdown,
+            &batch_threads,
+        )?;
         let (mut tasks, mut draining) = (JoinSet::new(), JoinSet::new());
         let closing = shutdown.child_token();
         start_sources(config, &parts.dispatch, &batch_threads, &closing, &shutdown)?;
@@ -169,8 +178,20 @@ impl Gateway {
             grpc: bulk_grpc.as_ref().map(local),
         };
         let door = parts.door.clone();
-        let serve_http = http_door(parts.door, &config.limits, &closing, &shutdown);
-        let serve_grpc = grpc_door(parts.grpc_door, &config.limits, &closing, &shutdown);
+        let tls = checked.tls;
+        let allow = crate::front::Connections::from_limits(&config.limits);
+        let (http_allow, grpc_allow) = match &tls {
+            Some(tls) => {
+                tasks.spawn(tls.certificate.clone().watch(shutdown.clone()));
+                (
+                    allow.clone().with_tls(Some(tls.http.clone())),
+                    allow.with_tls(Some(tls.grpc.clone())),
+                )
+            }
+            None => (allow.clone(), allow),
+        };
+        let serve_http = http_door(parts.door, http_allow, &closing, &shutdown);
+        let serve_grpc = grpc_door(parts.grpc_door, grpc_allow, &closing, &shutdown);
         // The bulk doors on the batch threads, so reading bulk work never takes a real-time one.
         if let Some(listener) = bulk_http {
             draining.spawn(batch_threads.listen(listener, serve_http.clone()));
@@ -184,6 +205,7 @@ impl Gateway {
         tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
         tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
+        tasks.spawn(callers.watch(shutdown.clone()));
         let (admin_addr, admin_api) = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
@@ -192,7 +214,8 @@ impl Gateway {
                     tokens,
                     micro_batch: parts.micro_batch,
                 });
-                tasks.spawn(admin::listen(listener, api.clone(), shutdown.clone()));
+                let tls = tls.as_ref().map(|tls| tls.admin.clone());
+                tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));
                 (Some(addr), Some(api))
             }
             _ => (None, None), // bound only when there are tokens
@@ -345,7 +368,7 @@ impl Parts {
     fn build(
         config: &Config,
         policy: Policy,
-        allow: crate::policy::Allowlist,
+        (allow, callers): (crate::policy::Allowlist, Arc<crate::front::auth::Callers>),
         store: Queue,
         wake: Arc<Notify>,
         shutdown: &CancellationToken,
@@ -378,13 +401,15 @@ impl Parts {
         let readiness = Readiness::new(store.clone(), realtime.clone(), micro_batch.clone());
         let dispatch = Arc::new(
             Dispatch::new(policy.clone(), admission, tiers, max_response, readiness.clone())
-                .with_budget_reserve(config.limits.budget_reserve),
+                .with_budget_reserve(config.limits.budget_reserve)
+                .with_callers(callers),
         );
         let api = OfflineApi {
             store: store.clone(),
             policy: policy.clone(),
             settings: config.offline.clone(),
             wake: wake.clone(),
+            max_body_bytes: config.limits.max_body_bytes,
         };
         let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
         let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
@@ -413,11 +438,10 @@ impl Parts {
 /// is still open at `ending`.
 fn http_door(
     door: Arc<Door>,
-    limits: &crate::config::Limits,
+    allow: crate::front::Connections,
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
-    let allow = crate::front::Connections::from_limits(limits);
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         let answer = move |req| door.clone().answer(req);
@@ -430,11 +454,10 @@ fn http_door(
 /// never fires); ending drops the rest.
 fn grpc_door(
     service: GrpcInferenceServiceServer<GrpcDoor>,
-    limits: &crate::config::Limits,
+    allow: crate::front::Connections,
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
-    let allow = crate::front::Connections::from_limits(limits);
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         Box::pin(async move {

@@ -1,10 +1,17 @@
 //! The startup checks that need no socket: the settings checked whole (every problem
-//! with its dotted key, [`Config::validate`]), the backend allowlist and the admin
-//! token read, then the policy against the allowlist. `tiergate serve --check` runs
+//! with its dotted key, [`Config::validate`]), the backend allowlist, the admin token,
+//! the data plane's API keys and the TLS certificate read, then the policy against the
+//! allowlist. `tiergate serve --check` runs
 //! them alone; [`super::Gateway::start`] runs them before it binds anything.
 
 use crate::admin::{AuthError, Tokens};
 use crate::config::{Config, Problem, Problems};
+use std::sync::Arc;
+
+use tokio_rustls::TlsAcceptor;
+
+use crate::front::auth::Callers;
+use crate::front::tls::{Certificate, GRPC_ALPN, HTTP_ALPN};
 use crate::policy::{Allowlist, Policy};
 
 use super::StartError;
@@ -13,10 +20,40 @@ use super::StartError;
 pub(super) const NO_TOKEN: &str = "no admin token is configured (admin.token_file, or TIERGATE_ADMIN__TOKEN); \
                         set one, or admin.insecure_no_auth = true on a loopback address for a local test";
 
-/// What the checks found usable: the allowlist and the admin API's tokens.
+/// What the checks found usable: the allowlist, the admin API's tokens and the data
+/// plane's callers.
 pub(super) struct Checked {
     pub(super) allow: Allowlist,
     pub(super) tokens: Option<Tokens>,
+    pub(super) callers: Callers,
+    pub(super) tls: Option<Tls>,
+}
+
+/// The listeners' TLS: the certificate, and an acceptor for each kind of listener.
+pub(super) struct Tls {
+    pub(super) certificate: Arc<Certificate>,
+    pub(super) http: TlsAcceptor,
+    pub(super) grpc: TlsAcceptor,
+    pub(super) admin: TlsAcceptor,
+}
+
+/// The TLS `config` asks for, read and checked; `None` when it is off.
+fn tls(config: &Config) -> Result<Option<Tls>, Problem> {
+    let (Some(cert), Some(key)) = (&config.tls.cert_file, &config.tls.key_file) else {
+        return Ok(None);
+    };
+    let certificate = Certificate::load(cert, key).map_err(|m| problem("tls.cert_file", &m))?;
+    let http = certificate.acceptor(&HTTP_ALPN, None).map_err(|m| problem("tls", &m))?;
+    let grpc = certificate.acceptor(&GRPC_ALPN, None).map_err(|m| problem("tls", &m))?;
+    let admin = certificate
+        .acceptor(&HTTP_ALPN, config.admin.client_ca_file.as_deref())
+        .map_err(|m| problem("admin.client_ca_file", &m))?;
+    Ok(Some(Tls {
+        certificate,
+        http,
+        grpc,
+        admin,
+    }))
 }
 
 /// Checks `config` whole, then `policy` against its backend allowlist.
@@ -36,16 +73,32 @@ pub(super) fn checked(config: &Config, policy: &Policy) -> Result<Checked, Start
         };
         problem(key, &e.to_string())
     });
-    let (allow, tokens) = match (allow, tokens) {
-        (Ok(allow), Ok(tokens)) if problems.is_empty() => (allow, tokens),
-        (allow, tokens) => {
+    let callers = match &config.auth.keys_file {
+        None => Ok(Callers::open()),
+        Some(file) => Callers::from_file(file).map_err(|message| problem("auth.keys_file", &message)),
+    };
+    // TLS only once the settings hold together (both files, or neither).
+    let tls = match problems.is_empty() {
+        true => tls(config),
+        false => Ok(None),
+    };
+    let (allow, tokens, callers, tls) = match (allow, tokens, callers, tls) {
+        (Ok(allow), Ok(tokens), Ok(callers), Ok(tls)) if problems.is_empty() => (allow, tokens, callers, tls),
+        (allow, tokens, callers, tls) => {
             problems.extend(allow.err());
             problems.extend(tokens.err());
+            problems.extend(callers.err());
+            problems.extend(tls.err());
             return Err(StartError::Invalid(Problems(problems)));
         }
     };
     allow.check(policy).map_err(StartError::Policy)?;
-    Ok(Checked { allow, tokens })
+    Ok(Checked {
+        allow,
+        tokens,
+        callers,
+        tls,
+    })
 }
 
 /// The problem `message` about `key`, which the message may already start with.

@@ -51,7 +51,7 @@ pub enum JobsCommand {
 /// Where the gateway is.
 #[derive(Debug, Args)]
 pub struct Gateway {
-    /// The gateway's HTTP door.
+    /// The gateway's HTTP door (its API key, when it needs one, from TIERGATE_API_KEY).
     #[arg(long, default_value = "http://127.0.0.1:8000", env = "TIERGATE_URL")]
     gateway: String,
 }
@@ -264,7 +264,15 @@ async fn request(
     content_type: Option<&str>,
     body: Bytes,
 ) -> anyhow::Result<(u16, Bytes)> {
-    let headers: Vec<(&str, &str)> = content_type.map(|ct| ("content-type", ct)).into_iter().collect();
+    let mut headers: Vec<(&str, &str)> = content_type.map(|ct| ("content-type", ct)).into_iter().collect();
+    // The data plane's API key, when the gateway authenticates (never a flag: it would
+    // show in the process list).
+    let bearer = std::env::var("TIERGATE_API_KEY")
+        .ok()
+        .map(|key| format!("Bearer {key}"));
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer));
+    }
     let (status, _, bytes) = crate::cli::client::request(base, method, path, &headers, body)
         .await
         .with_context(|| format!("cannot reach the gateway at {base}"))?;

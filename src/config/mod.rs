@@ -43,6 +43,10 @@ pub struct Config {
     pub log: Log,
     /// The admin API: authentication and audit.
     pub admin: Admin,
+    /// Data-plane authentication: who may call the doors, and as which tenant.
+    pub auth: Auth,
+    /// TLS on the doors and the admin API.
+    pub tls: Tls,
     /// Where backend pools may point.
     pub backends: Backends,
     /// How a stop signal drains the gateway.
@@ -91,6 +95,32 @@ pub struct Admin {
     pub insecure_no_auth: bool,
     /// The append-only audit log of policy changes (default `data_dir/policy/audit.jsonl`).
     pub audit_log: Option<PathBuf>,
+    /// With TLS on: the admin API also asks each client for a certificate signed by a
+    /// CA in this PEM file (mutual TLS), on top of its bearer token.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Data-plane authentication (see `front::auth`). Without `keys_file`, every request
+/// is the anonymous tenant's: anyone who reaches a data port may call any route and
+/// read any offline job, batch or file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Auth {
+    /// File of API keys, one a line as `TENANT:sha256:HEX` (the SHA-256 of the key;
+    /// `tiergate auth new-key TENANT` makes one), read again when it changes. When set,
+    /// every request but the health checks needs a key from it.
+    pub keys_file: Option<PathBuf>,
+}
+
+/// TLS on the HTTP and gRPC doors (the bulk doors too) and the admin API (see
+/// `front::tls`); the metrics endpoint stays plain HTTP. Off unless both files are set.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tls {
+    /// The certificate chain, PEM, leaf first; read again when it changes.
+    pub cert_file: Option<PathBuf>,
+    /// The certificate's private key, PEM; read again when it changes.
+    pub key_file: Option<PathBuf>,
 }
 
 /// A secret setting: never shown by `Debug`, so it cannot reach a log line.
@@ -272,7 +302,8 @@ pub struct Limits {
     /// client may share one address: raise it or set 0 there).
     pub max_connections_per_client: usize,
     /// How long a connection may have no request in flight before it is closed (an idle
-    /// keep-alive HTTP/1.1 connection, an HTTP/2 connection with no open stream).
+    /// keep-alive HTTP/1.1 connection, an HTTP/2 connection with no open stream); it is
+    /// looked at four times per `idle_timeout`, so closed within 1.25 × of it.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Connections the kernel may hold for each listener before the gateway takes them
@@ -307,8 +338,9 @@ pub enum LogFormat {
 
 /// Variables read by tiergate's client commands (`jobs`, `flags`, `policy`, `explain`),
 /// not startup settings: `serve` ignores them rather than refusing them as unknown.
-pub const CLIENT_VARIABLES: [&str; 4] = [
+pub const CLIENT_VARIABLES: [&str; 5] = [
     "TIERGATE_URL",
+    "TIERGATE_API_KEY",
     "TIERGATE_ADMIN_URL",
     "TIERGATE_ADMIN_TOKEN",
     "TIERGATE_ADMIN_TOKEN_FILE",
@@ -329,6 +361,8 @@ impl Default for Config {
             trace: Trace::default(),
             limits: Limits::default(),
             offline: Offline::default(),
+            auth: Auth::default(),
+            tls: Tls::default(),
             kafka: Kafka::default(),
             log: Log::default(),
             admin: Admin::default(),

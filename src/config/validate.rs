@@ -67,6 +67,7 @@ impl Config {
         self.check_offline(&mut check);
         self.check_kafka(&mut check);
         self.check_listen(&mut check);
+        self.check_tls(&mut check);
         if self.shutdown.drain_delay >= self.shutdown.timeout {
             check.fail(
                 "shutdown.drain_delay",
@@ -176,6 +177,18 @@ impl Config {
                     "must differ from input: answers would be read as requests",
                 );
             }
+        }
+    }
+
+    fn check_tls(&self, check: &mut Check) {
+        match (&self.tls.cert_file, &self.tls.key_file) {
+            (Some(_), None) => check.fail("tls.key_file", "is needed with tls.cert_file".to_owned()),
+            (None, Some(_)) => check.fail("tls.cert_file", "is needed with tls.key_file".to_owned()),
+            (None, None) if self.admin.client_ca_file.is_some() => check.fail(
+                "admin.client_ca_file",
+                "asks for client certificates, which needs TLS: set tls.cert_file and tls.key_file".to_owned(),
+            ),
+            _ => {}
         }
     }
 

@@ -7,7 +7,7 @@
 //! `admin.audit_log`) gets one JSON line per accepted change, written and synced
 //! before the change is acknowledged.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -74,10 +74,10 @@ impl History {
     pub fn open(data_dir: &Path, audit: Option<&Path>) -> std::io::Result<History> {
         let root = data_dir.join("policy");
         let versions = root.join("versions");
-        std::fs::create_dir_all(&versions)?;
+        crate::files::private_dir(&versions)?;
         let audit = audit.map_or_else(|| root.join("audit.jsonl"), Path::to_owned);
         if let Some(parent) = audit.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
+            crate::files::private_dir(parent)?;
         }
         Ok(History { versions, audit })
     }
@@ -122,7 +122,7 @@ impl History {
     pub fn audit(&self, entry: &AuditEntry<'_>) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(entry).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let mut file = OpenOptions::new().create(true).append(true).open(&self.audit)?;
+        let mut file = crate::files::private_append(&self.audit)?;
         file.write_all(&line)?;
         file.sync_data()
     }
@@ -165,7 +165,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
-        let mut file = File::create(&tmp)?;
+        let mut file = crate::files::private_create(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)?;

@@ -28,6 +28,7 @@ use crate::config::Limits;
 use crate::error::{Error, Kind, Quota};
 use crate::metrics;
 use crate::policy::{Rate, RateLimits, Route};
+use crate::tenant::Tenant;
 
 /// Tenants remembered per route before idle ones are forgotten early.
 const MAX_TENANTS: usize = 100_000;
@@ -91,7 +92,7 @@ impl Admission {
     }
 
     /// Admits a request on `route` with `headers`, or says why not.
-    pub fn admit(self: &Arc<Self>, route: &Route, headers: &HeaderMap) -> Result<Ticket, Error> {
+    pub fn admit(self: &Arc<Self>, route: &Route, headers: &HeaderMap, tenant: &Tenant) -> Result<Ticket, Error> {
         if self.over_memory.load(Ordering::Relaxed) {
             return Err(shed(
                 "rss",
@@ -106,7 +107,7 @@ impl Admission {
             return Err(shed("requests", &message));
         };
         if let Some(spec) = &route.limits {
-            self.limiter(&route.name, spec).check(&route.name, headers)?;
+            self.limiter(&route.name, spec).check(&route.name, headers, tenant)?;
         }
         Ok(Ticket {
             _request: request,
@@ -156,7 +157,9 @@ impl Ticket {
 }
 
 impl RouteLimiter {
-    fn check(&self, route: &str, headers: &HeaderMap) -> Result<(), Error> {
+    /// The tenant's bucket is its authenticated name when it has one, else the route's
+    /// `tenant_header` (which any client can set).
+    fn check(&self, route: &str, headers: &HeaderMap, tenant: &Tenant) -> Result<(), Error> {
         if let (Some(limiter), Some(rate)) = (&self.route, self.spec.route) {
             if let Err(not_until) = limiter.check() {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
@@ -166,7 +169,10 @@ impl RouteLimiter {
         }
         if let (Some(tenants), Some(rate)) = (&self.tenants, self.spec.tenant) {
             let name = &self.spec.tenant_header;
-            let key = headers.get(name).map_or(0, |v| key_hash(v.as_bytes()));
+            let key = match tenant.is_authenticated() {
+                true => key_hash(tenant.as_str().as_bytes()),
+                false => headers.get(name).map_or(0, |v| key_hash(v.as_bytes())),
+            };
             if tenants.len() >= MAX_TENANTS {
                 tenants.retain_recent();
                 tenants.shrink_to_fit();

@@ -18,6 +18,7 @@ use http::Request;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::auth::Callers;
 use crate::backend::{Pools, Role};
 use crate::classify::classify;
 use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
@@ -46,6 +47,8 @@ pub struct Dispatch {
     instruments: Instruments,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
+    /// Who may call, as which tenant (every door authenticates with it).
+    callers: Arc<Callers>,
 }
 
 /// Each route's request instruments: one set per route name for as long as the gateway
@@ -125,7 +128,19 @@ impl Dispatch {
             readiness,
             instruments: Instruments::default(),
             reserve: 0.0,
+            callers: Arc::new(Callers::open()),
         }
+    }
+
+    /// The same dispatch, its doors authenticating callers with `callers`.
+    pub fn with_callers(mut self, callers: Arc<Callers>) -> Self {
+        self.callers = callers;
+        self
+    }
+
+    /// Who may call (see [`super::auth`]).
+    pub fn callers(&self) -> &Callers {
+        &self.callers
     }
 
     /// The same dispatch aiming each request's tiers at `budget × (1 − reserve)`,

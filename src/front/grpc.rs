@@ -18,6 +18,7 @@ use tonic::metadata::MetadataMap;
 use tracing::Instrument;
 
 use crate::headers;
+use crate::tenant::Tenant;
 use crate::trace;
 use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -56,11 +57,12 @@ impl GrpcDoor {
             .max_encoding_message_size(limits.max_response_bytes)
     }
 
-    /// Serves one infer request; `headers` are the call's metadata as HTTP headers.
-    async fn infer(&self, headers: &HeaderMap, msg: pb::ModelInferRequest) -> Rendered {
+    /// Serves one infer request of `tenant`'s; `headers` are the call's metadata as HTTP
+    /// headers.
+    async fn infer(&self, (headers, tenant): (&HeaderMap, &Tenant), msg: pb::ModelInferRequest) -> Rendered {
         let mut ids = trace::Ids::read(headers);
         let span = ids.span(Door::Grpc);
-        let (mut metadata, result) = self.infer_traced(headers, msg, &ids).instrument(span).await;
+        let (mut metadata, result) = self.infer_traced((headers, tenant), msg, &ids).instrument(span).await;
         for (name, value) in [
             (trace::REQUEST_ID, ids.request_id.to_str().ok().map(str::to_owned)),
             (trace::TRACERESPONSE, Some(ids.answer().to_string())),
@@ -74,7 +76,12 @@ impl GrpcDoor {
 
     /// [`GrpcDoor::infer`] inside the request's span: the door pipeline
     /// ([`super::pipeline`]), its own step converting the message.
-    async fn infer_traced(&self, headers: &HeaderMap, msg: pb::ModelInferRequest, ids: &trace::Ids) -> Rendered {
+    async fn infer_traced(
+        &self,
+        (headers, tenant): (&HeaderMap, &Tenant),
+        msg: pb::ModelInferRequest,
+        ids: &trace::Ids,
+    ) -> Rendered {
         let received = Instant::now();
         let Some(route) = self.dispatch.policy().route_for_model(&msg.model_name).cloned() else {
             return (
@@ -82,7 +89,7 @@ impl GrpcDoor {
                 Err(status(&unmatched_model("grpc", &msg.model_name))),
             );
         };
-        let mut admitted = match self.dispatch.admit(Door::Grpc, route, headers, ids, received) {
+        let mut admitted = match self.dispatch.admit(Door::Grpc, route, (headers, tenant), ids, received) {
             Ok(admitted) => admitted,
             Err(refused) => return render(*refused),
         };
@@ -200,6 +207,22 @@ pub fn status(e: &Error) -> Status {
     }
 }
 
+impl GrpcDoor {
+    /// The tenant `headers` (a call's metadata) authenticate as, the credential removed
+    /// (see [`super::auth`]); UNAUTHENTICATED without a known key when one is needed.
+    fn let_in(&self, headers: &mut HeaderMap) -> Result<Tenant, Status> {
+        self.dispatch.callers().authenticate(headers).map_err(|e| status(&e))
+    }
+
+    /// [`Self::let_in`] for a call that needs only to be let in (metadata, readiness).
+    fn let_in_call<T>(&self, req: &tonic::Request<T>) -> Result<(), Status> {
+        if self.dispatch.callers().required() {
+            self.let_in(&mut req.metadata().clone().into_headers())?;
+        }
+        Ok(())
+    }
+}
+
 fn with_metadata<T>((metadata, result): (MetadataMap, Result<T, Status>)) -> Result<tonic::Response<T>, Status> {
     result.map(|body| {
         let mut response = tonic::Response::new(body);
@@ -230,6 +253,7 @@ impl GrpcInferenceService for GrpcDoor {
         &self,
         req: tonic::Request<pb::ModelReadyRequest>,
     ) -> Result<tonic::Response<pb::ModelReadyResponse>, Status> {
+        self.let_in_call(&req)?;
         let req = req.into_inner();
         let reply = self.control(&req.name, &req.version, "/ready", None).await?;
         Ok(tonic::Response::new(pb::ModelReadyResponse {
@@ -239,8 +263,9 @@ impl GrpcInferenceService for GrpcDoor {
 
     async fn server_metadata(
         &self,
-        _: tonic::Request<pb::ServerMetadataRequest>,
+        req: tonic::Request<pb::ServerMetadataRequest>,
     ) -> Result<tonic::Response<pb::ServerMetadataResponse>, Status> {
+        self.let_in_call(&req)?;
         Ok(tonic::Response::new(pb::ServerMetadataResponse {
             name: "tiergate".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -252,6 +277,7 @@ impl GrpcInferenceService for GrpcDoor {
         &self,
         req: tonic::Request<pb::ModelMetadataRequest>,
     ) -> Result<tonic::Response<pb::ModelMetadataResponse>, Status> {
+        self.let_in_call(&req)?;
         let req = req.into_inner();
         let reply = self.control(&req.name, &req.version, "", None).await?;
         if !reply.status().is_success() {
@@ -265,7 +291,9 @@ impl GrpcInferenceService for GrpcDoor {
         req: tonic::Request<pb::ModelInferRequest>,
     ) -> Result<tonic::Response<pb::ModelInferResponse>, Status> {
         let (metadata, _, msg) = req.into_parts();
-        with_metadata(self.infer(&metadata.into_headers(), msg).await)
+        let mut headers = metadata.into_headers();
+        let tenant = self.let_in(&mut headers)?;
+        with_metadata(self.infer((&headers, &tenant), msg).await)
     }
 
     type ModelStreamInferStream = bridge::InferStream;
@@ -279,11 +307,12 @@ impl GrpcInferenceService for GrpcDoor {
     ) -> Result<tonic::Response<Self::ModelStreamInferStream>, Status> {
         let (metadata, _, inbound) = req.into_parts();
         let mut headers = metadata.into_headers();
+        let tenant = self.let_in(&mut headers)?;
         headers.remove(meta::GRPC_TIMEOUT);
         let (door, headers) = (self.clone(), Arc::new(headers));
         let stream = bridge::stream_in_order(inbound, move |msg| {
-            let (door, headers) = (door.clone(), headers.clone());
-            async move { door.infer(&headers, msg).await.1 }
+            let (door, headers, tenant) = (door.clone(), headers.clone(), tenant.clone());
+            async move { door.infer((&headers, &tenant), msg).await.1 }
         });
         Ok(tonic::Response::new(stream))
     }
@@ -292,6 +321,7 @@ impl GrpcInferenceService for GrpcDoor {
         &self,
         req: tonic::Request<pb::ModelConfigRequest>,
     ) -> Result<tonic::Response<pb::ModelConfigResponse>, Status> {
+        self.let_in_call(&req)?;
         let req = req.into_inner();
         let config = self.protobuf(&req.name, &req.version, "/config").await?;
         Ok(tonic::Response::new(pb::ModelConfigResponse { config }))
@@ -301,6 +331,7 @@ impl GrpcInferenceService for GrpcDoor {
         &self,
         req: tonic::Request<pb::ModelStatisticsRequest>,
     ) -> Result<tonic::Response<pb::ModelStatisticsResponse>, Status> {
+        self.let_in_call(&req)?;
         let req = req.into_inner();
         let encoded = self.protobuf(&req.name, &req.version, "/stats").await?;
         // The backend's whole ModelStatisticsResponse, passed through as it is.

@@ -25,6 +25,7 @@ use crate::headers;
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
+use crate::tenant::Tenant;
 use crate::trace;
 use tracing::Instrument;
 
@@ -79,11 +80,11 @@ impl Door {
     /// state of the path it took.
     /// While the gateway drains, an HTTP/1.1 answer asks the client to close its
     /// connection, so its next request opens one to a replica that is not stopping.
-    pub async fn answer<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
+    pub async fn answer<B: RequestBody>(self: Arc<Self>, mut req: Request<B>) -> Response<Full<Bytes>> {
         let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
-        let mut response = match unsupported_coding(req.headers()) {
-            None => self.route(req).await,
-            Some(e) => failure(&e),
+        let mut response = match self.let_in(&mut req) {
+            Ok(()) => self.route(req).await,
+            Err(e) => failure(&e),
         };
         if close {
             response
@@ -91,6 +92,26 @@ impl Door {
                 .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
         response
+    }
+
+    /// What every request passes before its path is looked at: a transfer coding the
+    /// door can read, and (when the data plane authenticates) a known API key, whose
+    /// [`Tenant`] the request then carries. The health checks need no key: probes and
+    /// load balancers have none.
+    fn let_in<B: RequestBody>(&self, req: &mut Request<B>) -> Result<(), Error> {
+        // A body of known length (Content-Length, or none) has no transfer coding.
+        if req.body().size_hint().exact().is_none() {
+            if let Some(e) = unsupported_coding(req.headers()) {
+                return Err(e);
+            }
+        }
+        let callers = self.dispatch.callers();
+        if !callers.required() || matches!(target(req.uri().path()), Target::Live | Target::Ready) {
+            return Ok(());
+        }
+        let tenant = callers.authenticate(req.headers_mut())?;
+        req.extensions_mut().insert(tenant);
+        Ok(())
     }
 
     async fn route<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
@@ -131,19 +152,26 @@ impl Door {
         let Some(api) = self.offline.as_ref() else {
             return failure(&Error::new(Kind::NotFound, "the offline tier is not running"));
         };
+        let tenant = Tenant::of(&req);
         let (parts, body) = req.into_parts();
         let path = parts.uri.path();
         let answered = async {
             if let Some(id) = path.strip_prefix(JOBS) {
-                return super::job_status::answer(&api.store, &parts.method, id).await;
+                return super::job_status::answer(&api.store, &parts.method, id, &tenant).await;
             }
             let max = match path.starts_with(FILES) {
                 true => api.settings.max_file_bytes,
                 false => self.limits.max_body_bytes,
             };
             let body = self.read_body(&parts.headers, body, max).await?;
-            api.answer(&parts.method, path, parts.uri.query(), &parts.headers, body)
-                .await
+            let asked = super::batch_api::Asked {
+                method: &parts.method,
+                path,
+                query: parts.uri.query(),
+                headers: &parts.headers,
+                tenant: &tenant,
+            };
+            api.answer(asked, body).await
         };
         match answered.await {
             Ok(reply) => reply.map(Full::new),
@@ -170,10 +198,11 @@ impl Door {
         ids: &trace::Ids,
     ) -> Response<Full<Bytes>> {
         let received = Instant::now();
+        let tenant = Tenant::of(&req);
         let (parts, body) = req.into_parts();
         let mut admitted = match self
             .dispatch
-            .admit(DoorKind::Http, route, &parts.headers, ids, received)
+            .admit(DoorKind::Http, route, (&parts.headers, &tenant), ids, received)
         {
             Ok(admitted) => admitted,
             Err(refused) => return render(*refused),
@@ -283,6 +312,9 @@ pub fn failure(e: &Error) -> Response<Full<Bytes>> {
     *response.status_mut() = e.kind.status();
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if e.kind == Kind::Unauthenticated {
+        headers.insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     if let Some(after) = e.retry() {
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));

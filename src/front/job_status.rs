@@ -5,7 +5,8 @@
 //! answer is `202 Accepted` with its status as JSON and `Retry-After`; once it succeeded
 //! or the backend refused it, the backend's own status, framing headers and body, with
 //! `x-tiergate-job-id` and `x-tiergate-job-status`; a job that failed without an answer
-//! is a 502 with its last error; a cancelled or expired one is `410 Gone`.
+//! is a 502 with its last error; a cancelled or expired one is `410 Gone`. Another
+//! tenant's job is answered as if it did not exist (404).
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode};
@@ -14,21 +15,23 @@ use serde_json::json;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::queue::{Job, JobStore, Queue, State};
+use crate::tenant::Tenant;
 use crate::tiers::offline::store_error;
 
-/// Answers `method` on `/v1/jobs/{id}`.
-pub async fn answer(store: &Queue, method: &Method, id: &str) -> Result<Response<Bytes>, Error> {
+/// Answers `tenant`'s `method` on `/v1/jobs/{id}`.
+pub async fn answer(store: &Queue, method: &Method, id: &str, tenant: &Tenant) -> Result<Response<Bytes>, Error> {
     let missing = || {
         Error::new(
             Kind::NotFound,
             format!("no job {id} (unknown, or deleted after its retention)"),
         )
     };
+    let job = store.get(id).await.map_err(store_error)?;
+    let job = job
+        .filter(|job| job.request.tenant == tenant.as_str())
+        .ok_or_else(missing)?;
     match *method {
-        Method::GET => {
-            let job = store.get(id).await.map_err(store_error)?.ok_or_else(missing)?;
-            Ok(render(&job))
-        }
+        Method::GET => Ok(render(&job)),
         Method::DELETE => {
             let state = store.cancel(id).await.map_err(store_error)?.ok_or_else(missing)?;
             let status = match state {

@@ -36,6 +36,7 @@ use crate::decision::{BudgetSource, Decision, Door, Reason, Tier};
 use crate::error::{Error, Kind};
 use crate::metrics;
 use crate::policy::Policy;
+use crate::tenant::Tenant;
 use crate::trace;
 
 /// Attempts per request before its answer is the last error (about 35 s of back-off).
@@ -256,7 +257,13 @@ async fn served(
     let span = ids.span(Door::Kafka);
     let served = async {
         let received = Instant::now();
-        let mut admitted = match dispatch.admit(Door::Kafka, route, request.headers(), &ids, received) {
+        let mut admitted = match dispatch.admit(
+            Door::Kafka,
+            route,
+            (request.headers(), &Tenant::anonymous()),
+            &ids,
+            received,
+        ) {
             Ok(admitted) => admitted,
             Err(refused) => return *refused,
         };

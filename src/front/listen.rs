@@ -22,13 +22,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics;
 
-/// What a listener allows its connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a listener allows its connections, and how it secures them.
+#[derive(Clone)]
 pub struct Connections {
     /// Open connections; past it new ones are closed at once.
     pub max: usize,
@@ -38,6 +40,20 @@ pub struct Connections {
     pub first_request: Duration,
     /// How long a connection may have no request in flight before it is closed.
     pub idle: Duration,
+    /// TLS, when the listener speaks it (see [`super::tls`]).
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("max", &self.max)
+            .field("per_client", &self.per_client)
+            .field("first_request", &self.first_request)
+            .field("idle", &self.idle)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl Connections {
@@ -48,7 +64,14 @@ impl Connections {
             per_client: limits.max_connections_per_client,
             first_request: limits.header_read_timeout,
             idle: limits.idle_timeout,
+            tls: None,
         }
+    }
+
+    /// The same allowance, each connection secured by `tls` first.
+    pub fn with_tls(mut self, tls: Option<TlsAcceptor>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// A small listener's (the admin API, the metrics endpoint): `max` connections,
@@ -59,6 +82,7 @@ impl Connections {
             per_client: 0,
             first_request: Duration::from_secs(10),
             idle: Duration::from_secs(120),
+            tls: None,
         }
     }
 }
@@ -68,7 +92,9 @@ impl Connections {
 /// taken too, and only then is the listener closed: closing it with them still queued
 /// would reset them, after their clients had sent a request. New clients are refused at
 /// connect from then on.
-pub(super) fn accept(listener: TcpListener, allow: Connections, closing: CancellationToken) -> mpsc::Receiver<Counted> {
+/// With TLS, each connection's handshake runs on a task of its own (a slow one holds up
+/// nobody) and the connection comes out once it is done.
+pub(super) fn accept(listener: TcpListener, allow: Connections, closing: CancellationToken) -> mpsc::Receiver<Conn> {
     let open = Arc::new(Semaphore::new(allow.max.clamp(1, Semaphore::MAX_PERMITS)));
     let clients = Arc::new(Clients::default());
     let (tx, rx) = mpsc::channel(64);
@@ -86,7 +112,29 @@ pub(super) fn accept(listener: TcpListener, allow: Connections, closing: Cancell
                 return refused("connections_per_client");
             };
             let _ = stream.set_nodelay(true);
-            Some(Counted::new(stream, peer, allow, (permit, client)))
+            Some(Counted::new(stream, peer, allow.clone(), (permit, client)))
+        };
+        // Hands a counted connection on: at once, or once its TLS handshake is done.
+        let hand_on = |counted: Counted, tx: &mpsc::Sender<Conn>| {
+            let tx = tx.clone();
+            let tls = allow.tls.clone();
+            async move {
+                match tls {
+                    None => tx.send(Conn::Plain(counted)).await.is_ok(),
+                    Some(tls) => {
+                        tokio::spawn(async move {
+                            let peer = counted.peer;
+                            match tls.accept(counted).await {
+                                Ok(secured) => {
+                                    let _ = tx.send(Conn::Tls(Box::new(secured))).await;
+                                }
+                                Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                            }
+                        });
+                        true
+                    }
+                }
+            }
         };
         loop {
             let (stream, peer) = tokio::select! {
@@ -102,7 +150,7 @@ pub(super) fn accept(listener: TcpListener, allow: Connections, closing: Cancell
                 () = closing.cancelled() => break,
             };
             if let Some(counted) = count(stream, peer) {
-                if tx.send(counted).await.is_err() {
+                if !hand_on(counted, &tx).await {
                     return;
                 }
             }
@@ -113,7 +161,7 @@ pub(super) fn accept(listener: TcpListener, allow: Connections, closing: Cancell
                 continue;
             };
             if let Some(counted) = count(stream, peer) {
-                if tx.send(counted).await.is_err() {
+                if !hand_on(counted, &tx).await {
                     return;
                 }
             }
@@ -130,7 +178,7 @@ pub fn limited_incoming(
     listener: TcpListener,
     allow: Connections,
     closing: CancellationToken,
-) -> impl Stream<Item = std::io::Result<Counted>> {
+) -> impl Stream<Item = std::io::Result<Conn>> {
     tokio_stream::wrappers::ReceiverStream::new(accept(listener, allow, closing)).map(Ok)
 }
 
@@ -182,22 +230,27 @@ impl Drop for Client {
 pub struct Activity {
     accepted: Instant,
     in_flight: AtomicUsize,
+    /// Requests begun (the HTTP/2 preface and first frame count as one).
+    started: AtomicU64,
     /// Whether the connection has had a request (or, on HTTP/2, its first frame).
     opened: AtomicBool,
-    /// When it last had no request in flight, in ms since `accepted`.
-    idle_since_ms: AtomicU64,
-    /// How many times it has become idle (its deadline moves each time).
-    idled: AtomicU64,
-    /// Told on every request, so a stop knows whether the connection has had one.
+    /// Told on the first request, so a stop knows whether the connection has had one.
     asked: Notify,
 }
+
+/// How many quiet looks, `idle / IDLE_LOOKS` apart, close a connection as idle: it is
+/// closed between `idle` and 1.25 × `idle` after its last request ended, and a request
+/// costs its connection two atomic counts, no clock read and no timer change.
+const IDLE_LOOKS: u32 = 4;
 
 impl Activity {
     /// A request has started on the connection; it is in flight until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.opened.store(true, Ordering::Release);
-        self.asked.notify_one();
+        self.started.fetch_add(1, Ordering::Relaxed);
+        if !self.opened.swap(true, Ordering::AcqRel) {
+            self.asked.notify_one();
+        }
         InFlight(self.clone())
     }
 
@@ -205,32 +258,6 @@ impl Activity {
     pub(super) async fn asked(&self) {
         if !self.opened.load(Ordering::Acquire) {
             self.asked.notified().await;
-        }
-    }
-
-    /// Marks the connection idle from now on.
-    fn idle_now(&self) {
-        let ms = Instant::now().saturating_duration_since(self.accepted).as_millis();
-        self.idle_since_ms
-            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Release);
-        self.idled.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// When the connection's deadline falls, or `Err` with the reason it has passed.
-    fn deadline(&self, allow: &Connections, now: Instant) -> Result<Instant, &'static str> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return Ok(now + allow.idle);
-        }
-        let deadline = if self.opened.load(Ordering::Acquire) {
-            let idle_since = Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
-            (self.accepted + idle_since + allow.idle, "idle")
-        } else {
-            (self.accepted + allow.first_request, "first_request")
-        };
-        if deadline.0 <= now {
-            Err(deadline.1)
-        } else {
-            Ok(deadline.0)
         }
     }
 }
@@ -241,10 +268,7 @@ pub struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let activity = &self.0;
-        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            activity.idle_now();
-        }
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -261,8 +285,12 @@ pub struct Counted {
     allow: Connections,
     activity: Arc<Activity>,
     deadline: Pin<Box<Sleep>>,
-    /// `activity.idled` when `deadline` was last set.
-    idled: u64,
+    /// `activity.started` at the last look, and how many looks in a row found the
+    /// connection with no request in flight and none begun since.
+    seen: u64,
+    quiet: u32,
+    /// The waker `deadline` was last polled with (it wakes that task when it fires).
+    registered: Option<std::task::Waker>,
     /// The first bytes read, until the connection has opened (see [`Opening::note`]).
     opening: Option<Box<Opening>>,
     _held: (OwnedSemaphorePermit, Option<Client>),
@@ -320,6 +348,10 @@ impl Counted {
         held: (OwnedSemaphorePermit, Option<Client>),
     ) -> Self {
         let accepted = Instant::now();
+        let first_look = accepted
+            + allow
+                .first_request
+                .min((allow.idle / IDLE_LOOKS).max(Duration::from_millis(1)));
         Counted {
             stream,
             peer,
@@ -328,12 +360,13 @@ impl Counted {
                 accepted,
                 in_flight: AtomicUsize::new(0),
                 opened: AtomicBool::new(false),
-                idle_since_ms: AtomicU64::new(0),
-                idled: AtomicU64::new(0),
+                started: AtomicU64::new(0),
                 asked: Notify::new(),
             }),
-            idled: 0,
-            deadline: Box::pin(tokio::time::sleep_until(accepted + allow.first_request)),
+            seen: 0,
+            quiet: 0,
+            registered: None,
+            deadline: Box::pin(tokio::time::sleep_until(first_look)),
             opening: Some(Box::new(Opening {
                 bytes: [0; OPENING],
                 len: 0,
@@ -354,18 +387,18 @@ impl Counted {
     }
 
     /// `Err` once the connection has passed its deadline (counted); otherwise the
-    /// deadline stays armed with `cx`'s waker.
+    /// deadline stays armed with `cx`'s waker. Cheap on the way of every read: the timer
+    /// is polled (which registers the waker) only when it has fired, or when the task
+    /// reading now has not polled it yet (the first read; a connection handed from its
+    /// TLS handshake's task to its server's).
     fn check_deadline(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
-        let idled = self.activity.idled.load(Ordering::Acquire);
-        if idled != self.idled {
-            // Idle again since the deadline was set: it is now the idle one.
-            self.idled = idled;
-            let now = Instant::now();
-            let next = self.activity.deadline(&self.allow, now).unwrap_or(now);
-            self.deadline.as_mut().reset(next);
+        if let Some(waker) = &self.registered {
+            if waker.will_wake(cx.waker()) && !self.deadline.is_elapsed() {
+                return Ok(());
+            }
         }
         while self.deadline.as_mut().poll(cx).is_ready() {
-            match self.activity.deadline(&self.allow, Instant::now()) {
+            match self.look(Instant::now()) {
                 Ok(next) => self.deadline.as_mut().reset(next),
                 Err(reason) => {
                     ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
@@ -376,7 +409,32 @@ impl Counted {
                 }
             }
         }
+        self.registered = Some(cx.waker().clone());
         Ok(())
+    }
+
+    /// The look its deadline asks for at `now`: when to look next, or `Err` with the
+    /// deadline it has passed (no first request in time, or idle).
+    fn look(&mut self, now: Instant) -> Result<Instant, &'static str> {
+        let activity = &self.activity;
+        let every = (self.allow.idle / IDLE_LOOKS).max(Duration::from_millis(1));
+        if !activity.opened.load(Ordering::Acquire) {
+            let until = activity.accepted + self.allow.first_request;
+            return match now >= until {
+                true => Err("first_request"),
+                false => Ok(until.min(now + every)),
+            };
+        }
+        let started = activity.started.load(Ordering::Acquire);
+        if activity.in_flight.load(Ordering::Acquire) > 0 || started != self.seen {
+            (self.seen, self.quiet) = (started, 0);
+        } else {
+            self.quiet += 1;
+        }
+        match self.quiet >= IDLE_LOOKS {
+            true => Err("idle"),
+            false => Ok(now + every),
+        }
     }
 }
 
@@ -391,8 +449,8 @@ impl AsyncRead for Counted {
                 Some(false) => {}
                 Some(true) => {
                     this.opening = None;
+                    this.activity.started.fetch_add(1, Ordering::Relaxed);
                     this.activity.opened.store(true, Ordering::Release);
-                    this.activity.idle_now();
                 }
                 None => this.opening = None,
             }
@@ -424,13 +482,75 @@ pub struct ConnectInfo {
     pub tcp: tonic::transport::server::TcpConnectInfo,
 }
 
-impl tonic::transport::server::Connected for Counted {
+/// An accepted connection, as its server reads it: plain, or TLS over the counted socket.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // the plain one, the common case, reads without a hop
+pub enum Conn {
+    /// Plain TCP.
+    Plain(Counted),
+    /// TLS, its handshake done.
+    Tls(Box<TlsStream<Counted>>),
+}
+
+impl Conn {
+    fn counted(&self) -> &Counted {
+        match self {
+            Conn::Plain(c) => c,
+            Conn::Tls(t) => t.get_ref().0,
+        }
+    }
+
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.counted().peer
+    }
+
+    /// What the connection's server tells it of its requests.
+    pub fn activity(&self) -> Arc<Activity> {
+        self.counted().activity.clone()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(c) => Pin::new(c).poll_read(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(c) => Pin::new(c).poll_write(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(c) => Pin::new(c).poll_flush(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(c) => Pin::new(c).poll_shutdown(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
+        let counted = self.counted();
         ConnectInfo {
-            activity: self.activity.clone(),
-            tcp: self.stream.connect_info(),
+            activity: counted.activity.clone(),
+            tcp: counted.stream.connect_info(),
         }
     }
 }

@@ -5,10 +5,12 @@
 //! once a request is read: classify, serve on its tier, count. [`listen`] is the one connection loop
 //! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
-//! whether the gateway should be sent new work.
+//! whether the gateway should be sent new work. [`auth`] tells each door who is calling.
 
 pub mod admission;
+pub mod auth;
 pub mod batch_api;
+pub mod batch_lines;
 pub mod dispatch;
 pub mod grpc;
 pub mod http;
@@ -20,6 +22,7 @@ pub mod meta;
 mod paths;
 pub mod pipeline;
 pub mod ready;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;

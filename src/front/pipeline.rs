@@ -1,6 +1,8 @@
 //! The door pipeline, written once. Every door (the HTTP door, the gRPC door, a Kafka
 //! source) takes a request through the same steps, in this order, each for a reason:
 //!
+//! 0. Before it: the door authenticates the caller ([`super::auth`]) into its
+//!    [`Tenant`], so nothing an unknown caller sends is read further.
 //! 1. [`Dispatch::admit`]: the global limits (requests in flight, memory) and the route's
 //!    rate limits, before any of the body is read or decoded: a refused request costs
 //!    nothing, and a flood is shed before it is in memory.
@@ -30,6 +32,7 @@ use super::meta;
 use crate::decision::{Decision, Door, Meta};
 use crate::error::Error;
 use crate::policy::Route;
+use crate::tenant::Tenant;
 use crate::trace;
 
 /// A request admitted on its route, holding its share of the global limits until dropped.
@@ -41,28 +44,31 @@ pub struct Admitted<'a> {
     ids: trace::Ids,
     /// When the door got the request: its budget starts here.
     received: Instant,
+    tenant: Tenant,
     ticket: Ticket,
 }
 
 impl Dispatch {
-    /// Step 1: admits a request on `route` that came in by `door` at `received`, with
-    /// `headers` (rate limits read the tenant from them) and `ids`; a refusal comes back
-    /// already counted, for the door to render (boxed: refusals are the rare case).
+    /// Step 1: admits `tenant`'s request on `route` that came in by `door` at
+    /// `received`, with `headers` (without authentication, rate limits read the tenant
+    /// from them) and `ids`; a refusal comes back already counted, for the door to
+    /// render (boxed: refusals are the rare case).
     pub fn admit(
         &self,
         door: Door,
         route: Arc<Route>,
-        headers: &HeaderMap,
+        (headers, tenant): (&HeaderMap, &Tenant),
         ids: &trace::Ids,
         received: Instant,
     ) -> Result<Admitted<'_>, Box<Served>> {
-        match self.admission().admit(&route, headers) {
+        match self.admission().admit(&route, headers, tenant) {
             Ok(ticket) => Ok(Admitted {
                 dispatch: self,
                 route,
                 door,
                 ids: ids.clone(),
                 received,
+                tenant: tenant.clone(),
                 ticket,
             }),
             Err(e) => Err(Box::new(self.failed(&route, door, e, Some(ids)))),
@@ -92,6 +98,9 @@ impl Admitted<'_> {
     /// returned as it is, not wrapped in one more.)
     pub fn serve(&self, mut request: Request<Bytes>, meta: Meta) -> impl Future<Output = Served> + Send + '_ {
         request.extensions_mut().insert(self.ids.clone());
+        if self.tenant.is_authenticated() {
+            request.extensions_mut().insert(self.tenant.clone());
+        }
         self.dispatch
             .serve(&self.route, self.door, Ask::Classify(meta), request, self.received)
     }
@@ -103,6 +112,9 @@ impl Admitted<'_> {
         mut request: Request<Bytes>,
     ) -> impl Future<Output = Served> + Send + '_ {
         request.extensions_mut().insert(self.ids.clone());
+        if self.tenant.is_authenticated() {
+            request.extensions_mut().insert(self.tenant.clone());
+        }
         self.dispatch
             .serve(&self.route, self.door, Ask::Decided(decision), request, self.received)
     }

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Map, Value};
 
-use super::{NewJob, State, StoreError};
+use super::jobs::{add_column, keyed};
+use super::{NewJob, State, StoreError, Submitted};
 
 /// Creates the tables when missing.
 pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
@@ -18,7 +19,8 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             filename TEXT NOT NULL,
             bytes INTEGER NOT NULL,
             created_at INTEGER NOT NULL,
-            content BLOB NOT NULL
+            content BLOB NOT NULL,
+            tenant TEXT NOT NULL DEFAULT ''
         );
         CREATE TABLE IF NOT EXISTS batches (
             id TEXT PRIMARY KEY,
@@ -40,20 +42,15 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             error_file_id TEXT,
             errors TEXT,
             idempotency_key TEXT UNIQUE,
-            requests INTEGER
+            requests INTEGER,
+            tenant TEXT NOT NULL DEFAULT ''
         );
         CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, line) WHERE batch_id IS NOT NULL;",
     )?;
-    // Stores made before batches counted their jobs.
-    let counted: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('batches') WHERE name = 'requests'",
-        [],
-        |r| r.get(0),
-    )?;
-    if !counted {
-        conn.execute_batch("ALTER TABLE batches ADD COLUMN requests INTEGER")?;
-    }
-    Ok(())
+    // Stores made before batches counted their jobs, and before tenants.
+    add_column(conn, "batches", "requests", "INTEGER")?;
+    add_column(conn, "batches", "tenant", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(conn, "files", "tenant", "TEXT NOT NULL DEFAULT ''")
 }
 
 /// A file as the API shows it (without its content).
@@ -104,8 +101,11 @@ pub struct BatchRow {
     pub created_at: i64,
     /// When unfinished jobs expire.
     pub expires_at: i64,
-    /// The client's idempotency key.
+    /// The client's idempotency key, as stored ([`super::idempotency_key`]).
     pub idempotency_key: Option<String>,
+    /// The tenant that created it (empty without data-plane authentication).
+    #[serde(default)]
+    pub tenant: String,
     /// Its jobs (one per valid input line).
     pub requests: u64,
     /// Validation errors (the batch failed at once, with no jobs).
@@ -126,6 +126,7 @@ impl BatchRow {
             created_at: now,
             expires_at: batch.expires_at,
             idempotency_key: batch.idempotency_key.clone(),
+            tenant: batch.tenant.clone(),
             requests: if batch.errors.is_empty() {
                 batch.jobs.len() as u64
             } else {
@@ -150,38 +151,55 @@ pub struct NewBatch {
     pub expires_at: i64,
     /// Up to 16 string pairs, as given.
     pub metadata: Option<Map<String, Value>>,
-    /// The client's `Idempotency-Key`.
+    /// The client's `Idempotency-Key`, as stored ([`super::idempotency_key`]).
     pub idempotency_key: Option<String>,
+    /// The tenant creating it; only it can read the batch and its files.
+    pub tenant: String,
     /// One job per line: (custom_id, line, job).
     pub jobs: Vec<(String, u64, NewJob)>,
     /// Validation errors; when any, the batch is created `failed` with no jobs.
     pub errors: Vec<Value>,
 }
 
+/// A file to store: whose it is, what for, under which name.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NewFile<'a> {
+    pub tenant: &'a str,
+    pub purpose: &'a str,
+    pub filename: &'a str,
+}
+
 /// Stores an uploaded file.
-pub(super) fn add_file(
-    conn: &Connection,
-    purpose: &str,
-    filename: &str,
-    content: &[u8],
-    now: i64,
-) -> Result<FileInfo, StoreError> {
-    add_file_as(conn, super::new_id("file"), purpose, filename, content, now)
+pub(super) fn add_file(conn: &Connection, file: NewFile<'_>, content: &[u8], now: i64) -> Result<FileInfo, StoreError> {
+    add_file_as(conn, super::new_id("file"), file, content, now)
 }
 
 /// Stores a file as `id`.
 fn add_file_as(
     conn: &Connection,
     id: String,
-    purpose: &str,
-    filename: &str,
+    file: NewFile<'_>,
     content: &[u8],
     now: i64,
 ) -> Result<FileInfo, StoreError> {
+    let NewFile {
+        tenant,
+        purpose,
+        filename,
+    } = file;
     conn.prepare_cached(
-        "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO files (id, purpose, filename, bytes, created_at, content, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
-    .execute(params![id, purpose, filename, content.len() as i64, now, content])?;
+    .execute(params![
+        id,
+        purpose,
+        filename,
+        content.len() as i64,
+        now,
+        content,
+        tenant
+    ])?;
     Ok(FileInfo {
         id,
         purpose: purpose.to_owned(),
@@ -193,12 +211,13 @@ fn add_file_as(
 
 /// A file's description (once all of it is there: the Kafka queue's replicas gather a
 /// file chunk by chunk).
-pub(super) fn file(conn: &Connection, id: &str) -> Result<Option<FileInfo>, StoreError> {
+pub(super) fn file(conn: &Connection, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
     Ok(conn
         .prepare_cached(
-            "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?1 AND length(content) = bytes",
+            "SELECT id, purpose, filename, bytes, created_at FROM files
+             WHERE id = ?1 AND tenant = ?2 AND length(content) = bytes",
         )?
-        .query_row([id], |r| {
+        .query_row([id, tenant], |r| {
             Ok(FileInfo {
                 id: r.get(0)?,
                 purpose: r.get(1)?,
@@ -210,11 +229,11 @@ pub(super) fn file(conn: &Connection, id: &str) -> Result<Option<FileInfo>, Stor
         .optional()?)
 }
 
-/// A file's content.
-pub(super) fn content(conn: &Connection, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+/// A file's content, when it is `tenant`'s.
+pub(super) fn content(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT content FROM files WHERE id = ?1 AND length(content) = bytes")?
-        .query_row([id], |r| r.get(0))
+        .prepare_cached("SELECT content FROM files WHERE id = ?1 AND tenant = ?2 AND length(content) = bytes")?
+        .query_row([id, tenant], |r| r.get(0))
         .optional()?)
 }
 
@@ -226,15 +245,10 @@ pub(super) fn create(
     max: u64,
     unfinished: &AtomicI64,
     now: i64,
-) -> Result<(String, bool), StoreError> {
+) -> Result<Submitted, StoreError> {
     if let Some(key) = &batch.idempotency_key {
-        let found = conn
-            .query_row("SELECT id FROM batches WHERE idempotency_key = ?1", [key], |r| {
-                r.get::<_, String>(0)
-            })
-            .optional()?;
-        if let Some(id) = found {
-            return Ok((id, true));
+        if let Some((id, stored)) = keyed(conn, "batches", key)? {
+            return Ok(Submitted::earlier(id, Some(&stored), key));
         }
     }
     let held = unfinished.load(Ordering::Acquire).max(0) as u64;
@@ -244,11 +258,12 @@ pub(super) fn create(
     let id = super::new_id("batch");
     insert_row(conn, &BatchRow::new(id.clone(), &batch, now))?;
     if !batch.errors.is_empty() {
-        return Ok((id, false));
+        return Ok(Submitted::new(id));
     }
     let mut add = conn.prepare_cached(
-        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, batch_id, custom_id, line)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, batch_id, custom_id,
+                           line, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11, ?12)",
     )?;
     let count = batch.jobs.len();
     for (custom_id, line, job) in batch.jobs {
@@ -264,10 +279,11 @@ pub(super) fn create(
             id,
             custom_id,
             line as i64,
+            batch.tenant,
         ])?;
     }
     unfinished.fetch_add(count as i64, Ordering::AcqRel);
-    Ok((id, false))
+    Ok(Submitted::new(id))
 }
 
 /// Inserts a batch's row unless it is there; `failed` at once when it has errors.
@@ -276,8 +292,8 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
     let errors = failed.then(|| json!({"object": "list", "data": row.errors}).to_string());
     conn.prepare_cached(
         "INSERT OR IGNORE INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at,
-                                        expires_at, in_progress_at, failed_at, errors, idempotency_key, requests)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                                        expires_at, in_progress_at, failed_at, errors, idempotency_key, requests, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         row.id,
@@ -293,6 +309,7 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
         errors,
         row.idempotency_key,
         row.requests as i64,
+        row.tenant,
     ])?;
     Ok(())
 }
@@ -303,7 +320,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
     let found = conn
         .prepare_cached(
             "SELECT id, input_file_id, endpoint, completion_window, metadata, created_at, expires_at, idempotency_key,
-                    requests, errors, cancelling_at FROM batches WHERE id = ?1",
+                    requests, errors, cancelling_at, tenant FROM batches WHERE id = ?1",
         )?
         .query_row([id], |r| {
             let metadata = r
@@ -323,6 +340,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
                 created_at: r.get(5)?,
                 expires_at: r.get(6)?,
                 idempotency_key: r.get(7)?,
+                tenant: r.get(11)?,
                 requests: r.get::<_, Option<i64>>(8)?.unwrap_or(0).max(0) as u64,
                 errors,
                 cancelling_at: r.get(10)?,
@@ -340,11 +358,12 @@ pub(super) fn mark_cancelling(conn: &Connection, id: &str, at: i64) -> Result<bo
     )? == 1)
 }
 
-/// The batch object as the API shows it, with its request counts.
-pub(super) fn get(conn: &Connection, id: &str) -> Result<Option<Value>, StoreError> {
+/// The batch object as the API shows it, with its request counts, when it is
+/// `tenant`'s.
+pub(super) fn get(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
     let row = conn
-        .prepare_cached("SELECT * FROM batches WHERE id = ?1")?
-        .query_row([id], batch_json)
+        .prepare_cached("SELECT * FROM batches WHERE id = ?1 AND tenant = ?2")?
+        .query_row([id, tenant], batch_json)
         .optional()?;
     let Some(mut batch) = row else { return Ok(None) };
     let counts = request_counts(conn, id)?;
@@ -352,31 +371,42 @@ pub(super) fn get(conn: &Connection, id: &str) -> Result<Option<Value>, StoreErr
     Ok(Some(batch))
 }
 
-/// Batches, newest first, after (older than) `after`, at most `limit`; and whether more exist.
-pub(super) fn list(conn: &Connection, after: Option<&str>, limit: usize) -> Result<(Vec<Value>, bool), StoreError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT id FROM batches WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2")?;
+/// `tenant`'s batches, newest first, after (older than) `after`, at most `limit`; and
+/// whether more exist.
+pub(super) fn list(
+    conn: &Connection,
+    tenant: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<Value>, bool), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM batches WHERE tenant = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3",
+    )?;
     let ids = stmt
-        .query_map(params![after, (limit + 1) as i64], |r| r.get::<_, String>(0))?
+        .query_map(params![tenant, after, (limit + 1) as i64], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
     let more = ids.len() > limit;
     let mut out = Vec::with_capacity(limit);
     for id in ids.iter().take(limit) {
-        if let Some(b) = get(conn, id)? {
+        if let Some(b) = get(conn, id, tenant)? {
             out.push(b);
         }
     }
     Ok((out, more))
 }
 
-/// Starts cancelling a batch: its queued jobs are cancelled now; running ones finish.
-/// Returns the batch, or `None` when unknown.
+/// Starts cancelling `tenant`'s batch `id`: its queued jobs are cancelled now; running
+/// ones finish. Returns the batch, or `None` when unknown (or another tenant's).
 pub(super) fn cancel(
     conn: &Connection,
     id: &str,
+    tenant: &str,
     now: i64,
     unfinished: &AtomicI64,
 ) -> Result<Option<Value>, StoreError> {
+    if get(conn, id, tenant)?.is_none() {
+        return Ok(None);
+    }
     if mark_cancelling(conn, id, now)? {
         let jobs = conn.execute(
             "UPDATE jobs SET state = 'cancelled', finished_at = ?2 WHERE batch_id = ?1 AND state = 'queued'",
@@ -384,7 +414,7 @@ pub(super) fn cancel(
         )?;
         unfinished.fetch_sub(jobs as i64, Ordering::AcqRel);
     }
-    get(conn, id)
+    get(conn, id, tenant)
 }
 
 /// Finishes every batch whose jobs are all there and done: writes its output and error
@@ -392,44 +422,32 @@ pub(super) fn cancel(
 /// finished. The files' ids follow from the batch's, so every replica of a Kafka queue,
 /// finalizing on its own, names them alike.
 pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError> {
-    let ready: Vec<(String, String, i64)> = conn
+    let ready: Vec<(String, String, i64, String)> = conn
         .prepare_cached(
-            "SELECT b.id, b.status, b.expires_at FROM batches b
+            "SELECT b.id, b.status, b.expires_at, b.tenant FROM batches b
              WHERE b.status IN ('in_progress', 'cancelling')
                AND (b.requests IS NULL OR b.requests = (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id))
                AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id AND j.state IN ('queued', 'running'))",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
         .collect::<Result<_, _>>()?;
-    for (id, status, expires_at) in &ready {
+    for (id, status, expires_at, tenant) in &ready {
         let (output, errors) = results(conn, id)?;
-        let name = |what: &str| format!("file_{}_{what}", id.trim_start_matches("batch_"));
-        let output_id = (!output.is_empty())
-            .then(|| {
-                add_file_as(
-                    conn,
-                    name("output"),
-                    "batch_output",
-                    &format!("{id}_output.jsonl"),
-                    &output,
-                    now,
-                )
-            })
-            .transpose()?
-            .map(|f| f.id);
-        let error_id = (!errors.is_empty())
-            .then(|| {
-                add_file_as(
-                    conn,
-                    name("error"),
-                    "batch_output",
-                    &format!("{id}_error.jsonl"),
-                    &errors,
-                    now,
-                )
-            })
-            .transpose()?
-            .map(|f| f.id);
+        // A result file `what` of the batch, when it has content: its id.
+        let keep = |what: &str, content: &[u8]| -> Result<Option<String>, StoreError> {
+            if content.is_empty() {
+                return Ok(None);
+            }
+            let filename = format!("{id}_{what}.jsonl");
+            let file = NewFile {
+                tenant,
+                purpose: "batch_output",
+                filename: &filename,
+            };
+            let id = format!("file_{}_{what}", id.trim_start_matches("batch_"));
+            Ok(Some(add_file_as(conn, id, file, content, now)?.id))
+        };
+        let (output_id, error_id) = (keep("output", &output)?, keep("error", &errors)?);
         let (end, column) = match (status.as_str(), *expires_at <= now) {
             ("cancelling", _) => ("cancelled", "cancelled_at"),
             (_, true) => ("expired", "expired_at"),

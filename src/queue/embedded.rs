@@ -101,9 +101,10 @@ impl Embedded {
     }
 
     fn open_file(dir: &Path, name: &str, synchronous: &str, limits: Limits) -> Result<Embedded, StoreError> {
-        std::fs::create_dir_all(dir)
+        crate::files::private_dir(dir)
             .map_err(|e| StoreError::Io(format!("cannot create the data directory {}: {e}", dir.display())))?;
         let path = dir.join(name);
+        crate::files::private_touch(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
         conn.execute_batch(&format!(
             "PRAGMA locking_mode = EXCLUSIVE;
@@ -217,53 +218,69 @@ impl Embedded {
         .await
     }
 
-    /// Stores an uploaded file (durably, whole, or not at all).
+    /// Stores `tenant`'s uploaded file (durably, whole, or not at all).
     pub async fn add_file(
         &self,
+        tenant: &str,
         purpose: String,
         filename: String,
         content: bytes::Bytes,
     ) -> Result<FileInfo, StoreError> {
-        self.call(move |conn| batches::add_file(conn, &purpose, &filename, &content, super::now_ms()))
-            .await
+        let tenant = tenant.to_owned();
+        self.call(move |conn| {
+            let file = batches::NewFile {
+                tenant: &tenant,
+                purpose: &purpose,
+                filename: &filename,
+            };
+            batches::add_file(conn, file, &content, super::now_ms())
+        })
+        .await
     }
 
-    /// A file's description.
-    pub async fn file(&self, id: &str) -> Result<Option<FileInfo>, StoreError> {
-        let id = id.to_owned();
-        self.call(move |conn| batches::file(conn, &id)).await
+    /// A file's description, when it is `tenant`'s.
+    pub async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::file(conn, &id, &tenant)).await
     }
 
-    /// A file's content.
-    pub async fn content(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let id = id.to_owned();
-        self.call(move |conn| batches::content(conn, &id)).await
+    /// A file's content, when it is `tenant`'s.
+    pub async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::content(conn, &id, &tenant)).await
     }
 
-    /// Creates a batch and all its jobs in one commit; returns its id and whether an
-    /// earlier request with the same idempotency key made it.
-    pub async fn create_batch(&self, batch: NewBatch) -> Result<(String, bool), StoreError> {
+    /// Creates a batch and all its jobs in one commit; its id, and whether an earlier
+    /// request with the same idempotency key made it.
+    pub async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
         let (max, unfinished) = (self.limits.max_unfinished, self.unfinished.clone());
         self.call(move |conn| batches::create(conn, batch, max, &unfinished, super::now_ms()))
             .await
     }
 
-    /// The batch object with its request counts.
-    pub async fn batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        let id = id.to_owned();
-        self.call(move |conn| batches::get(conn, &id)).await
+    /// The batch object with its request counts, when it is `tenant`'s.
+    pub async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::get(conn, &id, &tenant)).await
     }
 
-    /// Batches, newest first, older than `after`, at most `limit`; and whether more exist.
-    pub async fn batches(&self, after: Option<String>, limit: usize) -> Result<(Vec<Value>, bool), StoreError> {
-        self.call(move |conn| batches::list(conn, after.as_deref(), limit))
+    /// `tenant`'s batches, newest first, older than `after`, at most `limit`; and
+    /// whether more exist.
+    pub async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<(Vec<Value>, bool), StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |conn| batches::list(conn, &tenant, after.as_deref(), limit))
             .await
     }
 
-    /// Starts cancelling batch `id`.
-    pub async fn cancel_batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
-        self.call(move |conn| batches::cancel(conn, &id, super::now_ms(), &unfinished))
+    /// Starts cancelling `tenant`'s batch `id`.
+    pub async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
+        let (id, tenant, unfinished) = (id.to_owned(), tenant.to_owned(), self.unfinished.clone());
+        self.call(move |conn| batches::cancel(conn, &id, &tenant, super::now_ms(), &unfinished))
             .await
     }
 

@@ -57,35 +57,41 @@ impl Queue {
         self.local().finalize().await
     }
 
-    /// Stores an uploaded file.
-    pub async fn add_file(&self, purpose: String, filename: String, content: Bytes) -> Result<FileInfo, StoreError> {
+    /// Stores `tenant`'s uploaded file.
+    pub async fn add_file(
+        &self,
+        tenant: &str,
+        purpose: String,
+        filename: String,
+        content: Bytes,
+    ) -> Result<FileInfo, StoreError> {
         match self {
-            Queue::Embedded(store) => store.add_file(purpose, filename, content).await,
+            Queue::Embedded(store) => store.add_file(tenant, purpose, filename, content).await,
             #[cfg(feature = "kafka")]
-            Queue::Kafka(queue) => queue.add_file(purpose, filename, content).await,
+            Queue::Kafka(queue) => queue.add_file(tenant, purpose, filename, content).await,
         }
     }
 
-    /// A file's description.
-    pub async fn file(&self, id: &str) -> Result<Option<FileInfo>, StoreError> {
+    /// A file's description, when it is `tenant`'s.
+    pub async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
         match self {
-            Queue::Embedded(store) => store.file(id).await,
+            Queue::Embedded(store) => store.file(id, tenant).await,
             #[cfg(feature = "kafka")]
-            Queue::Kafka(queue) => queue.file(id).await,
+            Queue::Kafka(queue) => queue.file(id, tenant).await,
         }
     }
 
-    /// A file's content.
-    pub async fn content(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    /// A file's content, when it is `tenant`'s.
+    pub async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
-            Queue::Embedded(store) => store.content(id).await,
+            Queue::Embedded(store) => store.content(id, tenant).await,
             #[cfg(feature = "kafka")]
-            Queue::Kafka(queue) => queue.content(id).await,
+            Queue::Kafka(queue) => queue.content(id, tenant).await,
         }
     }
 
     /// Creates a batch and its jobs.
-    pub async fn create_batch(&self, batch: NewBatch) -> Result<(String, bool), StoreError> {
+    pub async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
         match self {
             Queue::Embedded(store) => store.create_batch(batch).await,
             #[cfg(feature = "kafka")]
@@ -93,26 +99,31 @@ impl Queue {
         }
     }
 
-    /// The batch object.
-    pub async fn batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
+    /// The batch object, when it is `tenant`'s.
+    pub async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
         match self {
-            Queue::Embedded(store) => store.batch(id).await,
+            Queue::Embedded(store) => store.batch(id, tenant).await,
             #[cfg(feature = "kafka")]
-            Queue::Kafka(queue) => queue.batch(id).await,
+            Queue::Kafka(queue) => queue.batch(id, tenant).await,
         }
     }
 
-    /// Batches, newest first.
-    pub async fn batches(&self, after: Option<String>, limit: usize) -> Result<(Vec<Value>, bool), StoreError> {
-        self.local().batches(after, limit).await
+    /// `tenant`'s batches, newest first.
+    pub async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<(Vec<Value>, bool), StoreError> {
+        self.local().batches(tenant, after, limit).await
     }
 
-    /// Starts cancelling a batch.
-    pub async fn cancel_batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
+    /// Starts cancelling `tenant`'s batch.
+    pub async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
         match self {
-            Queue::Embedded(store) => store.cancel_batch(id).await,
+            Queue::Embedded(store) => store.cancel_batch(id, tenant).await,
             #[cfg(feature = "kafka")]
-            Queue::Kafka(queue) => queue.cancel_batch(id).await,
+            Queue::Kafka(queue) => queue.cancel_batch(id, tenant).await,
         }
     }
 }

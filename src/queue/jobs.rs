@@ -31,13 +31,41 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             idempotency_key TEXT UNIQUE,
             batch_id TEXT,
             custom_id TEXT,
-            line INTEGER
+            line INTEGER,
+            tenant TEXT NOT NULL DEFAULT ''
         );
         CREATE INDEX IF NOT EXISTS jobs_runnable ON jobs (state, route, not_before);
         CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
         CREATE INDEX IF NOT EXISTS jobs_queued_age ON jobs (created_at) WHERE state = 'queued';",
     )?;
+    add_column(conn, "jobs", "tenant", "TEXT NOT NULL DEFAULT ''")
+}
+
+/// Adds `column` to `table` in stores made before it existed.
+pub(super) fn add_column(conn: &Connection, table: &str, column: &str, declaration: &str) -> Result<(), StoreError> {
+    let there: bool = conn.query_row(
+        &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+        [column],
+        |r| r.get(0),
+    )?;
+    if !there {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {declaration}"))?;
+    }
     Ok(())
+}
+
+/// The id and stored key of the row of `table` whose idempotency key has the scope of
+/// `key` (see [`super::idempotency_key`]).
+pub(super) fn keyed(conn: &Connection, table: &str, key: &str) -> Result<Option<(String, String)>, StoreError> {
+    let scope = super::idempotency_scope(key);
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT id, idempotency_key FROM {table} WHERE idempotency_key >= ?1 AND idempotency_key < ?2"
+        ))?
+        .query_row(params![format!("{scope}:"), format!("{scope};")], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?)
 }
 
 /// Jobs not yet finished (queued or running).
@@ -67,17 +95,16 @@ pub(super) fn insert(
     if held.saturating_add(new.len() as u64) > max {
         return Err(StoreError::Full(held));
     }
-    let mut find = conn.prepare_cached("SELECT id FROM jobs WHERE idempotency_key = ?1")?;
     let mut add = conn.prepare_cached(
-        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, idempotency_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9)",
+        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, idempotency_key, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10)",
     )?;
     let mut out = Vec::with_capacity(new.len());
     let mut added = 0;
     for job in new {
         if let Some(key) = &job.idempotency_key {
-            if let Some(id) = find.query_row([key], |r| r.get::<_, String>(0)).optional()? {
-                out.push(Submitted { id, existing: true });
+            if let Some((id, stored)) = keyed(conn, "jobs", key)? {
+                out.push(Submitted::earlier(id, Some(&stored), key));
                 continue;
             }
         }
@@ -92,9 +119,10 @@ pub(super) fn insert(
             now,
             job.expires_at,
             job.idempotency_key,
+            job.tenant,
         ])?;
         added += 1;
-        out.push(Submitted { id, existing: false });
+        out.push(Submitted::new(id));
     }
     unfinished.fetch_add(added, Ordering::AcqRel);
     Ok(out)
@@ -292,6 +320,7 @@ fn job(r: &Row<'_>) -> rusqlite::Result<Job> {
             body: Bytes::from(r.get::<_, Vec<u8>>("body")?),
             expires_at: r.get("expires_at")?,
             idempotency_key: r.get("idempotency_key")?,
+            tenant: r.get("tenant")?,
         },
         state: State::parse(&state).unwrap_or(State::Failed),
         attempts: r.get("attempts")?,

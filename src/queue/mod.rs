@@ -52,8 +52,12 @@ pub struct NewJob {
     pub body: Bytes,
     /// When it expires unless finished (ms since the Unix epoch).
     pub expires_at: i64,
-    /// The client's `Idempotency-Key`: a second submission with it gets the first job.
+    /// The client's `Idempotency-Key` as stored ([`idempotency_key`]): a second
+    /// submission with the same scope gets the first job.
     pub idempotency_key: Option<String>,
+    /// The tenant that submitted it (empty when the data plane has no authentication):
+    /// only it can read the job.
+    pub tenant: String,
 }
 
 /// Where a job is in its life.
@@ -158,13 +162,63 @@ pub enum Finish {
     },
 }
 
-/// The result of a submission.
+/// The result of a submission (of a job or a batch).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submitted {
-    /// The job's id.
+    /// The job's (or batch's) id.
     pub id: JobId,
     /// Whether an earlier submission with the same idempotency key made it.
     pub existing: bool,
+    /// For an earlier one: whether it was the same request (its key's fingerprint
+    /// matches). A key reused for another request is the client's mistake (422).
+    pub same_request: bool,
+}
+
+impl Submitted {
+    /// A new job or batch.
+    pub fn new(id: JobId) -> Self {
+        Submitted {
+            id,
+            existing: false,
+            same_request: true,
+        }
+    }
+
+    /// One made earlier with the same key's scope, whose stored key was `stored`.
+    pub fn earlier(id: JobId, stored: Option<&str>, key: &str) -> Self {
+        Submitted {
+            id,
+            existing: true,
+            same_request: stored == Some(key),
+        }
+    }
+}
+
+/// A client's `Idempotency-Key` as stored: `{scope}:{fingerprint}`. The scope (the
+/// tenant, the endpoint and the key) names the job: the same key from another tenant
+/// or on another endpoint is another job. The fingerprint (of the method, path and
+/// body) tells the same request from another one sent with the same key.
+pub fn idempotency_key(tenant: &str, endpoint: &str, key: &str, request: &[&[u8]]) -> String {
+    use sha2::{Digest, Sha256};
+    let hex = |digest: &[u8]| digest.iter().take(16).map(|b| format!("{b:02x}")).collect::<String>();
+    let scope = Sha256::new()
+        .chain_update(tenant.len().to_le_bytes())
+        .chain_update(tenant)
+        .chain_update(endpoint.len().to_le_bytes())
+        .chain_update(endpoint)
+        .chain_update(key)
+        .finalize();
+    let mut fingerprint = Sha256::new();
+    for part in request {
+        fingerprint.update(part.len().to_le_bytes());
+        fingerprint.update(part);
+    }
+    format!("{}:{}", hex(&scope), hex(&fingerprint.finalize()))
+}
+
+/// The scope part of a stored idempotency key (see [`idempotency_key`]).
+pub fn idempotency_scope(stored: &str) -> &str {
+    stored.split_once(':').map_or(stored, |(scope, _)| scope)
 }
 
 /// Why the store could not do what was asked.

@@ -217,6 +217,20 @@ where
     }
 }
 
+/// Uploads `content` as a Batch API input file (`POST /v1/files`), with `headers`.
+pub async fn upload_file(addr: SocketAddr, content: &str, headers: &[(&str, &str)]) -> Answer {
+    let boundary = "tiergate-test-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let mut all = vec![("content-type", content_type.as_str())];
+    all.extend_from_slice(headers);
+    send("POST", addr, "/v1/files", &all, body).await
+}
+
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
     send("GET", addr, path, &[], Bytes::new()).await
 }

@@ -6,14 +6,21 @@ use super::*;
 use crate::queue::{after, Answer};
 
 fn job(key: Option<&str>) -> NewJob {
+    job_of("", key, b"{\"inputs\":[]}")
+}
+
+/// `tenant`'s job with `body`, its idempotency key (if any) stored as the doors store it.
+fn job_of(tenant: &str, key: Option<&str>, body: &'static [u8]) -> NewJob {
+    let path = "/v2/models/m/infer";
     NewJob {
         route: "r".into(),
         method: "POST".into(),
-        path: "/v2/models/m/infer".into(),
+        path: path.into(),
         headers: vec![("content-type".into(), "application/json".into())],
-        body: bytes::Bytes::from_static(b"{\"inputs\":[]}"),
+        body: bytes::Bytes::from_static(body),
         expires_at: after(Duration::from_secs(3600)),
-        idempotency_key: key.map(str::to_owned),
+        idempotency_key: key.map(|k| crate::queue::idempotency_key(tenant, path, k, &[b"POST", body])),
+        tenant: tenant.into(),
     }
 }
 
@@ -96,11 +103,31 @@ async fn idempotency_keys_return_the_first_job() {
     assert_eq!(
         again[0],
         Submitted {
-            id: first.id,
-            existing: true
+            id: first.id.clone(),
+            existing: true,
+            same_request: true,
         }
     );
     assert!(!again[1].existing);
+    // The same key with another body names the first job, as another request: the
+    // door answers 422. Another tenant's same key is another job.
+    let other_body = store
+        .submit(vec![job_of("", Some("k1"), b"{}")])
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (other_body.id.as_str(), other_body.existing, other_body.same_request),
+        (first.id.as_str(), true, false)
+    );
+    let other_tenant = store
+        .submit(vec![job_of("b", Some("k1"), b"{\"inputs\":[]}")])
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(!other_tenant.existing && other_tenant.id != first.id);
+    let job = store.get(&other_tenant.id).await.unwrap().unwrap();
+    assert_eq!(job.request.tenant, "b", "a job keeps its tenant");
 }
 
 #[tokio::test]
@@ -247,7 +274,10 @@ async fn an_operation_that_aborts_the_transaction_ends_its_commit_and_only_its_c
         .unwrap()
         .expect("the next operation gets a commit of its own");
     let job = store.get(&after[0].id).await.unwrap().expect("and its job is there");
-    assert_eq!(job.request.idempotency_key.as_deref(), Some("after"));
+    assert_eq!(
+        job.request.idempotency_key,
+        job_of("", Some("after"), b"{\"inputs\":[]}").idempotency_key
+    );
     let queued = store.counts().await.unwrap();
     assert_eq!(queued, vec![(State::Queued, 1)], "the rolled-back job is not there");
     assert_eq!(store.failing(), None, "a commit that succeeds clears the failure");
@@ -311,4 +341,38 @@ async fn a_failing_store_logs_its_cause_once_and_its_recovery_once() {
     assert!(errors[0].1.contains("simulated"), "the cause is in the line: {seen:?}");
     let recovered = seen.iter().filter(|(_, text)| text.contains("commits again")).count();
     assert_eq!(recovered, 1, "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_store_made_before_tenants_opens_with_its_jobs_the_anonymous_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // The tables as they were before tenants, with one job and one batch in them.
+        let conn = rusqlite::Connection::open(dir.path().join("offline.db")).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, route TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL,
+                headers TEXT NOT NULL, body BLOB NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+                not_before INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+                finished_at INTEGER, status INTEGER, answer_headers TEXT, answer_body BLOB, error TEXT,
+                idempotency_key TEXT UNIQUE, batch_id TEXT, custom_id TEXT, line INTEGER);
+             CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+                bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL);
+             INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at)
+                VALUES ('job_old', 'r', 'POST', '/v2/models/m/infer', '[]', x'', 'queued', 1, 9999999999999);
+             INSERT INTO files (id, purpose, filename, bytes, created_at, content)
+                VALUES ('file_old', 'batch', 'in.jsonl', 0, 1, x'');",
+        )
+        .unwrap();
+    }
+    let store = open(dir.path(), 100);
+    let job = store.get("job_old").await.unwrap().expect("kept");
+    assert_eq!(job.request.tenant, "");
+    assert!(
+        store.file("file_old", "").await.unwrap().is_some(),
+        "the anonymous tenant's"
+    );
+    assert!(
+        store.file("file_old", "team-a").await.unwrap().is_none(),
+        "and no one else's"
+    );
 }

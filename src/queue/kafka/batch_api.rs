@@ -8,11 +8,18 @@ use super::produce::Out;
 use super::records::{self, FileChunk, JobMeta, Record};
 use super::{keyed_id, KafkaQueue};
 use crate::queue::batches::{BatchRow, FileInfo, NewBatch};
-use crate::queue::{State, StoreError};
+use crate::queue::{idempotency_scope, State, StoreError, Submitted};
 
 impl KafkaQueue {
-    /// Stores an uploaded file: its chunks on one partition of the state topic, in order.
-    pub async fn add_file(&self, purpose: String, filename: String, content: Bytes) -> Result<FileInfo, StoreError> {
+    /// Stores `tenant`'s uploaded file: its chunks on one partition of the state topic,
+    /// in order.
+    pub async fn add_file(
+        &self,
+        tenant: &str,
+        purpose: String,
+        filename: String,
+        content: Bytes,
+    ) -> Result<FileInfo, StoreError> {
         let id = crate::queue::new_id("file");
         let now = crate::queue::now_ms();
         let partition = (rand::random::<u32>() % self.inner.state_partitions.max(1) as u32) as i32;
@@ -34,6 +41,7 @@ impl KafkaQueue {
                     bytes: content.len() as u64,
                     created_at: now,
                     chunk: u32::try_from(i).unwrap_or(u32::MAX),
+                    tenant: tenant.to_owned(),
                 };
                 let mut out = Out::state(&Record::File(chunk), &format!("{id}#{i}"), value);
                 out.partition = Some(partition);
@@ -50,24 +58,32 @@ impl KafkaQueue {
         })
     }
 
-    /// A file's description.
-    pub async fn file(&self, id: &str) -> Result<Option<FileInfo>, StoreError> {
-        self.fresh(|| self.inner.view.store.file(id)).await
+    /// A file's description, when it is `tenant`'s.
+    pub async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
+        self.fresh(|| self.inner.view.store.file(id, tenant)).await
     }
 
-    /// A file's content.
-    pub async fn content(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.fresh(|| self.inner.view.store.content(id)).await
+    /// A file's content, when it is `tenant`'s.
+    pub async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.fresh(|| self.inner.view.store.content(id, tenant)).await
     }
 
     /// Creates a batch: its row on the state topic, and each of its jobs like a submission.
-    pub async fn create_batch(&self, batch: NewBatch) -> Result<(String, bool), StoreError> {
+    pub async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
         let id = match &batch.idempotency_key {
-            Some(key) => keyed_id("batch", key),
+            Some(key) => keyed_id("batch", idempotency_scope(key)),
             None => crate::queue::new_id("batch"),
         };
-        if batch.idempotency_key.is_some() && self.batch(&id).await?.is_some() {
-            return Ok((id, true));
+        if let Some(key) = &batch.idempotency_key {
+            if self.batch(&id, &batch.tenant).await?.is_some() {
+                let stored = self
+                    .inner
+                    .view
+                    .batch_row(id.clone())
+                    .await?
+                    .and_then(|r| r.idempotency_key);
+                return Ok(Submitted::earlier(id, stored.as_deref(), key));
+            }
         }
         self.check_room(batch.jobs.len())?;
         let now = crate::queue::now_ms();
@@ -86,18 +102,18 @@ impl KafkaQueue {
             }
         }
         self.write(outs).await?;
-        Ok((id, false))
+        Ok(Submitted::new(id))
     }
 
-    /// The batch object.
-    pub async fn batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        self.fresh(|| self.inner.view.store.batch(id)).await
+    /// The batch object, when it is `tenant`'s.
+    pub async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
+        self.fresh(|| self.inner.view.store.batch(id, tenant)).await
     }
 
-    /// Starts cancelling batch `id`: the batch marked cancelling, and each of its queued
-    /// jobs cancelled, on the state topic.
-    pub async fn cancel_batch(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        let Some(batch) = self.batch(id).await? else {
+    /// Starts cancelling `tenant`'s batch `id`: the batch marked cancelling, and each of
+    /// its queued jobs cancelled, on the state topic.
+    pub async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
+        let Some(batch) = self.batch(id, tenant).await? else {
             return Ok(None);
         };
         let open = batch
@@ -117,6 +133,6 @@ impl KafkaQueue {
             outs.push(Out::state(&Record::Job(record), &key, Bytes::new()));
         }
         self.write(outs).await?;
-        self.inner.view.store.batch(id).await
+        self.inner.view.store.batch(id, tenant).await
     }
 }

@@ -274,12 +274,15 @@ impl KafkaQueue {
         let mut records = Vec::with_capacity(jobs.len() * 2);
         for job in jobs {
             let id = match &job.idempotency_key {
-                Some(key) => keyed_id("job", key),
+                Some(key) => keyed_id("job", super::idempotency_scope(key)),
                 None => super::new_id("job"),
             };
-            if job.idempotency_key.is_some() && self.get(&id).await?.is_some() {
-                out.push(Submitted { id, existing: true });
-                continue;
+            if let Some(key) = &job.idempotency_key {
+                if let Some(earlier) = self.get(&id).await? {
+                    let stored = earlier.request.idempotency_key.as_deref();
+                    out.push(Submitted::earlier(id, stored, key));
+                    continue;
+                }
             }
             let meta = JobMeta::new(id.clone(), &job, now, None);
             records.push(Out::state(
@@ -288,7 +291,7 @@ impl KafkaQueue {
                 Bytes::new(),
             ));
             records.push(Out::job(&meta, job.body));
-            out.push(Submitted { id, existing: false });
+            out.push(Submitted::new(id));
         }
         self.write(records).await?;
         Ok(out)

@@ -37,6 +37,9 @@ pub struct JobMeta {
     pub idempotency_key: Option<String>,
     /// The batch it belongs to: (batch id, custom_id, line).
     pub batch: Option<(String, String, u64)>,
+    /// The tenant that submitted it (empty without data-plane authentication).
+    #[serde(default)]
+    pub tenant: String,
 }
 
 impl JobMeta {
@@ -52,6 +55,7 @@ impl JobMeta {
             expires_at: job.expires_at,
             idempotency_key: job.idempotency_key.clone(),
             batch,
+            tenant: job.tenant.clone(),
         }
     }
 
@@ -67,6 +71,7 @@ impl JobMeta {
                 body,
                 expires_at: self.expires_at,
                 idempotency_key: self.idempotency_key.clone(),
+                tenant: self.tenant.clone(),
             },
             state: State::Queued,
             attempts: 0,
@@ -145,6 +150,9 @@ pub struct FileChunk {
     pub created_at: i64,
     /// This chunk's index.
     pub chunk: u32,
+    /// The tenant that uploaded it (empty without data-plane authentication).
+    #[serde(default)]
+    pub tenant: String,
 }
 
 /// A replica's heartbeat: it is alive (or, when `leaving`, stopping now).
@@ -202,6 +210,7 @@ mod tests {
             body: Bytes::from_static(b"{}"),
             expires_at: 9,
             idempotency_key: Some("k".into()),
+            tenant: "t".into(),
         };
         let meta = JobMeta::new("job_1".into(), &job, 5, Some(("batch_1".into(), "c".into(), 3)));
         let record = Record::Job(JobState::of(meta.clone(), State::Running, 2, "a"));

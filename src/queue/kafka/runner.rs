@@ -307,6 +307,7 @@ mod tests {
                 expires_at: i64::MAX,
                 idempotency_key: None,
                 batch: None,
+                tenant: String::new(),
             },
             body: Bytes::new(),
             attempts: 0,

@@ -251,8 +251,8 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
     conn.prepare_cached(
         "INSERT INTO jobs (id, route, method, path, headers, body, state, attempts, not_before, created_at, expires_at,
                            finished_at, status, answer_headers, answer_body, error, idempotency_key, batch_id,
-                           custom_id, line)
-         VALUES (?1, ?2, ?3, ?4, ?5, x'', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
+                           custom_id, line, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, x'', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
          ON CONFLICT(id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,
              not_before = excluded.not_before, finished_at = excluded.finished_at, status = excluded.status,
              answer_headers = excluded.answer_headers, answer_body = excluded.answer_body, error = excluded.error
@@ -278,6 +278,7 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
         batch_id,
         custom_id,
         line,
+        s.job.tenant,
     ])?;
     match (was_open, state.is_terminal()) {
         (None, false) => {
@@ -315,7 +316,8 @@ fn apply_chunk(conn: &Connection, chunk: &FileChunk, content: &[u8]) -> Result<(
         }
     }
     conn.prepare_cached(
-        "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, content, tenant)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
         chunk.id,
@@ -323,7 +325,8 @@ fn apply_chunk(conn: &Connection, chunk: &FileChunk, content: &[u8]) -> Result<(
         chunk.filename,
         chunk.bytes as i64,
         chunk.created_at,
-        whole
+        whole,
+        chunk.tenant
     ])?;
     conn.prepare_cached("DELETE FROM file_chunks WHERE id = ?1")?
         .execute([&chunk.id])?;
@@ -338,7 +341,7 @@ fn metas<'a>(
 ) -> Result<HashMap<String, (JobMeta, State, u32)>, StoreError> {
     let mut stmt = conn.prepare(&format!(
         "SELECT id, route, method, path, headers, created_at, expires_at, idempotency_key, batch_id, custom_id, line,
-                state, attempts FROM jobs WHERE {filter}"
+                state, attempts, tenant FROM jobs WHERE {filter}"
     ))?;
     let rows = stmt.query_map(params_from_iter(args), |r| {
         let batch = match r.get::<_, Option<String>>(8)? {
@@ -359,6 +362,7 @@ fn metas<'a>(
             expires_at: r.get(6)?,
             idempotency_key: r.get(7)?,
             batch,
+            tenant: r.get(13)?,
         };
         let state = State::parse(&r.get::<_, String>(11)?).unwrap_or(State::Failed);
         Ok((meta, state, r.get::<_, u32>(12)?))

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -27,6 +27,7 @@ use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol;
 use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
+use crate::tenant::Tenant;
 
 /// Headers kept with a job: what frames its body. Credentials are never stored.
 const KEPT_HEADERS: [http::HeaderName; 2] = [http::header::CONTENT_TYPE, protocol::HEADER_LEN];
@@ -76,21 +77,18 @@ impl Offline {
                 ),
             ));
         }
-        let idempotency_key = match headers.get(headers::IDEMPOTENCY_KEY) {
-            None => None,
-            Some(v) => Some(
-                v.to_str()
-                    .ok()
-                    .filter(|k| !k.is_empty() && k.len() <= 255)
-                    .ok_or_else(|| {
-                        Error::new(
-                            Kind::BadRequest,
-                            "Idempotency-Key must be 1 to 255 visible ASCII characters",
-                        )
-                    })?
-                    .to_owned(),
-            ),
-        };
+        let path = call
+            .request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| call.request.uri().path().to_owned(), |p| p.as_str().to_owned());
+        let tenant = Tenant::of(&call.request);
+        let request: [&[u8]; 3] = [
+            call.request.method().as_str().as_bytes(),
+            path.as_bytes(),
+            call.request.body(),
+        ];
+        let idempotency_key = idempotency_key(headers, tenant.as_str(), call.request.uri().path(), &request)?;
         let kept = KEPT_HEADERS
             .iter()
             .filter_map(|k| {
@@ -100,11 +98,6 @@ impl Offline {
                     .map(|v| (k.as_str().to_owned(), v.to_owned()))
             })
             .collect();
-        let path = call
-            .request
-            .uri()
-            .path_and_query()
-            .map_or_else(|| call.request.uri().path().to_owned(), |p| p.as_str().to_owned());
         let job = NewJob {
             route: call.route.name.clone(),
             method: call.request.method().as_str().to_owned(),
@@ -113,11 +106,13 @@ impl Offline {
             body: call.request.body().clone(),
             expires_at: queue::after(self.settings.completion_window),
             idempotency_key,
+            tenant: tenant.as_str().to_owned(),
         };
         let submitted = self.store.submit(vec![job]).await.map_err(store_error)?;
         let Some(submitted) = submitted.into_iter().next() else {
             return Err(Error::new(Kind::Unavailable, "the offline store accepted nothing"));
         };
+        reused(&submitted)?;
         self.wake.notify_one();
         let status = match submitted.existing {
             false => "queued",
@@ -144,6 +139,47 @@ impl Offline {
         }
         Ok(reply)
     }
+}
+
+/// The client's `Idempotency-Key` in `headers` as stored: scoped to `tenant` and
+/// `endpoint`, bound to a fingerprint of `request` (see [`queue::idempotency_key`]);
+/// 400 when it is not visible ASCII or longer than 255 characters.
+pub fn idempotency_key(
+    headers: &HeaderMap,
+    tenant: &str,
+    endpoint: &str,
+    request: &[&[u8]],
+) -> Result<Option<String>, Error> {
+    let Some(value) = headers.get(headers::IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| (1..=255).contains(&k.len()))
+        .ok_or_else(|| {
+            Error::new(
+                Kind::BadRequest,
+                format!("{} must be 1 to 255 visible ASCII characters", headers::IDEMPOTENCY_KEY),
+            )
+        })?;
+    Ok(Some(queue::idempotency_key(tenant, endpoint, key, request)))
+}
+
+/// 422 when `submitted` is an earlier submission with the same key but another request.
+pub fn reused(submitted: &queue::Submitted) -> Result<(), Error> {
+    if submitted.existing && !submitted.same_request {
+        return Err(Error::new(
+            Kind::KeyReused,
+            format!(
+                "this {} was already used for a different request ({}); send a new key for a new request",
+                headers::IDEMPOTENCY_KEY,
+                submitted.id
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The door's error for a store failure.

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fuzzes every parser of untrusted input (fuzz/fuzz_targets: KServe JSON, the binary
+# tensor extension, gRPC messages, request headers, Batch API lines and uploads, policy
+# TOML) with libFuzzer, each for SECONDS (default 20), starting from the committed seed
+# corpus in fuzz/corpus. Installs cargo-fuzz (for the nightly toolchain, which these
+# machines have) into /var/tmp/tiergate-fuzz the first time and builds there, outside
+# the clone; what a run learns (new inputs) stays there too, and a crash's input is
+# kept under /var/tmp/tiergate-fuzz/artifacts/TARGET/ and printed.
+#
+#   scripts/fuzz.sh            # every target, 20 s each (the test command runs this)
+#   scripts/fuzz.sh 600        # a longer run: 10 minutes each
+#   scripts/fuzz.sh 60 multipart batch_lines   # some targets only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH=${1:-20}
+shift || true
+CACHE=${TIERGATE_FUZZ_CACHE:-/var/tmp/tiergate-fuzz}
+TARGETS=("$@")
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  TARGETS=(kserve_json binary_tensors grpc_message headers batch_lines multipart policy_toml)
+fi
+
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "fuzz: the nightly toolchain is needed (rustup toolchain install nightly)" >&2
+  exit 1
+fi
+if [ ! -x "$CACHE/tools/bin/cargo-fuzz" ]; then
+  echo "fuzz: installing cargo-fuzz into $CACHE/tools (once)" >&2
+  cargo +nightly install cargo-fuzz --locked --quiet --root "$CACHE/tools"
+fi
+export PATH="$CACHE/tools/bin:$PATH"
+export CARGO_TARGET_DIR="$CACHE/target"
+
+cd fuzz
+# No sanitizer: the code under test is safe Rust; what a run looks for is a panic, a
+# hang or unbounded memory. (`-s address` works too, for a longer run.)
+cargo +nightly fuzz build -s none
+failed=0
+for target in "${TARGETS[@]}"; do
+  work="$CACHE/corpus/$target" artifacts="$CACHE/artifacts/$target/"
+  mkdir -p "$work" "$artifacts"
+  log="$CACHE/$target.log"
+  if cargo +nightly fuzz run -s none "$target" "$work" "corpus/$target" -- \
+      -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+      -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+    echo "fuzz: $target: $runs inputs in ${SECONDS_EACH}s, no failure"
+  else
+    echo "fuzz: $target FAILED; the input is in $artifacts (log: $log):" >&2
+    tail -30 "$log" >&2
+    failed=1
+  fi
+done
+exit $failed

@@ -1,0 +1,294 @@
+//! A Batch API input file read line by line: each line `{custom_id, method, url, body}`
+//! becomes a job for the route that serves `url` (its offline tier on), or a problem
+//! with its line number. Untrusted input: every line is checked, nothing panics, and
+//! each body is held to the limit a request sent directly would meet.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use crate::policy::Policy;
+use crate::queue::NewJob;
+
+/// What the lines are read against.
+#[derive(Debug, Clone, Copy)]
+pub struct Within<'a> {
+    /// The running policy (each line's url must name a route with its offline tier on).
+    pub policy: &'a Policy,
+    /// Most requests in one file.
+    pub max_lines: usize,
+    /// Largest body a line may carry (`limits.max_body_bytes`).
+    pub max_body_bytes: usize,
+    /// When the jobs expire (ms since the Unix epoch).
+    pub expires_at: i64,
+    /// Whose jobs they are.
+    pub tenant: &'a str,
+}
+
+/// Every valid line of `content` as a job, and the problems with the others (each
+/// with its line number; with any, the batch fails whole and no job runs).
+pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>, Vec<Value>) {
+    let Within {
+        policy,
+        max_lines: max,
+        max_body_bytes,
+        expires_at,
+        tenant,
+    } = *within;
+    let (mut jobs, mut errors) = (Vec::new(), Vec::new());
+    let mut seen = HashSet::new();
+    for (i, raw) in content.split(|b| *b == b'\n').enumerate() {
+        let line = i as u64 + 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if jobs.len() + errors.len() >= max {
+            problem(
+                &mut errors,
+                line,
+                "too_many_lines",
+                format!("the file has more than {max} requests"),
+                None,
+            );
+            break;
+        }
+        let obj: Map<String, Value> = match serde_json::from_slice(raw) {
+            Ok(Value::Object(obj)) => obj,
+            Ok(_) => {
+                problem(
+                    &mut errors,
+                    line,
+                    "invalid_json_line",
+                    "the line is not a JSON object".into(),
+                    None,
+                );
+                continue;
+            }
+            Err(e) => {
+                problem(
+                    &mut errors,
+                    line,
+                    "invalid_json_line",
+                    format!("the line is not valid JSON: {e}"),
+                    None,
+                );
+                continue;
+            }
+        };
+        let Some(custom_id) = obj.get("custom_id").and_then(Value::as_str).filter(|c| !c.is_empty()) else {
+            problem(
+                &mut errors,
+                line,
+                "missing_required_parameter",
+                "custom_id is required (a string)".into(),
+                Some("custom_id"),
+            );
+            continue;
+        };
+        if !seen.insert(custom_id.to_owned()) {
+            let message = format!("custom_id {custom_id:?} is used by an earlier line; each must be unique");
+            problem(&mut errors, line, "duplicate_custom_id", message, Some("custom_id"));
+            continue;
+        }
+        if obj.get("method").and_then(Value::as_str) != Some("POST") {
+            problem(
+                &mut errors,
+                line,
+                "invalid_method",
+                "method must be \"POST\"".into(),
+                Some("method"),
+            );
+            continue;
+        }
+        let Some(url) = obj.get("url").and_then(Value::as_str) else {
+            problem(
+                &mut errors,
+                line,
+                "missing_required_parameter",
+                "url is required (a string)".into(),
+                Some("url"),
+            );
+            continue;
+        };
+        let Some(route) = super::paths::route_for(policy, url) else {
+            problem(
+                &mut errors,
+                line,
+                "invalid_url",
+                format!("no route serves {url}"),
+                Some("url"),
+            );
+            continue;
+        };
+        if !route.flags.offline || route.micro_batch.is_none() {
+            let message = format!("route {} (for {url}) has its offline tier switched off", route.name);
+            problem(&mut errors, line, "invalid_url", message, Some("url"));
+            continue;
+        }
+        let body = match obj.get("body") {
+            Some(body @ Value::Object(_)) => Bytes::from(body.to_string()),
+            _ if raw.len() > max_body_bytes => Bytes::new(), // refused below, whatever it is
+            _ => {
+                problem(
+                    &mut errors,
+                    line,
+                    "invalid_body",
+                    "body must be a JSON object".into(),
+                    Some("body"),
+                );
+                continue;
+            }
+        };
+        if body.len() > max_body_bytes || raw.len() > max_body_bytes {
+            let message = format!(
+                "the line is {} bytes, over the body limit of {} bytes (limits.max_body_bytes) that a request \
+                 sent directly would meet",
+                raw.len(),
+                max_body_bytes
+            );
+            problem(&mut errors, line, "body_too_large", message, Some("body"));
+            continue;
+        }
+        let job = NewJob {
+            route: route.name.clone(),
+            method: "POST".into(),
+            path: url.to_owned(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body,
+            expires_at,
+            idempotency_key: None,
+            tenant: tenant.to_owned(),
+        };
+        jobs.push((custom_id.to_owned(), line, job));
+    }
+    if jobs.is_empty() && errors.is_empty() {
+        problem(
+            &mut errors,
+            0,
+            "empty_file",
+            "the input file has no requests".into(),
+            None,
+        );
+    }
+    (jobs, errors)
+}
+
+/// Records a line's problem (the first 1,000; the rest are counted by their absence).
+fn problem(errors: &mut Vec<Value>, line: u64, code: &str, message: String, param: Option<&str>) {
+    if errors.len() < 1000 {
+        errors.push(json!({"code": code, "message": message, "param": param, "line": line}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn policy() -> Policy {
+        let text = r#"
+[routes.r]
+models = ["m"]
+[routes.r.flags]
+realtime = false
+offline = true
+[routes.r.micro_batch]
+endpoints = ["http://127.0.0.1:9"]
+"#;
+        Policy::from_texts(vec![("p.toml".into(), text.to_owned())]).expect("valid")
+    }
+
+    fn within(policy: &Policy) -> Within<'_> {
+        Within {
+            policy,
+            max_lines: 50,
+            max_body_bytes: 256,
+            expires_at: 1,
+            tenant: "t",
+        }
+    }
+
+    fn valid(custom_id: &str, rows: usize) -> String {
+        let data: Vec<usize> = (0..rows * 2).collect();
+        json!({"custom_id": custom_id, "method": "POST", "url": "/v2/models/m/infer",
+               "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows, 2], "data": data}]}})
+        .to_string()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Any bytes at all: no panic; every problem names a line of the file, every job
+        /// a line of its own, in order, with a body within the limit and the tenant's.
+        #[test]
+        fn any_file_is_read_without_panicking_and_every_answer_names_its_line(content in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let policy = policy();
+            let (jobs, errors) = lines(&content, &within(&policy));
+            let count = content.split(|b| *b == b'\n').count() as u64;
+            for e in &errors {
+                let line = e["line"].as_u64().expect("a line number");
+                prop_assert!(line <= count, "{}", e);
+            }
+            let numbers: Vec<u64> = jobs.iter().map(|(_, line, _)| *line).collect();
+            prop_assert!(numbers.windows(2).all(|w| w[0] < w[1]));
+            for (_, _, job) in &jobs {
+                prop_assert!(job.body.len() <= 256);
+                prop_assert_eq!(job.tenant.as_str(), "t");
+            }
+            prop_assert!(jobs.len() + errors.len() <= 51);
+        }
+
+        /// Valid lines, mixed with blank ones and one line of the wrong shape, oversized
+        /// or duplicated: the valid ones become jobs in order, the bad one is reported at
+        /// its line, and nothing else is.
+        #[test]
+        fn valid_lines_become_jobs_and_the_one_bad_line_is_named(
+            n in 1usize..20,
+            blank_every in 2usize..5,
+            bad_at in 0usize..20,
+            bad_kind in 0usize..4,
+        ) {
+            let policy = policy();
+            let bad_at = bad_at % n;
+            let mut text = Vec::new();
+            let mut expected_bad_line = 0;
+            let mut good = Vec::new();
+            for i in 0..n {
+                if i % blank_every == 0 {
+                    text.push(String::new());
+                }
+                if i == bad_at {
+                    let (line, _) = match bad_kind {
+                        0 => ("{not json".to_owned(), "invalid_json_line"),
+                        1 => (valid(&format!("c{i}"), 100), "body_too_large"),
+                        2 => (valid("c0", 1), "duplicate_custom_id"),
+                        _ => (valid(&format!("c{i}"), 1).replace("/v2/models/m/infer", "/nowhere"), "invalid_url"),
+                    };
+                    // A duplicate only when there is an earlier c0 to repeat.
+                    if bad_kind == 2 && bad_at == 0 {
+                        text.push(valid(&format!("c{i}"), 1));
+                        good.push(format!("c{i}"));
+                        continue;
+                    }
+                    text.push(line);
+                    expected_bad_line = text.len() as u64;
+                } else {
+                    text.push(valid(&format!("c{i}"), 1));
+                    good.push(format!("c{i}"));
+                }
+            }
+            let (jobs, errors) = lines(text.join("\n").as_bytes(), &within(&policy));
+            let ids: Vec<&str> = jobs.iter().map(|(id, _, _)| id.as_str()).collect();
+            prop_assert_eq!(ids, good.iter().map(String::as_str).collect::<Vec<_>>());
+            if expected_bad_line == 0 {
+                prop_assert!(errors.is_empty(), "{:?}", errors);
+            } else {
+                prop_assert_eq!(errors.len(), 1, "{:?}", errors);
+                prop_assert_eq!(errors[0]["line"].as_u64(), Some(expected_bad_line), "{:?}", errors);
+            }
+        }
+    }
+}

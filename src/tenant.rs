@@ -1,0 +1,38 @@
+//! Who a request's work belongs to: its [`Tenant`], from the caller's credential when
+//! the data plane authenticates (`[auth]`), anonymous otherwise. A leaf: the doors set
+//! it (in the request's extensions), admission limits by it, and the offline tier and
+//! the Batch API keep jobs, batches and files under it, so a tenant reads only its own.
+
+use std::sync::Arc;
+
+/// A tenant: named by its credential, or the anonymous one (no data-plane
+/// authentication), which costs nothing to make or clone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Tenant(Option<Arc<str>>);
+
+impl Tenant {
+    /// The tenant of every request when the data plane does not authenticate.
+    pub fn anonymous() -> Self {
+        Tenant(None)
+    }
+
+    /// The tenant called `name`.
+    pub fn named(name: &str) -> Self {
+        Tenant(Some(Arc::from(name)))
+    }
+
+    /// Its name (empty for the anonymous tenant), as the stores keep it.
+    pub fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
+
+    /// Whether it came from a credential.
+    pub fn is_authenticated(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The tenant `request` was admitted as (anonymous when no door set one).
+    pub fn of<B>(request: &http::Request<B>) -> Tenant {
+        request.extensions().get::<Tenant>().cloned().unwrap_or_default()
+    }
+}
