@@ -97,9 +97,8 @@ where
             let in_flight = told.begin();
             let answer = answer.clone();
             async move {
-                let answered = answer(req).await;
-                drop(in_flight);
-                Ok::<_, Infallible>(answered)
+                let _in_flight = in_flight; // until the answer is built
+                Ok::<_, Infallible>(answer(req).await)
             }
         });
         let peer = stream.peer();
