@@ -40,12 +40,7 @@ pub fn private_create(path: &Path) -> std::io::Result<File> {
 /// Makes sure `path` exists, created empty and `0600` when it does not (SQLite then
 /// opens it, and gives its WAL and shared-memory files the same mode).
 pub fn private_touch(path: &Path) -> std::io::Result<()> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-        .map(drop)
+    private_append(path).map(drop)
 }
 
 /// Calls `changed` each time one of `files` changes (its modification time or size),

@@ -97,6 +97,10 @@ impl Connections {
 pub(super) fn accept(listener: TcpListener, allow: Connections, closing: CancellationToken) -> mpsc::Receiver<Conn> {
     let open = Arc::new(Semaphore::new(allow.max.clamp(1, Semaphore::MAX_PERMITS)));
     let clients = Arc::new(Clients::default());
+    let deadlines = Deadlines {
+        first_request: allow.first_request,
+        idle: allow.idle,
+    };
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let count = |stream: TcpStream, peer: SocketAddr| {
@@ -112,7 +116,7 @@ pub(super) fn accept(listener: TcpListener, allow: Connections, closing: Cancell
                 return refused("connections_per_client");
             };
             let _ = stream.set_nodelay(true);
-            Some(Counted::new(stream, peer, allow.clone(), (permit, client)))
+            Some(Counted::new(stream, peer, deadlines, (permit, client)))
         };
         // Hands a counted connection on: at once, or once its TLS handshake is done.
         let hand_on = |counted: Counted, tx: &mpsc::Sender<Conn>| {
@@ -277,12 +281,26 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The preface and the first frame's header.
 const OPENING: usize = PREFACE.len() + 9;
 
+/// A connection's deadlines, from its listener's [`Connections`].
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    first_request: Duration,
+    idle: Duration,
+}
+
+impl Deadlines {
+    /// How often an opened connection is looked at for being idle.
+    fn every(self) -> Duration {
+        (self.idle / IDLE_LOOKS).max(Duration::from_millis(1))
+    }
+}
+
 /// A connection counted against its listener's limits until it closes, whose reads
 /// fail with `TimedOut` once it passes its deadline.
 pub struct Counted {
     stream: TcpStream,
     peer: SocketAddr,
-    allow: Connections,
+    deadlines: Deadlines,
     activity: Arc<Activity>,
     deadline: Pin<Box<Sleep>>,
     /// `activity.started` at the last look, and how many looks in a row found the
@@ -344,18 +362,15 @@ impl Counted {
     fn new(
         stream: TcpStream,
         peer: SocketAddr,
-        allow: Connections,
+        deadlines: Deadlines,
         held: (OwnedSemaphorePermit, Option<Client>),
     ) -> Self {
         let accepted = Instant::now();
-        let first_look = accepted
-            + allow
-                .first_request
-                .min((allow.idle / IDLE_LOOKS).max(Duration::from_millis(1)));
+        let first_look = accepted + deadlines.first_request.min(deadlines.every());
         Counted {
             stream,
             peer,
-            allow,
+            deadlines,
             activity: Arc::new(Activity {
                 accepted,
                 in_flight: AtomicUsize::new(0),
@@ -374,16 +389,6 @@ impl Counted {
             })),
             _held: held,
         }
-    }
-
-    /// The client's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    /// What the connection's server tells it of its requests.
-    pub fn activity(&self) -> Arc<Activity> {
-        self.activity.clone()
     }
 
     /// `Err` once the connection has passed its deadline (counted); otherwise the
@@ -417,9 +422,9 @@ impl Counted {
     /// deadline it has passed (no first request in time, or idle).
     fn look(&mut self, now: Instant) -> Result<Instant, &'static str> {
         let activity = &self.activity;
-        let every = (self.allow.idle / IDLE_LOOKS).max(Duration::from_millis(1));
+        let every = self.deadlines.every();
         if !activity.opened.load(Ordering::Acquire) {
-            let until = activity.accepted + self.allow.first_request;
+            let until = activity.accepted + self.deadlines.first_request;
             return match now >= until {
                 true => Err("first_request"),
                 false => Ok(until.min(now + every)),
