@@ -1,6 +1,7 @@
 //! The files the gateway keeps (the offline store, the policy history, the audit log):
 //! created private to the gateway's user, directories `0700` and files `0600`, whatever
-//! the process umask, because they hold callers' requests and results. A leaf.
+//! the process umask, because they hold callers' requests and results. And the files an
+//! operator gives it: watched for changes, certificates read from PEM. A leaf.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -69,4 +70,17 @@ pub async fn on_change(
             changed();
         }
     }
+}
+
+/// The PEM certificates in `file`, in order; an error that names the file when it does
+/// not read or holds none.
+pub fn certificates(file: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(file)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: cannot read PEM certificates: {e}", file.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: holds no PEM certificate", file.display()));
+    }
+    Ok(certs)
 }

@@ -1,7 +1,8 @@
 //! TLS on the doors and the admin API, with certificates the test makes: HTTP/1.1 and
 //! gRPC over TLS, plain text refused on a TLS port, a certificate replaced on disk taken
 //! by new handshakes while an open connection goes on, and the admin API asking for a
-//! client certificate.
+//! client certificate; backends over TLS (`https://`, `grpcs://`) verified against
+//! `backends.ca_file`.
 
 mod common;
 
@@ -59,6 +60,14 @@ fn write_pair(dir: &Path, (cert, key): &(String, String)) -> (PathBuf, PathBuf) 
         std::fs::rename(&tmp, file).expect("rename");
     }
     (cert_file, key_file)
+}
+
+/// `config` with TLS on its listeners, a certificate `ca` signed written into `dir`.
+fn with_tls(mut config: tiergate::config::Config, ca: &Ca, dir: &Path) -> tiergate::config::Config {
+    let (cert_file, key_file) = write_pair(dir, &ca.leaf(false));
+    config.tls.cert_file = Some(cert_file);
+    config.tls.key_file = Some(key_file);
+    config
 }
 
 fn connector(ca: &Ca, client: Option<&(String, String)>, alpn: &[u8]) -> tokio_rustls::TlsConnector {
@@ -125,10 +134,7 @@ async fn the_doors_speak_tls_and_a_replaced_certificate_is_taken_without_droppin
     let be = backend(&["m"]).await;
     let ca = Ca::new();
     let dir = tempfile::tempdir().expect("dir");
-    let (cert_file, key_file) = write_pair(dir.path(), &ca.leaf(false));
-    let mut cfg = config();
-    cfg.tls.cert_file = Some(cert_file);
-    cfg.tls.key_file = Some(key_file);
+    let cfg = with_tls(config(), &ca, dir.path());
     let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
 
     // HTTP/1.1 over TLS, and a plain-text request refused.
@@ -193,12 +199,9 @@ async fn the_admin_api_can_ask_for_a_client_certificate() {
     let be = backend(&["m"]).await;
     let ca = Ca::new();
     let dir = tempfile::tempdir().expect("dir");
-    let (cert_file, key_file) = write_pair(dir.path(), &ca.leaf(false));
     let ca_file = dir.path().join("clients.pem");
     std::fs::write(&ca_file, ca.cert.pem()).expect("ca");
-    let mut cfg = config();
-    cfg.tls.cert_file = Some(cert_file);
-    cfg.tls.key_file = Some(key_file);
+    let mut cfg = with_tls(config(), &ca, dir.path());
     cfg.admin.client_ca_file = Some(ca_file);
     cfg.listen.admin = "127.0.0.1:0".parse().expect("addr");
     cfg.admin.token = Some(tiergate::config::Secret("test-admin-token-0123456789abcdef".into()));
@@ -246,4 +249,87 @@ async fn tls_settings_that_do_not_hold_together_are_refused_at_start() {
     cfg.tls.key_file = Some("/nonexistent/key.pem".into());
     let err = refusal(cfg).await;
     assert!(err.contains("/nonexistent/cert.pem"), "{err}");
+}
+
+/// A policy for models `a`, `b` and `c` on one TLS gateway: `a` over HTTP/1.1 (by host
+/// name), `b` over HTTP/2 and `c` over gRPC (by address).
+fn tls_backends(http: SocketAddr, grpc: SocketAddr) -> String {
+    let (hp, gp) = (http.port(), grpc.port());
+    [
+        ("a", format!("https://localhost:{hp}"), ""),
+        ("b", format!("https://127.0.0.1:{hp}"), "http2 = true"),
+        ("c", format!("grpcs://127.0.0.1:{gp}"), ""),
+    ]
+    .iter()
+    .map(|(model, endpoint, extra)| {
+        format!(
+            "[routes.{model}]\nmodels = [\"{model}\"]\n[routes.{model}.flags]\nrealtime = true\n\
+             [routes.{model}.realtime]\nendpoints = [\"{endpoint}\"]\n{extra}\n"
+        )
+    })
+    .collect()
+}
+
+#[tokio::test]
+async fn backends_over_tls_are_verified_against_the_configured_ca() {
+    // The TLS backend: a gateway with TLS on its doors in front of the simulator.
+    let be = backend(&["a", "b", "c"]).await;
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = with_tls(config(), &ca, dir.path());
+    let front = format!(
+        "[routes.r]\nmodels = [\"a\", \"b\", \"c\"]\n[routes.r.flags]\nrealtime = true\n\
+         [routes.r.realtime]\nendpoints = [\"{}\"]\n",
+        be.url()
+    );
+    let tls_backend = gateway_with(cfg, &front).await;
+    let toml = tls_backends(tls_backend.http_addr(), tls_backend.grpc_addr());
+
+    // Trusting the CA that signed the backend's certificate: every transport serves.
+    let ca_file = dir.path().join("backends-ca.pem");
+    std::fs::write(&ca_file, ca.cert.pem()).expect("ca");
+    let mut cfg = config();
+    cfg.backends.ca_file = Some(ca_file);
+    let gw = gateway_with(cfg, &toml).await;
+    for model in ["a", "b", "c"] {
+        let answer = infer(gw.http_addr(), model, &[], BODY).await;
+        assert_eq!(answer.status, 200, "model {model} over TLS: {}", answer.text());
+        assert_eq!(answer.json()["model_name"], model, "{}", answer.text());
+    }
+
+    // Trusting only the platform's CAs, which did not sign it: refused, and saying why.
+    let gw = gateway_with(config(), &toml).await;
+    for model in ["a", "b", "c"] {
+        let answer = infer(gw.http_addr(), model, &[], BODY).await;
+        assert_eq!(answer.status, 502, "model {model}: {}", answer.text());
+        let text = answer.text();
+        assert!(
+            text.contains("invalid peer certificate: UnknownIssuer"),
+            "model {model} names the certificate: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_backend_ca_file_that_does_not_read_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ca_file = dir.path().join("empty.pem");
+    std::fs::write(&ca_file, "").expect("write");
+    let mut cfg = config();
+    cfg.backends.ca_file = Some(ca_file);
+    let policy = policy(&route(
+        "https://127.0.0.1:9",
+        "https://127.0.0.1:9",
+        "realtime = true",
+        "",
+    ));
+    let err = tiergate::app::Gateway::start(&cfg, policy)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .expect("refused");
+    assert!(
+        err.contains("backends.ca_file") && err.contains("holds no PEM certificate"),
+        "{err}"
+    );
 }

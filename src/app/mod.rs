@@ -149,7 +149,7 @@ impl Gateway {
         let parts = Parts::build(
             config,
             policy,
-            (checked.allow, callers.clone()),
+            (checked.allow, callers.clone(), checked.trust),
             store,
             wake,
             &shutdown,
@@ -368,7 +368,11 @@ impl Parts {
     fn build(
         config: &Config,
         policy: Policy,
-        (allow, callers): (crate::policy::Allowlist, Arc<crate::front::auth::Callers>),
+        (allow, callers, trust): (
+            crate::policy::Allowlist,
+            Arc<crate::front::auth::Callers>,
+            crate::backend::Trust,
+        ),
         store: Queue,
         wake: Arc<Notify>,
         shutdown: &CancellationToken,
@@ -383,9 +387,9 @@ impl Parts {
         let policy = Arc::new(Store::at(policy, version));
         let dir = config.policy_dir.clone();
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
-        let max_response = config.limits.max_response_bytes;
-        let realtime = Realtime::new(max_response);
-        let micro_batch = MicroBatch::new(max_response, shutdown.clone(), Some(batch_threads.handle()));
+        let backends = crate::backend::Settings::new(config.limits.max_response_bytes).trusting(trust);
+        let realtime = Realtime::new(backends.clone());
+        let micro_batch = MicroBatch::new(backends.clone(), shutdown.clone(), Some(batch_threads.handle()));
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(
             TierService::new(realtime.clone()),
@@ -400,7 +404,7 @@ impl Parts {
         };
         let readiness = Readiness::new(store.clone(), realtime.clone(), micro_batch.clone());
         let dispatch = Arc::new(
-            Dispatch::new(policy.clone(), admission, tiers, max_response, readiness.clone())
+            Dispatch::new(policy.clone(), admission, tiers, backends, readiness.clone())
                 .with_budget_reserve(config.limits.budget_reserve)
                 .with_callers(callers),
         );

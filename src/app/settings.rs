@@ -1,10 +1,11 @@
 //! The startup checks that need no socket: the settings checked whole (every problem
 //! with its dotted key, [`Config::validate`]), the backend allowlist, the admin token,
-//! the data plane's API keys and the TLS certificate read, then the policy against the
-//! allowlist. `tiergate serve --check` runs
+//! the data plane's API keys, the TLS certificate and the backends' CA certificates
+//! read, then the policy against the allowlist. `tiergate serve --check` runs
 //! them alone; [`super::Gateway::start`] runs them before it binds anything.
 
 use crate::admin::{AuthError, Tokens};
+use crate::backend::Trust;
 use crate::config::{Config, Problem, Problems};
 use std::sync::Arc;
 
@@ -20,10 +21,11 @@ use super::StartError;
 pub(super) const NO_TOKEN: &str = "no admin token is configured (admin.token_file, or TIERGATE_ADMIN__TOKEN); \
                         set one, or admin.insecure_no_auth = true on a loopback address for a local test";
 
-/// What the checks found usable: the allowlist, the admin API's tokens and the data
-/// plane's callers.
+/// What the checks found usable: the allowlist, the admin API's tokens, the data
+/// plane's callers, the listeners' TLS and whom TLS backends must prove themselves to.
 pub(super) struct Checked {
     pub(super) allow: Allowlist,
+    pub(super) trust: Trust,
     pub(super) tokens: Option<Tokens>,
     pub(super) callers: Callers,
     pub(super) tls: Option<Tls>,
@@ -77,15 +79,22 @@ pub(super) fn checked(config: &Config, policy: &Policy) -> Result<Checked, Start
         None => Ok(Callers::open()),
         Some(file) => Callers::from_file(file).map_err(|message| problem("auth.keys_file", &message)),
     };
+    let trust = match &config.backends.ca_file {
+        None => Ok(Trust::platform()),
+        Some(file) => Trust::from_file(file).map_err(|message| problem("backends.ca_file", &message)),
+    };
     // TLS only once the settings hold together (both files, or neither).
     let tls = match problems.is_empty() {
         true => tls(config),
         false => Ok(None),
     };
-    let (allow, tokens, callers, tls) = match (allow, tokens, callers, tls) {
-        (Ok(allow), Ok(tokens), Ok(callers), Ok(tls)) if problems.is_empty() => (allow, tokens, callers, tls),
-        (allow, tokens, callers, tls) => {
+    let (allow, trust, tokens, callers, tls) = match (allow, trust, tokens, callers, tls) {
+        (Ok(allow), Ok(trust), Ok(tokens), Ok(callers), Ok(tls)) if problems.is_empty() => {
+            (allow, trust, tokens, callers, tls)
+        }
+        (allow, trust, tokens, callers, tls) => {
             problems.extend(allow.err());
+            problems.extend(trust.err());
             problems.extend(tokens.err());
             problems.extend(callers.err());
             problems.extend(tls.err());
@@ -95,6 +104,7 @@ pub(super) fn checked(config: &Config, policy: &Policy) -> Result<Checked, Start
     allow.check(policy).map_err(StartError::Policy)?;
     Ok(Checked {
         allow,
+        trust,
         tokens,
         callers,
         tls,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::endpoint::{Endpoint, Endpoints};
@@ -70,13 +70,11 @@ async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration
                 Some(response.status() == http::StatusCode::OK)
             }
             Probe::Http2(client, path) => {
-                let uri = format!("http://{}{path}", endpoint.authority);
+                let uri = client.uri(&endpoint.authority, path.parse().ok()?).ok()?;
                 let request = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-                let response = client.request(request).await.ok()?;
-                let ok = response.status() == http::StatusCode::OK;
-                // Read the (small) body so the connection goes back to the pool.
-                Limited::new(response.into_body(), CHECK_BODY).collect().await.ok()?;
-                Some(ok)
+                // The (small) body is read whole, so the connection goes back to the pool.
+                let response = client.request(request, CHECK_BODY).await.ok()?;
+                Some(response.status() == http::StatusCode::OK)
             }
             Probe::Grpc(clients) => {
                 let mut client = clients.get(at)?.clone();

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::endpoint::Failure;
+use super::tls::Trust;
 use crate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use crate::protocol::grpc::{bridge, pb, request_to_grpc, response_from_grpc};
 use crate::protocol::{self, InferRequest, Tensor};
@@ -24,12 +25,24 @@ use crate::protocol::{self, InferRequest, Tensor};
 /// A gRPC client for one endpoint.
 pub(super) type Client = GrpcInferenceServiceClient<Channel>;
 
-/// A lazily connected client for `authority`, reading answers up to `max_response_bytes`.
-pub(super) fn client(authority: &http::uri::Authority, connect_timeout: Duration, max_response_bytes: usize) -> Client {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
+/// A lazily connected client for `authority`, over TLS verified against `trust` when
+/// given (`grpcs://`), reading answers up to `max_response_bytes`.
+pub(super) fn client(
+    authority: &http::uri::Authority,
+    trust: Option<&Trust>,
+    connect_timeout: Duration,
+    max_response_bytes: usize,
+) -> Client {
+    let scheme = if trust.is_some() { "https" } else { "http" };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{authority}"))
         .expect("an authority from a validated policy makes a valid URI")
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true);
+    if let Some(trust) = trust {
+        endpoint = endpoint
+            .tls_config(trust.grpc(authority))
+            .expect("a validated policy's TLS endpoints have valid server names");
+    }
     GrpcInferenceServiceClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(max_response_bytes)
         .max_encoding_message_size(usize::MAX)

@@ -27,6 +27,7 @@ use http::uri::Authority;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1;
+use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
@@ -34,6 +35,7 @@ use tokio::time::Instant;
 
 use super::endpoint::{chain, Failure};
 use super::message::{end_to_end, outgoing, path_and_query};
+use super::tls::Handshake;
 
 /// How long a pool's connection may sit idle before it is closed.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -46,6 +48,8 @@ pub(super) struct Conns {
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle: usize,
+    /// For `https://` endpoints: how their TLS sessions are opened.
+    tls: Option<Handshake>,
     /// Oldest at the bottom; calls take from the top.
     idle: Mutex<Stack>,
 }
@@ -61,8 +65,11 @@ struct Idle {
     since: Instant,
     sender: http1::SendRequest<Full<Bytes>>,
     /// `None` once the connection has ended.
-    connection: Option<http1::Connection<TokioIo<TcpStream>, Full<Bytes>>>,
+    connection: Option<http1::Connection<Stream, Full<Bytes>>>,
 }
+
+/// A connection's socket: plain TCP, or TLS over it.
+type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 impl std::fmt::Debug for Idle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,13 +88,15 @@ enum Exchange {
 }
 
 impl Conns {
-    /// Connections to `authority` (an `http` endpoint's host and port), opened within
-    /// `connect_timeout`, at most `max_idle` kept idle, each for less than `idle_timeout`.
+    /// Connections to `authority` (an endpoint's host and port), opened within
+    /// `connect_timeout`, at most `max_idle` kept idle, each for less than `idle_timeout`;
+    /// over TLS with `tls` (an `https://` endpoint).
     pub(super) fn new(
         authority: Authority,
         connect_timeout: Duration,
         idle_timeout: Duration,
         max_idle: usize,
+        tls: Option<Handshake>,
     ) -> Self {
         let host = HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header value");
         Conns {
@@ -96,6 +105,7 @@ impl Conns {
             connect_timeout,
             idle_timeout,
             max_idle,
+            tls,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -186,24 +196,37 @@ impl Conns {
         idle.drain(..stale).collect()
     }
 
-    /// Opens a connection within the connect timeout.
+    /// Opens a connection (and its TLS session, for an `https://` endpoint) within the
+    /// connect timeout.
     async fn connect(&self, runtime: tokio::runtime::Id) -> Result<Box<Idle>, Failure> {
         let host = self.authority.host().trim_start_matches('[').trim_end_matches(']');
         let port = self.authority.port_u16().unwrap_or(80);
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+        let timed_out = |what: &str| {
+            Failure::Connect(format!(
+                "{what} timed out after {} ms",
+                self.connect_timeout.as_millis()
+            ))
+        };
+        let opened = Instant::now() + self.connect_timeout;
+        let stream = tokio::time::timeout_at(opened, TcpStream::connect((host, port)))
             .await
-            .map_err(|_| {
-                Failure::Connect(format!(
-                    "tcp connect timed out after {} ms",
-                    self.connect_timeout.as_millis()
-                ))
-            })?
+            .map_err(|_| timed_out("tcp connect"))?
             .map_err(|e| Failure::Connect(format!("tcp connect error: {e}")))?;
         stream
             .set_nodelay(true)
             .map_err(|e| Failure::Connect(format!("tcp connect error: {e}")))?;
+        let stream: Stream = match &self.tls {
+            None => MaybeHttpsStream::Http(TokioIo::new(stream)),
+            Some(tls) => {
+                let session = tokio::time::timeout_at(opened, tls.open(TokioIo::new(TokioIo::new(stream))))
+                    .await
+                    .map_err(|_| timed_out("tls handshake"))?
+                    .map_err(|e| Failure::Connect(format!("tls handshake error: {}", chain(&e))))?;
+                MaybeHttpsStream::Https(TokioIo::new(session))
+            }
+        };
         let (sender, connection) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
+            .handshake(stream)
             .await
             .map_err(|e| Failure::Connect(chain(&e)))?;
         Ok(Box::new(Idle {

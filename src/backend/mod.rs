@@ -4,7 +4,8 @@
 //! of one route (endpoint choice, circuits, limits, errors), over `h1` (HTTP/1.1, its
 //! own client), `h2` (HTTP/2) or, for `grpc://` endpoints, `grpc`, with the messages of
 //! `message` (end-to-end headers only); `endpoint` holds what they and the active
-//! `checks` share; [`Pools`] finds or builds the pool for a route's current spec, so a
+//! `checks` share; `tls` is how `https://` and `grpcs://` endpoints are verified
+//! ([`Trust`]); [`Pools`] finds or builds the pool for a route's current spec, so a
 //! tier keeps its connections and counters for as long as a route's pool is unchanged
 //! and gets fresh ones when a policy reload changes it.
 
@@ -16,6 +17,7 @@ mod h2;
 pub mod health;
 mod message;
 mod pool;
+mod tls;
 
 use std::sync::Arc;
 
@@ -25,6 +27,32 @@ use crate::decision::Tier;
 use crate::policy::PoolSpec;
 
 pub use pool::Pool;
+pub use tls::Trust;
+
+/// What every pool of a gateway is built with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The largest backend answer read, in bytes (`limits.max_response_bytes`).
+    pub max_response_bytes: usize,
+    /// Whom TLS endpoints must prove themselves to (`backends.ca_file`).
+    pub trust: Trust,
+}
+
+impl Settings {
+    /// Answers up to `max_response_bytes`, TLS endpoints verified against the
+    /// platform's CA certificates.
+    pub fn new(max_response_bytes: usize) -> Self {
+        Settings {
+            max_response_bytes,
+            trust: Trust::platform(),
+        }
+    }
+
+    /// The same, TLS endpoints verified against `trust` instead.
+    pub fn trusting(self, trust: Trust) -> Self {
+        Settings { trust, ..self }
+    }
+}
 
 /// What a pool serves, and so what it is named in logs, errors and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,16 +79,16 @@ impl Role {
 #[derive(Debug)]
 pub struct Pools {
     role: Role,
-    max_response_bytes: usize,
+    settings: Settings,
     by_route: DashMap<String, (Arc<PoolSpec>, Arc<Pool>)>,
 }
 
 impl Pools {
-    /// An empty registry for `role`; pools read at most `max_response_bytes` per answer.
-    pub fn new(role: Role, max_response_bytes: usize) -> Self {
+    /// An empty registry for `role`, its pools built with `settings`.
+    pub fn new(role: Role, settings: Settings) -> Self {
         Pools {
             role,
-            max_response_bytes,
+            settings,
             by_route: DashMap::new(),
         }
     }
@@ -98,6 +126,6 @@ impl Pools {
     }
 
     fn build(&self, route: &str, spec: &PoolSpec) -> Arc<Pool> {
-        Arc::new(Pool::new(route, self.role, spec, self.max_response_bytes))
+        Arc::new(Pool::new(route, self.role, spec, &self.settings))
     }
 }

@@ -54,8 +54,11 @@ enum Transport {
 }
 
 impl Pool {
-    /// A pool of `route` in `role`, as `spec` describes; connects lazily.
-    pub fn new(route: &str, role: Role, spec: &PoolSpec, max_response_bytes: usize) -> Self {
+    /// A pool of `route` in `role`, as `spec` describes, built with `settings`; connects
+    /// lazily.
+    pub fn new(route: &str, role: Role, spec: &PoolSpec, settings: &super::Settings) -> Self {
+        let max_response_bytes = settings.max_response_bytes;
+        let trust = &settings.trust;
         let tier = match role {
             Role::Tier(tier) => Some(tier),
             Role::Control => None,
@@ -78,12 +81,15 @@ impl Pool {
             true => {
                 let clients: Vec<_> = endpoints
                     .iter()
-                    .map(|e| super::grpc::client(&e.authority, spec.connect_timeout, max_response_bytes))
+                    .map(|e| {
+                        let tls = spec.is_tls().then_some(trust);
+                        super::grpc::client(&e.authority, tls, spec.connect_timeout, max_response_bytes)
+                    })
                     .collect();
                 (Transport::Grpc(clients.clone()), Probe::Grpc(clients))
             }
             false if spec.http2 => {
-                let client = super::h2::client(spec);
+                let client = super::h2::client(spec, trust);
                 let path = spec.health.check_path.clone().unwrap_or_default();
                 (
                     Transport::Http2(Box::new(client.clone())),
@@ -91,12 +97,17 @@ impl Pool {
                 )
             }
             false => {
+                let tls = spec.is_tls().then(|| trust.tls(&[b"http/1.1"]));
                 let conns: Vec<_> = endpoints
                     .iter()
                     .map(|e| {
                         let max_idle = spec.max_concurrency.get() as usize;
                         let idle = super::h1::IDLE_TIMEOUT;
-                        super::h1::Conns::new(e.authority.clone(), spec.connect_timeout, idle, max_idle)
+                        let tls = tls.as_ref().map(|tls| {
+                            super::tls::Handshake::to(tls, &e.authority)
+                                .expect("a validated policy's TLS endpoints have valid server names")
+                        });
+                        super::h1::Conns::new(e.authority.clone(), spec.connect_timeout, idle, max_idle, tls)
                     })
                     .collect();
                 let conns = Arc::new(conns);

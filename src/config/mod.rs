@@ -154,12 +154,16 @@ pub struct Backends {
     /// (`triton.internal`), host suffixes (`*.svc.cluster.local`), or `*` for any.
     /// Host names are matched as written, never resolved.
     pub allow: Vec<String>,
+    /// CA certificates (PEM) that `https://` and `grpcs://` endpoints' certificates must
+    /// chain to, read at start; unset: the platform's.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for Backends {
     fn default() -> Self {
         Backends {
             allow: ["127.0.0.0/8", "::1/128", "localhost"].map(String::from).to_vec(),
+            ca_file: None,
         }
     }
 }

@@ -48,6 +48,10 @@ fn file_then_environment() {
             "TIERGATE_BACKENDS__ALLOW".to_owned(),
             "10.0.0.0/8,triton.internal".to_owned(),
         ),
+        (
+            "TIERGATE_BACKENDS__CA_FILE".to_owned(),
+            "/etc/tiergate/ca.pem".to_owned(),
+        ),
     ];
     let config = Config::load(Some(&file), env).expect("loads");
     assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
@@ -56,6 +60,7 @@ fn file_then_environment() {
     assert_eq!(config.threads.workers, 3);
     assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
     assert_eq!(config.backends.allow, ["10.0.0.0/8", "triton.internal"]);
+    assert_eq!(config.backends.ca_file, Some(PathBuf::from("/etc/tiergate/ca.pem")));
     let token = config.admin.token.expect("token from the environment");
     assert_eq!(token.0, "s3cret-token-value");
     assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");

@@ -111,20 +111,20 @@ pub struct Served {
 }
 
 impl Dispatch {
-    /// Serves `policy` through `tiers`; model metadata calls read at most
-    /// `max_response_bytes`; ready as `readiness` says.
+    /// Serves `policy` through `tiers`; model metadata calls go through pools built with
+    /// `backends`; ready as `readiness` says.
     pub fn new(
         policy: Arc<Store>,
         admission: Arc<Admission>,
         tiers: Tiers,
-        max_response_bytes: usize,
+        backends: crate::backend::Settings,
         readiness: Arc<Readiness>,
     ) -> Self {
         Dispatch {
             policy,
             admission,
             tiers,
-            control: Pools::new(Role::Control, max_response_bytes),
+            control: Pools::new(Role::Control, backends),
             readiness,
             instruments: Instruments::default(),
             reserve: 0.0,

@@ -159,8 +159,12 @@ mod tests {
             writer_cpus: Default::default(),
         };
         let store = Embedded::open(dir.path(), limits).unwrap();
-        let micro = MicroBatch::new(1 << 20, CancellationToken::new(), None);
-        let ready = Readiness::new(Queue::Embedded(store.clone()), Realtime::new(1 << 20), micro);
+        let micro = MicroBatch::new(crate::backend::Settings::new(1 << 20), CancellationToken::new(), None);
+        let ready = Readiness::new(
+            Queue::Embedded(store.clone()),
+            Realtime::new(crate::backend::Settings::new(1 << 20)),
+            micro,
+        );
         let policy = policy();
         assert_eq!(ready.check(&policy), vec![], "ready, with pools never used");
 

@@ -16,7 +16,7 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::PrivateKeyDer;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +65,7 @@ impl Certificate {
             None => builder.with_no_client_auth(),
             Some(file) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in certs(file)? {
+                for cert in crate::files::certificates(file)? {
                     roots
                         .add(cert)
                         .map_err(|e| format!("{}: not a CA certificate: {e}", file.display()))?;
@@ -93,18 +93,8 @@ pub const HTTP_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// ALPN for a gRPC door.
 pub const GRPC_ALPN: [&[u8]; 1] = [b"h2"];
 
-fn certs(file: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(file)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{}: cannot read PEM certificates: {e}", file.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: holds no PEM certificate", file.display()));
-    }
-    Ok(certs)
-}
-
 fn read_pair(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, String> {
-    let chain = certs(cert_file)?;
+    let chain = crate::files::certificates(cert_file)?;
     let key = PrivateKeyDer::from_pem_file(key_file)
         .map_err(|e| format!("{}: cannot read a PEM private key: {e}", key_file.display()))?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key)

@@ -95,8 +95,8 @@ pub struct Flags {
 /// A pool of backend endpoints and how to talk to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSpec {
-    /// Base URIs (`http://host:port` or `grpc://host:port`, all of one scheme), at least
-    /// one, no duplicates.
+    /// Base URIs (`http://host:port`, `grpc://host:port`, or over TLS `https://` and
+    /// `grpcs://`; all of one scheme), at least one, no duplicates.
     pub endpoints: Vec<Uri>,
     /// Calls in flight across the pool before new ones are shed.
     pub max_concurrency: NonZeroU32,
@@ -217,9 +217,19 @@ impl Policy {
 }
 
 impl PoolSpec {
-    /// Whether the endpoints speak KServe v2 over gRPC (`grpc://`) rather than HTTP.
+    /// Whether the endpoints speak KServe v2 over gRPC (`grpc://`, `grpcs://`) rather
+    /// than HTTP.
     pub fn is_grpc(&self) -> bool {
-        self.endpoints.first().is_some_and(|e| e.scheme_str() == Some("grpc"))
+        self.endpoints
+            .first()
+            .is_some_and(|e| matches!(e.scheme_str(), Some("grpc" | "grpcs")))
+    }
+
+    /// Whether the endpoints speak TLS (`https://`, `grpcs://`).
+    pub fn is_tls(&self) -> bool {
+        self.endpoints
+            .first()
+            .is_some_and(|e| matches!(e.scheme_str(), Some("https" | "grpcs")))
     }
 }
 

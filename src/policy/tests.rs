@@ -202,3 +202,35 @@ fn store_swaps_snapshots_without_touching_held_ones() {
     );
     assert!(store.load().route_for_model("resnet50").is_none());
 }
+
+#[test]
+fn tls_endpoints_are_named_by_their_scheme_and_keep_to_one_protocol() {
+    let good = r#"
+[routes.a]
+models = ["a"]
+[routes.a.realtime]
+endpoints = ["https://triton.internal:8443", "https://10.0.0.5:8443"]
+[routes.a.micro_batch]
+endpoints = ["grpcs://[::1]:8001"]
+"#;
+    let policy = load(&[("tls.toml", good)]).expect("valid");
+    let route = policy.route("a").expect("route");
+    let realtime = route.realtime.as_ref().expect("realtime");
+    let batch = &route.micro_batch.as_ref().expect("batch").pool;
+    assert!(realtime.is_tls() && !realtime.is_grpc());
+    assert!(batch.is_tls() && batch.is_grpc());
+
+    let mixed = r#"
+[routes.b]
+models = ["b"]
+[routes.b.realtime]
+endpoints = ["https://a:1", "http://a:2"]
+"#;
+    let problems = load(&[("mixed.toml", mixed)]).expect_err("two protocols").0;
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|p| p.contains("\"http://a:2\" speaks another protocol than https://a:1/")),
+        "{text:?}"
+    );
+}

@@ -212,7 +212,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         } else if b.pool.is_grpc() {
             check.fail(
                 at,
-                "needs http:// endpoints: JSON routes are not KServe v2 and cannot go over gRPC",
+                "needs http:// or https:// endpoints: JSON routes are not KServe v2 and cannot go over gRPC",
             );
         }
     }
@@ -509,20 +509,25 @@ fn endpoints(check: &mut Check<'_>, at: &str, raw: &[String]) -> Vec<Uri> {
     out
 }
 
-/// Parses one backend base URL: `http://host:port`, nothing after the authority.
+/// Parses one backend base URL: `http://host:port` (or `https`, `grpc`, `grpcs`),
+/// nothing after the authority.
 fn endpoint(text: &str) -> Result<Uri, &'static str> {
     let uri: Uri = text.parse().map_err(|_| "is not a URL; write it as http://host:port")?;
     let scheme = match uri.scheme_str() {
-        Some(s @ ("http" | "grpc")) => s.to_owned(),
+        Some(s @ ("http" | "https" | "grpc" | "grpcs")) => s.to_owned(),
         _ => {
             return Err(
-                "must start with http:// (KServe v2 over HTTP) or grpc:// (over gRPC); https is not supported yet",
+                "must start with http:// or https:// (KServe v2 over HTTP, clear or TLS) or grpc:// or grpcs:// (over gRPC)",
             )
         }
     };
     let authority = uri.authority().ok_or("has no host")?;
     if authority.port_u16().is_none() {
         return Err("has no port; write it as http://host:port");
+    }
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    if matches!(scheme.as_str(), "https" | "grpcs") && rustls_pki_types::ServerName::try_from(host).is_err() {
+        return Err("has a host that cannot be a TLS server name (a DNS name or an IP address)");
     }
     if authority.as_str().contains('@') {
         return Err("must not carry credentials");

@@ -22,10 +22,10 @@ pub struct Realtime {
 }
 
 impl Realtime {
-    /// A real-time tier whose pools read at most `max_response_bytes` per answer.
-    pub fn new(max_response_bytes: usize) -> Self {
+    /// A real-time tier whose pools are built with `settings`.
+    pub fn new(settings: crate::backend::Settings) -> Self {
         Realtime {
-            pools: Arc::new(Pools::new(Role::Tier(Tier::Realtime), max_response_bytes)),
+            pools: Arc::new(Pools::new(Role::Tier(Tier::Realtime), settings)),
         }
     }
 

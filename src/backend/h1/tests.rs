@@ -82,7 +82,7 @@ async fn serve(n: usize, mut stream: TcpStream, mode: Mode, events: mpsc::Unboun
 }
 
 fn conns(authority: Authority, idle_timeout: Duration, max_idle: usize) -> Conns {
-    Conns::new(authority, Duration::from_secs(1), idle_timeout, max_idle)
+    Conns::new(authority, Duration::from_secs(1), idle_timeout, max_idle, None)
 }
 
 fn get() -> Request<Full<Bytes>> {

@@ -278,17 +278,17 @@ impl MicroBatch {
             .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
     }
 
-    /// A micro-batch tier whose pools read at most `max_response_bytes` per answer and
-    /// whose batchers stop (answering what is queued) when `shutdown` fires. Its work
-    /// runs on `threads` when given (the gateway's batch runtime), else on the caller's.
+    /// A micro-batch tier whose pools are built with `settings` and whose batchers stop
+    /// (answering what is queued) when `shutdown` fires. Its work runs on `threads` when
+    /// given (the gateway's batch runtime), else on the caller's.
     pub fn new(
-        max_response_bytes: usize,
+        settings: crate::backend::Settings,
         shutdown: CancellationToken,
         threads: Option<tokio::runtime::Handle>,
     ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
-                pools: Pools::new(Role::Tier(Tier::MicroBatch), max_response_bytes),
+                pools: Pools::new(Role::Tier(Tier::MicroBatch), settings),
                 routes: DashMap::new(),
                 shutdown,
                 threads,
