@@ -61,6 +61,15 @@ async fn health_metadata_and_readiness() {
         .await
         .expect("ready");
     assert!(ready.into_inner().ready);
+    // As Triton: a model no route serves is not ready, and that is no error.
+    let unknown = c
+        .model_ready(pb::ModelReadyRequest {
+            name: "nope".into(),
+            version: String::new(),
+        })
+        .await
+        .expect("an answer, not an error");
+    assert!(!unknown.into_inner().ready);
     let err = c
         .model_metadata(pb::ModelMetadataRequest {
             name: "nope".into(),
@@ -248,10 +257,16 @@ async fn malformed_and_oversized_messages_are_refused_without_harm() {
     );
     let huge = fp32_request("big", &vec![[0.5f32, 0.5]; 1024]);
     let err = c.model_infer(huge).await.expect_err("too large");
-    assert!(
-        matches!(err.code(), Code::ResourceExhausted | Code::OutOfRange),
-        "{err}"
-    );
+    assert_eq!(err.code(), Code::ResourceExhausted, "as Triton: {err}");
+    // The same on a stream: the stream ends with RESOURCE_EXHAUSTED.
+    let huge = fp32_request("big", &vec![[0.5f32, 0.5]; 1024]);
+    let mut answers = c
+        .model_stream_infer(tokio_stream::iter([huge]))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    let err = answers.message().await.expect_err("too large");
+    assert_eq!(err.code(), Code::ResourceExhausted, "as Triton, streaming: {err}");
     // A malformed protobuf body: a length-delimited field whose length runs past the end.
     let raw = raw_grpc_call(gw.grpc_addr(), &[0x0a, 0xff, 0x01, b'x']).await;
     assert_eq!(raw, "3", "a malformed message is INVALID_ARGUMENT: the client sent it");

@@ -476,6 +476,20 @@ async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
         read_back.body == big.as_bytes(),
         "the file came back whole and in order"
     );
+    // Deleted at one replica, it is gone at the other too.
+    let deleted = send("DELETE", one.http_addr(), &format!("/v1/files/{big_id}"), &[], "").await;
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+    eventually(Duration::from_secs(10), "the other replica drops the file", || async {
+        let listed = get(two.http_addr(), "/v1/files").await.json();
+        let ids: Vec<&str> = listed["data"]
+            .as_array()?
+            .iter()
+            .filter_map(|f| f["id"].as_str())
+            .collect();
+        (!ids.contains(&big_id.as_str()) && ids.contains(&file.as_str())).then_some(())
+    })
+    .await;
+    assert_eq!(get(two.http_addr(), &format!("/v1/files/{big_id}")).await.status, 404);
 
     // Both replicas see it complete, with the same output file, readable at either.
     let deadline = Instant::now() + Duration::from_secs(60);

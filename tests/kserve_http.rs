@@ -243,3 +243,88 @@ async fn a_transfer_coding_other_than_chunked_is_refused_not_ignored() {
     );
     assert_eq!(be.sim.stats("m").expect("stats").requests, 0);
 }
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).expect("write");
+    encoder.finish().expect("finish")
+}
+
+#[tokio::test]
+async fn compressed_requests_are_read_and_answers_compressed_when_asked() {
+    use std::io::Read;
+    let rt = backend(&["m"]).await;
+    let mut config = config();
+    config.limits.max_body_bytes = 64 << 10;
+    let gw = gateway_with(config, &route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let path = "/v2/models/m/infer";
+    let json = ("content-type", "application/json");
+
+    // gzip in, gzip out, as tritonclient's request and response compression ask.
+    let body = gzip(BODY.as_bytes());
+    let headers = [json, ("content-encoding", "gzip"), ("accept-encoding", "gzip")];
+    let answer = send("POST", gw.http_addr(), path, &headers, body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.header("content-encoding"), Some("gzip"));
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(&answer.body[..])
+        .read_to_string(&mut plain)
+        .expect("gunzip");
+    let plain: serde_json::Value = serde_json::from_str(&plain).expect("json");
+    assert_eq!(
+        plain["outputs"][0]["data"],
+        serde_json::json!([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    );
+    let seen = rt.sim.stats("m").expect("stats").requests;
+    assert_eq!(seen, 1, "the backend got the decoded request");
+
+    // Without Accept-Encoding the answer is plain.
+    let answer = send(
+        "POST",
+        gw.http_addr(),
+        path,
+        &[json, ("content-encoding", "gzip")],
+        gzip(BODY.as_bytes()),
+    )
+    .await;
+    assert_eq!((answer.status, answer.header("content-encoding")), (200, None));
+    assert!(answer.json()["outputs"].is_array());
+
+    // 300 KiB that compress to a few hundred bytes: the decoded size meets the limit.
+    let inflating = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1,3],"data":[1,2,3]}}],"pad":"{}"}}"#,
+        " ".repeat(300 << 10)
+    );
+    let small = gzip(inflating.as_bytes());
+    assert!(small.len() < 4096, "{} bytes compressed", small.len());
+    let answer = send(
+        "POST",
+        gw.http_addr(),
+        path,
+        &[json, ("content-encoding", "gzip")],
+        small,
+    )
+    .await;
+    assert_eq!(answer.status, 413, "{}", answer.text());
+    assert!(
+        answer.text().contains("decodes (gzip) to more than"),
+        "{}",
+        answer.text()
+    );
+
+    // A coding the door does not read is named, not mistaken for JSON.
+    let answer = send("POST", gw.http_addr(), path, &[json, ("content-encoding", "br")], BODY).await;
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    assert!(
+        answer.text().contains("Content-Encoding \\\"br\\\" is not supported"),
+        "{}",
+        answer.text()
+    );
+    assert_eq!(
+        rt.sim.stats("m").expect("stats").requests,
+        2,
+        "nothing refused reached the backend"
+    );
+    gw.stop().await.expect("stops");
+}

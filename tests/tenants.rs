@@ -212,6 +212,30 @@ async fn a_tenant_reads_only_its_own_jobs_batches_and_files() {
         }
     };
     assert_eq!((listed(KEY_A).await, listed(KEY_B).await), (1, 0), "each lists its own");
+    let files = |key| {
+        let gw = &gw;
+        async move {
+            let list: Value = as_(Some(key), "GET", gw, "/v1/files", &[], "").await.json();
+            list["data"].as_array().expect("data").len()
+        }
+    };
+    assert_eq!(
+        (files(KEY_A).await, files(KEY_B).await),
+        (2, 0),
+        "input and output, the owner's only"
+    );
+    let path = format!("/v1/files/{file_id}");
+    assert_eq!(
+        as_(Some(KEY_B), "DELETE", &gw, &path, &[], "").await.status,
+        404,
+        "nor delete it"
+    );
+    assert_eq!(as_(Some(KEY_A), "DELETE", &gw, &path, &[], "").await.status, 200);
+    assert_eq!(
+        as_(Some(KEY_A), "GET", &gw, &path, &[], "").await.status,
+        404,
+        "deleted"
+    );
     let _ = auth_b;
 }
 

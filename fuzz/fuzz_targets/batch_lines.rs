@@ -18,6 +18,7 @@ fn policy() -> &'static Policy {
 libfuzzer_sys::fuzz_target!(|content: &[u8]| {
     let within = Within {
         policy: policy(),
+        endpoint: "/v2/models/m/infer",
         max_lines: 1000,
         max_body_bytes: 4096,
         expires_at: 1,

@@ -469,6 +469,9 @@ fn grpc_door(
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .max_concurrent_streams(1024)
                 .layer(crate::front::TrackCalls)
+                .layer(tower::util::MapResponseLayer::new(
+                    crate::front::grpc::too_large_exhausted,
+                ))
                 .add_service(service)
                 .serve_with_incoming_shutdown(
                     crate::front::limited_incoming(listener, allow, closing),

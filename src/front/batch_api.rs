@@ -1,11 +1,13 @@
 //! The Batch API, shaped like OpenAI's so its SDKs and tools work unchanged:
-//! `POST /v1/files` (multipart JSONL upload, `purpose=batch`), `GET /v1/files/{id}` and
-//! `/content`; `POST /v1/batches`, `GET /v1/batches` (paginated), `GET /v1/batches/{id}`,
+//! `POST /v1/files` (multipart JSONL upload, `purpose=batch`), `GET /v1/files` (the
+//! caller's, by `purpose`, paginated), `GET /v1/files/{id}` and `/content`,
+//! `DELETE /v1/files/{id}`; `POST /v1/batches`, `GET /v1/batches` (paginated), `GET /v1/batches/{id}`,
 //! `POST /v1/batches/{id}/cancel`.
 //!
 //! Beside the HTTP door, which routes these paths here. Each input line is
-//! `{custom_id, method, url, body}` where `url` is any route tiergate serves with its
-//! offline tier on (a KServe v2 infer path or a JSON route). A batch is validated whole
+//! `{custom_id, method, url, body}` where `url` is the batch's `endpoint`, a route
+//! tiergate serves with its offline tier on (a KServe v2 infer path or a JSON route),
+//! as OpenAI requires every line's url to be the batch's. A batch is validated whole
 //! when it is created: a bad line (not JSON, unknown url, duplicate `custom_id`, ...) is
 //! reported with its line number in the batch's `errors`, and the batch is `failed`
 //! with no job run; otherwise the batch and all its jobs are stored in one commit and
@@ -73,6 +75,15 @@ impl OfflineApi {
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match (method, segments.as_slice()) {
             (&Method::POST, ["v1", "files"]) => self.upload(headers, body, tenant).await,
+            (&Method::GET, ["v1", "files"]) => self.files(query, tenant).await,
+            (&Method::DELETE, ["v1", "files", id]) => match self.store.delete_file(id, tenant).await {
+                Ok(true) => Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"id": id, "object": "file", "deleted": true}),
+                )),
+                Ok(false) => Err(not_found("file", id)),
+                Err(e) => Err(store_error(e)),
+            },
             (&Method::GET, ["v1", "files", id]) => {
                 let file = self.store.file(id, tenant).await.map_err(store_error)?;
                 let file = file.ok_or_else(|| not_found("file", id))?;
@@ -156,12 +167,20 @@ impl OfflineApi {
             Some(Value::Object(m)) if m.len() <= 16 && m.values().all(Value::is_string) => Some(m.clone()),
             Some(_) => return Err(bad("metadata must be an object of at most 16 string values".into())),
         };
+        let policy = self.policy.load();
+        if super::paths::route_for(&policy, &endpoint).is_none() {
+            return Err(bad(format!(
+                "endpoint {endpoint:?}: no route serves it; use a path a route serves \
+                 (such as \"/v1/embeddings\") or a model's \"/v2/models/NAME/infer\""
+            )));
+        }
         let idempotency_key = idempotency_key(headers, tenant, "/v1/batches", &[body])?;
         let content = self.store.content(&input_file_id, tenant).await.map_err(store_error)?;
         let content = content.ok_or_else(|| not_found("file", &input_file_id))?;
         let expires_at = queue::after(window);
         let within = Within {
-            policy: &self.policy.load(),
+            policy: &policy,
+            endpoint: &endpoint,
             max_lines: self.settings.max_file_lines,
             max_body_bytes: self.max_body_bytes,
             expires_at,
@@ -184,6 +203,46 @@ impl OfflineApi {
         self.wake.notify_one();
         let batch = self.store.batch(&submitted.id, tenant).await.map_err(store_error)?;
         Ok(json_response(StatusCode::OK, &batch.unwrap_or(Value::Null)))
+    }
+
+    /// `GET /v1/files?purpose=P&limit=N&order=asc|desc&after=ID`, as OpenAI's.
+    async fn files(&self, query: Option<&str>, tenant: &str) -> Result<Response<Bytes>, Error> {
+        let mut asked = queue::batches::FileQuery {
+            limit: 10_000,
+            ..Default::default()
+        };
+        for (k, v) in query.unwrap_or_default().split('&').filter_map(|kv| kv.split_once('=')) {
+            match k {
+                "purpose" => asked.purpose = Some(v.to_owned()),
+                "after" => asked.after = Some(v.to_owned()),
+                "limit" => {
+                    asked.limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=10_000).contains(n))
+                        .ok_or_else(|| Error::new(Kind::BadRequest, "limit must be 1 to 10000"))?;
+                }
+                "order" => {
+                    asked.ascending = match v {
+                        "asc" => true,
+                        "desc" => false,
+                        _ => return Err(Error::new(Kind::BadRequest, "order must be asc or desc")),
+                    };
+                }
+                _ => {}
+            }
+        }
+        let (files, has_more) = self.store.files(tenant, asked).await.map_err(store_error)?;
+        let data: Vec<Value> = files.iter().map(|f| f.to_json()).collect();
+        let id = |f: Option<&queue::batches::FileInfo>| f.map_or(Value::Null, |f| Value::from(f.id.as_str()));
+        let body = json!({
+            "object": "list",
+            "data": data,
+            "first_id": id(files.first()),
+            "last_id": id(files.last()),
+            "has_more": has_more,
+        });
+        Ok(json_response(StatusCode::OK, &body))
     }
 
     /// `GET /v1/batches?limit=N&after=ID`.

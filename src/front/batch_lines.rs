@@ -16,6 +16,8 @@ use crate::queue::NewJob;
 pub struct Within<'a> {
     /// The running policy (each line's url must name a route with its offline tier on).
     pub policy: &'a Policy,
+    /// The batch's endpoint: every line's url must be it, as OpenAI's Batch API requires.
+    pub endpoint: &'a str,
     /// Most requests in one file.
     pub max_lines: usize,
     /// Largest body a line may carry (`limits.max_body_bytes`).
@@ -31,6 +33,7 @@ pub struct Within<'a> {
 pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>, Vec<Value>) {
     let Within {
         policy,
+        endpoint,
         max_lines: max,
         max_body_bytes,
         expires_at,
@@ -112,6 +115,12 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             );
             continue;
         };
+        if url != endpoint {
+            let message =
+                format!("url {url} is not the batch's endpoint {endpoint}; every line of a batch goes to its endpoint");
+            problem(&mut errors, line, "invalid_url", message, Some("url"));
+            continue;
+        }
         let Some(route) = super::paths::route_for(policy, url) else {
             problem(
                 &mut errors,
@@ -204,6 +213,7 @@ endpoints = ["http://127.0.0.1:9"]
     fn within(policy: &Policy) -> Within<'_> {
         Within {
             policy,
+            endpoint: "/v2/models/m/infer",
             max_lines: 50,
             max_body_bytes: 256,
             expires_at: 1,
@@ -216,6 +226,27 @@ endpoints = ["http://127.0.0.1:9"]
         json!({"custom_id": custom_id, "method": "POST", "url": "/v2/models/m/infer",
                "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows, 2], "data": data}]}})
         .to_string()
+    }
+
+    #[test]
+    fn a_line_for_another_endpoint_than_the_batch_is_refused_by_its_line() {
+        let policy = policy();
+        let within = Within {
+            endpoint: "/v1/embeddings",
+            ..within(&policy)
+        };
+        let (jobs, errors) = lines(valid("c0", 1).as_bytes(), &within);
+        assert!(jobs.is_empty());
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            (errors[0]["line"].as_u64(), errors[0]["code"].as_str()),
+            (Some(1), Some("invalid_url"))
+        );
+        let message = errors[0]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("/v2/models/m/infer is not the batch's endpoint /v1/embeddings"),
+            "{message}"
+        );
     }
 
     proptest! {

@@ -355,8 +355,8 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
     Error::new(Kind::NoTier, message)
 }
 
-/// Counts the request by its outcome (the error's kind, or the backend's status class)
-/// and writes its `served` debug line, which carries the request's ids, route and
+/// Counts the request by its outcome (the error's kind, or the backend's status class),
+/// logs a 5xx of the gateway's at warn ([`super::failures`]), and writes its `served` debug line, which carries the request's ids, route and
 /// decision as fields: the request's own span is for the exporter only.
 fn count(
     route: &Route,
@@ -371,7 +371,10 @@ fn count(
             400..=499 => "backend_rejected",
             _ => "backend_error",
         },
-        Err(e) => e.kind.outcome(),
+        Err(e) => {
+            super::failures::log(&route.name, door, served.decision, e, ids);
+            e.kind.outcome()
+        }
     };
     instruments.request(&route.name, served.decision.map(|d| d.tier), outcome);
     if tracing::enabled!(tracing::Level::DEBUG) {

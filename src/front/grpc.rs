@@ -49,12 +49,17 @@ impl GrpcDoor {
         GrpcDoor { dispatch }
     }
 
-    /// The tonic service, refusing messages over `limits.max_body_bytes` and sending none
-    /// over `limits.max_response_bytes`.
+    /// The tonic service, refusing messages over `limits.max_body_bytes` (once
+    /// decompressed) and sending none over `limits.max_response_bytes`; as Triton, it
+    /// reads gzip and deflate messages and, as Triton does by default, answers
+    /// uncompressed.
     pub fn service(self, limits: &Limits) -> GrpcInferenceServiceServer<GrpcDoor> {
+        use tonic::codec::CompressionEncoding::{Deflate, Gzip};
         GrpcInferenceServiceServer::new(self)
             .max_decoding_message_size(limits.max_body_bytes)
             .max_encoding_message_size(limits.max_response_bytes)
+            .accept_compressed(Gzip)
+            .accept_compressed(Deflate)
     }
 
     /// Serves one infer request of `tenant`'s; `headers` are the call's metadata as HTTP
@@ -195,6 +200,23 @@ fn render(served: Served) -> Rendered {
     (metadata, result)
 }
 
+/// `response` with tonic's OUT_OF_RANGE for a message over the size limit (a unary
+/// call's trailers-only answer) made RESOURCE_EXHAUSTED, as Triton answers; for the
+/// gRPC door's server, in `tower::util::MapResponseLayer`.
+pub fn too_large_exhausted<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers();
+    let code = headers.get("grpc-status").and_then(|v| v.to_str().ok());
+    let message = headers.get("grpc-message").and_then(|v| v.to_str().ok());
+    if let (Some(code), Some(message)) = (code, message) {
+        // The message is percent-encoded; its first words are plain text.
+        if bridge::is_too_large(code, &message.replace("%20", " ")) {
+            let exhausted = HeaderValue::from_static("8");
+            response.headers_mut().insert("grpc-status", exhausted);
+        }
+    }
+    response
+}
+
 /// The gRPC status for a gateway error, with `RetryInfo` when waiting helps.
 pub fn status(e: &Error) -> Status {
     match e.retry() {
@@ -255,10 +277,13 @@ impl GrpcInferenceService for GrpcDoor {
     ) -> Result<tonic::Response<pb::ModelReadyResponse>, Status> {
         self.let_in_call(&req)?;
         let req = req.into_inner();
-        let reply = self.control(&req.name, &req.version, "/ready", None).await?;
-        Ok(tonic::Response::new(pb::ModelReadyResponse {
-            ready: reply.status().is_success(),
-        }))
+        // As Triton: a model nobody serves is not ready, which is no error.
+        let ready = match self.control(&req.name, &req.version, "/ready", None).await {
+            Ok(reply) => reply.status().is_success(),
+            Err(status) if status.code() == tonic::Code::NotFound => false,
+            Err(status) => return Err(status),
+        };
+        Ok(tonic::Response::new(pb::ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(

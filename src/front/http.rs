@@ -199,7 +199,8 @@ impl Door {
     ) -> Response<Full<Bytes>> {
         let received = Instant::now();
         let tenant = Tenant::of(&req);
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        let answer_coding = super::encoding::take_accepted(&mut parts.headers);
         let mut admitted = match self
             .dispatch
             .admit(DoorKind::Http, route, (&parts.headers, &tenant), ids, received)
@@ -216,6 +217,9 @@ impl Door {
             admitted.hold(declared)?;
             let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
             admitted.hold(body.len().saturating_sub(declared))?;
+            let read = body.len().max(declared);
+            let body = super::encoding::decode(&mut parts.headers, body, self.limits.max_body_bytes)?;
+            admitted.hold(body.len().saturating_sub(read))?;
             let (timeout_us, id) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
@@ -231,10 +235,13 @@ impl Door {
             let meta = admitted.meta(&parts.headers, timeout_us, id.as_deref())?;
             Ok::<_, Error>((body, meta))
         };
-        let served = match prepared.await {
+        let mut served = match prepared.await {
             Ok((body, meta)) => admitted.serve(Request::from_parts(parts, body), meta).await,
             Err(e) => admitted.failed(e),
         };
+        if let (Some(coding), Ok(reply)) = (answer_coding, served.result.as_mut()) {
+            super::encoding::encode(reply, coding);
+        }
         let response = render(served);
         drop(admitted);
         response

@@ -6,12 +6,16 @@
 //! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
 //! whether the gateway should be sent new work. [`auth`] tells each door who is calling.
+//! `encoding` decodes compressed request bodies and compresses answers when asked;
+//! `failures` logs the 5xx answers the gateway makes, rate-limited.
 
 pub mod admission;
 pub mod auth;
 pub mod batch_api;
 pub mod batch_lines;
 pub mod dispatch;
+mod encoding;
+mod failures;
 pub mod grpc;
 pub mod http;
 pub mod job_status;

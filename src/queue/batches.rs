@@ -217,16 +217,74 @@ pub(super) fn file(conn: &Connection, id: &str, tenant: &str) -> Result<Option<F
             "SELECT id, purpose, filename, bytes, created_at FROM files
              WHERE id = ?1 AND tenant = ?2 AND length(content) = bytes",
         )?
-        .query_row([id, tenant], |r| {
-            Ok(FileInfo {
-                id: r.get(0)?,
-                purpose: r.get(1)?,
-                filename: r.get(2)?,
-                bytes: r.get::<_, i64>(3)?.max(0) as u64,
-                created_at: r.get(4)?,
-            })
-        })
+        .query_row([id, tenant], file_info)
         .optional()?)
+}
+
+/// A file's description from a row of `id, purpose, filename, bytes, created_at`.
+fn file_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {
+    Ok(FileInfo {
+        id: r.get(0)?,
+        purpose: r.get(1)?,
+        filename: r.get(2)?,
+        bytes: r.get::<_, i64>(3)?.max(0) as u64,
+        created_at: r.get(4)?,
+    })
+}
+
+/// Which of a tenant's files to list, as OpenAI's `GET /v1/files` asks.
+#[derive(Debug, Clone, Default)]
+pub struct FileQuery {
+    /// Only files of this purpose.
+    pub purpose: Option<String>,
+    /// Only files after this one in the order asked (a cursor).
+    pub after: Option<String>,
+    /// At most this many.
+    pub limit: usize,
+    /// Oldest first (`order=asc`); newest first otherwise.
+    pub ascending: bool,
+}
+
+/// `tenant`'s whole files as `query` asks, and whether more follow.
+pub(super) fn files(conn: &Connection, tenant: &str, query: &FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
+    // Ids begin with their creation time, so their order is the upload order.
+    let sql = match query.ascending {
+        true => {
+            "SELECT id, purpose, filename, bytes, created_at FROM files
+             WHERE tenant = ?1 AND length(content) = bytes AND (?2 IS NULL OR purpose = ?2)
+               AND (?3 IS NULL OR id > ?3) ORDER BY id ASC LIMIT ?4"
+        }
+        false => {
+            "SELECT id, purpose, filename, bytes, created_at FROM files
+             WHERE tenant = ?1 AND length(content) = bytes AND (?2 IS NULL OR purpose = ?2)
+               AND (?3 IS NULL OR id < ?3) ORDER BY id DESC LIMIT ?4"
+        }
+    };
+    let mut found = conn
+        .prepare_cached(sql)?
+        .query_map(
+            params![tenant, query.purpose, query.after, (query.limit + 1) as i64],
+            file_info,
+        )?
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = found.len() > query.limit;
+    found.truncate(query.limit);
+    Ok((found, more))
+}
+
+/// Deletes `tenant`'s file `id` (and any chunks of it); whether there was one.
+pub(super) fn delete_file(conn: &Connection, id: &str, tenant: &str) -> Result<bool, StoreError> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM files WHERE id = ?1 AND tenant = ?2")?
+        .execute([id, tenant])?;
+    let chunks = conn
+        .prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'file_chunks'")?
+        .exists([])?;
+    if chunks {
+        conn.prepare_cached("DELETE FROM file_chunks WHERE id = ?1")?
+            .execute([id])?;
+    }
+    Ok(deleted > 0)
 }
 
 /// A file's content, when it is `tenant`'s.

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use serde_json::Value;
 
-use super::batches::{self, FileInfo, NewBatch};
+use super::batches::{self, FileInfo, FileQuery, NewBatch};
 use super::{jobs, Finish, Job, JobStore, NewJob, State, StoreError, Submitted};
 
 /// Most operations in one commit.
@@ -248,6 +248,18 @@ impl Embedded {
     pub async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let (id, tenant) = (id.to_owned(), tenant.to_owned());
         self.call(move |conn| batches::content(conn, &id, &tenant)).await
+    }
+
+    /// `tenant`'s files as `query` asks, and whether more follow.
+    pub async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |conn| batches::files(conn, &tenant, &query)).await
+    }
+
+    /// Deletes `tenant`'s file `id`; whether there was one.
+    pub async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::delete_file(conn, &id, &tenant)).await
     }
 
     /// Creates a batch and all its jobs in one commit; its id, and whether an earlier

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::batches::{FileInfo, NewBatch};
+use super::batches::{FileInfo, FileQuery, NewBatch};
 use super::{Embedded, Finish, Job, JobId, JobStore, NewJob, State, StoreError, Submitted};
 
 /// The offline queue; cheap to clone.
@@ -87,6 +87,20 @@ impl Queue {
             Queue::Embedded(store) => store.content(id, tenant).await,
             #[cfg(feature = "kafka")]
             Queue::Kafka(queue) => queue.content(id, tenant).await,
+        }
+    }
+
+    /// `tenant`'s files as `query` asks, and whether more follow.
+    pub async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
+        self.local().files(tenant, query).await
+    }
+
+    /// Deletes `tenant`'s file `id`; whether there was one.
+    pub async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
+        match self {
+            Queue::Embedded(store) => store.delete_file(id, tenant).await,
+            #[cfg(feature = "kafka")]
+            Queue::Kafka(queue) => queue.delete_file(id, tenant).await,
         }
     }
 

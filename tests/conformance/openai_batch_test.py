@@ -16,7 +16,7 @@ import sys
 import time
 import unittest
 
-from openai import OpenAI
+from openai import BadRequestError, NotFoundError, OpenAI
 
 ADDR = sys.argv.pop(1)
 
@@ -99,6 +99,41 @@ class BatchApi(unittest.TestCase):
         batch = self.client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
         self.assertEqual(batch.status, "failed")
         self.assertEqual([(e.line, e.code) for e in batch.errors.data], [(2, "duplicate_custom_id"), (3, "invalid_url")])
+
+    def test_files_are_listed_and_deleted(self):
+        made = [
+            self.client.files.create(file=(f"f{i}.jsonl", jsonl([embedding_line(i)])), purpose="batch").id
+            for i in range(3)
+        ]
+        listed = [f.id for f in self.client.files.list(purpose="batch")]
+        self.assertTrue(set(made) <= set(listed), (made, listed))
+        self.assertEqual([f.id for f in self.client.files.list(purpose="fine-tune")], [])
+        # Pages as OpenAI's: one at a time, oldest first, then after the cursor.
+        first = self.client.files.list(limit=1, order="asc", purpose="batch")
+        self.assertEqual(len(first.data), 1)
+        self.assertTrue(first.has_more)
+        after = self.client.files.list(limit=100, order="asc", purpose="batch", after=first.data[0].id)
+        self.assertNotIn(first.data[0].id, [f.id for f in after.data])
+        deleted = self.client.files.delete(made[0])
+        self.assertEqual((deleted.id, deleted.deleted), (made[0], True))
+        with self.assertRaises(NotFoundError):
+            self.client.files.retrieve(made[0])
+        with self.assertRaises(NotFoundError):
+            self.client.files.delete(made[0])
+        self.assertNotIn(made[0], [f.id for f in self.client.files.list()])
+
+    def test_every_line_must_go_to_the_batch_endpoint(self):
+        # As OpenAI: a line whose url is not the batch's endpoint fails the batch, by its line.
+        lines = [embedding_line(0), slow_line(1)]
+        uploaded = self.client.files.create(file=("mixed.jsonl", jsonl(lines)), purpose="batch")
+        batch = self.client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        self.assertEqual(batch.status, "failed")
+        self.assertEqual([(e.line, e.code) for e in batch.errors.data], [(2, "invalid_url")])
+        self.assertIn("not the batch's endpoint /v1/embeddings", batch.errors.data[0].message)
+        # An endpoint no route serves is refused when the batch is created.
+        with self.assertRaises(BadRequestError) as refused:
+            self.client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        self.assertIn("no route serves it", str(refused.exception))
 
 
 if __name__ == "__main__":

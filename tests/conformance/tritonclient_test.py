@@ -95,6 +95,21 @@ class HttpClient(unittest.TestCase):
         self.assertIsNone(result.as_numpy("OUTPUT0"))
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
 
+    def test_compression_both_ways(self):
+        # As Triton: compressed request bodies are read, answers compressed when asked.
+        for request, response in (("gzip", "gzip"), ("deflate", "deflate"), ("gzip", None), (None, "deflate")):
+            with self.subTest(request=request, response=response):
+                arr, inputs = self.inputs("FP32", True)
+                result = self.client.infer(
+                    "m",
+                    inputs,
+                    headers=budget(),
+                    request_compression_algorithm=request,
+                    response_compression_algorithm=response,
+                )
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
+
     def test_async_infer(self):
         arr, inputs = self.inputs("INT64", True)
         pending = [self.client.async_infer("m", inputs, request_id=str(i), headers=budget()) for i in range(8)]
@@ -150,6 +165,8 @@ class GrpcClient(unittest.TestCase):
         meta = self.client.get_model_metadata("m", as_json=True)
         self.assertEqual(meta["name"], "m")
         self.assertEqual([o["name"] for o in meta["outputs"]], ["OUTPUT0", "OUTPUT1"])
+        # Triton answers ready: false for a model it does not serve, not an error.
+        self.assertFalse(self.client.is_model_ready("nope"))
 
     def test_infer_every_datatype(self):
         for datatype in SAMPLES:
@@ -158,6 +175,14 @@ class GrpcClient(unittest.TestCase):
                 result = self.client.infer("m", inputs, headers=budget())
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums(datatype, arr))
+
+    def test_compressed_requests(self):
+        # As Triton: gzip and deflate messages are read.
+        for algorithm in ("gzip", "deflate"):
+            with self.subTest(algorithm=algorithm):
+                arr, inputs = self.inputs("FP32")
+                result = self.client.infer("m", inputs, headers=budget(), compression_algorithm=algorithm)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
 
     def test_requested_outputs_only(self):
         arr, inputs = self.inputs("FP32")
@@ -197,6 +222,12 @@ class GrpcClient(unittest.TestCase):
         with self.assertRaises(InferenceServerException) as unknown:
             self.client.infer("nope", inputs)
         self.assertEqual(unknown.exception.status(), "StatusCode.NOT_FOUND")
+        # A message over the gateway's limit (64 MiB by default) is RESOURCE_EXHAUSTED, as Triton says.
+        big = grpcclient.InferInput("INPUT0", [1, 70 * 2**20 // 4], "FP32")
+        big.set_data_from_numpy(np.zeros((1, 70 * 2**20 // 4), dtype=np.float32))
+        with self.assertRaises(InferenceServerException) as too_large:
+            self.client.infer("m", [big], headers=budget())
+        self.assertEqual(too_large.exception.status(), "StatusCode.RESOURCE_EXHAUSTED")
 
     def test_micro_batch_tier(self):
         # The gRPC deadline is the budget: 2 s calls for the micro-batch tier, where

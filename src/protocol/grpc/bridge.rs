@@ -194,7 +194,7 @@ where
                 Ok(Some(msg)) => msg,
                 Ok(None) => return,
                 Err(status) => {
-                    let _ = tx.send(Err(status)).await;
+                    let _ = tx.send(Err(too_large_exhausted(status))).await;
                     return;
                 }
             };
@@ -218,6 +218,25 @@ where
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// tonic refuses a message over the decoding limit with OUT_OF_RANGE and this message;
+/// Triton (gRPC's C core) answers RESOURCE_EXHAUSTED, as the gateway does for every
+/// other size limit.
+const TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// Whether a call's status (its code and message) is tonic's refusal of a message over
+/// the size limit.
+pub fn is_too_large(code: &str, message: &str) -> bool {
+    code == "11" && message.starts_with(TOO_LARGE)
+}
+
+/// `status`, RESOURCE_EXHAUSTED when it is tonic's refusal of a message over the limit.
+pub fn too_large_exhausted(status: Status) -> Status {
+    match status.code() == Code::OutOfRange && status.message().starts_with(TOO_LARGE) {
+        true => Status::resource_exhausted(status.message()),
+        false => status,
+    }
 }
 
 /// The response stream of `ModelStreamInfer`.

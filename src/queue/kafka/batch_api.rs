@@ -68,6 +68,36 @@ impl KafkaQueue {
         self.fresh(|| self.inner.view.store.content(id, tenant)).await
     }
 
+    /// Deletes `tenant`'s file `id`: a deletion under each of its chunks' keys (on every
+    /// state partition), so every replica's view drops it and compaction drops its
+    /// content; whether there was one.
+    pub async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
+        let Some(file) = self.file(id, tenant).await? else {
+            return Ok(false);
+        };
+        let chunks = usize::try_from(file.bytes)
+            .unwrap_or(usize::MAX)
+            .div_ceil(records::FILE_CHUNK)
+            .max(1);
+        let deleted = Record::FileDeleted(records::FileDeleted {
+            id: id.to_owned(),
+            tenant: tenant.to_owned(),
+        });
+        // A file's chunks went to one partition, not recorded: the deletion goes to each.
+        let partitions = self.inner.state_partitions.max(1);
+        let outs = (0..partitions)
+            .flat_map(|partition| (0..chunks).map(move |i| (partition, i)))
+            .map(|(partition, i)| {
+                let mut out = Out::state(&deleted, &format!("{id}#{i}"), Bytes::new());
+                out.partition = Some(partition);
+                out
+            })
+            .collect();
+        self.write(outs).await?;
+        self.inner.view.catch_up().await?;
+        Ok(true)
+    }
+
     /// Creates a batch: its row on the state topic, and each of its jobs like a submission.
     pub async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
         let id = match &batch.idempotency_key {

@@ -155,6 +155,15 @@ pub struct FileChunk {
     pub tenant: String,
 }
 
+/// A deleted file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileDeleted {
+    /// The file's id.
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+}
+
 /// A replica's heartbeat: it is alive (or, when `leaving`, stopping now).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Member {
@@ -175,6 +184,9 @@ pub enum Record {
     Job(JobState),
     /// A chunk of a file.
     File(FileChunk),
+    /// A file deleted: written under each of its chunks' keys with no content, so
+    /// compaction drops the content from the topic too.
+    FileDeleted(FileDeleted),
     /// A batch.
     Batch(BatchRow),
     /// A replica's heartbeat.

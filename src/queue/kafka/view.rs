@@ -220,6 +220,7 @@ fn apply(conn: &Connection, record: &Record, value: &[u8], unfinished: &AtomicI6
     match record {
         Record::Job(state) => apply_job(conn, state, value, unfinished),
         Record::File(chunk) => apply_chunk(conn, chunk, value),
+        Record::FileDeleted(file) => batches::delete_file(conn, &file.id, &file.tenant).map(drop),
         Record::Batch(row) => {
             batches::insert_row(conn, row)?;
             if let Some(at) = row.cancelling_at {
