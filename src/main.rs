@@ -198,14 +198,28 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(e) if e.downcast_ref::<admin::Unreachable>().is_some() => {
-            eprintln!("tiergate: {e:#}");
+            eprintln!("tiergate: {}", report(&e));
             ExitCode::from(admin::UNREACHABLE)
         }
         Err(e) => {
-            eprintln!("tiergate: {e:#}");
+            eprintln!("tiergate: {}", report(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each said once: a message that already quotes
+/// its cause (as most library errors do) is not followed by the cause again.
+fn report(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -369,17 +383,21 @@ async fn run_demo(config: Config, self_check: bool) -> anyhow::Result<ExitCode> 
          curl -si http://{}/v1/jobs/ID\n",
         running.http_addr()
     );
+    // This binary by its path: a newcomer who ran `cargo run` has no `tiergate` on the PATH.
+    let exe = std::env::current_exe().map_or_else(|_| "tiergate".to_owned(), |p| shell_word(&p.display().to_string()));
     println!(
-        "# a Batch API file (one {{custom_id, method, url, body}} per line), with a progress bar\n\
-         tiergate jobs submit requests.jsonl --endpoint /v2/models/resnet50/infer --gateway http://{}\n",
+        "# the Batch API file the demo wrote ({} requests, one {{custom_id, method, url, body}} per line), with a progress bar\n\
+         {exe} jobs submit {} --endpoint /v2/models/resnet50/infer --gateway http://{}\n",
+        demo::REQUESTS,
+        shell_word(&running.requests_file().display().to_string()),
         running.http_addr()
     );
     if let Some(admin) = running.admin_addr() {
         println!(
             "# the admin API (unauthenticated on loopback in the demo only): switch a flag, see why, roll back\n\
-             tiergate flags set resnet50 micro_batch off --admin http://{admin}\n\
-             tiergate explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
-             tiergate policy history --admin http://{admin}\n"
+             {exe} flags set resnet50 micro_batch off --admin http://{admin}\n\
+             {exe} explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
+             {exe} policy history --admin http://{admin}\n"
         );
     }
     println!(
@@ -390,6 +408,17 @@ async fn run_demo(config: Config, self_check: bool) -> anyhow::Result<ExitCode> 
     stopped().await;
     running.stop().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `word` as one shell word: quoted when it holds anything a shell would split or expand.
+fn shell_word(word: &str) -> String {
+    match word
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@".contains(c))
+    {
+        true => word.to_owned(),
+        false => format!("'{}'", word.replace('\'', r"'\''")),
+    }
 }
 
 async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {

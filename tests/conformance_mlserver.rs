@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use common::*;
 
-/// A route to MLServer; its HTTP side reads JSON tensors only, so `binary_tensors = false`.
+/// A route to MLServer, real-time and micro-batch (budgets of a second and more); its
+/// HTTP side reads JSON tensors only, so `binary_tensors = false`.
 fn route(model: &str, endpoint: &str) -> String {
     let binary = !endpoint.starts_with("http://");
     format!(
-        "[routes.{model}]\nmodels = [\"{model}\"]\n[routes.{model}.realtime]\nendpoints = [\"{endpoint}\"]\nmax_concurrency = 16\nbinary_tensors = {binary}\n"
+        "[routes.{model}]\nmodels = [\"{model}\"]\n[routes.{model}.flags]\nrealtime = true\nmicro_batch = true\n\
+         [routes.{model}.realtime]\nendpoints = [\"{endpoint}\"]\nmax_concurrency = 16\nbinary_tensors = {binary}\n\
+         [routes.{model}.micro_batch]\nendpoints = [\"{endpoint}\"]\nbinary_tensors = {binary}\nmax_batch = 16\n"
     )
 }
 

@@ -147,6 +147,12 @@ async fn grpc_clients_and_metadata_through_a_grpc_backend() {
         .await
         .expect("stats");
     assert_eq!(stats.into_inner().model_stats.len(), 1);
+    // No name: every model's, as Triton (here the one model the policy names).
+    let all = c
+        .model_statistics(pb::ModelStatisticsRequest::default())
+        .await
+        .expect("all models' statistics");
+    assert_eq!(all.into_inner().model_stats.len(), 1);
     assert_eq!(
         get(gw.http_addr(), "/v2/models/m/config").await.status,
         501,

@@ -14,6 +14,12 @@ fn policy(rt: &str, batch: &str) -> String {
 }
 
 async fn jobs(args: &[&str]) -> (bool, String, String) {
+    let (code, out, err) = jobs_code(args).await;
+    (code == Some(0), out, err)
+}
+
+/// `tiergate jobs ARGS`: (exit code, stdout, stderr).
+async fn jobs_code(args: &[&str]) -> (Option<i32>, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
         .arg("jobs")
         .args(args)
@@ -21,7 +27,7 @@ async fn jobs(args: &[&str]) -> (bool, String, String) {
         .await
         .expect("runs");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.success(), text(&out.stdout), text(&out.stderr))
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
 }
 
 fn line(i: usize, url: &str) -> String {
@@ -81,7 +87,7 @@ async fn submit_follow_status_results_and_cancel() {
         "submit",
         bad.to_str().expect("utf-8"),
         "--endpoint",
-        "/x",
+        "/v2/models/m/infer",
         "--gateway",
         &url,
     ])
@@ -92,5 +98,27 @@ async fn submit_follow_status_results_and_cancel() {
     let (ok, _, stderr) = jobs(&["status", "batch_nope", "--gateway", "http://127.0.0.1:1"]).await;
     assert!(!ok);
     assert!(stderr.contains("cannot reach the gateway"), "{stderr}");
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_completes_with_failed_requests_exits_2() {
+    let rt = backend(&["m"]).await;
+    let dead = format!("http://{}", dead_addr().await);
+    let mut config = config();
+    config.offline.max_attempts = 1;
+    let gw = gateway_with(config, &policy(&rt.url(), &dead)).await;
+    let url = format!("http://{}", gw.http_addr());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        (0..3).map(|i| line(i, "/v2/models/m/infer") + "\n").collect::<String>(),
+    )
+    .expect("write");
+    let input = input.to_str().expect("utf-8");
+    let (code, _, stderr) = jobs_code(&["submit", input, "--endpoint", "/v2/models/m/infer", "--gateway", &url]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("3 of 3 requests failed"), "{stderr}");
     gw.stop().await.expect("stops");
 }

@@ -328,3 +328,52 @@ async fn compressed_requests_are_read_and_answers_compressed_when_asked() {
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn statistics_of_every_model_and_shared_memory_refused() {
+    let be = backend(&["a", "b"]).await;
+    let policy: String = ["a", "b"]
+        .iter()
+        .map(|m| {
+            format!(
+                "[routes.{m}]\nmodels = [\"{m}\"]\n[routes.{m}.flags]\nrealtime = true\n\
+                 [routes.{m}.realtime]\nendpoints = [\"{}\"]\n",
+                be.url()
+            )
+        })
+        .collect();
+    let gw = gateway(&policy).await;
+    assert_eq!(infer(gw.http_addr(), "b", &[], BODY).await.status, 200);
+    let stats = get(gw.http_addr(), "/v2/models/stats").await;
+    assert_eq!(stats.status, 200, "{}", stats.text());
+    let stats = stats.json();
+    let names: Vec<&str> = stats["model_stats"]
+        .as_array()
+        .expect("model_stats")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"], "every model, not an unknown model 'stats'");
+    assert_eq!(stats["model_stats"][1]["inference_count"], 1);
+
+    // Shared memory: nothing is ever registered, and registering says why.
+    let status = get(gw.http_addr(), "/v2/systemsharedmemory/status").await;
+    assert_eq!((status.status, status.text().as_str()), (200, "[]"));
+    let register = send(
+        "POST",
+        gw.http_addr(),
+        "/v2/systemsharedmemory/region/r0/register",
+        &[("content-type", "application/json")],
+        r#"{"key":"/r0","offset":0,"byte_size":64}"#,
+    )
+    .await;
+    assert_eq!(register.status, 400, "{}", register.text());
+    assert!(
+        register.text().contains("cannot use shared memory"),
+        "{}",
+        register.text()
+    );
+    let unregister = send("POST", gw.http_addr(), "/v2/cudasharedmemory/unregister", &[], "").await;
+    assert_eq!(unregister.status, 200);
+    gw.stop().await.expect("stops");
+}

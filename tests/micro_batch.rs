@@ -523,3 +523,33 @@ async fn a_grpc_batch_pool_is_sent_batches_over_grpc() {
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn steps_of_a_triton_sequence_are_never_combined() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let gw = gateway(&policy("seq", &rt.url(), &batch.url(), "", "")).await;
+    let busy = occupy(&gw, &batch).await;
+    // Eight steps of sequence 77 arrive while the batch slot is busy: any other eight
+    // callers would leave in one batch.
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let b = json!({"id": format!("s{i}"), "parameters": {"sequence_id": 77},
+                           "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [i, i]}]});
+            spawn_infer(gw.http_addr(), b.to_string())
+        })
+        .collect();
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    for call in calls {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-batch-size"), None, "sent alone");
+    }
+    let stats = batch.sim.stats("m").expect("stats");
+    assert_eq!(
+        stats.batch_sizes,
+        [(1, 9)].into(),
+        "every backend call carried one request"
+    );
+    gw.stop().await.expect("stops");
+}

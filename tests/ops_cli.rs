@@ -118,5 +118,13 @@ async fn flags_policy_and_explain_from_the_command_line() {
     let (code, _, err) = tiergate(&dead, &token_file, &["flags", "get", "r"]).await;
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("cannot reach the admin API"), "{err}");
+    // The data port by mistake: said so, with where the admin API is.
+    let data = format!("http://{}", gw.http_addr());
+    let (code, _, err) = tiergate(&data, &token_file, &["flags", "get", "r"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("is not tiergate's admin API (it answered 404") && err.contains("listen.admin"),
+        "{err}"
+    );
     gw.stop().await.expect("stops");
 }

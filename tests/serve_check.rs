@@ -46,3 +46,19 @@ fn good_settings_pass_and_say_what_would_be_served() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.starts_with("ok: 2 route(s)"), "{stdout}");
 }
+
+#[test]
+fn a_startup_error_is_said_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["serve", "--check", "--config", "/nonexistent/tiergate.toml"])
+        .env_clear()
+        .output()
+        .expect("tiergate runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.matches("not found").count(),
+        1,
+        "the cause once, not again after the message that quotes it: {stderr}"
+    );
+}

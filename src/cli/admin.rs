@@ -355,8 +355,24 @@ async fn call(
     let (status, _, bytes) = crate::cli::client::request(&admin.url, method, path, &headers, body)
         .await
         .map_err(|e| Unreachable(format!("cannot reach the admin API at {}: {e:#}", admin.url)))?;
-    let value = serde_json::from_slice(&bytes)
+    let value: Value = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| json!({"error": {"message": String::from_utf8_lossy(&bytes)}}));
+    // The admin API's errors are objects with a code; a data port's are KServe's plain
+    // strings, and anything else is not tiergate at all.
+    let not_admin = value["error"].is_string() || (status >= 400 && value["error"]["code"].as_str().is_none());
+    if not_admin {
+        let said = value["error"]
+            .as_str()
+            .or_else(|| value["error"]["message"].as_str())
+            .unwrap_or_default();
+        return Err(Unreachable(format!(
+            "{} is not tiergate's admin API (it answered {status}: {}); the admin API listens on listen.admin, \
+             by default http://127.0.0.1:8003: point --admin or TIERGATE_ADMIN_URL there",
+            admin.url,
+            said.trim()
+        ))
+        .into());
+    }
     Ok((status, value))
 }
 

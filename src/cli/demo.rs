@@ -33,6 +33,7 @@ pub const BATCH_POOL: &str = "127.0.0.1:9101";
 pub struct Demo {
     gateway: Gateway,
     sims: CancellationToken,
+    requests: PathBuf,
     _data_dir: DataDir,
 }
 
@@ -65,6 +66,18 @@ pub struct Example {
     pub reason: Option<&'static str>,
 }
 
+/// Requests in the demo's Batch API file.
+pub const REQUESTS: usize = 50;
+
+/// A Batch API file of `n` resnet50 requests.
+fn batch_file(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(r#"{{"custom_id":"r{i}","method":"POST","url":"/v2/models/resnet50/infer","body":{BODY}}}"#) + "\n"
+        })
+        .collect()
+}
+
 /// A KServe v2 request with two rows of four FP32 values.
 pub const BODY: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
 
@@ -92,6 +105,9 @@ impl Demo {
             let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
             tokio::spawn(sim.listen(listener, sims.clone()));
         }
+        // The Batch API file the demo's `jobs submit` line names.
+        let requests = config.data_dir.join("requests.jsonl");
+        std::fs::write(&requests, batch_file(REQUESTS))?;
         let mut gateway = Gateway::start(config, policy).await?;
         if let Err(e) = gateway.watch_policy(&config.policy_dir) {
             tracing::warn!(error = %e, "the demo's policy copy is not watched");
@@ -99,6 +115,7 @@ impl Demo {
         Ok(Demo {
             gateway,
             sims,
+            requests,
             _data_dir: DataDir(config.data_dir.clone()),
         })
     }
@@ -111,6 +128,11 @@ impl Demo {
     /// The gateway's admin API address.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.gateway.admin_addr()
+    }
+
+    /// The Batch API input file the demo wrote (resnet50 requests, one per line).
+    pub fn requests_file(&self) -> &std::path::Path {
+        &self.requests
     }
 
     /// The gateway's metrics address.
@@ -150,6 +172,7 @@ impl Demo {
                 tier.unwrap_or_else(|| "-".into())
             ));
         }
+        lines.push(self.batch_check(&client).await?);
         if let Some(admin) = self.admin_addr() {
             let explain = http::Request::post(format!("http://{admin}/admin/explain")).body(Full::new(
                 Bytes::from_static(br#"{"model": "resnet50", "budget_ms": 2000}"#),
@@ -163,6 +186,55 @@ impl Demo {
             lines.push(format!("ok  {:<52} 200 {tier}", "the admin API explains a 2 s budget"));
         }
         Ok(lines)
+    }
+
+    /// Runs the demo's Batch API file as `tiergate jobs submit` does: upload, create, wait.
+    async fn batch_check(
+        &self,
+        client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    ) -> anyhow::Result<String> {
+        let base = format!("http://{}", self.http_addr());
+        let call = |method: &str, path: &str, content_type: String, body: Bytes| {
+            let request = http::Request::builder()
+                .method(method)
+                .uri(format!("{base}{path}"))
+                .header("content-type", content_type)
+                .body(Full::new(body));
+            async move {
+                let response = client.request(request?).await?;
+                let body = response.into_body().collect().await?.to_bytes();
+                anyhow::Ok(serde_json::from_slice::<serde_json::Value>(&body)?)
+            }
+        };
+        let boundary = "tiergate-demo";
+        let content = std::fs::read_to_string(&self.requests)?;
+        let form = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+             Content-Disposition: form-data; name=\"file\"; filename=\"requests.jsonl\"\r\n\r\n{content}\r\n--{boundary}--\r\n"
+        );
+        let multipart = format!("multipart/form-data; boundary={boundary}");
+        let file = call("POST", "/v1/files", multipart, Bytes::from(form)).await?;
+        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v2/models/resnet50/infer",
+                                        "completion_window": "1h"});
+        let json = "application/json".to_owned();
+        let batch = call("POST", "/v1/batches", json.clone(), Bytes::from(create.to_string())).await?;
+        let id = batch["id"].as_str().unwrap_or_default().to_owned();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let batch = call("GET", &format!("/v1/batches/{id}"), json.clone(), Bytes::new()).await?;
+            let done = batch["request_counts"]["completed"].as_u64();
+            match batch["status"].as_str() {
+                Some("completed") if done == Some(REQUESTS as u64) => {
+                    return Ok(format!(
+                        "ok  {:<52} {REQUESTS} requests",
+                        "the demo's Batch API file runs"
+                    ))
+                }
+                Some("in_progress" | "validating" | "finalizing") if tokio::time::Instant::now() < deadline => {}
+                _ => anyhow::bail!("the demo's Batch API file: {batch}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 
     /// Stops the gateway and both simulated pools.

@@ -3,11 +3,12 @@
 //! `submit FILE.jsonl --endpoint PATH` uploads the file, creates a batch and shows its
 //! progress until it ends (or returns at once with `--detach`); `status ID`,
 //! `results ID -o FILE` and `cancel ID` take a batch id (`batch_...`) or, for status and
-//! cancel, a single async job id (`job_...`). Exit code 0 when done; 1 when the batch
-//! ended without completing (failed validation, expired, cancelled) or the gateway
-//! refused or could not be reached, with a message saying which.
+//! cancel, a single async job id (`job_...`). Exit code 0 when done; 2 when the batch
+//! completed but some of its requests failed; 1 when it ended without completing
+//! (failed validation, expired, cancelled) or the gateway refused or could not be
+//! reached, with a message saying which; 130 when interrupted while following (the
+//! batch goes on, and the message says how to follow or cancel it).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -150,15 +151,62 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
         return Ok(ExitCode::SUCCESS);
     }
+    let follow = follow(url, &id);
+    tokio::select! {
+        ended = follow => ended,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!(
+                "\ninterrupted: batch {id} goes on running on the gateway; follow it with `tiergate jobs status {id}`, \
+                 get its results with `tiergate jobs results {id} -o FILE`, or stop it with `tiergate jobs cancel {id}`"
+            );
+            Ok(ExitCode::from(INTERRUPTED))
+        }
+    }
+}
+
+/// Exit code of `submit` when the batch completed but some of its requests failed.
+pub const SOME_FAILED: u8 = 2;
+/// Exit code of `submit` interrupted (Ctrl-C) while following: the batch goes on.
+pub const INTERRUPTED: u8 = 130;
+
+/// Follows batch `id` until it ends: a bar with rate and ETA on a terminal, a line each
+/// time the counts change (at most every 5 s) otherwise. 0 when every request
+/// succeeded, [`SOME_FAILED`] when the batch completed with failures, 1 otherwise.
+async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
+    let bar = indicatif::ProgressBar::new(0);
+    let terminal = !bar.is_hidden();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} ({per_sec}, ETA {eta}) {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("#>-"),
+    );
+    let (mut said, mut last_line) = (None, tokio::time::Instant::now());
     loop {
         let (_, batch) = call(url, "GET", &format!("/v1/batches/{id}"), None, Bytes::new()).await?;
         let counts = &batch["request_counts"];
         let (total, done, failed) = (num(&counts["total"]), num(&counts["completed"]), num(&counts["failed"]));
         let status = batch["status"].as_str().unwrap_or("unknown").to_owned();
-        progress(&status, total, done, failed);
-        if matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled") {
-            eprintln!();
-            return Ok(exit(status == "completed"));
+        let ended = matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled");
+        bar.set_length(total);
+        bar.set_position(done + failed);
+        bar.set_message(format!("{failed} failed, {status}"));
+        let now = (done, failed, status.clone());
+        if !terminal && said.as_ref() != Some(&now) && (ended || last_line.elapsed() >= Duration::from_secs(5)) {
+            eprintln!("{id}: {}/{total} done, {failed} failed ({status})", done + failed);
+            (said, last_line) = (Some(now), tokio::time::Instant::now());
+        }
+        if ended {
+            bar.finish();
+            return Ok(match (status.as_str(), failed) {
+                ("completed", 0) => ExitCode::SUCCESS,
+                ("completed", _) => {
+                    eprintln!(
+                        "{failed} of {total} requests failed: `tiergate jobs results {id} -o FILE` writes their errors"
+                    );
+                    ExitCode::from(SOME_FAILED)
+                }
+                _ => ExitCode::from(1),
+            });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -197,21 +245,6 @@ fn item_path(id: &str) -> anyhow::Result<String> {
         Some("job") => Ok(format!("/v1/jobs/{id}")),
         _ => bail!("{id:?} is neither a batch id (batch_...) nor a job id (job_...)"),
     }
-}
-
-fn progress(status: &str, total: u64, done: u64, failed: u64) {
-    let width = 30;
-    let filled = (done + failed)
-        .saturating_mul(width)
-        .checked_div(total)
-        .unwrap_or(0)
-        .min(width) as usize;
-    let bar = format!("{}{}", "#".repeat(filled), "-".repeat(width as usize - filled));
-    eprint!(
-        "\r[{bar}] {}/{total} done, {failed} failed ({status})   ",
-        done + failed
-    );
-    let _ = std::io::stderr().flush();
 }
 
 fn num(v: &Value) -> u64 {

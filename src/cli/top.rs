@@ -27,12 +27,21 @@ pub struct TopArgs {
     /// The gateway's metrics endpoint.
     #[arg(long, default_value = "http://127.0.0.1:8002")]
     metrics_url: String,
-    /// Time between frames (rates and percentiles are over this interval).
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    /// Time between frames (rates and percentiles are over this interval; more than 0s).
+    #[arg(long, default_value = "2s", value_parser = interval)]
     interval: Duration,
     /// Print one frame (two scrapes an interval apart) and exit.
     #[arg(long)]
     once: bool,
+}
+
+/// A frame interval: a duration of more than zero (rates are per second of it).
+fn interval(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be more than 0s: rates are counted over it".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// One scrape: (metric name, sorted labels) → value.
@@ -189,7 +198,8 @@ fn quantile(before: &Samples, now: &Samples, route: &str, tier: &str, q: f64) ->
     None
 }
 
-/// One frame: a row per route and tier that has served requests.
+/// One frame: a row per route and tier that has served requests, and per route whose
+/// offline jobs ended (Batch API work, which no door counts: its rate is jobs ended).
 fn render(before: &Samples, now: &Samples, secs: f64, url: &str) -> String {
     let all = |_: &[(String, String)]| true;
     let requests = both(before, now, "tiergate_requests_total", all);
@@ -216,9 +226,14 @@ fn render(before: &Samples, now: &Samples, secs: f64, url: &str) -> String {
         "tiergate top: {url}, policy v{version}, last {secs:.1} s; offline jobs queued: {offline_queued}\n\n{:<20} {:<12} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7} {:>9}\n",
         "route", "tier", "req/s", "p50 ms", "p99 ms", "SLO %", "shed/s", "queue", "rows/batch"
     );
-    for key in requests.1.keys().filter(|(_, tier)| tier != "none") {
+    let mut keys: std::collections::BTreeSet<&(String, String)> = requests.1.keys().collect();
+    keys.extend(slo_all.1.keys());
+    for key in keys.into_iter().filter(|(_, tier)| tier != "none") {
         let (route, tier) = key;
-        let rate = delta(&requests.0, &requests.1, key) / secs;
+        let rate = match requests.1.contains_key(key) {
+            true => delta(&requests.0, &requests.1, key),
+            false => delta(&slo_all.0, &slo_all.1, key),
+        } / secs;
         let ms = |q| quantile(before, now, route, tier, q).map_or("-".to_owned(), |s| format!("{:.1}", s * 1000.0));
         let slo_n = delta(&slo_all.0, &slo_all.1, key);
         let slo = if slo_n > 0.0 {
@@ -300,6 +315,25 @@ tiergate_in_flight_requests{route="r",tier="realtime"} 3
             None,
             "no requests, no percentile"
         );
+    }
+
+    #[test]
+    fn routes_fed_only_by_the_batch_api_have_a_row() {
+        let before = "tiergate_slo_requests_total{route=\"nightly\",tier=\"offline\",result=\"met\"} 10\n";
+        let now = "tiergate_slo_requests_total{route=\"nightly\",tier=\"offline\",result=\"met\"} 30\n";
+        let frame = render(&parse(before), &parse(now), 2.0, "http://x");
+        let row = frame
+            .lines()
+            .find(|l| l.starts_with("nightly "))
+            .unwrap_or_else(|| panic!("a row: {frame}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&cells[..3], ["nightly", "offline", "10.0"], "{frame}");
+    }
+
+    #[test]
+    fn a_zero_interval_is_refused() {
+        assert!(interval("0s").expect_err("zero").contains("more than 0s"));
+        assert_eq!(interval("250ms"), Ok(Duration::from_millis(250)));
     }
 
     #[test]

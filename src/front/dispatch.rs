@@ -290,6 +290,13 @@ impl Dispatch {
         self.instruments.by_name(&route.name)
     }
 
+    /// Every model the running policy names, in route order: what "all models" means
+    /// for statistics (a route that serves paths only names none).
+    pub fn models(&self) -> Vec<String> {
+        let policy = self.policy.load();
+        policy.routes().iter().flat_map(|r| r.models.iter().cloned()).collect()
+    }
+
     /// Sends a model GET (metadata, readiness, config) to the route serving `model`,
     /// over the route's control pool, which shares nothing with the tiers' pools.
     pub async fn control(&self, model: &str, request: Request<Bytes>) -> Result<Reply, Error> {

@@ -137,6 +137,13 @@ impl GrpcDoor {
         self.dispatch.control(model, request).await.map_err(|e| status(&e))
     }
 
+    /// One model's statistics: the backend's whole ModelStatisticsResponse, as it is.
+    async fn statistics(&self, model: &str, version: &str) -> Result<pb::ModelStatisticsResponse, Status> {
+        let encoded = self.protobuf(model, version, "/stats").await?;
+        <pb::ModelStatisticsResponse as prost::Message>::decode(encoded)
+            .map_err(|e| Status::unavailable(format!("the backend's statistics do not decode: {e}")))
+    }
+
     /// Model config or statistics: a gRPC backend's protobuf answer, passed through.
     async fn protobuf(&self, model: &str, version: &str, suffix: &str) -> Result<Bytes, Status> {
         let reply = self.control(model, version, suffix, Some(bridge::PROTOBUF)).await?;
@@ -358,10 +365,18 @@ impl GrpcInferenceService for GrpcDoor {
     ) -> Result<tonic::Response<pb::ModelStatisticsResponse>, Status> {
         self.let_in_call(&req)?;
         let req = req.into_inner();
-        let encoded = self.protobuf(&req.name, &req.version, "/stats").await?;
-        // The backend's whole ModelStatisticsResponse, passed through as it is.
-        let stats = <pb::ModelStatisticsResponse as prost::Message>::decode(encoded)
-            .map_err(|e| Status::unavailable(format!("the backend's statistics do not decode: {e}")))?;
-        Ok(tonic::Response::new(stats))
+        if !req.name.is_empty() {
+            return Ok(tonic::Response::new(self.statistics(&req.name, &req.version).await?));
+        }
+        // No name: every model's, as Triton (one its backend does not know is left out).
+        let mut all = pb::ModelStatisticsResponse::default();
+        for model in self.dispatch.models() {
+            match self.statistics(&model, &req.version).await {
+                Ok(stats) => all.model_stats.extend(stats.model_stats),
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(status),
+            }
+        }
+        Ok(tonic::Response::new(all))
     }
 }

@@ -134,17 +134,54 @@ impl Door {
                     Err(e) => failure(&e),
                 }
             }
+            (Target::AllStats, &Method::GET) => Box::pin(self.all_stats()).await,
+            (Target::SharedMemory { region, action }, _) => shared_memory(&method, region, action),
             (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => Box::pin(self.offline(req)).await,
             (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
                 Some(route) => Box::pin(self.serve(route, req, Body::Json)).await,
                 None => not_found(&method, &path),
             },
-            (Target::Live | Target::Ready | Target::Server, _) | (Target::Model { .. }, _) => failure(&Error::new(
-                Kind::MethodNotAllowed,
-                format!("{method} is not allowed on {path}"),
-            )),
+            (Target::Live | Target::Ready | Target::Server | Target::AllStats, _) | (Target::Model { .. }, _) => {
+                failure(&Error::new(
+                    Kind::MethodNotAllowed,
+                    format!("{method} is not allowed on {path}"),
+                ))
+            }
             (Target::Other(_), _) => not_found(&method, &path),
         }
+    }
+
+    /// `GET /v2/models/stats`: every model's statistics, from the route serving each, as
+    /// one `model_stats` list (a model its backend does not know is left out, as Triton
+    /// lists only the models it has).
+    async fn all_stats(&self) -> Response<Full<Bytes>> {
+        let mut all = Vec::new();
+        for model in self.dispatch.models() {
+            let mut request = Request::new(Bytes::new());
+            *request.uri_mut() = match format!("/v2/models/{model}/stats").parse() {
+                Ok(uri) => uri,
+                Err(_) => continue, // a name no path can carry has no statistics either
+            };
+            match self.dispatch.control(&model, request).await {
+                Ok(reply) if reply.status() == StatusCode::OK => {
+                    let stats: serde_json::Value = serde_json::from_slice(reply.body()).unwrap_or_default();
+                    match stats.get("model_stats").and_then(serde_json::Value::as_array) {
+                        Some(models) => all.extend(models.iter().cloned()),
+                        None => {
+                            return failure(&Error::new(
+                                Kind::Backend,
+                                format!("the statistics of model {model} are not KServe v2 statistics"),
+                            ))
+                        }
+                    }
+                }
+                Ok(reply) if reply.status() == StatusCode::NOT_FOUND => {}
+                Ok(reply) => return reply.map(Full::new),
+                Err(e) => return failure(&e),
+            }
+        }
+        let body = serde_json::json!({ "model_stats": all });
+        json(StatusCode::OK, Bytes::from(body.to_string()))
     }
 
     /// Answers the offline tier's API (`/v1/jobs/`, `/v1/files`, `/v1/batches`).
@@ -200,7 +237,10 @@ impl Door {
         let received = Instant::now();
         let tenant = Tenant::of(&req);
         let (mut parts, body) = req.into_parts();
-        let answer_coding = super::encoding::take_accepted(&mut parts.headers);
+        let coded = super::encoding::named(&parts.headers);
+        let answer_coding = coded
+            .then(|| super::encoding::take_accepted(&mut parts.headers))
+            .flatten();
         let mut admitted = match self
             .dispatch
             .admit(DoorKind::Http, route, (&parts.headers, &tenant), ids, received)
@@ -217,9 +257,15 @@ impl Door {
             admitted.hold(declared)?;
             let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
             admitted.hold(body.len().saturating_sub(declared))?;
-            let read = body.len().max(declared);
-            let body = super::encoding::decode(&mut parts.headers, body, self.limits.max_body_bytes)?;
-            admitted.hold(body.len().saturating_sub(read))?;
+            let body = match coded {
+                true => {
+                    let read = body.len().max(declared);
+                    let decoded = super::encoding::decode(&mut parts.headers, body, self.limits.max_body_bytes)?;
+                    admitted.hold(decoded.len().saturating_sub(read))?;
+                    decoded
+                }
+                false => body,
+            };
             let (timeout_us, id) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
@@ -355,6 +401,31 @@ fn unsupported_coding(headers: &http::HeaderMap) -> Option<Error> {
             String::from_utf8_lossy(other)
         ),
     ))
+}
+
+/// Triton's shared-memory extension, which the gateway cannot offer: the client's
+/// regions are on its own host, and the model servers are on others. Nothing is ever
+/// registered: the status lists none, unregistering succeeds, registering is refused
+/// saying why (as Triton refuses a region it cannot use).
+fn shared_memory(method: &Method, region: Option<&str>, action: &str) -> Response<Full<Bytes>> {
+    const WHY: &str = "tiergate cannot use shared memory (the client's regions are on another host than the \
+                       model servers it forwards to); send tensors' data in the request instead";
+    match (method, region, action) {
+        (&Method::GET, None, "status") => json(StatusCode::OK, Bytes::from_static(b"[]")),
+        (&Method::POST, _, "unregister") => empty(StatusCode::OK),
+        (&Method::GET, Some(region), "status") => failure(&Error::new(
+            Kind::BadRequest,
+            format!("no shared memory region {region:?} is registered: {WHY}"),
+        )),
+        (&Method::POST, _, "register") => failure(&Error::new(
+            Kind::BadRequest,
+            format!("shared memory regions cannot be registered: {WHY}"),
+        )),
+        _ => failure(&Error::new(
+            Kind::NotFound,
+            format!("no shared memory endpoint for {method} {action}: {WHY}"),
+        )),
+    }
 }
 
 fn server_metadata() -> Bytes {

@@ -29,6 +29,16 @@ pub enum Target<'a> {
         /// What follows it (the version part left out).
         rest: &'a str,
     },
+    /// `/v2/models/stats`: every model's statistics (as Triton; no model is "stats").
+    AllStats,
+    /// Triton's shared-memory extension (`/v2/systemsharedmemory/...` and
+    /// `/v2/cudasharedmemory/...`), which the gateway cannot offer.
+    SharedMemory {
+        /// The region named, if any.
+        region: Option<&'a str>,
+        /// `status`, `register` or `unregister` (anything else: unknown).
+        action: &'a str,
+    },
     /// Anything else: a JSON route if the policy has one for this exact path.
     Other(&'a str),
 }
@@ -50,16 +60,34 @@ pub fn route_for(policy: &Policy, path: &str) -> Option<Arc<Route>> {
     }
 }
 
+/// A path that is not a model's: Triton's shared-memory extension, or anything else.
+fn other(path: &str) -> Target<'_> {
+    let shared = ["/v2/systemsharedmemory", "/v2/cudasharedmemory"];
+    let Some(tail) = shared.iter().find_map(|p| path.strip_prefix(p)) else {
+        return Target::Other(path);
+    };
+    let tail = tail.trim_start_matches('/');
+    let (region, action) = match tail.strip_prefix("region/") {
+        Some(named) => match named.rsplit_once('/') {
+            Some((region, action)) => (Some(region), action),
+            None => (Some(named), ""),
+        },
+        None => (None, tail),
+    };
+    Target::SharedMemory { region, action }
+}
+
 /// Splits a request path into what it asks for.
 pub fn target(path: &str) -> Target<'_> {
     match path {
         "/v2/health/live" => return Target::Live,
         "/v2/health/ready" => return Target::Ready,
         "/v2" | "/v2/" => return Target::Server,
+        "/v2/models/stats" => return Target::AllStats,
         _ => {}
     }
     let Some(tail) = path.strip_prefix("/v2/models/") else {
-        return Target::Other(path);
+        return other(path);
     };
     let (name, mut rest) = tail.split_at(tail.find('/').unwrap_or(tail.len()));
     if let Some(after) = rest.strip_prefix("/versions/") {
@@ -82,6 +110,21 @@ mod tests {
             ("/v2/health/live", Target::Live),
             ("/v2/health/ready", Target::Ready),
             ("/v2", Target::Server),
+            ("/v2/models/stats", Target::AllStats),
+            (
+                "/v2/systemsharedmemory/region/r1/register",
+                Target::SharedMemory {
+                    region: Some("r1"),
+                    action: "register",
+                },
+            ),
+            (
+                "/v2/cudasharedmemory/status",
+                Target::SharedMemory {
+                    region: None,
+                    action: "status",
+                },
+            ),
             ("/v2/models/resnet", model("resnet", "")),
             ("/v2/models/resnet/ready", model("resnet", "/ready")),
             ("/v2/models/resnet/infer", model("resnet", "/infer")),

@@ -234,3 +234,40 @@ endpoints = ["https://a:1", "http://a:2"]
         "{text:?}"
     );
 }
+
+#[test]
+fn a_bad_default_is_reported_once_where_it_is_written() {
+    let with_defaults = r#"
+[defaults]
+realtime_below = "2h"
+default_budget = "0s"
+[routes.a]
+models = ["a"]
+[routes.a.realtime]
+endpoints = ["http://127.0.0.1:1"]
+"#;
+    let other = r#"
+[routes.c]
+models = ["c"]
+[routes.c.realtime]
+endpoints = ["http://127.0.0.1:1"]
+[routes.d]
+models = ["d"]
+offline_from = "1s"
+[routes.d.realtime]
+endpoints = ["http://127.0.0.1:1"]
+"#;
+    let problems = load(&[("a.toml", with_defaults), ("b.toml", other)])
+        .expect_err("invalid")
+        .0;
+    let lines: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        lines,
+        [
+            "a.toml: defaults.default_budget: must be more than 0ms",
+            "a.toml: defaults.offline_from: must be above realtime_below (2h), got 1m",
+            "b.toml: routes.d.offline_from: must be above realtime_below (2h), got 1s",
+        ],
+        "the defaults once, and a route only for what it sets itself"
+    );
+}

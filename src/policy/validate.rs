@@ -158,13 +158,29 @@ fn defaults(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Def
             http::HeaderName::from_static("x-request-id")
         }
     };
-    Defaults {
+    let defaults = Defaults {
         default_budget: d.and_then(|d| d.default_budget).unwrap_or(DEFAULT_BUDGET),
         realtime_below: d.and_then(|d| d.realtime_below).unwrap_or(REALTIME_BELOW),
         offline_from: d.and_then(|d| d.offline_from).unwrap_or(OFFLINE_FROM),
         when_unmet: d.and_then(|d| d.when_unmet).unwrap_or(WhenUnmetFile::Reject),
         rollout_key_header,
+    };
+    // Checked once, where they are written; a route that keeps them is not told again.
+    if let Some((file, _)) = found {
+        let budgets = Budgets {
+            default: defaults.default_budget,
+            realtime_below: defaults.realtime_below,
+            offline_from: defaults.offline_from,
+        };
+        for (path, message) in budget_problems(&budgets) {
+            problems.push(Problem {
+                file: file.to_owned(),
+                path: format!("defaults.{path}"),
+                message,
+            });
+        }
     }
+    defaults
 }
 
 struct Defaults {
@@ -337,20 +353,36 @@ fn budgets(check: &mut Check<'_>, at: &str, file: &RouteFile, defaults: &Default
         realtime_below: file.realtime_below.unwrap_or(defaults.realtime_below),
         offline_from: file.offline_from.unwrap_or(defaults.offline_from),
     };
+    // Only what the route sets itself: the defaults were checked where they are written.
+    for (path, message) in budget_problems(&budgets) {
+        let own = match path {
+            "default_budget" => file.default_budget.is_some(),
+            _ => file.realtime_below.is_some() || file.offline_from.is_some(),
+        };
+        if own {
+            check.fail(format!("{at}.{path}"), message);
+        }
+    }
+    budgets
+}
+
+/// What is wrong with `budgets`: (key, message) pairs.
+fn budget_problems(budgets: &Budgets) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
     if budgets.default.is_zero() {
-        check.fail(format!("{at}.default_budget"), "must be more than 0ms");
+        out.push(("default_budget", "must be more than 0ms".to_owned()));
     }
     if budgets.realtime_below >= budgets.offline_from {
-        check.fail(
-            format!("{at}.offline_from"),
+        out.push((
+            "offline_from",
             format!(
                 "must be above realtime_below ({}), got {}",
                 humantime::format_duration(budgets.realtime_below),
                 humantime::format_duration(budgets.offline_from)
             ),
-        );
+        ));
     }
-    budgets
+    out
 }
 
 fn flags(check: &mut Check<'_>, at: &str, file: &RouteFile) -> Flags {

@@ -70,6 +70,13 @@ pub enum BatchError {
         /// Position of the request in the batch.
         index: usize,
     },
+    /// A request of a Triton sequence (a stateful model's): its rows are one step of one
+    /// correlation id's state, so they never share a backend call with others.
+    #[error("it belongs to sequence {sequence_id} (a stateful model's requests are never combined)")]
+    Sequence {
+        /// The request's `sequence_id` parameter, as sent.
+        sequence_id: String,
+    },
     /// The batch's row count does not fit in 64 bits.
     #[error("the batch holds more than 2^64 rows")]
     TooManyRows,
@@ -102,9 +109,21 @@ impl BatchError {
 }
 
 /// The signature and the row count (dimension 0, equal across inputs) of a request.
-/// Errors when the request has no inputs, an input has rank 0, or the inputs disagree on
-/// dimension 0 (a request that cannot be batched; the tier then serves it alone).
+/// Errors when the request has no inputs, an input has rank 0, the inputs disagree on
+/// dimension 0, or it is a step of a Triton sequence (a request that cannot be batched;
+/// the tier then serves it alone).
 pub fn signature(req: &InferRequest) -> Result<(Signature, u64), BatchError> {
+    // Triton's correlation id: 0 (or "") is no sequence.
+    match req.parameters.get("sequence_id") {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(id) => {
+            return Err(BatchError::Sequence {
+                sequence_id: id.to_string(),
+            })
+        }
+    }
     let first = req.inputs.first().ok_or(BatchError::NoInputs)?;
     let first_rows = *first.shape.first().ok_or_else(|| scalar(first))?;
     let mut inputs = Vec::with_capacity(req.inputs.len());
@@ -188,9 +207,9 @@ pub fn concat(reqs: &[&InferRequest]) -> Result<InferRequest, BatchError> {
 /// Splits a batch's answer back: for each caller, in order, an [`InferResponse`] whose
 /// every output holds exactly that caller's `rows[i]` rows (dimension 0 sliced, other
 /// dimensions kept; zero-copy `Bytes::slice` for every datatype, BYTES cut at element
-/// boundaries found by walking the length prefixes). `model_name`, `model_version` and
-/// `parameters` are copied to each; `id` is left `None` (the tier restores each caller's
-/// id). Errors with [`BatchError::BadOutput`] when an output has rank 0, its dimension 0
+/// boundaries found by walking the length prefixes). `model_name`, `model_version`,
+/// `parameters`, each output's parameters and the batch's `id` are copied to each (the
+/// tier gives a caller that sent an id its own). Errors with [`BatchError::BadOutput`] when an output has rank 0, its dimension 0
 /// is not the sum of `rows`, or its data does not match its datatype and shape.
 pub fn split(resp: &InferResponse, rows: &[u64]) -> Result<Vec<InferResponse>, BatchError> {
     let mut answers: Vec<InferResponse> = rows
@@ -198,9 +217,10 @@ pub fn split(resp: &InferResponse, rows: &[u64]) -> Result<Vec<InferResponse>, B
         .map(|_| InferResponse {
             model_name: resp.model_name.clone(),
             model_version: resp.model_version.clone(),
-            id: None,
+            id: resp.id.clone(),
             parameters: resp.parameters.clone(),
             outputs: Vec::with_capacity(resp.outputs.len()),
+            output_parameters: resp.output_parameters.clone(),
         })
         .collect();
     for t in &resp.outputs {

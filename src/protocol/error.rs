@@ -126,6 +126,15 @@ pub enum Error {
         /// The tensor.
         path: String,
     },
+    /// A tensor in the client's shared memory, which the gateway cannot reach.
+    #[error(
+        "{param}: tiergate cannot use shared memory (the client's regions are on another host than the model \
+         servers it forwards to); send the tensor's data in the request instead"
+    )]
+    SharedMemory {
+        /// Full path of the parameter, e.g. `outputs[0].parameters.shared_memory_region`.
+        param: String,
+    },
     /// A parameter the protocol defines, with a value of the wrong type or range.
     #[error("{param} must be {expected}, got {value}")]
     BadParameter {

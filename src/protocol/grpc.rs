@@ -12,7 +12,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 use super::binary::check_bytes_layout;
-use super::wire::{check_shape, element_count};
+use super::wire::{check_shape, element_count, no_shared_memory};
 use super::{Datatype, Error, InferRequest, InferResponse, RequestedOutput, Tensor};
 
 pub mod bridge;
@@ -56,7 +56,11 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
                 first: format!("inputs[{first}]"),
             });
         }
+        no_shared_memory(&path, |name| input.parameters.contains_key(name))?;
         inputs.push(input_tensor(&path, input, raw.next())?);
+    }
+    for (i, out) in msg.outputs.iter().enumerate() {
+        no_shared_memory(&format!("outputs[{i}]"), |name| out.parameters.contains_key(name))?;
     }
     let outputs = msg.outputs.into_iter().map(requested_output).collect();
     Ok(InferRequest {
@@ -114,7 +118,11 @@ pub fn response_from_grpc(msg: ModelInferResponse) -> Result<InferResponse, Erro
     }
     let mut raw = raw.into_iter();
     let mut outputs = Vec::with_capacity(msg.outputs.len());
+    let mut output_parameters = std::collections::BTreeMap::new();
     for (i, out) in msg.outputs.into_iter().enumerate() {
+        if !out.parameters.is_empty() {
+            output_parameters.insert(out.name.clone(), params_to_json(out.parameters.clone()));
+        }
         let input = InferInputTensor {
             name: out.name,
             datatype: out.datatype,
@@ -130,6 +138,7 @@ pub fn response_from_grpc(msg: ModelInferResponse) -> Result<InferResponse, Erro
         id: Some(msg.id).filter(|id| !id.is_empty()),
         parameters: params_to_json(msg.parameters),
         outputs,
+        output_parameters,
     })
 }
 
@@ -147,7 +156,10 @@ pub fn response_to_grpc(resp: &InferResponse) -> ModelInferResponse {
                 name: t.name.clone(),
                 datatype: t.datatype.as_str().to_owned(),
                 shape: dims(&t.shape),
-                parameters: HashMap::new(),
+                parameters: resp
+                    .output_parameters
+                    .get(&t.name)
+                    .map_or_else(HashMap::new, params_to_grpc),
                 contents: None,
             })
             .collect(),

@@ -37,6 +37,9 @@ pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<Request
     for (i, out) in outputs.iter().enumerate() {
         let owner = format!("outputs[{i}]");
         super::wire::param_bool(out.parameters.as_ref(), &owner, "binary_data")?;
+        if let Some(params) = &out.parameters {
+            super::wire::no_shared_memory(&owner, |name| params.contains_key(name))?;
+        }
     }
     Ok(RequestInfo {
         id: wire.id,

@@ -118,7 +118,9 @@ pub(crate) fn request_params(params: &Map<String, Value>) -> Result<Option<u64>,
 
 fn requested_output((i, wire): (usize, WireOutput)) -> Result<RequestedOutput, Error> {
     let mut parameters = wire.parameters.unwrap_or_default();
-    let binary_data = param_bool(Some(&parameters), &format!("outputs[{i}]"), "binary_data")?;
+    let owner = format!("outputs[{i}]");
+    super::wire::no_shared_memory(&owner, |name| parameters.contains_key(name))?;
+    let binary_data = param_bool(Some(&parameters), &owner, "binary_data")?;
     parameters.remove("binary_data");
     Ok(RequestedOutput {
         name: wire.name,

@@ -1,6 +1,8 @@
 //! Infer responses: [`decode_response`] reads a backend's answer (to split a batch
 //! back to its callers) and [`encode_response`] writes the answer a client receives.
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -23,6 +25,9 @@ pub struct InferResponse {
     pub parameters: Map<String, Value>,
     /// Output tensors, names unique.
     pub outputs: Vec<Tensor>,
+    /// Each output's own parameters as sent, by output name (MLServer's `content_type`,
+    /// which its codecs decode outputs by, for one); the binary extension's are not kept.
+    pub output_parameters: BTreeMap<String, Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +62,15 @@ pub fn decode_response(body: &Bytes, header_len: Option<usize>) -> Result<InferR
     let (json, start) = split(body, header_len)?;
     let wire: WireResponse<Leaves> = parse_json("response", json)?;
     let section = body.slice(start..);
+    let mut output_parameters = BTreeMap::new();
+    for out in &wire.outputs {
+        let mut own = out.parameters.clone().unwrap_or_default();
+        own.remove("binary_data_size");
+        own.remove("binary_data");
+        if !own.is_empty() {
+            output_parameters.insert(out.name.clone(), own);
+        }
+    }
     let outputs = check_tensors("outputs", wire.outputs, &section)?;
     Ok(InferResponse {
         model_name: wire.model_name,
@@ -64,6 +78,7 @@ pub fn decode_response(body: &Bytes, header_len: Option<usize>) -> Result<InferR
         id: wire.id,
         parameters: wire.parameters.unwrap_or_default(),
         outputs: outputs.into_iter().map(|c| into_tensor(c, &section)).collect(),
+        output_parameters,
     })
 }
 
@@ -72,7 +87,14 @@ pub fn decode_response(body: &Bytes, header_len: Option<usize>) -> Result<InferR
 /// (FP16, NaN or infinity, non-UTF-8 BYTES). Returns the body and, when any output is
 /// binary, the JSON header length for `inference-header-content-length`.
 pub fn encode_response(resp: &InferResponse, binary: &dyn Fn(&Tensor) -> bool) -> (Bytes, Option<usize>) {
-    let (outputs, parts) = out_tensors(&resp.outputs, binary);
+    let (mut outputs, parts) = out_tensors(&resp.outputs, binary);
+    for out in &mut outputs {
+        if let Some(own) = resp.output_parameters.get(out.name) {
+            for (key, value) in own {
+                out.parameters.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+    }
     let header = OutResponse {
         model_name: &resp.model_name,
         model_version: resp.model_version.as_deref(),

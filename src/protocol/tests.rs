@@ -74,6 +74,8 @@ fn error_cases() -> Vec<(&'static str, Bytes, Option<usize>, String)> {
         ("bytes layout", binary_body(one(bin_input("x", "BYTES", json!([2]), json!(9))), &[1, 0, 0, 0, b'a', 9, 0, 0, 0]), "inputs[0]: BYTES binary data is malformed: element 1 declares 9 bytes but only 0 remain"),
         ("bytes count", binary_body(one(bin_input("x", "BYTES", json!([2]), json!(5))), &[1, 0, 0, 0, b'a']), "inputs[0]: BYTES binary data is malformed: it holds 1 elements but the shape holds 2"),
         ("header too long", (Bytes::from(vec![b' '; 512]), Some(900)), "inference-header-content-length 900 is larger than the body (512 bytes)"),
+        ("shm input", f(json!({"name": "x", "datatype": "FP32", "shape": [1], "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}})), "inputs[0].parameters.shared_memory_region: tiergate cannot use shared memory (the client's regions are on another host than the model servers it forwards to); send the tensor's data in the request instead"),
+        ("shm output", (json_body(json!({"inputs": [input("x", "BOOL", json!([1]), json!([true]))], "outputs": [{"name": "y", "parameters": {"binary_data": true, "shared_memory_byte_size": 8}}]})), None), "outputs[0].parameters.shared_memory_byte_size: tiergate cannot use shared memory (the client's regions are on another host than the model servers it forwards to); send the tensor's data in the request instead"),
     ];
     let mut deep = json!([1.0]);
     for _ in 0..70 {
@@ -264,6 +266,11 @@ fn sample_response() -> InferResponse {
             tensor("b", Datatype::Bytes, &[1], vec![1, 0, 0, 0, b'z']),
             tensor("c", Datatype::Fp16, &[1], vec![0x00, 0x3c]),
         ],
+        output_parameters: [(
+            "a".to_owned(),
+            json!({"content_type": "np"}).as_object().cloned().unwrap_or_default(),
+        )]
+        .into(),
     }
 }
 

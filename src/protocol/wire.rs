@@ -97,6 +97,26 @@ pub(crate) fn param_u64(
     }
 }
 
+/// The parameters by which a Triton client points a tensor at a shared-memory region
+/// it registered (system or CUDA).
+const SHARED_MEMORY: [&str; 3] = [
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+];
+
+/// Refuses a tensor whose parameters (`has` says which it has) point at the client's shared memory: the
+/// gateway runs on another host than the client's regions and forwards to model servers
+/// on other hosts again, so it can neither read nor fill them.
+pub(crate) fn no_shared_memory(owner: &str, has: impl Fn(&str) -> bool) -> Result<(), Error> {
+    match SHARED_MEMORY.iter().find(|name| has(name)) {
+        None => Ok(()),
+        Some(name) => Err(Error::SharedMemory {
+            param: format!("{owner}.parameters.{name}"),
+        }),
+    }
+}
+
 /// Reads an optional boolean parameter.
 pub(crate) fn param_bool(params: Option<&Map<String, Value>>, owner: &str, name: &str) -> Result<Option<bool>, Error> {
     match params.and_then(|p| p.get(name)) {
@@ -195,6 +215,9 @@ fn check_unique<S>(kind: &str, wires: &[WireTensor<S>]) -> Result<(), Error> {
 }
 
 fn check_tensor<S: Sink>(path: &str, wire: WireTensor<S>) -> Result<Checked<S>, Error> {
+    if let Some(params) = &wire.parameters {
+        no_shared_memory(path, |name| params.contains_key(name))?;
+    }
     let datatype: Datatype = wire.datatype.parse().map_err(|_| Error::UnknownDatatype {
         path: path.to_owned(),
         value: wire.datatype.clone(),

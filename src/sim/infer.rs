@@ -179,6 +179,7 @@ fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)]) 
         id: request.id,
         parameters: Default::default(),
         outputs,
+        output_parameters: Default::default(),
     };
     let is_binary = |t: &Tensor| binary.iter().any(|(n, b)| *b && *n == t.name);
     let (body, header_len) = protocol::encode_response(&response, &is_binary);

@@ -26,6 +26,7 @@ enum Endpoint<'a> {
     Server,
     Model(&'a str, Option<&'a str>),
     ModelReady(&'a str, Option<&'a str>),
+    Stats(&'a str, Option<&'a str>),
     Infer(&'a str, Option<&'a str>),
 }
 
@@ -104,6 +105,16 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             Err(unknown) => *unknown,
         },
         Endpoint::ModelReady(m, v) => lookup(sim, m, v).map_or_else(|unknown| *unknown, |_| empty(StatusCode::OK)),
+        // As Triton's HTTP statistics: the counts the gRPC side reports too.
+        Endpoint::Stats(m, v) => match lookup(sim, m, v) {
+            Ok(_) => {
+                let stats = sim.stats(m).unwrap_or_default();
+                let model = json!({"name": m, "version": "1", "inference_count": stats.requests,
+                                   "execution_count": stats.batches});
+                json_reply(StatusCode::OK, &json!({ "model_stats": [model] }))
+            }
+            Err(unknown) => *unknown,
+        },
         Endpoint::Infer(m, v) => match lookup(sim, m, v) {
             Ok(model) => infer::infer(model, m, req).await,
             Err(unknown) => *unknown,
@@ -125,6 +136,7 @@ fn parse(path: &str) -> Option<Endpoint<'_>> {
     match rest {
         [] => Some(Endpoint::Model(model, version)),
         ["ready"] => Some(Endpoint::ModelReady(model, version)),
+        ["stats"] => Some(Endpoint::Stats(model, version)),
         ["infer"] => Some(Endpoint::Infer(model, version)),
         _ => None,
     }

@@ -59,6 +59,33 @@ class ThroughTiergate(unittest.TestCase):
                 for url in (VIA_HTTP_GRPC, VIA_GRPC_GRPC):
                     np.testing.assert_array_equal(predict_grpc(url, arr, datatype), want)
 
+    def test_micro_batch_answers_keep_the_backend_fields(self):
+        # Split from one batch, each answer still has what a direct call gets: its own
+        # id, the response's parameters and each output's (MLServer's content_type).
+        arr = ROWS["FP32"][:1]
+        with httpclient.InferenceServerClient(DIRECT_HTTP) as c:
+            inp = httpclient.InferInput("input-0", list(arr.shape), "FP32")
+            inp.set_data_from_numpy(arr, binary_data=False)
+            out = [httpclient.InferRequestedOutput("predict", binary_data=False)]
+            headers = {"Content-Type": "application/json"}
+            want = c.infer("iris", [inp], outputs=out, request_id="direct", headers=headers).get_response()
+        with httpclient.InferenceServerClient(VIA_HTTP_HTTP, concurrency=8) as c:
+            pending = []
+            for i in range(8):
+                inp = httpclient.InferInput("input-0", list(arr.shape), "FP32")
+                inp.set_data_from_numpy(arr, binary_data=False)
+                headers = {"Content-Type": "application/json", "x-tiergate-budget-ms": "2000"}
+                out = [httpclient.InferRequestedOutput("predict", binary_data=False)]
+                pending.append(c.async_infer("iris", [inp], outputs=out, request_id=f"r{i}", headers=headers))
+            got = [p.get_result().get_response() for p in pending]
+        # (An empty parameters object and none are the same to every KServe v2 reader.)
+        for i, answer in enumerate(got):
+            self.assertEqual(answer["id"], f"r{i}")
+            self.assertEqual(answer.get("parameters") or {}, want.get("parameters") or {})
+            self.assertTrue(want["outputs"][0].get("parameters"), "MLServer names each output's content type")
+            self.assertEqual(answer["outputs"][0].get("parameters"), want["outputs"][0].get("parameters"))
+            self.assertEqual(answer["outputs"][0]["data"], want["outputs"][0]["data"])
+
     def test_metadata_and_readiness(self):
         with httpclient.InferenceServerClient(DIRECT_HTTP) as c:
             want = c.get_model_metadata("iris")

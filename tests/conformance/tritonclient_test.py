@@ -127,6 +127,35 @@ class HttpClient(unittest.TestCase):
             self.client.infer("m", inputs, headers=budget("0"))
         self.assertIn("budget", str(spent.exception))
 
+    def test_shared_memory_is_refused_saying_why(self):
+        # tiergate cannot reach the client's shared memory: refused as Triton refuses a
+        # region it does not know (400), whether on an output or an input.
+        arr, inputs = self.inputs("FP32", True)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        out.set_shared_memory("output_region", 64)
+        with self.assertRaises(InferenceServerException) as refused:
+            self.client.infer("m", inputs, outputs=[out], headers=budget())
+        self.assertEqual(refused.exception.status(), "400")
+        self.assertIn("outputs[0].parameters.shared_memory_region", str(refused.exception))
+        self.assertIn("cannot use shared memory", str(refused.exception))
+        inp = httpclient.InferInput("INPUT0", [2, 3], "FP32")
+        inp.set_shared_memory("input_region", 24)
+        with self.assertRaises(InferenceServerException) as refused:
+            self.client.infer("m", [inp], headers=budget())
+        self.assertIn("inputs[0].parameters.shared_memory_region", str(refused.exception))
+
+    def test_statistics_of_every_model(self):
+        stats = self.client.get_inference_statistics()
+        self.assertIn("m", [m["name"] for m in stats["model_stats"]])
+        self.assertEqual(self.client.get_inference_statistics("m")["model_stats"][0]["name"], "m")
+
+    def test_shared_memory_registration_is_refused(self):
+        self.assertEqual(self.client.get_system_shared_memory_status(), [])
+        with self.assertRaises(InferenceServerException) as refused:
+            self.client.register_system_shared_memory("r0", "/r0", 64)
+        self.assertIn("cannot use shared memory", str(refused.exception))
+        self.client.unregister_system_shared_memory()
+
     def test_micro_batch_tier(self):
         # A 2 s budget calls for the micro-batch tier: concurrent callers share batches
         # and each gets exactly its own rows and id back, JSON or binary as it asked.
@@ -175,6 +204,15 @@ class GrpcClient(unittest.TestCase):
                 result = self.client.infer("m", inputs, headers=budget())
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums(datatype, arr))
+
+    def test_shared_memory_is_refused_saying_why(self):
+        arr, inputs = self.inputs("FP32")
+        out = grpcclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("output_region", 64)
+        with self.assertRaises(InferenceServerException) as refused:
+            self.client.infer("m", inputs, outputs=[out], headers=budget())
+        self.assertEqual(refused.exception.status(), "StatusCode.INVALID_ARGUMENT")
+        self.assertIn("cannot use shared memory", refused.exception.message())
 
     def test_compressed_requests(self):
         # As Triton: gzip and deflate messages are read.

@@ -55,6 +55,11 @@ fn echo(req: &InferRequest) -> InferResponse {
                 ..t.clone()
             })
             .collect(),
+        output_parameters: req
+            .inputs
+            .iter()
+            .map(|t| (format!("out_{}", t.name), params(json!({"content_type": "np"}))))
+            .collect(),
     }
 }
 
@@ -232,11 +237,17 @@ fn every_datatype_round_trips() {
         let answers = split(&echo(&concat(&refs).unwrap()), &rows).unwrap();
         assert_eq!(answers.len(), callers.len());
         for (caller, answer) in callers.iter().zip(&answers) {
+            // The batch's id (the tier gives callers that sent one their own).
             assert_eq!(
                 (answer.id.as_deref(), answer.model_version.as_deref()),
-                (None, Some("3"))
+                (Some("batch"), Some("3"))
             );
             assert_eq!(answer.parameters, params(json!({"backend": "b1"})));
+            assert_eq!(
+                answer.output_parameters.get("out_x"),
+                Some(&params(json!({"content_type": "np"}))),
+                "each output's own parameters"
+            );
             assert_eq!(answer.outputs.len(), 1);
             assert_eq!(answer.outputs[0].name, "out_x");
             assert_eq!(answer.outputs[0].shape, caller.inputs[0].shape, "{datatype}");
@@ -388,4 +399,20 @@ proptest! {
             prop_assert_eq!(&joined[..], &resp.outputs[0].data[..]);
         }
     }
+}
+
+#[test]
+fn a_sequence_step_never_shares_a_batch() {
+    let mut req = request(vec![tensor("a", Datatype::Fp32, &[1, 1], vec![0; 4])]);
+    req.parameters.insert("sequence_id".into(), json!(77));
+    let err = signature(&req).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "it belongs to sequence 77 (a stateful model's requests are never combined)"
+    );
+    req.parameters.insert("sequence_id".into(), json!("session-a"));
+    assert!(matches!(signature(&req), Err(BatchError::Sequence { .. })));
+    // 0 (or an empty string) is Triton's "no sequence".
+    req.parameters.insert("sequence_id".into(), json!(0));
+    assert!(signature(&req).is_ok());
 }

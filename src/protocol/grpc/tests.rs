@@ -181,6 +181,12 @@ fn responses_round_trip() {
         id: None,
         parameters: Map::new(),
         outputs: every_datatype().into_iter().map(|(t, _)| t).collect(),
+        output_parameters: [("b".to_owned(), {
+            let mut own = Map::new();
+            own.insert("content_type".into(), "np".into());
+            own
+        })]
+        .into(),
     };
     assert_eq!(response_from_grpc(response_to_grpc(&resp)).expect("valid"), resp);
 }

@@ -63,7 +63,11 @@ pub(super) fn scatter(reply: &Reply, reqs: &[&InferRequest], rows: &[u64]) -> Re
         .into_iter()
         .zip(reqs)
         .map(|(mut answer, req)| {
-            answer.id.clone_from(&req.id);
+            // The caller's own id; one that sent none gets the id the backend gave the
+            // batch, as a direct call would get one the backend made.
+            if req.id.is_some() {
+                answer.id.clone_from(&req.id);
+            }
             bridge::infer_response_to_http(&answer, &|t| wants_binary(req, t))
         })
         .collect())
