@@ -21,6 +21,9 @@ pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
 pub const DECISIONS: &str = "tiergate_decisions_total";
 /// Latency of backend calls, by `route` and `tier` (histogram, seconds).
 pub const BACKEND_SECONDS: &str = "tiergate_backend_duration_seconds";
+/// Steps of Triton sequences waiting for an earlier step of their sequence to be
+/// answered, by `route` and `tier` (gauge).
+pub const SEQUENCE_STEPS_WAITING: &str = "tiergate_sequence_steps_waiting";
 /// Circuit state of each backend endpoint, by `route`, `tier` and `endpoint`:
 /// 0 closed (taking traffic), 1 open (ejected), 2 half-open (being probed).
 pub const BACKEND_CIRCUIT: &str = "tiergate_backend_circuit_state";
@@ -128,6 +131,8 @@ pub struct Instruments {
     pub backend_seconds: metrics::Histogram,
     /// Requests in flight.
     pub in_flight: metrics::Gauge,
+    /// Sequence steps waiting for their turn.
+    pub sequence_steps_waiting: metrics::Gauge,
 }
 
 impl std::fmt::Debug for Instruments {
@@ -143,6 +148,7 @@ impl Instruments {
             request_seconds: metrics::Histogram::noop(),
             backend_seconds: metrics::Histogram::noop(),
             in_flight: metrics::Gauge::noop(),
+            sequence_steps_waiting: metrics::Gauge::noop(),
         }
     }
 
@@ -153,6 +159,7 @@ impl Instruments {
             request_seconds: metrics::histogram!(REQUEST_SECONDS, &labels),
             backend_seconds: metrics::histogram!(BACKEND_SECONDS, &labels),
             in_flight: metrics::gauge!(IN_FLIGHT, &labels),
+            sequence_steps_waiting: metrics::gauge!(SEQUENCE_STEPS_WAITING, &labels),
         }
     }
 }

@@ -553,3 +553,13 @@ async fn steps_of_a_triton_sequence_are_never_combined() {
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn the_steps_of_a_sequence_keep_one_batch_endpoint_and_their_order() {
+    let (rt, one, two) = (backend(&["m"]).await, backend(&["m"]).await, backend(&["m"]).await);
+    let batch = format!("{}\", \"{}", one.url(), two.url());
+    let policy = policy("r", &rt.url(), &batch, "", "").replace("max_in_flight = 1", "max_in_flight = 32");
+    let gw = gateway(&policy).await;
+    sequence_steps_in_order(&gw, (&one, &two), "micro_batch", "5000").await;
+    gw.stop().await.expect("stops");
+}

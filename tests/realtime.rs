@@ -197,3 +197,33 @@ async fn speaks_http2_to_backends_when_the_pool_says_so() {
     assert_eq!(rt.sim.stats("m").expect("stats").requests, 3);
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn the_steps_of_a_sequence_go_to_one_endpoint_one_at_a_time_in_order() {
+    let (one, two) = (backend(&["m"]).await, backend(&["m"]).await);
+    let policy = format!(
+        "[routes.r]\nmodels = [\"m\"]\nrealtime_below = \"20s\"\n[routes.r.realtime]\nendpoints = [\"{}\", \"{}\"]\nmax_concurrency = 64\n",
+        one.url(),
+        two.url()
+    );
+    let gw = gateway(&policy).await;
+    // A long budget, all of it real time: the test holds the backends for a while.
+    sequence_steps_in_order(&gw, (&one, &two), "realtime", "15000").await;
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_sequence_step_is_never_taken_offline() {
+    let be = backend(&["m"]).await;
+    let gw = gateway(&route(&be.url(), &be.url(), "realtime = true\noffline = true", "")).await;
+    let body =
+        r#"{"parameters":{"sequence_id":5},"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1]}]}"#;
+    let answer = infer(gw.http_addr(), "m", &[("prefer", "respond-async")], body).await;
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    assert!(
+        answer.text().contains("sequence 5 cannot be served offline"),
+        "{}",
+        answer.text()
+    );
+    gw.stop().await.expect("stops");
+}

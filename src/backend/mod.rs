@@ -4,7 +4,8 @@
 //! of one route (endpoint choice, circuits, limits, errors), over `h1` (HTTP/1.1, its
 //! own client), `h2` (HTTP/2) or, for `grpc://` endpoints, `grpc`, with the messages of
 //! `message` (end-to-end headers only); `endpoint` holds what they and the active
-//! `checks` share; `tls` is how `https://` and `grpcs://` endpoints are verified
+//! `checks` share; `sequences` keeps each Triton sequence to one endpoint, in order;
+//! `tls` is how `https://` and `grpcs://` endpoints are verified
 //! ([`Trust`]); [`Pools`] finds or builds the pool for a route's current spec, so a
 //! tier keeps its connections and counters for as long as a route's pool is unchanged
 //! and gets fresh ones when a policy reload changes it.
@@ -17,6 +18,7 @@ mod h2;
 pub mod health;
 mod message;
 mod pool;
+mod sequences;
 mod tls;
 
 use std::sync::Arc;

@@ -160,6 +160,19 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             problem(&mut errors, line, "body_too_large", message, Some("body"));
             continue;
         }
+        let params = obj
+            .get("body")
+            .and_then(|b| b.get("parameters"))
+            .and_then(Value::as_object);
+        if let Some(Ok(Some(sequence))) = params.map(crate::protocol::sequence) {
+            let message = format!(
+                "the request is a step of sequence {}: a batch runs its requests in any order, so a stateful \
+                 model's steps cannot be sent this way; send them directly, in order",
+                sequence.id
+            );
+            problem(&mut errors, line, "sequence_unsupported", message, Some("body"));
+            continue;
+        }
         let job = NewJob {
             route: route.name.clone(),
             method: "POST".into(),
@@ -247,6 +260,17 @@ endpoints = ["http://127.0.0.1:9"]
             message.contains("/v2/models/m/infer is not the batch's endpoint /v1/embeddings"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_sequence_step_cannot_go_in_a_batch() {
+        let policy = policy();
+        let line = json!({"custom_id": "c0", "method": "POST", "url": "/v2/models/m/infer",
+                          "body": {"parameters": {"sequence_id": 9},
+                                   "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}});
+        let (jobs, errors) = lines(line.to_string().as_bytes(), &within(&policy));
+        assert!(jobs.is_empty());
+        assert_eq!(errors[0]["code"], "sequence_unsupported", "{errors:?}");
     }
 
     proptest! {

@@ -206,6 +206,25 @@ impl Dispatch {
             },
         };
         let ids = debug_ids(&request).cloned();
+        let sequence = request.extensions().get::<crate::protocol::Sequence>().cloned();
+        if let (Tier::Offline, Some(sequence)) = (decision.tier, &sequence) {
+            // The offline tier runs jobs in any order, on any endpoint: a stateful model's
+            // steps would be applied out of turn.
+            let served = Served {
+                decision: Some(decision),
+                refusal: None,
+                result: Err(Error::new(
+                    Kind::BadRequest,
+                    format!(
+                        "sequence {} cannot be served offline (its steps would run out of order): send its \
+                         requests with a budget under the route's offline_from and without Prefer: respond-async",
+                        sequence.id
+                    ),
+                )),
+                policy_version: route.policy_version(),
+            };
+            return count(route, door, &instruments, served, ids.as_ref());
+        }
         instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
         request_span.record("reason", decision.reason.as_str());
@@ -214,8 +233,10 @@ impl Dispatch {
             .unwrap_or_else(|| received + MAX_BUDGET);
         let handles = instruments.handles(&route.name, decision.tier);
         handles.in_flight.increment(1.0);
-        // Keep a copy only when the route may send real-time overflow elsewhere.
-        let spare = (decision.tier == Tier::Realtime && route.borrow.realtime_overflow).then(|| request_copy(&request));
+        // Keep a copy only when the route may send real-time overflow elsewhere (never a
+        // sequence's step: it must reach the endpoint that holds its state).
+        let overflow = decision.tier == Tier::Realtime && route.borrow.realtime_overflow && sequence.is_none();
+        let spare = overflow.then(|| request_copy(&request));
         let call = Call {
             route: route.clone(),
             tier: decision.tier,

@@ -108,7 +108,13 @@ impl GrpcDoor {
             .and_then(|req| {
                 let timeout_us = req.parameters.get("timeout").and_then(Value::as_u64);
                 let meta = admitted.meta(headers, timeout_us, req.id.as_deref())?;
-                Ok((bridge::http_infer_request(&model, version.as_deref(), req, true), meta))
+                let sequence = crate::protocol::sequence(&req.parameters)
+                    .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
+                let mut request = bridge::http_infer_request(&model, version.as_deref(), req, true);
+                if let Some(sequence) = sequence {
+                    request.extensions_mut().insert(sequence);
+                }
+                Ok((request, meta))
             });
         let served = match prepared {
             Ok((request, meta)) => admitted.serve(request, meta).await,

@@ -266,23 +266,28 @@ impl Door {
                 }
                 false => body,
             };
-            let (timeout_us, id) = match kind {
+            let (timeout_us, id, sequence) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
                     let info = protocol::inspect_request(&body, header_len).map_err(bad_request)?;
-                    (info.timeout_us, info.id)
+                    (info.timeout_us, info.id, info.sequence)
                 }
                 Body::Json => {
                     serde_json::from_slice::<serde::de::IgnoredAny>(&body)
                         .map_err(|e| Error::new(Kind::BadRequest, format!("request body is not JSON: {e}")))?;
-                    (None, None)
+                    (None, None, None)
                 }
             };
             let meta = admitted.meta(&parts.headers, timeout_us, id.as_deref())?;
-            Ok::<_, Error>((body, meta))
+            Ok::<_, Error>((body, meta, sequence))
         };
         let mut served = match prepared.await {
-            Ok((body, meta)) => admitted.serve(Request::from_parts(parts, body), meta).await,
+            Ok((body, meta, sequence)) => {
+                if let Some(sequence) = sequence {
+                    parts.extensions.insert(sequence);
+                }
+                admitted.serve(Request::from_parts(parts, body), meta).await
+            }
             Err(e) => admitted.failed(e),
         };
         if let (Some(coding), Ok(reply)) = (answer_coding, served.result.as_mut()) {

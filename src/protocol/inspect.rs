@@ -16,6 +16,8 @@ pub struct RequestInfo {
     pub timeout_us: Option<u64>,
     /// The first dimension of the inputs, when every input has one and they agree.
     pub rows: Option<u64>,
+    /// The Triton sequence it is a step of, if any.
+    pub sequence: Option<super::Sequence>,
 }
 
 /// Validates an infer request as [`decode_request`](super::decode_request) does (it
@@ -25,7 +27,10 @@ pub struct RequestInfo {
 pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<RequestInfo, Error> {
     let (json, start) = split(body, header_len)?;
     let wire: WireRequest<Summary> = parse_json("request", json)?;
-    let timeout_us = request_params(&wire.parameters.unwrap_or_default())?;
+    let (timeout_us, sequence) = match &wire.parameters {
+        None => (None, None),
+        Some(params) => (request_params(params)?, super::sequence(params)?),
+    };
     if wire.inputs.is_empty() {
         return Err(Error::NoInputs);
     }
@@ -45,5 +50,6 @@ pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<Request
         id: wire.id,
         timeout_us,
         rows: first.filter(|_| agree),
+        sequence,
     })
 }

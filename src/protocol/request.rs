@@ -8,7 +8,9 @@ use serde_json::{Map, Value};
 
 use super::binary::{assemble, split};
 use super::data::{Leaves, Sink};
-use super::wire::{check_tensors, into_tensor, out_tensors, param_bool, param_u64, parse_json, OutTensor, WireTensor};
+use super::wire::{
+    bad_param, check_tensors, into_tensor, out_tensors, param_bool, param_u64, parse_json, OutTensor, WireTensor,
+};
 use super::{Error, Tensor};
 
 /// An output the client asks for, by name.
@@ -108,6 +110,53 @@ pub fn decode_request(body: &Bytes, header_len: Option<usize>) -> Result<InferRe
         inputs: inputs.into_iter().map(|c| into_tensor(c, &section)).collect(),
         outputs: outputs.map(requested_output).collect::<Result<_, _>>()?,
     })
+}
+
+/// A step of a Triton sequence: the request parameters that tie it to a stateful model's
+/// correlation id (`sequence_id`, with `sequence_start` and `sequence_end`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Sequence {
+    /// The correlation id, as sent (a number or a string), in canonical text.
+    pub id: String,
+    /// `sequence_start`: the first step.
+    pub start: bool,
+    /// `sequence_end`: the last step, after which the id is free again.
+    pub end: bool,
+}
+
+/// The sequence `params` make the request a step of, if any (a `sequence_id` of 0 or ""
+/// is none, as Triton reads it).
+pub fn sequence(params: &Map<String, Value>) -> Result<Option<Sequence>, Error> {
+    let id = match params.get("sequence_id") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(0) => return Ok(None),
+            Some(n) => n.to_string(),
+            None => {
+                return Err(bad_param(
+                    "",
+                    "sequence_id",
+                    "a non-negative integer or a string",
+                    &Value::Number(n.clone()),
+                ))
+            }
+        },
+        Some(Value::String(s)) if s.is_empty() => return Ok(None),
+        Some(Value::String(s)) => format!("{s:?}"),
+        Some(other) => {
+            return Err(bad_param(
+                "",
+                "sequence_id",
+                "a non-negative integer or a string",
+                other,
+            ))
+        }
+    };
+    Ok(Some(Sequence {
+        id,
+        start: param_bool(Some(params), "", "sequence_start")?.unwrap_or(false),
+        end: param_bool(Some(params), "", "sequence_end")?.unwrap_or(false),
+    }))
 }
 
 /// Checks the request parameters the protocol defines; returns `timeout` (µs).

@@ -207,7 +207,8 @@ fn binary_inputs_are_slices_of_the_body() {
         RequestInfo {
             id: Some("r1".into()),
             timeout_us: None,
-            rows: Some(1)
+            rows: Some(1),
+            sequence: None,
         }
     );
 }
@@ -325,5 +326,36 @@ fn error_body_is_protocol_json() {
     assert_eq!(
         serde_json::from_slice::<Value>(&body).unwrap(),
         json!({"error": "bad \"thing\""})
+    );
+}
+
+#[test]
+fn a_sequence_is_read_from_the_request_parameters() {
+    let with = |params: Value| {
+        let body = json_body(json!({"parameters": params, "inputs": [input("x", "BOOL", json!([1]), json!([true]))]}));
+        inspect_request(&body, None)
+            .map(|info| info.sequence)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        with(json!({"sequence_id": 77, "sequence_start": true})),
+        Ok(Some(crate::protocol::Sequence {
+            id: "77".into(),
+            start: true,
+            end: false
+        }))
+    );
+    assert_eq!(
+        with(json!({"sequence_id": "a"})).map(|s| s.map(|s| s.id)),
+        Ok(Some("\"a\"".into()))
+    );
+    assert_eq!(with(json!({"sequence_id": 0})), Ok(None), "0 is no sequence");
+    assert_eq!(
+        with(json!({"sequence_id": -1})),
+        Err("parameters.sequence_id must be a non-negative integer or a string, got -1".into())
+    );
+    assert_eq!(
+        with(json!({"sequence_id": 1, "sequence_end": "yes"})),
+        Err("parameters.sequence_end must be true or false, got \"yes\"".into())
     );
 }

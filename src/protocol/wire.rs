@@ -76,7 +76,7 @@ fn param_path(owner: &str, name: &str) -> String {
     }
 }
 
-fn bad_param(owner: &str, name: &str, expected: &'static str, value: &Value) -> Error {
+pub(crate) fn bad_param(owner: &str, name: &str, expected: &'static str, value: &Value) -> Error {
     Error::BadParameter {
         param: param_path(owner, name),
         expected,

@@ -70,9 +70,16 @@ async fn answer(m: &Model, model: &str, req: Request<Incoming>) -> Result<Reply,
 async fn run(m: &Model, model: &str, header_len: Option<usize>, body: Bytes) -> Result<Reply, Refusal> {
     let queued = queue(m, model, &body, header_len);
     // Counted after queueing, so `requests == n` tells a test the batches are queued.
+    let id = queued.as_ref().ok().and_then(|q| q.request.id.clone());
     m.stats.send_modify(|s| {
         s.requests += 1;
         s.last_request = body.clone();
+        if let Some(id) = id {
+            if s.ids.len() == super::IDS_KEPT {
+                s.ids.remove(0);
+            }
+            s.ids.push(id);
+        }
     });
     let queued = queued?;
     match queued.done.await {

@@ -51,6 +51,9 @@ pub struct Simulator {
     inner: Arc<Inner>,
 }
 
+/// How many request ids [`Stats::ids`] keeps.
+pub const IDS_KEPT: usize = 1024;
+
 /// A snapshot of one model's counters.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -75,6 +78,9 @@ pub struct Stats {
     pub errors: u64,
     /// The raw body of the most recent infer request, for byte-exact pass-through checks.
     pub last_request: Bytes,
+    /// The ids of the last [`IDS_KEPT`] infer requests that had one, in the order they
+    /// were queued (the order a stateful model would apply them in).
+    pub ids: Vec<String>,
     /// The `traceparent` of the most recent infer request that had one (HTTP header or
     /// gRPC metadata), as a traced backend would record it.
     pub last_traceparent: Option<String>,

@@ -363,3 +363,60 @@ pub fn addresses(peer_http: u16, peer_grpc: u16, gateways: &[&Gateway]) -> Vec<S
     }
     args
 }
+
+/// The value of the metric `series` (name and labels, as exported) at the gateway, 0
+/// when it is absent.
+pub async fn metric(gw: &Gateway, series: &str) -> f64 {
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Sends 24 steps of sequence 77 to model `m` with `budget` ms, each once the one before
+/// waits its turn, while both backends of the `tier` pool hold their calls; then checks
+/// that one endpoint got every step, one at a time, in order.
+pub async fn sequence_steps_in_order(gw: &Gateway, (one, two): (&Backend, &Backend), tier: &str, budget: &'static str) {
+    let step = |i: usize, end: bool| {
+        let addr = gw.http_addr();
+        let body = serde_json::json!({"id": format!("s{i}"),
+            "parameters": {"sequence_id": 77, "sequence_start": i == 0, "sequence_end": end},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [i]}]});
+        tokio::spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", budget)], &body.to_string()).await })
+    };
+    one.sim.hold();
+    two.sim.hold();
+    let mut steps = vec![step(0, false)];
+    eventually(Duration::from_secs(10), "the first step reaches a backend", || async {
+        let seen = one.sim.stats("m")?.requests + two.sim.stats("m")?.requests;
+        (seen == 1).then_some(())
+    })
+    .await;
+    let waiting = format!("tiergate_sequence_steps_waiting{{route=\"r\",tier=\"{tier}\"}}");
+    let n = 24;
+    for i in 1..n {
+        steps.push(step(i, i == n - 1));
+        eventually(Duration::from_secs(10), "the step waits its turn", || async {
+            (metric(gw, &waiting).await == i as f64).then_some(())
+        })
+        .await;
+    }
+    one.sim.release();
+    two.sim.release();
+    for s in steps {
+        let answer = s.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-tier"), Some(tier));
+    }
+    let (a, b) = (one.sim.stats("m").expect("stats"), two.sim.stats("m").expect("stats"));
+    let pinned = if a.requests > 0 { &a } else { &b };
+    assert_eq!(
+        (a.requests + b.requests, pinned.requests),
+        (n as u64, n as u64),
+        "one endpoint got every step"
+    );
+    assert_eq!(pinned.max_in_flight, 1, "one step at a time");
+    let order: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+    assert_eq!(pinned.ids, order, "in the order they came");
+}
