@@ -305,3 +305,49 @@ async fn raw_grpc_call(addr: std::net::SocketAddr, payload: &[u8]) -> String {
     let status = trailers.get("grpc-status").or_else(|| headers.get("grpc-status"));
     status.and_then(|v| v.to_str().ok()).unwrap_or("missing").to_owned()
 }
+
+#[tokio::test]
+async fn answers_are_compressed_only_when_the_settings_and_the_client_both_say_so() {
+    use tonic::codec::CompressionEncoding::Gzip;
+    let rt = backend(&["m"]).await;
+    let policy = route(&rt.url(), &rt.url(), "realtime = true", "");
+    let encoding = |answer: &tonic::Response<pb::ModelInferResponse>| {
+        answer
+            .metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    // By default, as Triton: uncompressed, even to a client that accepts gzip, whose own
+    // gzip request is read.
+    let gw = gateway(&policy).await;
+    let mut c = client(gw.grpc_addr())
+        .await
+        .accept_compressed(Gzip)
+        .send_compressed(Gzip);
+    let answer = c.model_infer(fp32_request("a", &[[1.0, 2.0]])).await.expect("served");
+    assert_eq!(encoding(&answer), None);
+    gw.stop().await.expect("stops");
+
+    let mut cfg = config();
+    cfg.grpc.answer_compression = tiergate::config::Compression::Gzip;
+    let gw = gateway_with(cfg, &policy).await;
+    let mut accepts = client(gw.grpc_addr()).await.accept_compressed(Gzip);
+    let answer = accepts
+        .model_infer(fp32_request("b", &[[1.0, 2.0]]))
+        .await
+        .expect("served");
+    assert_eq!(encoding(&answer).as_deref(), Some("gzip"));
+    assert_eq!(answer.into_inner().id, "b");
+    let mut plain = client(gw.grpc_addr()).await;
+    let answer = plain
+        .model_infer(fp32_request("c", &[[1.0, 2.0]]))
+        .await
+        .expect("served");
+    assert_eq!(
+        encoding(&answer),
+        None,
+        "a client that does not accept gzip gets it plain"
+    );
+    gw.stop().await.expect("stops");
+}

@@ -416,7 +416,7 @@ impl Parts {
             max_body_bytes: config.limits.max_body_bytes,
         };
         let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
-        let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits);
+        let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits, config.grpc.answer_compression);
         let workers = offline::worker::Workers {
             store,
             policy: policy.clone(),

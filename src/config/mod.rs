@@ -47,6 +47,8 @@ pub struct Config {
     pub auth: Auth,
     /// TLS on the doors and the admin API.
     pub tls: Tls,
+    /// The gRPC doors' own settings.
+    pub grpc: Grpc,
     /// Where backend pools may point.
     pub backends: Backends,
     /// How a stop signal drains the gateway.
@@ -121,6 +123,29 @@ pub struct Tls {
     pub cert_file: Option<PathBuf>,
     /// The certificate's private key, PEM; read again when it changes.
     pub key_file: Option<PathBuf>,
+}
+
+/// The gRPC doors' own settings.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Grpc {
+    /// How answers are compressed for a client that accepts it (its
+    /// `grpc-accept-encoding`): `none` (as Triton by default), `gzip` or `deflate`.
+    /// Compressed requests are read whatever this says.
+    pub answer_compression: Compression,
+}
+
+/// A message compression.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// None.
+    #[default]
+    None,
+    /// gzip.
+    Gzip,
+    /// deflate.
+    Deflate,
 }
 
 /// A secret setting: never shown by `Debug`, so it cannot reach a log line.
@@ -367,6 +392,7 @@ impl Default for Config {
             offline: Offline::default(),
             auth: Auth::default(),
             tls: Tls::default(),
+            grpc: Grpc::default(),
             kafka: Kafka::default(),
             log: Log::default(),
             admin: Admin::default(),

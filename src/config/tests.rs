@@ -52,6 +52,7 @@ fn file_then_environment() {
             "TIERGATE_BACKENDS__CA_FILE".to_owned(),
             "/etc/tiergate/ca.pem".to_owned(),
         ),
+        ("TIERGATE_GRPC__ANSWER_COMPRESSION".to_owned(), "gzip".to_owned()),
     ];
     let config = Config::load(Some(&file), env).expect("loads");
     assert_eq!(config.listen.http.to_string(), "0.0.0.0:9001");
@@ -61,6 +62,7 @@ fn file_then_environment() {
     assert_eq!(config.limits.header_read_timeout, Duration::from_secs(3));
     assert_eq!(config.backends.allow, ["10.0.0.0/8", "triton.internal"]);
     assert_eq!(config.backends.ca_file, Some(PathBuf::from("/etc/tiergate/ca.pem")));
+    assert_eq!(config.grpc.answer_compression, crate::config::Compression::Gzip);
     let token = config.admin.token.expect("token from the environment");
     assert_eq!(token.0, "s3cret-token-value");
     assert!(!format!("{token:?}").contains("s3cret"), "secrets never print");

@@ -23,7 +23,7 @@ use crate::trace;
 use tonic::{Status, Streaming};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::config::Limits;
+use crate::config::{Compression, Limits};
 use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
@@ -51,15 +51,20 @@ impl GrpcDoor {
 
     /// The tonic service, refusing messages over `limits.max_body_bytes` (once
     /// decompressed) and sending none over `limits.max_response_bytes`; as Triton, it
-    /// reads gzip and deflate messages and, as Triton does by default, answers
-    /// uncompressed.
-    pub fn service(self, limits: &Limits) -> GrpcInferenceServiceServer<GrpcDoor> {
+    /// reads gzip and deflate messages, and compresses answers as `answers` says for a
+    /// client that accepts it (uncompressed by default, as Triton).
+    pub fn service(self, limits: &Limits, answers: Compression) -> GrpcInferenceServiceServer<GrpcDoor> {
         use tonic::codec::CompressionEncoding::{Deflate, Gzip};
-        GrpcInferenceServiceServer::new(self)
+        let service = GrpcInferenceServiceServer::new(self)
             .max_decoding_message_size(limits.max_body_bytes)
             .max_encoding_message_size(limits.max_response_bytes)
             .accept_compressed(Gzip)
-            .accept_compressed(Deflate)
+            .accept_compressed(Deflate);
+        match answers {
+            Compression::None => service,
+            Compression::Gzip => service.send_compressed(Gzip),
+            Compression::Deflate => service.send_compressed(Deflate),
+        }
     }
 
     /// Serves one infer request of `tenant`'s; `headers` are the call's metadata as HTTP
