@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{backend, backend_with, config, eventually, gateway_with, get, infer, route, BODY};
+use common::{backend, backend_with, config, eventually, gateway_with, infer, metric, route, BODY};
 use tiergate::sim::{ModelSpec, Profile};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -39,16 +39,6 @@ async fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
     let socket = TcpSocket::new_v4().expect("socket");
     socket.bind(format!("{from}:0").parse().expect("addr")).expect("bind");
     socket.connect(addr).await.expect("connect")
-}
-
-async fn counter(gw: &tiergate::app::Gateway, series: &str) -> f64 {
-    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
-    scrape
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -114,7 +104,7 @@ async fn sockets_without_a_request_are_closed_and_the_door_stays_open() {
     let mut grpc = common::grpc::client(gw.grpc_addr()).await;
     let reply = grpc.model_infer(common::grpc::fp32_request("g", &[[1.0, 2.0]])).await;
     assert!(reply.is_ok(), "the gRPC door serves again: {reply:?}");
-    let closed = counter(&gw, "tiergate_connections_closed_total{reason=\"first_request\"}").await;
+    let closed = metric(&gw, "tiergate_connections_closed_total{reason=\"first_request\"}").await;
     assert!(
         closed >= 8.0,
         "the sockets the servers did not close themselves are counted, got {closed}"
@@ -165,7 +155,7 @@ async fn idle_connections_are_closed_but_a_slow_request_is_not() {
         .await;
     assert!(reply.is_ok(), "a slow gRPC call is not cut: {reply:?}");
     eventually(BOUND, "the idle connections counted", || async {
-        (counter(&gw, "tiergate_connections_closed_total{reason=\"idle\"}").await >= 2.0).then_some(())
+        (metric(&gw, "tiergate_connections_closed_total{reason=\"idle\"}").await >= 2.0).then_some(())
     })
     .await;
 }
@@ -201,7 +191,7 @@ async fn a_client_past_its_connection_limit_is_refused_and_others_are_served() {
         })
         .await;
     }
-    let refused = counter(
+    let refused = metric(
         &gw,
         "tiergate_admission_refusals_total{reason=\"connections_per_client\"}",
     )

@@ -172,7 +172,7 @@ impl Demo {
                 tier.unwrap_or_else(|| "-".into())
             ));
         }
-        lines.push(self.batch_check(&client).await?);
+        lines.push(self.batch_check().await?);
         if let Some(admin) = self.admin_addr() {
             let explain = http::Request::post(format!("http://{admin}/admin/explain")).body(Full::new(
                 Bytes::from_static(br#"{"model": "resnet50", "budget_ms": 2000}"#),
@@ -189,39 +189,19 @@ impl Demo {
     }
 
     /// Runs the demo's Batch API file as `tiergate jobs submit` does: upload, create, wait.
-    async fn batch_check(
-        &self,
-        client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    ) -> anyhow::Result<String> {
+    async fn batch_check(&self) -> anyhow::Result<String> {
+        use crate::cli::jobs::{call, upload_form};
         let base = format!("http://{}", self.http_addr());
-        let call = |method: &str, path: &str, content_type: String, body: Bytes| {
-            let request = http::Request::builder()
-                .method(method)
-                .uri(format!("{base}{path}"))
-                .header("content-type", content_type)
-                .body(Full::new(body));
-            async move {
-                let response = client.request(request?).await?;
-                let body = response.into_body().collect().await?.to_bytes();
-                anyhow::Ok(serde_json::from_slice::<serde_json::Value>(&body)?)
-            }
-        };
-        let boundary = "tiergate-demo";
-        let content = std::fs::read_to_string(&self.requests)?;
-        let form = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
-             Content-Disposition: form-data; name=\"file\"; filename=\"requests.jsonl\"\r\n\r\n{content}\r\n--{boundary}--\r\n"
-        );
-        let multipart = format!("multipart/form-data; boundary={boundary}");
-        let file = call("POST", "/v1/files", multipart, Bytes::from(form)).await?;
+        let (multipart, form) = upload_form("requests.jsonl", &std::fs::read(&self.requests)?);
+        let (_, file) = call(&base, "POST", "/v1/files", Some(&multipart), form).await?;
         let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v2/models/resnet50/infer",
                                         "completion_window": "1h"});
-        let json = "application/json".to_owned();
-        let batch = call("POST", "/v1/batches", json.clone(), Bytes::from(create.to_string())).await?;
+        let json = Some("application/json");
+        let (_, batch) = call(&base, "POST", "/v1/batches", json, Bytes::from(create.to_string())).await?;
         let id = batch["id"].as_str().unwrap_or_default().to_owned();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
-            let batch = call("GET", &format!("/v1/batches/{id}"), json.clone(), Bytes::new()).await?;
+            let (_, batch) = call(&base, "GET", &format!("/v1/batches/{id}"), None, Bytes::new()).await?;
             let done = batch["request_counts"]["completed"].as_u64();
             match batch["status"].as_str() {
                 Some("completed") if done == Some(REQUESTS as u64) => {

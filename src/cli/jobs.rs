@@ -105,16 +105,8 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         .file
         .file_name()
         .map_or("input.jsonl".into(), |n| n.to_string_lossy().into_owned());
-    let boundary = format!("tiergate-{:016x}", rand::random::<u64>());
-    let mut form = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
-         Content-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/jsonl\r\n\r\n"
-    )
-    .into_bytes();
-    form.extend_from_slice(&content);
-    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    let content_type = format!("multipart/form-data; boundary={boundary}");
-    let (status, file) = call(url, "POST", "/v1/files", Some(&content_type), form.into()).await?;
+    let (content_type, form) = upload_form(&name, &content);
+    let (status, file) = call(url, "POST", "/v1/files", Some(&content_type), form).await?;
     if status >= 400 {
         bail!("upload refused ({status}): {}", error_text(&file));
     }
@@ -239,6 +231,20 @@ async fn results(url: &str, id: &str, output: &Path) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `POST /v1/files` form uploading `content` as the Batch API file `name`: its
+/// content type and body.
+pub(crate) fn upload_form(name: &str, content: &[u8]) -> (String, Bytes) {
+    let boundary = format!("tiergate-{:016x}", rand::random::<u64>());
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/jsonl\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend_from_slice(content);
+    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), form.into())
+}
+
 fn item_path(id: &str) -> anyhow::Result<String> {
     match id.split_once('_').map(|(kind, _)| kind) {
         Some("batch") => Ok(format!("/v1/batches/{id}")),
@@ -268,7 +274,7 @@ fn print_json(v: &Value) {
 }
 
 /// One request to the gateway; its status and JSON body (the text as a string otherwise).
-async fn call(
+pub(crate) async fn call(
     base: &str,
     method: &str,
     path: &str,

@@ -211,17 +211,11 @@ impl OfflineApi {
             limit: 10_000,
             ..Default::default()
         };
-        for (k, v) in query.unwrap_or_default().split('&').filter_map(|kv| kv.split_once('=')) {
+        for (k, v) in pairs(query) {
             match k {
                 "purpose" => asked.purpose = Some(v.to_owned()),
                 "after" => asked.after = Some(v.to_owned()),
-                "limit" => {
-                    asked.limit = v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=10_000).contains(n))
-                        .ok_or_else(|| Error::new(Kind::BadRequest, "limit must be 1 to 10000"))?;
-                }
+                "limit" => asked.limit = limit(v, 10_000)?,
                 "order" => {
                     asked.ascending = match v {
                         "asc" => true,
@@ -233,45 +227,48 @@ impl OfflineApi {
             }
         }
         let (files, has_more) = self.store.files(tenant, asked).await.map_err(store_error)?;
-        let data: Vec<Value> = files.iter().map(|f| f.to_json()).collect();
-        let id = |f: Option<&queue::batches::FileInfo>| f.map_or(Value::Null, |f| Value::from(f.id.as_str()));
-        let body = json!({
-            "object": "list",
-            "data": data,
-            "first_id": id(files.first()),
-            "last_id": id(files.last()),
-            "has_more": has_more,
-        });
-        Ok(json_response(StatusCode::OK, &body))
+        Ok(page(files.iter().map(|f| f.to_json()).collect(), has_more))
     }
 
     /// `GET /v1/batches?limit=N&after=ID`.
     async fn list(&self, query: Option<&str>, tenant: &str) -> Result<Response<Bytes>, Error> {
-        let (mut limit, mut after) = (20usize, None);
-        for (k, v) in query.unwrap_or_default().split('&').filter_map(|kv| kv.split_once('=')) {
+        let (mut most, mut after) = (20usize, None);
+        for (k, v) in pairs(query) {
             match k {
-                "limit" => {
-                    limit = v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=100).contains(n))
-                        .ok_or_else(|| Error::new(Kind::BadRequest, "limit must be 1 to 100"))?;
-                }
+                "limit" => most = limit(v, 100)?,
                 "after" => after = Some(v.to_owned()),
                 _ => {}
             }
         }
-        let (data, has_more) = self.store.batches(tenant, after, limit).await.map_err(store_error)?;
-        let id = |b: Option<&Value>| b.and_then(|b| b.get("id")).cloned().unwrap_or(Value::Null);
-        let body = json!({
-            "object": "list",
-            "first_id": id(data.first()),
-            "last_id": id(data.last()),
-            "has_more": has_more,
-            "data": data,
-        });
-        Ok(json_response(StatusCode::OK, &body))
+        let (data, has_more) = self.store.batches(tenant, after, most).await.map_err(store_error)?;
+        Ok(page(data, has_more))
     }
+}
+
+/// A query string's `key=value` pairs.
+fn pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query.unwrap_or_default().split('&').filter_map(|kv| kv.split_once('='))
+}
+
+/// A page size from 1 to `max`.
+fn limit(v: &str, max: usize) -> Result<usize, Error> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| Error::new(Kind::BadRequest, format!("limit must be 1 to {max}")))
+}
+
+/// One page of a list, as OpenAI's: its objects, the first and last ids, whether more follow.
+fn page(data: Vec<Value>, has_more: bool) -> Response<Bytes> {
+    let id = |item: Option<&Value>| item.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
+    let body = json!({
+        "object": "list",
+        "first_id": id(data.first()),
+        "last_id": id(data.last()),
+        "has_more": has_more,
+        "data": data,
+    });
+    json_response(StatusCode::OK, &body)
 }
 
 /// The file a `POST /v1/files` body (a multipart form of `content_type`) uploads: its

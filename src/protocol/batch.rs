@@ -74,7 +74,7 @@ pub enum BatchError {
     /// correlation id's state, so they never share a backend call with others.
     #[error("it belongs to sequence {sequence_id} (a stateful model's requests are never combined)")]
     Sequence {
-        /// The request's `sequence_id` parameter, as sent.
+        /// The request's `sequence_id`, as [`super::Sequence::id`] writes it.
         sequence_id: String,
     },
     /// The batch's row count does not fit in 64 bits.
@@ -113,16 +113,11 @@ impl BatchError {
 /// dimension 0, or it is a step of a Triton sequence (a request that cannot be batched;
 /// the tier then serves it alone).
 pub fn signature(req: &InferRequest) -> Result<(Signature, u64), BatchError> {
-    // Triton's correlation id: 0 (or "") is no sequence.
-    match req.parameters.get("sequence_id") {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(id) => {
-            return Err(BatchError::Sequence {
-                sequence_id: id.to_string(),
-            })
-        }
+    // A malformed sequence id was refused at the door; here only a real one matters.
+    if let Ok(Some(sequence)) = super::sequence(&req.parameters) {
+        return Err(BatchError::Sequence {
+            sequence_id: sequence.id,
+        });
     }
     let first = req.inputs.first().ok_or(BatchError::NoInputs)?;
     let first_rows = *first.shape.first().ok_or_else(|| scalar(first))?;
