@@ -1,12 +1,18 @@
-//! Generates the KServe v2 gRPC client and server from `proto/`, with the `protoc` that
-//! ships inside the `protoc-bin-vendored` crate (or `$PROTOC` when set), so nothing needs
-//! installing on the build machine.
+//! Generates the KServe v2 gRPC client and server from `proto/`, and the descriptor set of
+//! Triton's model config and statistics, with the `protoc` that ships inside the
+//! `protoc-bin-vendored` crate (or `$PROTOC` when set), so nothing needs installing on the
+//! build machine.
+
+use std::path::PathBuf;
+use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {
         std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     }
+    println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=proto/grpc_service.proto");
+    println!("cargo:rerun-if-changed=proto/model_config.proto");
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
@@ -15,5 +21,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A message that does not decode is the sender's mistake: INVALID_ARGUMENT.
         .codec_path("crate::protocol::grpc::codec::Codec")
         .compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
+    // No code for the model config: `protocol::grpc::config` reads it by reflection.
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
+    let status = Command::new(std::env::var_os("PROTOC").ok_or("PROTOC is not set")?)
+        .arg("--proto_path=proto")
+        .arg(format!(
+            "--descriptor_set_out={}",
+            out.join("model_config.bin").display()
+        ))
+        .arg("proto/model_config.proto")
+        .status()?;
+    if !status.success() {
+        return Err(format!("protoc failed on proto/model_config.proto: {status}").into());
+    }
     Ok(())
 }

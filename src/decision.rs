@@ -67,6 +67,9 @@ pub enum Reason {
     RealtimeOverflow,
     /// A Kafka source's request: bulk work, always on the micro-batch tier.
     KafkaSource,
+    /// A later step of a Triton sequence: served by the tier that served its first step
+    /// (whose pool holds the endpoint with the sequence's state), whatever its budget.
+    Sequence,
 }
 
 /// The classifier's answer for one request.
@@ -121,7 +124,7 @@ impl Tier {
 
 impl Reason {
     /// Every reason, in the order of [`Reason::index`].
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::BudgetRealtime,
         Reason::BudgetMicroBatch,
         Reason::BudgetOffline,
@@ -132,6 +135,7 @@ impl Reason {
         Reason::BestEffort,
         Reason::RealtimeOverflow,
         Reason::KafkaSource,
+        Reason::Sequence,
     ];
 
     /// Its position in [`Reason::ALL`], for tables indexed by reason.
@@ -147,6 +151,7 @@ impl Reason {
             Reason::BestEffort => 7,
             Reason::RealtimeOverflow => 8,
             Reason::KafkaSource => 9,
+            Reason::Sequence => 10,
         }
     }
 
@@ -163,6 +168,7 @@ impl Reason {
             Reason::BestEffort => "best_effort",
             Reason::RealtimeOverflow => "realtime_overflow",
             Reason::KafkaSource => "kafka_source",
+            Reason::Sequence => "sequence",
         }
     }
 }

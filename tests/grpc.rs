@@ -1,5 +1,5 @@
-//! The KServe v2 gRPC door: health, metadata, infer with raw and typed contents,
-//! streaming, deadlines, shedding and malformed messages.
+//! The KServe v2 gRPC door: health, metadata, model config and statistics, infer with raw
+//! and typed contents, streaming, deadlines, shedding and malformed messages.
 
 mod common;
 
@@ -78,6 +78,53 @@ async fn health_metadata_and_readiness() {
         .await
         .expect_err("unknown");
     assert_eq!(err.code(), Code::NotFound);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn model_config_and_statistics_of_an_http_backend_as_triton_messages() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let mut c = client(gw.grpc_addr()).await;
+    let config = c
+        .model_config(pb::ModelConfigRequest {
+            name: "m".into(),
+            version: String::new(),
+        })
+        .await
+        .expect("the backend's JSON converted")
+        .into_inner()
+        .config;
+    // Field 1 is the name, field 4 max_batch_size (0: a default, so not encoded).
+    assert!(config.starts_with(b"\x0a\x01m"), "{config:?}");
+    let back = tiergate::protocol::grpc::config::config_to_json(&config).expect("decodes");
+    let back: serde_json::Value = serde_json::from_slice(&back).expect("JSON");
+    let direct = get(rt.addr, "/v2/models/m/config").await.json();
+    assert!(json_includes(&back, &direct), "{back} holds {direct}");
+    assert_eq!(back["input"][0]["format"], "FORMAT_NONE", "with Triton's defaults");
+    let served = c.model_infer(with_budget(fp32_request("", &[[1.0, 2.0]]), "200")).await;
+    served.expect("served");
+    let stats = c
+        .model_statistics(pb::ModelStatisticsRequest {
+            name: "m".into(),
+            version: String::new(),
+        })
+        .await
+        .expect("the backend's JSON converted")
+        .into_inner()
+        .model_stats;
+    let stats = tiergate::protocol::grpc::config::statistics_to_json(&stats).expect("decodes");
+    let stats: serde_json::Value = serde_json::from_slice(&stats).expect("JSON");
+    assert_eq!(stats["model_stats"][0]["name"], "m");
+    assert_eq!(stats["model_stats"][0]["inference_count"], 1);
+    let unknown = c
+        .model_config(pb::ModelConfigRequest {
+            name: "nope".into(),
+            version: String::new(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(unknown.code(), Code::NotFound);
     gw.stop().await.expect("stops");
 }
 

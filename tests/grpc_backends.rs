@@ -122,7 +122,7 @@ async fn grpc_clients_and_metadata_through_a_grpc_backend() {
         "tiergate_sim"
     );
     assert_eq!(get(gw.http_addr(), "/v2/models/m/ready").await.status, 200);
-    // model config and statistics pass through, byte for byte
+    // model config and statistics pass through to the gRPC door, byte for byte
     let config = c
         .model_config(pb::ModelConfigRequest {
             name: "m".into(),
@@ -153,11 +153,21 @@ async fn grpc_clients_and_metadata_through_a_grpc_backend() {
         .await
         .expect("all models' statistics");
     assert_eq!(all.into_inner().model_stats.len(), 1);
+    // The HTTP door converts them to Triton's JSON: as the backend's own HTTP side answers.
+    let config = get(gw.http_addr(), "/v2/models/m/config").await;
+    assert_eq!(config.status, 200, "{}", config.text());
+    let direct = get(rt.addr, "/v2/models/m/config").await.json();
+    let converted = config.json();
+    assert!(json_includes(&converted, &direct), "{converted} holds {direct}");
     assert_eq!(
-        get(gw.http_addr(), "/v2/models/m/config").await.status,
-        501,
-        "config of a gRPC backend is for the gRPC door"
+        converted["output"][0]["is_shape_tensor"], false,
+        "with Triton's defaults"
     );
+    let stats = get(gw.http_addr(), "/v2/models/m/stats").await;
+    assert_eq!(stats.status, 200, "{}", stats.text());
+    let stats = stats.json();
+    assert_eq!(stats["model_stats"][0]["name"], "m");
+    assert!(stats["model_stats"][0]["inference_count"].as_u64().expect("a number") >= 1);
     let unknown = c
         .model_config(pb::ModelConfigRequest {
             name: "nope".into(),

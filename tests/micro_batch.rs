@@ -563,3 +563,52 @@ async fn the_steps_of_a_sequence_keep_one_batch_endpoint_and_their_order() {
     sequence_steps_in_order(&gw, (&one, &two), "micro_batch", "5000").await;
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn a_sequence_stays_in_the_tier_of_its_first_step() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let gw = gateway(&policy("r", &rt.url(), &batch.url(), "", "").replace("\"10ms\"", "\"300ms\"")).await;
+    let step = |id: &str, start: bool, end: bool| {
+        json!({"id": id, "parameters": {"sequence_id": "s-1", "sequence_start": start, "sequence_end": end},
+               "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+        .to_string()
+    };
+    let served = |answer: Answer| {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let header = |name| answer.header(name).map(str::to_owned);
+        (header("x-tiergate-tier"), header("x-tiergate-reason"))
+    };
+    let pair = |tier: &str, reason: &str| (Some(tier.to_owned()), Some(reason.to_owned()));
+    // A 200 ms first step is real-time; the 2 s steps after it would be micro-batch.
+    let first = infer(
+        gw.http_addr(),
+        "m",
+        &[("x-tiergate-budget-ms", "200")],
+        &step("a", true, false),
+    )
+    .await;
+    assert_eq!(served(first), pair("realtime", "budget_realtime"));
+    for (id, end) in [("b", false), ("c", true)] {
+        let later = infer(
+            gw.http_addr(),
+            "m",
+            &[("x-tiergate-budget-ms", "2000")],
+            &step(id, false, end),
+        )
+        .await;
+        assert_eq!(served(later), pair("realtime", "sequence"), "step {id}");
+    }
+    // Ended: the id's next sequence is classified afresh.
+    let next = infer(
+        gw.http_addr(),
+        "m",
+        &[("x-tiergate-budget-ms", "2000")],
+        &step("d", true, false),
+    )
+    .await;
+    assert_eq!(served(next), pair("micro_batch", "budget_micro_batch"));
+    let ids = |b: &Backend| b.sim.stats("m").expect("stats").ids;
+    assert_eq!(ids(&rt), ["a", "b", "c"]);
+    assert_eq!(ids(&batch), ["d"]);
+    gw.stop().await.expect("stops");
+}

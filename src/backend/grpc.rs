@@ -5,7 +5,7 @@
 //! left in the budget as its gRPC deadline, and converts the answer back to the HTTP
 //! form the client's door expects: outputs in binary or JSON as the request asked.
 //! Model config and statistics pass through as protobuf bytes when the caller accepts
-//! them (the gRPC door does).
+//! them (the gRPC door does), and are converted to Triton's JSON for the HTTP door.
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 use super::endpoint::Failure;
 use super::tls::Trust;
 use crate::protocol::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use crate::protocol::grpc::{bridge, pb, request_to_grpc, response_from_grpc};
+use crate::protocol::grpc::{bridge, config, pb, request_to_grpc, response_from_grpc};
 use crate::protocol::{self, InferRequest, Tensor};
 
 /// A gRPC client for one endpoint.
@@ -93,7 +93,7 @@ pub(super) async fn call(
                 true => answer(StatusCode::OK, ""),
                 false => answer(StatusCode::SERVICE_UNAVAILABLE, "the model is not ready"),
             }),
-        (&Method::GET, "/config") if wants_protobuf => client
+        (&Method::GET, "/config") => client
             .model_config(with_deadline(
                 pb::ModelConfigRequest {
                     name: model.into(),
@@ -102,8 +102,11 @@ pub(super) async fn call(
                 budget,
             ))
             .await
-            .map(|r| protobuf(r.into_inner().config)),
-        (&Method::GET, "/stats") if wants_protobuf => client
+            .map(|r| match wants_protobuf {
+                true => protobuf(r.into_inner().config),
+                false => converted(config::config_to_json(&r.into_inner().config)),
+            }),
+        (&Method::GET, "/stats") => client
             .model_statistics(with_deadline(
                 pb::ModelStatisticsRequest {
                     name: model.into(),
@@ -112,13 +115,10 @@ pub(super) async fn call(
                 budget,
             ))
             .await
-            .map(|r| protobuf(Bytes::from(r.into_inner().encode_to_vec()))),
-        (&Method::GET, "/config" | "/stats") => {
-            return Ok(answer(
-                StatusCode::NOT_IMPLEMENTED,
-                "this route's backend speaks gRPC: ask for model config and statistics on the gRPC door",
-            ))
-        }
+            .map(|r| match wants_protobuf {
+                true => protobuf(Bytes::from(r.into_inner().encode_to_vec())),
+                false => converted(config::statistics_to_json(&r.into_inner().model_stats)),
+            }),
         _ => return Ok(answer(StatusCode::NOT_FOUND, "no such model endpoint")),
     };
     result.or_else(|status| backend_status(status, deadline))
@@ -233,6 +233,14 @@ fn json(body: Bytes) -> Response<Bytes> {
         http::HeaderValue::from_static("application/json"),
     );
     reply
+}
+
+/// A model config or statistics converted to JSON; 502 when the backend's does not decode.
+fn converted(json_or_problem: Result<Bytes, String>) -> Response<Bytes> {
+    match json_or_problem {
+        Ok(body) => json(body),
+        Err(problem) => answer(StatusCode::BAD_GATEWAY, &problem),
+    }
 }
 
 fn protobuf(body: Bytes) -> Response<Bytes> {

@@ -18,7 +18,7 @@ mod h2;
 pub mod health;
 mod message;
 mod pool;
-mod sequences;
+pub(crate) mod sequences;
 mod tls;
 
 use std::sync::Arc;

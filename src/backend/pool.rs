@@ -40,7 +40,7 @@ pub struct Pool {
     max_response_bytes: usize,
     instruments: Instruments,
     /// Triton sequences in flight: each kept to its endpoint, one step at a time.
-    sequences: super::sequences::Sequences,
+    sequences: super::sequences::Sequences<usize>,
 }
 
 /// How the pool talks to its endpoints.
@@ -233,7 +233,7 @@ impl Pool {
             ));
         };
         let (_permit, parts, body, span) = self.take_slot(request)?;
-        let at = pinned.endpoint;
+        let at = pinned.to;
         let result = self
             .send((at, false), &parts, body, deadline)
             .instrument(span)

@@ -1,8 +1,10 @@
-//! Triton sequences on a pool: a stateful model keeps each correlation id's state on the
-//! instance that saw its first step, so every step of one sequence goes to the endpoint
-//! its first step went to, one at a time, in the order the steps reached the pool. The
-//! pin is released after the step with `sequence_end`, or once the sequence has been
-//! idle for [`IDLE`]. Beside the pool, which asks for a step's turn before it calls.
+//! Triton sequences: a stateful model keeps each correlation id's state on the instance
+//! that saw its first step, so every step of one sequence goes where its first step went.
+//! A pool pins each sequence to an endpoint and sends its steps one at a time, in the
+//! order they reached the pool (it asks for a step's turn before it calls); the dispatch
+//! pins each sequence to the tier its first step was served by, so later steps with other
+//! budgets reach the same pool. A pin is released after the step with `sequence_end`, or
+//! once the sequence has been idle for [`IDLE`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,37 +13,57 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long a sequence with no step keeps its endpoint.
-pub(super) const IDLE: Duration = Duration::from_secs(60);
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
 /// Most sequences a pool keeps pinned at once; past it, idle ones are let go first.
-pub(super) const MAX_LIVE: usize = 100_000;
+pub(crate) const MAX_LIVE: usize = 100_000;
 
-/// The live sequences of one pool.
-#[derive(Debug, Default)]
-pub(super) struct Sequences {
-    live: Mutex<Live>,
+/// The live sequences of one pool (pinned to an endpoint's index) or of the dispatch
+/// (pinned to a tier).
+#[derive(Debug)]
+pub(crate) struct Sequences<T> {
+    live: Mutex<Live<T>>,
 }
 
-#[derive(Debug, Default)]
-struct Live {
-    by_id: HashMap<String, Arc<Pinned>>,
+impl<T> Default for Sequences<T> {
+    fn default() -> Self {
+        Self {
+            live: Mutex::new(Live {
+                by_id: HashMap::new(),
+                swept: None,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Live<T> {
+    by_id: HashMap<String, Arc<Pinned<T>>>,
     swept: Option<Instant>,
 }
 
-/// One live sequence: its endpoint, whose step may go now, and when it last had one.
+/// One live sequence: where it is pinned, whose step may go now, and when it last had one.
 #[derive(Debug)]
-pub(super) struct Pinned {
-    /// The endpoint (index in the pool) holding its state.
-    pub(super) endpoint: usize,
+pub(crate) struct Pinned<T> {
+    /// Where its state is: an endpoint's index in the pool, or a tier.
+    pub(crate) to: T,
     /// Held by the step being sent: tokio's mutex is fair, so steps go in the order
     /// they asked.
-    pub(super) turn: tokio::sync::Mutex<()>,
+    pub(crate) turn: tokio::sync::Mutex<()>,
     last: Mutex<Instant>,
 }
 
-impl Sequences {
-    /// The pin of sequence `id`, made with `pick`'s endpoint when the sequence is new;
+impl<T> Sequences<T> {
+    /// The pin of sequence `id`, if it is live.
+    pub(crate) fn find(&self, id: &str) -> Option<Arc<Pinned<T>>> {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let pinned = live.by_id.get(id)?;
+        *pinned.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Some(pinned.clone())
+    }
+
+    /// The pin of sequence `id`, made with `pick`'s answer when the sequence is new;
     /// `None` when [`MAX_LIVE`] sequences are live and none is idle.
-    pub(super) fn pin<E>(&self, id: &str, pick: impl FnOnce() -> Result<usize, E>) -> Result<Option<Arc<Pinned>>, E> {
+    pub(crate) fn pin<E>(&self, id: &str, pick: impl FnOnce() -> Result<T, E>) -> Result<Option<Arc<Pinned<T>>>, E> {
         let now = Instant::now();
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(pinned) = live.by_id.get(id) {
@@ -55,7 +77,7 @@ impl Sequences {
             return Ok(None);
         }
         let pinned = Arc::new(Pinned {
-            endpoint: pick()?,
+            to: pick()?,
             turn: tokio::sync::Mutex::new(()),
             last: Mutex::new(now),
         });
@@ -64,7 +86,7 @@ impl Sequences {
     }
 
     /// Lets sequence `id` go (its last step was sent), if `pinned` is still its pin.
-    pub(super) fn release(&self, id: &str, pinned: &Arc<Pinned>) {
+    pub(crate) fn release(&self, id: &str, pinned: &Arc<Pinned<T>>) {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         if live.by_id.get(id).is_some_and(|p| Arc::ptr_eq(p, pinned)) {
             live.by_id.remove(id);
@@ -78,7 +100,7 @@ impl Sequences {
     }
 }
 
-impl Live {
+impl<T> Live<T> {
     /// Lets go of the sequences idle for [`IDLE`] whose no step is waiting or in flight.
     fn sweep(&mut self, now: Instant) {
         self.by_id.retain(|_, pinned| {
@@ -95,13 +117,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_sequence_keeps_its_endpoint_until_released_or_idle() {
-        let sequences = Sequences::default();
+        let sequences = Sequences::<usize>::default();
         let first = sequences.pin::<()>("77", || Ok(1)).expect("pinned").expect("room");
         let again = sequences.pin::<()>("77", || Ok(0)).expect("pinned").expect("room");
-        assert_eq!((first.endpoint, again.endpoint), (1, 1), "the first step's endpoint");
+        assert_eq!((first.to, again.to), (1, 1), "the first step's endpoint");
+        assert_eq!(sequences.find("77").map(|p| p.to), Some(1));
         sequences.release("77", &first);
         let fresh = sequences.pin::<()>("77", || Ok(0)).expect("pinned").expect("room");
-        assert_eq!(fresh.endpoint, 0, "released: the next first step picks again");
+        assert!(sequences.find("77").is_some_and(|p| Arc::ptr_eq(&p, &fresh)));
+        assert_eq!(fresh.to, 0, "released: the next first step picks again");
         drop((first, again, fresh));
         tokio::time::advance(IDLE + Duration::from_secs(1)).await;
         let _other = sequences.pin::<()>("78", || Ok(0)).expect("pinned");
@@ -110,7 +134,7 @@ mod tests {
 
     #[tokio::test]
     async fn steps_take_their_turn_in_the_order_they_asked() {
-        let sequences = Arc::new(Sequences::default());
+        let sequences = Arc::new(Sequences::<usize>::default());
         let pinned = sequences.pin::<()>("s", || Ok(0)).expect("pinned").expect("room");
         let first = pinned.turn.lock().await;
         let order = Arc::new(Mutex::new(Vec::new()));

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::auth::Callers;
+use crate::backend::sequences::Sequences;
 use crate::backend::{Pools, Role};
 use crate::classify::classify;
 use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
@@ -49,6 +50,8 @@ pub struct Dispatch {
     reserve: f64,
     /// Who may call, as which tenant (every door authenticates with it).
     callers: Arc<Callers>,
+    /// The tier each live Triton sequence's first step was served by, by route and id.
+    sequence_tiers: Sequences<Tier>,
 }
 
 /// Each route's request instruments: one set per route name for as long as the gateway
@@ -129,6 +132,7 @@ impl Dispatch {
             instruments: Instruments::default(),
             reserve: 0.0,
             callers: Arc::new(Callers::open()),
+            sequence_tiers: Sequences::default(),
         }
     }
 
@@ -150,6 +154,42 @@ impl Dispatch {
         debug_assert!((0.0..=0.5).contains(&reserve), "checked by Config::validate");
         self.reserve = reserve;
         self
+    }
+
+    /// A Triton sequence's step goes to the tier that served the sequence's first step
+    /// while that tier is on (its pool holds the endpoint with the sequence's state),
+    /// whatever this step's budget says; a first step classified offline pins nothing
+    /// (it is refused). The pin goes with the `sequence_end` step or after
+    /// [`IDLE`](crate::backend::sequences::IDLE).
+    fn sequence_tier(&self, route: &Route, sequence: &crate::protocol::Sequence, decision: Decision) -> Decision {
+        let key = format!("{}\n{}", route.name, sequence.id);
+        let pinned = match self.sequence_tiers.find(&key) {
+            Some(pinned) => Some(pinned),
+            None if decision.tier == Tier::Offline => None,
+            None => self
+                .sequence_tiers
+                .pin(&key, || Ok::<_, std::convert::Infallible>(decision.tier))
+                .unwrap_or_else(|never| match never {}),
+        };
+        let Some(pinned) = pinned else {
+            return decision;
+        };
+        if sequence.end {
+            self.sequence_tiers.release(&key, &pinned);
+        }
+        let on = match pinned.to {
+            Tier::Realtime => route.flags.realtime,
+            Tier::MicroBatch => route.flags.micro_batch,
+            Tier::Offline => false,
+        };
+        match pinned.to != decision.tier && on {
+            true => Decision {
+                tier: pinned.to,
+                reason: Reason::Sequence,
+                ..decision
+            },
+            false => decision,
+        }
     }
 
     /// The running policy snapshot.
@@ -207,6 +247,10 @@ impl Dispatch {
         };
         let ids = debug_ids(&request).cloned();
         let sequence = request.extensions().get::<crate::protocol::Sequence>().cloned();
+        let decision = match &sequence {
+            Some(sequence) => self.sequence_tier(route, sequence, decision),
+            None => decision,
+        };
         if let (Tier::Offline, Some(sequence)) = (decision.tier, &sequence) {
             // The offline tier runs jobs in any order, on any endpoint: a stateful model's
             // steps would be applied out of turn.

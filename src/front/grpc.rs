@@ -6,7 +6,9 @@
 //! the same [`Dispatch`] as the HTTP door, and the answer converted back. The budget
 //! comes from the gRPC deadline (`grpc-timeout`) or the request's `timeout` parameter;
 //! tier and reason travel as response metadata; errors map through the same table as
-//! HTTP, with `google.rpc.RetryInfo` where waiting helps.
+//! HTTP, with `google.rpc.RetryInfo` where waiting helps. Model config and statistics
+//! come from the route's backend: as they are from a gRPC one, converted from Triton's
+//! JSON from an HTTP one (`protocol::grpc::config`).
 
 use std::sync::Arc;
 
@@ -27,7 +29,7 @@ use crate::config::{Compression, Limits};
 use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
-use crate::protocol::grpc::{bridge, pb, request_from_grpc};
+use crate::protocol::grpc::{bridge, config, pb, request_from_grpc};
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
@@ -148,30 +150,48 @@ impl GrpcDoor {
         self.dispatch.control(model, request).await.map_err(|e| status(&e))
     }
 
-    /// One model's statistics: the backend's whole ModelStatisticsResponse, as it is.
-    async fn statistics(&self, model: &str, version: &str) -> Result<pb::ModelStatisticsResponse, Status> {
-        let encoded = self.protobuf(model, version, "/stats").await?;
-        <pb::ModelStatisticsResponse as prost::Message>::decode(encoded)
-            .map_err(|e| Status::unavailable(format!("the backend's statistics do not decode: {e}")))
+    /// One model's config: a gRPC backend's as it is, an HTTP backend's converted.
+    async fn config(&self, model: &str, version: &str) -> Result<Bytes, Status> {
+        match self.model_get(model, version, "/config").await? {
+            Answer::Protobuf(config) => Ok(config),
+            Answer::Json(json) => config::config_from_json(&json).map_err(Status::unavailable),
+        }
     }
 
-    /// Model config or statistics: a gRPC backend's protobuf answer, passed through.
-    async fn protobuf(&self, model: &str, version: &str, suffix: &str) -> Result<Bytes, Status> {
+    /// One model's statistics: a gRPC backend's whole ModelStatisticsResponse as it is,
+    /// an HTTP backend's converted.
+    async fn statistics(&self, model: &str, version: &str) -> Result<pb::ModelStatisticsResponse, Status> {
+        match self.model_get(model, version, "/stats").await? {
+            Answer::Protobuf(encoded) => <pb::ModelStatisticsResponse as prost::Message>::decode(encoded)
+                .map_err(|e| Status::unavailable(format!("the backend's statistics do not decode: {e}"))),
+            Answer::Json(json) => config::statistics_from_json(&json)
+                .map(|model_stats| pb::ModelStatisticsResponse { model_stats })
+                .map_err(Status::unavailable),
+        }
+    }
+
+    /// Model config or statistics from the route's backend: protobuf from a gRPC
+    /// backend (asked for it), JSON from an HTTP one.
+    async fn model_get(&self, model: &str, version: &str, suffix: &str) -> Result<Answer, Status> {
         let reply = self.control(model, version, suffix, Some(bridge::PROTOBUF)).await?;
+        if !reply.status().is_success() {
+            return Err(bridge::status_from_http(reply.status(), reply.body()));
+        }
         let protobuf = reply
             .headers()
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v == bridge::PROTOBUF);
-        match (reply.status().is_success(), protobuf) {
-            (true, true) => Ok(reply.into_body()),
-            (true, false) => Err(Status::unimplemented(format!(
-                "model {what} over gRPC is passed through from gRPC backends; this route's backend speaks HTTP \
-                 (ask GET /v2/models/{model}{suffix} on the HTTP door)",
-                what = &suffix[1..]
-            ))),
-            (false, _) => Err(bridge::status_from_http(reply.status(), reply.body())),
-        }
+        Ok(match protobuf {
+            true => Answer::Protobuf(reply.into_body()),
+            false => Answer::Json(reply.into_body()),
+        })
     }
+}
+
+/// A backend's model config or statistics, in the form its protocol gave.
+enum Answer {
+    Protobuf(Bytes),
+    Json(Bytes),
 }
 
 /// Renders a served request for gRPC, with the decision as metadata (the HTTP door's
@@ -366,7 +386,7 @@ impl GrpcInferenceService for GrpcDoor {
     ) -> Result<tonic::Response<pb::ModelConfigResponse>, Status> {
         self.let_in_call(&req)?;
         let req = req.into_inner();
-        let config = self.protobuf(&req.name, &req.version, "/config").await?;
+        let config = self.config(&req.name, &req.version).await?;
         Ok(tonic::Response::new(pb::ModelConfigResponse { config }))
     }
 

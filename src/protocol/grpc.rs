@@ -17,6 +17,7 @@ use super::{Datatype, Error, InferRequest, InferResponse, RequestedOutput, Tenso
 
 pub mod bridge;
 pub mod codec;
+pub mod config;
 
 /// The generated protobuf messages, client and server of `inference.GRPCInferenceService`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -2,7 +2,6 @@
 //! Triton serves gRPC on 8001 beside HTTP on 8000), answering through the same models,
 //! instances and statistics as the HTTP side.
 
-use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -11,7 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{infer, server, Model, Simulator};
 use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
-use crate::protocol::grpc::{bridge, pb, request_from_grpc};
+use crate::protocol::grpc::{bridge, config, pb, request_from_grpc};
 
 /// The simulator as a gRPC service.
 #[derive(Clone)]
@@ -48,26 +47,6 @@ impl SimGrpc {
             ))),
         }
     }
-}
-
-/// A `ModelConfig` message (Triton's model_config.proto) with its name (1), platform (2)
-/// and max_batch_size (4), encoded by hand: the simulator only needs to give one.
-fn config(name: &str) -> Bytes {
-    let mut buf = BytesMut::new();
-    prost::encoding::string::encode(1, &name.to_owned(), &mut buf);
-    prost::encoding::string::encode(2, &"tiergate_sim".to_owned(), &mut buf);
-    prost::encoding::int32::encode(4, &0, &mut buf);
-    buf.freeze()
-}
-
-/// A `ModelStatistics` message: name (1), version (2), inference_count (4), execution_count (5).
-fn statistics(name: &str, requests: u64, batches: u64) -> Bytes {
-    let mut buf = BytesMut::new();
-    prost::encoding::string::encode(1, &name.to_owned(), &mut buf);
-    prost::encoding::string::encode(2, &"1".to_owned(), &mut buf);
-    prost::encoding::uint64::encode(4, &requests, &mut buf);
-    prost::encoding::uint64::encode(5, &batches, &mut buf);
-    buf.freeze()
 }
 
 #[tonic::async_trait]
@@ -150,9 +129,9 @@ impl GrpcInferenceService for SimGrpc {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let req = req.into_inner();
         self.model(&req.name, &req.version)?;
-        Ok(Response::new(pb::ModelConfigResponse {
-            config: config(&req.name),
-        }))
+        let json = server::model_config(&req.name).to_string();
+        let config = config::config_from_json(json.as_bytes()).map_err(Status::internal)?;
+        Ok(Response::new(pb::ModelConfigResponse { config }))
     }
 
     async fn model_statistics(
@@ -161,8 +140,8 @@ impl GrpcInferenceService for SimGrpc {
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let req = req.into_inner();
         self.model(&req.name, &req.version)?;
-        let stats = self.0.stats(&req.name).unwrap_or_default();
-        let model_stats = vec![statistics(&req.name, stats.requests, stats.batches)];
+        let json = server::model_statistics(&self.0, &req.name).to_string();
+        let model_stats = config::statistics_from_json(json.as_bytes()).map_err(Status::internal)?;
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }
 }

@@ -27,6 +27,7 @@ enum Endpoint<'a> {
     Model(&'a str, Option<&'a str>),
     ModelReady(&'a str, Option<&'a str>),
     Stats(&'a str, Option<&'a str>),
+    Config(&'a str, Option<&'a str>),
     Infer(&'a str, Option<&'a str>),
 }
 
@@ -105,14 +106,12 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             Err(unknown) => *unknown,
         },
         Endpoint::ModelReady(m, v) => lookup(sim, m, v).map_or_else(|unknown| *unknown, |_| empty(StatusCode::OK)),
-        // As Triton's HTTP statistics: the counts the gRPC side reports too.
         Endpoint::Stats(m, v) => match lookup(sim, m, v) {
-            Ok(_) => {
-                let stats = sim.stats(m).unwrap_or_default();
-                let model = json!({"name": m, "version": "1", "inference_count": stats.requests,
-                                   "execution_count": stats.batches});
-                json_reply(StatusCode::OK, &json!({ "model_stats": [model] }))
-            }
+            Ok(_) => json_reply(StatusCode::OK, &model_statistics(sim, m)),
+            Err(unknown) => *unknown,
+        },
+        Endpoint::Config(m, v) => match lookup(sim, m, v) {
+            Ok(_) => json_reply(StatusCode::OK, &model_config(m)),
             Err(unknown) => *unknown,
         },
         Endpoint::Infer(m, v) => match lookup(sim, m, v) {
@@ -137,6 +136,7 @@ fn parse(path: &str) -> Option<Endpoint<'_>> {
         [] => Some(Endpoint::Model(model, version)),
         ["ready"] => Some(Endpoint::ModelReady(model, version)),
         ["stats"] => Some(Endpoint::Stats(model, version)),
+        ["config"] => Some(Endpoint::Config(model, version)),
         ["infer"] => Some(Endpoint::Infer(model, version)),
         _ => None,
     }
@@ -174,6 +174,32 @@ pub(crate) fn model_metadata(model: &str) -> serde_json::Value {
             {"name": "OUTPUT1", "datatype": "FP64", "shape": [-1]},
         ],
     })
+}
+
+/// The model's config as Triton's HTTP endpoint writes it (the gRPC side sends the same,
+/// converted): no batch dimension of Triton's own (`max_batch_size` 0), so the dims are
+/// the metadata's whole shapes.
+pub(crate) fn model_config(model: &str) -> serde_json::Value {
+    json!({
+        "name": model,
+        "platform": "tiergate_sim",
+        "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]}],
+        "output": [
+            {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]},
+            {"name": "OUTPUT1", "data_type": "TYPE_FP64", "dims": [-1]},
+        ],
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    })
+}
+
+/// The model's statistics as Triton's HTTP endpoint writes them (the gRPC side sends
+/// the same, converted): requests and the batches that served them.
+pub(crate) fn model_statistics(sim: &Simulator, model: &str) -> serde_json::Value {
+    let stats = sim.stats(model).unwrap_or_default();
+    let version = json!({"name": model, "version": "1", "inference_count": stats.requests,
+                         "execution_count": stats.batches});
+    json!({ "model_stats": [version] })
 }
 
 fn json_reply(status: StatusCode, value: &serde_json::Value) -> Reply {

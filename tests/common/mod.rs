@@ -354,6 +354,17 @@ pub async fn run_conformance(python: std::path::PathBuf, script: &str, args: Vec
     );
 }
 
+/// Whether `whole` holds every value of `part` (objects may have more keys, as a
+/// converted model config has the defaults Triton writes; arrays match element-wise).
+pub fn json_includes(whole: &serde_json::Value, part: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (whole, part) {
+        (Value::Object(w), Value::Object(p)) => p.iter().all(|(k, v)| w.get(k).is_some_and(|x| json_includes(x, v))),
+        (Value::Array(w), Value::Array(p)) => w.len() == p.len() && w.iter().zip(p).all(|(x, v)| json_includes(x, v)),
+        _ => whole == part,
+    }
+}
+
 /// The (HTTP, gRPC) addresses a conformance script compares: the peer's, then each gateway's.
 pub fn addresses(peer_http: u16, peer_grpc: u16, gateways: &[&Gateway]) -> Vec<String> {
     let mut args = vec![format!("127.0.0.1:{peer_http}"), format!("127.0.0.1:{peer_grpc}")];

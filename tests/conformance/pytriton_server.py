@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 http_port, grpc_port, metrics_port = map(int, sys.argv[1:4])
 DTYPES = {
@@ -34,7 +34,9 @@ def echo(**inputs):
 
 
 config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1", grpc_port=grpc_port, metrics_port=metrics_port)
-with Triton(config=config) as triton:
+# PyTriton restricts statistics to callers with its access token; the test compares them.
+security = TritonSecurityConfig(restricted_endpoints=["shared-memory", "model-repository", "trace", "logging"])
+with Triton(config=config, security_config=security) as triton:
     triton.bind(
         model_name="echo",
         infer_func=echo,

@@ -71,19 +71,46 @@ class ThroughTiergate(unittest.TestCase):
             with self.subTest(gateway=GATEWAYS[i]):
                 self.check(grpc_infer(GATEWAYS[i]), want)
 
-    def test_metadata_config_and_readiness(self):
+    def test_metadata_and_readiness(self):
         with grpcclient.InferenceServerClient(DIRECT_GRPC) as c:
             want = c.get_model_metadata("echo", as_json=True)
-            want_config = c.get_model_config("echo", as_json=True)
         for i in range(0, len(GATEWAYS), 2):
             with httpclient.InferenceServerClient(GATEWAYS[i]) as c:
                 self.assertTrue(c.is_model_ready("echo"))
                 self.assertEqual(c.get_model_metadata("echo")["inputs"][0]["name"], want["inputs"][0]["name"])
             with grpcclient.InferenceServerClient(GATEWAYS[i + 1]) as c:
                 self.assertEqual(c.get_model_metadata("echo", as_json=True), want)
-        # the gateway fronting Triton's gRPC port passes the model config through
-        with grpcclient.InferenceServerClient(GATEWAYS[-1]) as c:
-            self.assertEqual(c.get_model_config("echo", as_json=True), want_config)
+
+    def test_model_config_and_statistics_on_both_doors(self):
+        # Each door answers as Triton's own port of its protocol, whichever protocol the
+        # gateway speaks to Triton: passed through when the same, converted when not.
+        with httpclient.InferenceServerClient(DIRECT_HTTP) as c:
+            want_http = c.get_model_config("echo")
+            want_http_stats = c.get_inference_statistics("echo")["model_stats"]
+        with grpcclient.InferenceServerClient(DIRECT_GRPC) as c:
+            want_grpc = c.get_model_config("echo").config
+        self.assertGreater(want_http["max_batch_size"], 0)
+        for i in range(0, len(GATEWAYS), 2):
+            with self.subTest(door="http", gateway=GATEWAYS[i]):
+                with httpclient.InferenceServerClient(GATEWAYS[i]) as c:
+                    self.assertEqual(c.get_model_config("echo"), want_http)
+                    stats = c.get_inference_statistics("echo")["model_stats"]
+                self.assertEqual(shape(stats), shape(want_http_stats))
+            with self.subTest(door="grpc", gateway=GATEWAYS[i + 1]):
+                with grpcclient.InferenceServerClient(GATEWAYS[i + 1]) as c:
+                    self.assertEqual(c.get_model_config("echo").config, want_grpc)
+                    stats = c.get_inference_statistics("echo").model_stats
+                self.assertEqual([(s.name, s.version) for s in stats],
+                                 [(s["name"], s["version"]) for s in want_http_stats])
+
+
+def shape(value):
+    """The keys of a JSON value, all the way down (counts and times change between calls)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
 
 
 if __name__ == "__main__":

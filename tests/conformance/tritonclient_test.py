@@ -3,7 +3,10 @@
 Run by tests/conformance_tritonclient.rs, which starts a simulated backend and a
 gateway on free ports and passes the gateway's HTTP and gRPC addresses:
 
-    python tritonclient_test.py HTTP_HOST:PORT GRPC_HOST:PORT
+    python tritonclient_test.py HTTP_HOST:PORT GRPC_HOST:PORT MODEL_CONFIG_DESCRIPTORS
+
+MODEL_CONFIG_DESCRIPTORS is the FileDescriptorSet of tiergate's proto/model_config.proto,
+compared here message by message with the one tritonclient carries.
 
 The simulator's model "m" echoes its first input as OUTPUT0 and answers each row's sum
 as OUTPUT1 (FP64; for BYTES the sum of element lengths), so every check below knows the
@@ -18,10 +21,17 @@ import unittest
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from google.protobuf import descriptor_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
 HTTP_URL = sys.argv.pop(1)
 GRPC_URL = sys.argv.pop(1)
+DESCRIPTORS = sys.argv.pop(1)
+
+
+# Steps of one sequence each client sends at once (the Rust side counts them).
+SEQUENCE_STEPS = 32
 
 
 def budget(ms="200"):
@@ -144,6 +154,15 @@ class HttpClient(unittest.TestCase):
             self.client.infer("m", [inp], headers=budget())
         self.assertIn("inputs[0].parameters.shared_memory_region", str(refused.exception))
 
+    def test_model_config_and_statistics(self):
+        config = self.client.get_model_config("m")
+        self.assertEqual(config["name"], "m")
+        self.assertEqual(config["max_batch_size"], 0)
+        self.assertEqual([(i["name"], i["data_type"], i["dims"]) for i in config["input"]],
+                         [("INPUT0", "TYPE_FP32", [-1, -1])])
+        stats = self.client.get_inference_statistics("m")["model_stats"][0]
+        self.assertEqual((stats["name"], stats["version"]), ("m", "1"))
+
     def test_statistics_of_every_model(self):
         stats = self.client.get_inference_statistics()
         self.assertIn("m", [m["name"] for m in stats["model_stats"]])
@@ -172,6 +191,21 @@ class HttpClient(unittest.TestCase):
             self.assertEqual(result.get_response()["id"], str(i))
             np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
 
+    def test_sequence_steps_are_never_combined(self):
+        # 32 concurrent steps of sequence 77 with a 2 s budget (the micro-batch tier):
+        # each gets its own answer; tests/conformance_tritonclient.rs then checks that
+        # each reached the backend alone (its id on a call of its own).
+        pending = []
+        for i in range(SEQUENCE_STEPS):
+            arr = np.full((1, 3), i, dtype=np.float32)
+            inp = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            inp.set_data_from_numpy(arr)
+            call = self.client.async_infer("m", [inp], request_id=f"seq-http-{i}", sequence_id=77,
+                                           sequence_start=i == 0, headers=budget("2000"))
+            pending.append((arr, call))
+        for arr, call in pending:
+            np.testing.assert_array_equal(call.get_result().as_numpy("OUTPUT0"), arr)
+
 
 class GrpcClient(unittest.TestCase):
     def setUp(self):
@@ -196,6 +230,18 @@ class GrpcClient(unittest.TestCase):
         self.assertEqual([o["name"] for o in meta["outputs"]], ["OUTPUT0", "OUTPUT1"])
         # Triton answers ready: false for a model it does not serve, not an error.
         self.assertFalse(self.client.is_model_ready("nope"))
+
+    def test_model_config_and_statistics_from_an_http_backend(self):
+        # The route's backend speaks HTTP: its JSON is converted to Triton's messages,
+        # decoded here by tritonclient's own generated code.
+        config = self.client.get_model_config("m").config
+        self.assertEqual((config.name, config.platform, config.max_batch_size), ("m", "tiergate_sim", 0))
+        self.assertEqual([(o.name, o.data_type, list(o.dims)) for o in config.output],
+                         [("OUTPUT0", model_config_pb2.TYPE_FP32, [-1, -1]),
+                          ("OUTPUT1", model_config_pb2.TYPE_FP64, [-1])])
+        self.assertEqual(config.instance_group[0].kind, model_config_pb2.ModelInstanceGroup.KIND_CPU)
+        stats = self.client.get_inference_statistics("m").model_stats
+        self.assertEqual([(s.name, s.version) for s in stats], [("m", "1")])
 
     def test_infer_every_datatype(self):
         for datatype in SAMPLES:
@@ -287,6 +333,68 @@ class GrpcClient(unittest.TestCase):
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
             np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("INT64", arr))
         self.assertEqual(arrays, {})
+
+    def test_sequence_steps_are_never_combined(self):
+        # As over HTTP, with sequence 78 and the budget from the gRPC deadline.
+        done = queue.Queue()
+        for i in range(SEQUENCE_STEPS):
+            inp = grpcclient.InferInput("INPUT0", [1, 2], "INT64")
+            inp.set_data_from_numpy(np.full((1, 2), i, dtype=np.int64))
+            self.client.async_infer("m", [inp], lambda result, error: done.put((result, error)),
+                                    request_id=f"seq-grpc-{i}", sequence_id=78, sequence_start=i == 0,
+                                    client_timeout=2.0)
+        for _ in range(SEQUENCE_STEPS):
+            result, error = done.get(timeout=30)
+            self.assertIsNone(error)
+            i = int(result.get_response().id.removeprefix("seq-grpc-"))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 2), i, dtype=np.int64))
+
+
+STATISTICS = ("ModelStatistics", "StatisticDuration", "InferStatistics", "InferResponseStatistics",
+              "InferBatchStatistics", "MemoryUsage")
+
+
+def declared(file):
+    """Every message and enum a file declares, by full name: fields as (name, number,
+    type, label, type name, in a oneof), enum values as (name, number)."""
+    if not isinstance(file, descriptor_pb2.FileDescriptorProto):
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        file = proto
+    found = {}
+
+    def walk(prefix, messages, enums):
+        for enum in enums:
+            found[f"{prefix}.{enum.name}"] = sorted((v.name, v.number) for v in enum.value)
+        for m in messages:
+            name = f"{prefix}.{m.name}"
+            found[name] = sorted((f.name, f.number, f.type, f.label, f.type_name, f.HasField("oneof_index"))
+                                 for f in m.field)
+            walk(name, m.nested_type, m.enum_type)
+
+    walk(f".{file.package}", file.message_type, file.enum_type)
+    return found
+
+
+class ModelConfigSchema(unittest.TestCase):
+    """tiergate's proto/model_config.proto declares Triton's messages with Triton's
+    names, numbers and types: every message and enum of tritonclient's model config,
+    and its statistics messages, field by field."""
+
+    def test_every_field_as_triton(self):
+        with open(DESCRIPTORS, "rb") as f:
+            ours = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+        mine = {}
+        for file in ours.file:
+            mine.update(declared(file))
+        theirs = declared(model_config_pb2.DESCRIPTOR)
+        statistics = tuple(f".inference.{m}" for m in STATISTICS)
+        theirs.update((n, v) for n, v in declared(service_pb2.DESCRIPTOR).items()
+                      if n in statistics or n.startswith(tuple(f"{m}." for m in statistics)))
+        self.assertGreater(len(theirs), 60)
+        for name, fields in theirs.items():
+            with self.subTest(declared=name):
+                self.assertEqual(mine.get(name), fields)
 
 
 if __name__ == "__main__":
