@@ -17,6 +17,7 @@
 //! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason,
 //!   over the leaf [`decision`] (tiers, reasons, budget sources, doors).
 //! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
+//! - [`shadow`]: beside the tiers, a candidate model scored on a share of their calls.
 //! - [`backend`]: pools of backend endpoints and the calls to them.
 //! - [`queue`]: the offline tier's durable job store, below the offline tier.
 //!
@@ -36,6 +37,8 @@ pub mod protocol;
 pub mod classify;
 pub mod decision;
 pub mod tiers;
+
+pub mod shadow;
 
 pub mod backend;
 pub mod queue;

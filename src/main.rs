@@ -3,7 +3,7 @@
 
 mod cli;
 
-use cli::{admin, demo, health, jobs, top};
+use cli::{admin, demo, health, jobs, shadow, top};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,6 +82,12 @@ enum Command {
     },
     /// Show how a running gateway would serve a described request; nothing is sent.
     Explain(admin::ExplainArgs),
+    /// A route's shadow candidate (through the admin API): what it agreed on, and
+    /// promoting it to the route's pool.
+    Shadow {
+        #[command(subcommand)]
+        command: shadow::ShadowCommand,
+    },
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
     Top(top::TopArgs),
@@ -179,6 +185,12 @@ struct SimArgs {
     /// How long a stalled batch takes.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     stall: Duration,
+    /// Every batch costs this many times its profile's cost (a slower candidate model).
+    #[arg(long, default_value_t = 1.0)]
+    slowdown: f64,
+    /// Added to OUTPUT1 of every row whose sum is negative (a model wrong on some rows).
+    #[arg(long, default_value_t = 0.0)]
+    drift: f64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -233,6 +245,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Jobs { command } => runtime(1)?.block_on(jobs::run(command)),
         Command::Flags { command } => runtime(1)?.block_on(admin::flags(command)),
         Command::Explain(args) => runtime(1)?.block_on(admin::explain(args)),
+        Command::Shadow { command } => runtime(1)?.block_on(shadow::run(command)),
         Command::Top(args) => runtime(1)?.block_on(top::run(args)),
         Command::Health(args) => runtime(1)?.block_on(health::run(args)),
         Command::Auth {
@@ -433,8 +446,12 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
                 Profile::NAMES.join(", ")
             )
         })?;
-        let mut spec = ModelSpec::new(name, profile);
+        if !(args.slowdown > 0.0 && args.slowdown <= 1000.0) {
+            anyhow::bail!("--slowdown {}: give a factor above 0 and at most 1000", args.slowdown);
+        }
+        let mut spec = ModelSpec::new(name, profile.scaled(args.slowdown));
         spec.instances = args.instances.max(1);
+        spec.drift = args.drift;
         spec.jitter = args.jitter;
         spec.faults = Faults {
             error_rate: args.error_rate,

@@ -110,6 +110,20 @@ pub const READY: &str = "tiergate_ready";
 /// (`draining`, `offline_store`, `pool_ejected`).
 pub const NOT_READY: &str = "tiergate_not_ready";
 
+/// Calls a route's shadow candidate answered and that were compared with the primary,
+/// by `route` and `tier`.
+pub const SHADOW_COMPARED: &str = "tiergate_shadow_compared_total";
+/// Shadow calls dropped before a comparison, by `route` and `reason` (`full`,
+/// `timeout`, `down`, `unreadable`, `error`).
+pub const SHADOW_DROPPED: &str = "tiergate_shadow_dropped_total";
+/// Rows compared, by `route` and `verdict` (`within` tolerance, `outside` it).
+pub const SHADOW_ROWS: &str = "tiergate_shadow_rows_total";
+/// Compared answers whose status or whose outputs' shapes differ, by `route` and `kind`
+/// (`status`, `shape`).
+pub const SHADOW_MISMATCHES: &str = "tiergate_shadow_mismatches_total";
+/// The candidate's latency divided by the primary's, per compared call, by `route`.
+pub const SHADOW_LATENCY_RATIO: &str = "tiergate_shadow_latency_ratio";
+
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -121,6 +135,8 @@ const ROW_BUCKETS: &[f64] = &[
 ];
 /// Buckets for the fill ratio.
 const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+/// Buckets for a candidate's latency against the primary's.
+const LATENCY_RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0];
 
 /// Pre-registered handles for one route and tier.
 #[derive(Clone)]
@@ -152,9 +168,9 @@ impl Instruments {
         }
     }
 
-    /// Handles for `route` and `tier`.
-    pub fn new(route: &str, tier: Tier) -> Self {
-        let labels = [("route", route.to_owned()), ("tier", tier.as_str().to_owned())];
+    /// Handles for `route` and `tier` (a tier's name, or `shadow`).
+    pub fn new(route: &str, tier: &str) -> Self {
+        let labels = [("route", route.to_owned()), ("tier", tier.to_owned())];
         Instruments {
             request_seconds: metrics::histogram!(REQUEST_SECONDS, &labels),
             backend_seconds: metrics::histogram!(BACKEND_SECONDS, &labels),
@@ -220,7 +236,7 @@ impl RouteInstruments {
 
     fn tier(&self, route: &str, tier: Tier) -> &TierInstruments {
         self.tiers[tier.index()].get_or_init(|| TierInstruments {
-            handles: Instruments::new(route, tier),
+            handles: Instruments::new(route, tier.as_str()),
             ok: OnceLock::new(),
             slo: Default::default(),
             decisions: Default::default(),
@@ -261,6 +277,9 @@ pub fn install() -> PrometheusHandle {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_ROWS.into()), ROW_BUCKETS))
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_FILL_RATIO.into()), RATIO_BUCKETS))
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(SHADOW_LATENCY_RATIO.into()), LATENCY_RATIO_BUCKETS)
+                })
                 .expect("the bucket lists are non-empty constants")
                 .build_recorder();
             let handle = recorder.handle();

@@ -72,6 +72,11 @@ offline_from = "30s"
 realtime = true
 micro_batch = true
 offline = true
+shadow = true
+[routes.obs.shadow]
+tiers = ["realtime"]
+[routes.obs.shadow.candidate]
+endpoints = ["{live}"]
 [routes.obs.borrow]
 offline_on_realtime = true
 [routes.obs.realtime]
@@ -210,6 +215,11 @@ max_wait = "20ms"
         ) >= 1.0
     );
     assert!(count("tiergate_backend_duration_seconds_count", &["tier=\"realtime\""]) >= 20.0);
+
+    // The shadow compared the real-time calls (the candidate is the same model).
+    assert_eq!(count("tiergate_shadow_compared_total", &["tier=\"realtime\""]), 20.0);
+    assert_eq!(count("tiergate_shadow_rows_total", &["verdict=\"outside\""]), 0.0);
+    assert_eq!(count("tiergate_shadow_latency_ratio_count", &[]), 20.0);
 
     // Policy and admission, at their start values.
     assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 1.0);

@@ -17,8 +17,12 @@
 //! | `GET/PUT/PATCH /admin/routes/{name}` | one route; replace; JSON merge patch |
 //! | `PUT /admin/routes/{name}/flags/{flag}` | `true`/`false`/`"on"`/`"off"` or a percent |
 //! | `POST /admin/explain` | the decision for a described request, nothing sent |
+//! | `GET /admin/shadow/{name}` | what the route's shadow found since its report was reset |
+//! | `POST /admin/shadow/{name}/reset` | start the report afresh |
+//! | `POST /admin/shadow/{name}/promote` | the candidate becomes the route's pool (`?force=true` past the gate) |
 
 pub mod auth;
+mod shadow;
 pub mod views;
 
 use std::sync::Arc;
@@ -33,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::{policy_etag, Control, Edit, Outcome, Refused};
 use crate::metrics;
+use crate::shadow::Shadow;
 use crate::tiers::MicroBatch;
 pub use auth::{AuthError, Tokens};
 
@@ -41,7 +46,7 @@ const MAX_BODY: usize = 4 << 20;
 /// How long an admin request body may take to arrive.
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Flags `PUT /admin/routes/{name}/flags/{flag}` sets.
-const FLAGS: [&str; 4] = ["realtime", "micro_batch", "offline", "micro_batch_percent"];
+const FLAGS: [&str; 5] = ["realtime", "micro_batch", "offline", "micro_batch_percent", "shadow"];
 
 /// The admin API of one gateway.
 #[derive(Debug, Clone)]
@@ -52,6 +57,8 @@ pub struct Admin {
     pub tokens: Tokens,
     /// The micro-batch tier, for the learned cost in explanations.
     pub micro_batch: MicroBatch,
+    /// The routes' shadow candidates, for their reports and promotion.
+    pub shadow: Shadow,
 }
 
 /// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
@@ -123,14 +130,23 @@ impl Admin {
                 Err(bad) => bad.respond(),
             };
         }
+        let force = head
+            .uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "force=true"));
         match (&head.method, parts.as_slice()) {
+            (&Method::GET, ["admin", "shadow", name]) => self.shadow_report(name),
+            (&Method::POST, ["admin", "shadow", name, "reset"]) => self.shadow_reset(name),
+            (&Method::POST, ["admin", "shadow", name, "promote"]) => {
+                self.shadow_promote(name, (expect, &who), (force, dry_run)).await
+            }
             (&Method::GET, ["admin", "policy"]) => self.policy(),
             (&Method::GET, ["admin", "policy", "history"]) => self.history().await,
             (&Method::GET, ["admin", "routes"]) => self.routes(),
             (&Method::GET, ["admin", "flags"]) => self.flags(),
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
-            (_, ["admin", "policy" | "routes" | "flags" | "explain", ..]) => error(
+            (_, ["admin", "policy" | "routes" | "flags" | "explain" | "shadow", ..]) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 &format!(
@@ -221,6 +237,42 @@ impl Admin {
                 "no_such_route",
                 &format!("no route named {name:?}"),
             ),
+        }
+    }
+
+    fn shadow_report(&self, name: &str) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        match shadow::report(&self.shadow, &policy, name) {
+            Ok(report) => ok(&report),
+            Err((status, code, message)) => error(status, code, &message),
+        }
+    }
+
+    fn shadow_reset(&self, name: &str) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        if let Err((status, code, message)) = shadow::report(&self.shadow, &policy, name) {
+            return error(status, code, &message);
+        }
+        self.shadow.reset(name);
+        self.shadow_report(name)
+    }
+
+    async fn shadow_promote(
+        &self,
+        name: &str,
+        (expect, who): (Option<&str>, &str),
+        (force, dry_run): (bool, bool),
+    ) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        match shadow::promotion(&self.shadow, &policy, name, force) {
+            Ok(edit) => {
+                let changed = self.change(edit, expect, who, dry_run).await;
+                if changed.status().is_success() && !dry_run {
+                    self.shadow.reset(name);
+                }
+                changed
+            }
+            Err((status, code, message)) => error(status, code, &message),
         }
     }
 

@@ -22,6 +22,7 @@ pub fn flags(route: &Route) -> Value {
         "micro_batch": f.micro_batch,
         "offline": f.offline,
         "micro_batch_percent": f.micro_batch_percent,
+        "shadow": f.shadow,
     })
 }
 

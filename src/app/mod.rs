@@ -37,6 +37,7 @@ use crate::front::ready::Readiness;
 use crate::policy::{Policy, Problems, Store};
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::queue::{embedded, Embedded, Queue, StoreError};
+use crate::shadow::Shadow;
 use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
 use kafka::{check_sources, open_kafka, start_sources};
 use listeners::{local, Listeners};
@@ -213,6 +214,7 @@ impl Gateway {
                     control: parts.control.clone(),
                     tokens,
                     micro_batch: parts.micro_batch,
+                    shadow: parts.shadow,
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));
@@ -361,6 +363,7 @@ struct Parts {
     door: Arc<Door>,
     grpc_door: GrpcInferenceServiceServer<GrpcDoor>,
     micro_batch: MicroBatch,
+    shadow: Shadow,
     workers: offline::worker::Workers,
 }
 
@@ -388,8 +391,14 @@ impl Parts {
         let dir = config.policy_dir.clone();
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let backends = crate::backend::Settings::new(config.limits.max_response_bytes).trusting(trust);
-        let realtime = Realtime::new(backends.clone());
-        let micro_batch = MicroBatch::new(backends.clone(), shutdown.clone(), Some(batch_threads.handle()));
+        let shadow = Shadow::new(backends.clone(), policy.clone(), Some(batch_threads.handle()));
+        let realtime = Realtime::new(backends.clone()).with_shadow(shadow.clone());
+        let micro_batch = MicroBatch::new(
+            backends.clone(),
+            shutdown.clone(),
+            Some(batch_threads.handle()),
+            Some(shadow.clone()),
+        );
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(
             TierService::new(realtime.clone()),
@@ -433,6 +442,7 @@ impl Parts {
             door,
             grpc_door,
             micro_batch,
+            shadow,
             workers,
         })
     }

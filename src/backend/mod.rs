@@ -65,14 +65,19 @@ pub enum Role {
     /// Model metadata, readiness and config (the control plane): its own connections
     /// and circuits, no active checks, and nothing on the tiers' series.
     Control,
+    /// A route's shadow candidate: its own connections, circuits and checks, exported
+    /// with `tier="shadow"`.
+    Shadow,
 }
 
 impl Role {
-    /// The name used in messages and spans (`realtime`, `micro_batch`, `control`).
+    /// The name used in messages, spans and metrics (`realtime`, `micro_batch`,
+    /// `control`, `shadow`).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Tier(tier) => tier.as_str(),
             Role::Control => "control",
+            Role::Shadow => "shadow",
         }
     }
 }

@@ -61,9 +61,10 @@ impl Pool {
     pub fn new(route: &str, role: Role, spec: &PoolSpec, settings: &super::Settings) -> Self {
         let max_response_bytes = settings.max_response_bytes;
         let trust = &settings.trust;
+        // The label of the pool's series; the control pool has none.
         let tier = match role {
-            Role::Tier(tier) => Some(tier),
             Role::Control => None,
+            Role::Tier(_) | Role::Shadow => Some(role.as_str()),
         };
         let endpoints: Vec<Endpoint> = spec
             .endpoints
@@ -71,7 +72,7 @@ impl Pool {
             .filter_map(|uri| uri.authority().cloned())
             .map(|authority| Endpoint {
                 health: match tier {
-                    Some(tier) => Health::new(spec.health.clone(), route, tier.as_str(), authority.as_str()),
+                    Some(tier) => Health::new(spec.health.clone(), route, tier, authority.as_str()),
                     None => Health::unexported(spec.health.clone(), route, authority.as_str()),
                 },
                 authority,

@@ -11,6 +11,7 @@ fn route(flags: &str, when_unmet: WhenUnmet) -> Route {
         micro_batch: flags.contains('M'),
         offline: flags.contains('O'),
         micro_batch_percent: if flags.contains('%') { 50 } else { 100 },
+        shadow: false,
     };
     Route::test(flags, when_unmet)
 }

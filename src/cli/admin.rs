@@ -52,6 +52,22 @@ pub struct Write {
     if_match: Option<String>,
 }
 
+impl Write {
+    /// Whether nothing is to be applied.
+    pub(crate) fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    /// The same options with the dry run already in the path (for a path that carries
+    /// other query parameters).
+    pub(crate) fn applied(&self) -> Write {
+        Write {
+            dry_run: false,
+            if_match: self.if_match.clone(),
+        }
+    }
+}
+
 /// `tiergate flags` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum FlagsCommand {
@@ -62,11 +78,11 @@ pub enum FlagsCommand {
         #[command(flatten)]
         admin: Admin,
     },
-    /// Set one flag: realtime, micro_batch or offline to on/off, or micro_batch_percent to 0-100.
+    /// Set one flag: realtime, micro_batch, offline or shadow to on/off, or micro_batch_percent to 0-100.
     Set {
         /// The route.
         route: String,
-        /// realtime, micro_batch, offline or micro_batch_percent.
+        /// realtime, micro_batch, offline, shadow or micro_batch_percent.
         flag: String,
         /// on, off, true, false, or a percent.
         value: String,
@@ -298,7 +314,13 @@ async fn apply(admin: &Admin, write: &Write, file: &std::path::Path) -> anyhow::
 }
 
 /// Sends a change and prints its outcome: versions, diff, decisions.
-async fn change(admin: &Admin, write: &Write, method: &str, path: &str, body: Bytes) -> anyhow::Result<ExitCode> {
+pub(crate) async fn change(
+    admin: &Admin,
+    write: &Write,
+    method: &str,
+    path: &str,
+    body: Bytes,
+) -> anyhow::Result<ExitCode> {
     let path = if write.dry_run {
         format!("{path}?dry_run=true")
     } else {
@@ -335,7 +357,7 @@ async fn change(admin: &Admin, write: &Write, method: &str, path: &str, body: By
 }
 
 /// One authenticated call to the admin API: status and JSON body.
-async fn call(
+pub(crate) async fn call(
     admin: &Admin,
     method: &str,
     path: &str,
@@ -392,7 +414,7 @@ fn token(admin: &Admin) -> anyhow::Result<String> {
 }
 
 /// Prints why the admin API refused and picks the exit code.
-fn failed(status: u16, body: &Value) -> ExitCode {
+pub(crate) fn failed(status: u16, body: &Value) -> ExitCode {
     let error = &body["error"];
     eprintln!(
         "tiergate: {status} {}: {}",
@@ -412,11 +434,12 @@ fn failed(status: u16, body: &Value) -> ExitCode {
 fn flag_line(flags: &Value) -> String {
     let on = |k: &str| if flags[k].as_bool() == Some(true) { "on" } else { "off" };
     format!(
-        "realtime={} micro_batch={} ({}%) offline={}",
+        "realtime={} micro_batch={} ({}%) offline={} shadow={}",
         on("realtime"),
         on("micro_batch"),
         flags["micro_batch_percent"],
-        on("offline")
+        on("offline"),
+        on("shadow")
     )
 }
 
@@ -433,7 +456,7 @@ fn result_line(result: &Value) -> String {
     }
 }
 
-fn text(v: &Value) -> String {
+pub(crate) fn text(v: &Value) -> String {
     v.as_str().map_or_else(
         || if v.is_null() { String::new() } else { v.to_string() },
         str::to_owned,

@@ -230,6 +230,10 @@ impl Dispatch {
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
         let instruments = self.instruments(route);
+        let key = match &to {
+            Ask::Decided(_) => 0,
+            Ask::Classify(meta) => meta.key,
+        };
         let decision = match to {
             Ask::Decided(decision) => decision,
             Ask::Classify(meta) => match tracing::info_span!("classify").in_scope(|| classify(route, &meta)) {
@@ -280,12 +284,13 @@ impl Dispatch {
         // Keep a copy only when the route may send real-time overflow elsewhere (never a
         // sequence's step: it must reach the endpoint that holds its state).
         let overflow = decision.tier == Tier::Realtime && route.borrow.realtime_overflow && sequence.is_none();
-        let spare = overflow.then(|| request_copy(&request));
+        let spare = overflow.then(|| crate::tiers::copy(&request));
         let call = Call {
             route: route.clone(),
             tier: decision.tier,
             door,
             deadline,
+            key,
             request,
         };
         let mut decision = decision;
@@ -306,6 +311,7 @@ impl Dispatch {
                     tier: decision.tier,
                     door,
                     deadline,
+                    key,
                     request,
                 };
                 request_span.record("tier", decision.tier.as_str());
@@ -386,19 +392,6 @@ fn debug_ids(request: &Request<Bytes>) -> Option<&trace::Ids> {
 /// The span a tier serves a request in.
 fn tier_span(tier: Tier) -> tracing::Span {
     tracing::info_span!("tier", tier = tier.as_str())
-}
-
-/// A copy of a request (its body is shared, not copied).
-fn request_copy(request: &Request<Bytes>) -> Request<Bytes> {
-    let mut copy = Request::new(request.body().clone());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    if let Some(ids) = request.extensions().get::<crate::trace::Ids>() {
-        copy.extensions_mut().insert(ids.clone());
-    }
-    copy
 }
 
 /// The error for a model no route serves, counted as unmatched for `door`.

@@ -142,6 +142,7 @@ mod tests {
             micro_batch: false,
             offline: false,
             micro_batch_percent: 100,
+            shadow: false,
         };
         Route::test(flags, WhenUnmet::Reject)
     }

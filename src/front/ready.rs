@@ -159,7 +159,12 @@ mod tests {
             writer_cpus: Default::default(),
         };
         let store = Embedded::open(dir.path(), limits).unwrap();
-        let micro = MicroBatch::new(crate::backend::Settings::new(1 << 20), CancellationToken::new(), None);
+        let micro = MicroBatch::new(
+            crate::backend::Settings::new(1 << 20),
+            CancellationToken::new(),
+            None,
+            None,
+        );
         let ready = Readiness::new(
             Queue::Embedded(store.clone()),
             Realtime::new(crate::backend::Settings::new(1 << 20)),

@@ -71,6 +71,7 @@ impl Allowlist {
             let pools = [
                 ("realtime", route.realtime.as_deref()),
                 ("micro_batch", route.micro_batch.as_ref().map(|b| &*b.pool)),
+                ("shadow.candidate", route.shadow.as_ref().map(|s| &*s.candidate)),
             ];
             for (tier, pool) in pools {
                 for (i, endpoint) in pool.iter().flat_map(|p| p.endpoints.iter().enumerate()) {

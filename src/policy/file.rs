@@ -72,6 +72,52 @@ pub struct RouteFile {
     /// When one tier may use another's capacity (all off by default).
     #[serde(default)]
     pub borrow: BorrowFile,
+    /// A candidate model scored beside the route's own on a share of its traffic.
+    pub shadow: Option<ShadowFile>,
+}
+
+/// A candidate model: its pool, what share of which tiers' calls it is sent, and how
+/// its answers are compared with the primary's. Its answers never reach callers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowFile {
+    /// The candidate's pool (its own endpoints, connections, limit and health).
+    pub candidate: Option<PoolFile>,
+    /// Percent of calls mirrored, by the rollout key (default 100).
+    pub percent: Option<i64>,
+    /// The tiers whose calls are mirrored (default both).
+    pub tiers: Option<Vec<ShadowTierFile>>,
+    /// How long one shadow call may take before it is dropped (default 5s).
+    #[serde(default, with = "humantime_serde")]
+    pub budget: Option<Duration>,
+    /// Absolute tolerance of a value (default 1e-5).
+    pub atol: Option<f64>,
+    /// Tolerance relative to the primary's value (default 1e-3).
+    pub rtol: Option<f64>,
+    /// The k of top-k agreement on classification outputs (default 5).
+    pub top_k: Option<i64>,
+    /// What `tiergate shadow promote` requires before it commits the candidate.
+    pub gate: Option<GateFile>,
+}
+
+/// `shadow.tiers` values.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ShadowTierFile {
+    /// Real-time calls, each mirrored as its own call.
+    Realtime,
+    /// Micro-batch backend calls, each mirrored as the same batch.
+    MicroBatch,
+}
+
+/// A shadow's promotion gate.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateFile {
+    /// Rows compared, at least (default 1000).
+    pub min_compared: Option<i64>,
+    /// Share of compared rows within tolerance, at least (0 to 1, default 0.99).
+    pub min_agreement: Option<f64>,
 }
 
 /// Borrowing rules.
@@ -113,6 +159,8 @@ pub struct FlagsFile {
     pub offline: Option<bool>,
     /// Percent of micro-batch-eligible requests that really go to it (default 100).
     pub micro_batch_percent: Option<i64>,
+    /// Mirror calls to the `[shadow]` candidate (default off).
+    pub shadow: Option<bool>,
 }
 
 /// A pool of backend endpoints.

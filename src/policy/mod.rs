@@ -9,6 +9,8 @@
 pub mod allow;
 pub mod file;
 pub mod model;
+mod problems;
+mod shadow;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -19,10 +21,11 @@ use arc_swap::ArcSwap;
 pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
-    BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+    BatchSpec, Borrow, Budgets, Flags, Gate, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route,
+    ShadowSpec, Tolerance, WhenUnmet,
 };
-pub(crate) use validate::one_a_line;
-pub use validate::{Problem, Problems};
+pub(crate) use problems::one_a_line;
+pub use problems::{Problem, Problems};
 
 /// Largest policy file read; anything bigger is refused, not parsed.
 const MAX_FILE_BYTES: u64 = 4 << 20;

@@ -53,6 +53,9 @@ pub struct Route {
     pub limits: Option<Arc<RateLimits>>,
     /// When one tier may use another's capacity.
     pub borrow: Borrow,
+    /// The candidate model scored beside the route's own; present whenever the
+    /// `shadow` flag is on.
+    pub shadow: Option<Arc<ShadowSpec>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -90,6 +93,48 @@ pub struct Flags {
     pub offline: bool,
     /// Percent (0..=100) of micro-batch-eligible requests sent to it.
     pub micro_batch_percent: u8,
+    /// Calls are mirrored to the shadow candidate.
+    pub shadow: bool,
+}
+
+/// A candidate model scored on a share of a route's traffic (see `crate::shadow`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowSpec {
+    /// The candidate's pool.
+    pub candidate: Arc<PoolSpec>,
+    /// Percent (0..=100) of calls mirrored, by the rollout key.
+    pub percent: u8,
+    /// Real-time calls are mirrored.
+    pub realtime: bool,
+    /// Micro-batch backend calls are mirrored, each as the same batch.
+    pub micro_batch: bool,
+    /// Longest one shadow call may take.
+    pub budget: Duration,
+    /// When two values agree.
+    pub tolerance: Tolerance,
+    /// The k of top-k agreement.
+    pub top_k: u32,
+    /// What promotion requires.
+    pub gate: Gate,
+}
+
+/// Two values agree when `|candidate - primary| <= atol + rtol * |primary|` (numpy's
+/// `allclose`, the primary as reference).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance.
+    pub rtol: f64,
+}
+
+/// A shadow's promotion gate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gate {
+    /// Rows compared, at least.
+    pub min_compared: u64,
+    /// Share of compared rows within tolerance, at least.
+    pub min_agreement: f64,
 }
 
 /// A pool of backend endpoints and how to talk to them.
@@ -273,6 +318,7 @@ impl Route {
             micro_batch: None,
             limits: None,
             borrow: Borrow::default(),
+            shadow: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

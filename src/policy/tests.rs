@@ -54,7 +54,8 @@ fn a_good_policy_validates_with_defaults_applied() {
             realtime: true,
             micro_batch: true,
             offline: false,
-            micro_batch_percent: 25
+            micro_batch_percent: 25,
+            shadow: false,
         }
     );
     let rt = r.realtime.as_ref().expect("pool");

@@ -4,7 +4,6 @@
 //! whole list at once, each line as `FILE: routes.NAME.KEY: what is wrong`.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,21 +17,7 @@ use super::file::{
 use super::model::{
     BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
 };
-
-/// One thing wrong with a policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The file it is in.
-    pub file: PathBuf,
-    /// Dotted path to the key, e.g. `routes.resnet50.realtime.endpoints[0]`.
-    pub path: String,
-    /// What is wrong and, where it helps, what would be right.
-    pub message: String,
-}
-
-/// Every problem found in a policy; never empty.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct Problems(pub Vec<Problem>);
+use super::problems::{Check, Problem, Problems};
 
 /// Built-in defaults used when no `[defaults]` table sets them.
 const DEFAULT_BUDGET: Duration = Duration::from_millis(200);
@@ -49,63 +34,6 @@ const MAX_IN_FLIGHT: u32 = 2;
 const QUEUE_CAPACITY: u32 = 4096;
 /// A batcher may hold a request at most this long: the micro-batch SLO.
 const MAX_WAIT_CEILING: Duration = Duration::from_secs(5);
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "{}: {}", self.file.display(), self.message)
-        } else {
-            write!(f, "{}: {}: {}", self.file.display(), self.path, self.message)
-        }
-    }
-}
-
-impl fmt::Display for Problems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        one_a_line(f, &self.0)
-    }
-}
-
-/// Writes `items` one a line, as every list of problems (policy or startup) prints.
-pub(crate) fn one_a_line(f: &mut fmt::Formatter<'_>, items: &[impl fmt::Display]) -> fmt::Result {
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            writeln!(f)?;
-        }
-        write!(f, "{item}")?;
-    }
-    Ok(())
-}
-
-/// Collects problems while one file is validated.
-struct Check<'a> {
-    file: &'a Path,
-    problems: &'a mut Vec<Problem>,
-}
-
-impl Check<'_> {
-    fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.problems.push(Problem {
-            file: self.file.to_owned(),
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-
-    fn nonzero(&mut self, path: String, value: Option<i64>, default: u32) -> NonZeroU32 {
-        let fallback = NonZeroU32::new(default).expect("defaults are non-zero");
-        match value {
-            None => fallback,
-            Some(v) => match u32::try_from(v).ok().and_then(NonZeroU32::new) {
-                Some(n) => n,
-                None => {
-                    self.fail(path, format!("must be between 1 and {}, got {v}", u32::MAX));
-                    fallback
-                }
-            },
-        }
-    }
-}
 
 /// Validates parsed files, in order, into one policy.
 pub(super) fn policy(files: Vec<(PathBuf, PolicyFile)>) -> Result<Policy, Problems> {
@@ -246,6 +174,23 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             );
         }
     }
+    let shadow = file.shadow.as_ref().and_then(|s| {
+        let at = format!("{at}.shadow");
+        let candidate = s.candidate.as_ref().map(|c| {
+            let mut spec = pool(check, &format!("{at}.candidate"), c, kserve);
+            if c.max_concurrency.is_none() {
+                spec.max_concurrency = NonZeroU32::new(super::shadow::MAX_CONCURRENCY).expect("non-zero");
+            }
+            spec
+        });
+        super::shadow::spec(check, &at, s, candidate).map(Arc::new)
+    });
+    if flags.shadow && file.shadow.is_none() {
+        check.fail(
+            format!("{at}.flags.shadow"),
+            "is on but the route has no [shadow] table",
+        );
+    }
     let borrow = Borrow {
         realtime_overflow: file.borrow.realtime_overflow.unwrap_or(false),
         offline_on_realtime: file.borrow.offline_on_realtime.unwrap_or(false),
@@ -281,6 +226,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .as_ref()
             .and_then(|l| limits(check, &format!("{at}.limits"), l)),
         borrow,
+        shadow,
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }
@@ -402,6 +348,7 @@ fn flags(check: &mut Check<'_>, at: &str, file: &RouteFile) -> Flags {
         micro_batch: f.micro_batch.unwrap_or(false),
         offline: f.offline.unwrap_or(false),
         micro_batch_percent: percent,
+        shadow: f.shadow.unwrap_or(false),
     }
 }
 

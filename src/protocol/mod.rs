@@ -38,6 +38,7 @@ pub use inspect::{inspect_request, RequestInfo};
 pub use request::{as_json_tensors, decode_request, encode_request, sequence, InferRequest, RequestedOutput, Sequence};
 pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;
+pub(crate) use tensor::{fmt_shape, le};
 
 /// Header carrying the JSON header length of a binary-extension body.
 pub const HEADER_LEN: http::HeaderName = http::HeaderName::from_static("inference-header-content-length");

@@ -95,6 +95,7 @@ struct Inner {
 struct Model {
     jobs: std::sync::mpsc::Sender<Job>,
     stats: Arc<watch::Sender<Stats>>,
+    drift: f64,
 }
 
 impl Simulator {
@@ -107,7 +108,8 @@ impl Simulator {
             .map(|spec| {
                 let stats = Arc::new(watch::Sender::new(Stats::default()));
                 let jobs = instance::spawn(&spec, &gate, &stats);
-                (spec.name, Model { jobs, stats })
+                let drift = spec.drift;
+                (spec.name, Model { jobs, stats, drift })
             })
             .collect();
         Simulator {

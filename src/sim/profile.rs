@@ -38,6 +38,9 @@ pub struct ModelSpec {
     pub jitter: f64,
     /// Injected faults.
     pub faults: Faults,
+    /// Added to `OUTPUT1` of every row whose sum is negative: a model that is wrong on
+    /// some rows (a shadow candidate to compare); 0 for none.
+    pub drift: f64,
 }
 
 const fn us(micros: u64) -> Duration {
@@ -68,6 +71,15 @@ impl Profile {
         let cost = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
         cost.max(self.floor)
     }
+
+    /// The same profile with every cost multiplied by `factor`.
+    pub fn scaled(self, factor: f64) -> Profile {
+        Profile {
+            a: self.a.mul_f64(factor),
+            b: self.b.mul_f64(factor),
+            floor: self.floor.mul_f64(factor),
+        }
+    }
 }
 
 impl ModelSpec {
@@ -79,6 +91,7 @@ impl ModelSpec {
             instances: 1,
             jitter: 0.0,
             faults: Faults::default(),
+            drift: 0.0,
         }
     }
 }

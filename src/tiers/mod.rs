@@ -39,12 +39,28 @@ pub struct Call {
     pub door: Door,
     /// When the budget runs out; no work is done for this call after it.
     pub deadline: Instant,
+    /// The request's rollout key (a stable hash of its key header or id), which also
+    /// picks the share of calls a route's shadow sees.
+    pub key: u64,
     /// The request as the door received it (method, path, headers, whole body).
     pub request: http::Request<Bytes>,
 }
 
 /// What a tier answers: the backend's response, whole.
 pub type Reply = http::Response<Bytes>;
+
+/// A copy of a request (its body is shared, not copied), with its trace ids.
+pub fn copy(request: &http::Request<Bytes>) -> http::Request<Bytes> {
+    let mut copy = http::Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    if let Some(ids) = request.extensions().get::<crate::trace::Ids>() {
+        copy.extensions_mut().insert(ids.clone());
+    }
+    copy
+}
 
 /// A tier as the router sees it.
 pub type TierService = BoxCloneSyncService<Call, Reply, Error>;
@@ -99,12 +115,14 @@ mod tests {
             micro_batch: true,
             offline: true,
             micro_batch_percent: 100,
+            shadow: false,
         };
         Call {
             route: Arc::new(Route::test(flags, WhenUnmet::Reject)),
             tier,
             door: Door::Http,
             deadline: Instant::now() + Duration::from_secs(1),
+            key: 0,
             request: http::Request::new(Bytes::from_static(b"x")),
         }
     }

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use crate::backend::{Pools, Role};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
+use crate::shadow::Shadow;
 
 use super::{Call, Reply};
 
@@ -19,6 +20,7 @@ use super::{Call, Reply};
 #[derive(Debug, Clone)]
 pub struct Realtime {
     pools: Arc<Pools>,
+    shadow: Option<Shadow>,
 }
 
 impl Realtime {
@@ -26,7 +28,14 @@ impl Realtime {
     pub fn new(settings: crate::backend::Settings) -> Self {
         Realtime {
             pools: Arc::new(Pools::new(Role::Tier(Tier::Realtime), settings)),
+            shadow: None,
         }
+    }
+
+    /// The same tier, mirroring a share of its calls to routes' shadow candidates.
+    pub fn with_shadow(mut self, shadow: Shadow) -> Self {
+        self.shadow = Some(shadow);
+        self
     }
 
     /// The routes of `policy` whose real-time pool has every endpoint ejected.
@@ -65,6 +74,14 @@ impl tower::Service<Call> for Realtime {
 
     fn call(&mut self, call: Call) -> Self::Future {
         let pools = self.pools.clone();
+        // A copy for the route's shadow when it takes this call: a real-time call (not
+        // offline work borrowing the pool), never a sequence's step (the candidate would
+        // see a sequence with steps missing).
+        let mirror = self.shadow.as_ref().and_then(|shadow| {
+            let spec = Shadow::wants(&call.route, call.tier, call.key)?;
+            let step = call.request.extensions().get::<crate::protocol::Sequence>().is_some();
+            (!step).then(|| (shadow.clone(), spec.clone(), super::copy(&call.request)))
+        });
         Box::pin(async move {
             let Some(spec) = call.route.realtime.as_ref() else {
                 return Err(Error::new(
@@ -73,7 +90,22 @@ impl tower::Service<Call> for Realtime {
                 ));
             };
             let pool = pools.get(&call.route.name, spec);
-            pool.forward(call.request, call.deadline).await
+            let Some((shadow, shadow_spec, copy)) = mirror else {
+                return pool.forward(call.request, call.deadline).await;
+            };
+            let started = tokio::time::Instant::now();
+            let answer = pool.forward(call.request, call.deadline).await;
+            if let Ok(primary) = &answer {
+                shadow.mirror(
+                    &call.route.name,
+                    shadow_spec,
+                    Tier::Realtime,
+                    copy,
+                    primary,
+                    started.elapsed(),
+                );
+            }
+            answer
         })
     }
 }

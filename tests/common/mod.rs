@@ -354,6 +354,29 @@ pub async fn run_conformance(python: std::path::PathBuf, script: &str, args: Vec
     );
 }
 
+/// One admin API call on `gw`, without a socket (`Admin::answer`), with `token` as the
+/// bearer token and `headers` beside it.
+pub async fn admin_call(
+    gw: &Gateway,
+    token: &str,
+    (method, path): (&str, &str),
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let auth = format!("Bearer {token}");
+    let mut all = vec![("authorization", auth.as_str())];
+    all.extend_from_slice(headers);
+    let api = gw.admin_api().expect("the admin API is on").clone();
+    oneshot(
+        |r| async move { api.answer(r).await },
+        method,
+        path,
+        &all,
+        body.to_owned(),
+    )
+    .await
+}
+
 /// Whether `whole` holds every value of `part` (objects may have more keys, as a
 /// converted model config has the defaults Triton writes; arrays match element-wise).
 pub fn json_includes(whole: &serde_json::Value, part: &serde_json::Value) -> bool {

@@ -44,6 +44,7 @@ use crate::headers;
 use crate::metrics;
 use crate::policy::{BatchSpec, JsonAdapter};
 use crate::protocol::batch::Signature;
+use crate::shadow::Shadow;
 
 /// Most lanes (distinct paths and signatures) one route keeps; idle ones are let go
 /// first, so a client cycling through shapes cannot grow the gateway without bound.
@@ -63,6 +64,8 @@ struct Inner {
     /// The batch threads: decoding, queueing, batch assembly, backend calls and
     /// splitting run there, never on the threads serving real-time requests.
     threads: Option<tokio::runtime::Handle>,
+    /// Routes' shadow candidates, which score a share of the batches.
+    shadow: Option<Shadow>,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -76,6 +79,7 @@ struct RouteLanes {
     metrics: Arc<BatchMetrics>,
     lanes: Mutex<HashMap<LaneKey, Queue<Part, Reply>>>,
     shutdown: CancellationToken,
+    shadow: Option<Shadow>,
 }
 
 /// What must agree for requests to share a batch.
@@ -117,6 +121,8 @@ struct Unbatched(String);
 /// What a lane's batches need to be sent.
 #[derive(Debug)]
 struct Lane {
+    route: String,
+    shadow: Option<Shadow>,
     path: String,
     form: Form,
     pool: Arc<Pool>,
@@ -280,11 +286,13 @@ impl MicroBatch {
 
     /// A micro-batch tier whose pools are built with `settings` and whose batchers stop
     /// (answering what is queued) when `shutdown` fires. Its work runs on `threads` when
-    /// given (the gateway's batch runtime), else on the caller's.
+    /// given (the gateway's batch runtime), else on the caller's; a share of its batches
+    /// go to routes' shadow candidates too when `shadow` is given.
     pub fn new(
         settings: crate::backend::Settings,
         shutdown: CancellationToken,
         threads: Option<tokio::runtime::Handle>,
+        shadow: Option<Shadow>,
     ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
@@ -292,6 +300,7 @@ impl MicroBatch {
                 routes: DashMap::new(),
                 shutdown,
                 threads,
+                shadow,
             }),
         }
     }
@@ -450,6 +459,7 @@ impl Inner {
             metrics: Arc::new(BatchMetrics::new(route)),
             lanes: Mutex::new(HashMap::new()),
             shutdown: self.shutdown.clone(),
+            shadow: self.shadow.clone(),
         }
     }
 }
@@ -540,6 +550,8 @@ impl RouteLanes {
             ),
         };
         let lane = Arc::new(Lane {
+            route: self.route.clone(),
+            shadow: self.shadow.clone(),
             path,
             form,
             pool: self.pool.clone(),

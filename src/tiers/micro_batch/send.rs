@@ -13,6 +13,7 @@ use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::{json, kserve, Form, Lane, Part, Rows};
+use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol;
@@ -56,8 +57,18 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
         let total: u64 = rows.iter().sum();
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
         let span = batch_span(&callers, total, &mut request);
+        // A share of batches go to the route's shadow candidate too, as the same batch.
+        let mirror = lane
+            .shadow
+            .as_ref()
+            .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
+            .map(|(shadow, spec)| (shadow, spec, crate::tiers::copy(&request)));
         let started = Instant::now();
-        match lane.pool.forward(request, deadline).instrument(span).await {
+        let called = lane.pool.forward(request, deadline).instrument(span).await;
+        if let (Some((shadow, spec, copy)), Ok(primary)) = (mirror, &called) {
+            shadow.mirror(&lane.route, spec, Tier::MicroBatch, copy, primary, started.elapsed());
+        }
+        match called {
             Ok(reply) if reply.status().is_success() => {
                 lane.cost.observe(total, started.elapsed());
                 lane.metrics.learned(&lane.cost);

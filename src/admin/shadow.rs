@@ -1,0 +1,126 @@
+//! The admin API's shadow endpoints: a route's shadow report, and promotion of its
+//! candidate through the control plane (validated, written back, versioned and audited
+//! like any change, so `POST /admin/policy/rollback` undoes it).
+
+use http::StatusCode;
+use serde_json::{json, Map, Value};
+
+use crate::control::{edit, Edit};
+use crate::policy::{Policy, Route, ShadowSpec};
+use crate::shadow::Shadow;
+
+/// Why a shadow endpoint refuses: status, error code, and what to do.
+pub(super) type Refusal = (StatusCode, &'static str, String);
+
+/// Pool keys a promotion copies from the candidate into the route's own pools (its
+/// concurrency limit and health settings were for shadow traffic, so they are not).
+const PROMOTED_KEYS: [&str; 4] = ["endpoints", "http2", "binary_tensors", "connect_timeout"];
+
+/// Route `name`'s shadow report, with its candidate, share and gate.
+pub(super) fn report(shadow: &Shadow, policy: &Policy, name: &str) -> Result<Value, Refusal> {
+    let (route, spec) = shadowed(policy, name)?;
+    let mut report = shadow.report(name).unwrap_or_else(|| json!({"compared": 0, "rows": 0}));
+    report["route"] = json!(name);
+    report["on"] = json!(route.flags.shadow);
+    report["candidate"] = json!(spec
+        .candidate
+        .endpoints
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>());
+    report["percent"] = json!(spec.percent);
+    report["gate"] = json!({
+        "min_compared": spec.gate.min_compared,
+        "min_agreement": spec.gate.min_agreement,
+        "met": gate(shadow, name, spec).is_ok(),
+    });
+    Ok(report)
+}
+
+/// The change that makes route `name`'s candidate its pool: the candidate's endpoints
+/// (and how to speak to them) in every pool the route has, its `[shadow]` table and flag
+/// removed. Refused below the gate unless `force`.
+pub(super) fn promotion(shadow: &Shadow, policy: &Policy, name: &str, force: bool) -> Result<Edit, Refusal> {
+    let (route, spec) = shadowed(policy, name)?;
+    if let (Err(why), false) = (gate(shadow, name, spec), force) {
+        let message = format!("the gate is not met: {why}; keep comparing, or add ?force=true to promote anyway");
+        return Err((StatusCode::CONFLICT, "gate_not_met", message));
+    }
+    let file_spec = policy
+        .sources()
+        .iter()
+        .find(|(p, _)| *p == route.file)
+        .and_then(|(_, text)| edit::route_spec(text, name))
+        .unwrap_or(Value::Null);
+    let Some(candidate) = file_spec.pointer("/shadow/candidate").and_then(Value::as_object) else {
+        let message = format!("route {name}'s file has no [routes.{name}.shadow.candidate] table to promote");
+        return Err((StatusCode::CONFLICT, "no_candidate", message));
+    };
+    let pool: Map<String, Value> = PROMOTED_KEYS
+        .iter()
+        .filter_map(|k| candidate.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+        .collect();
+    let mut patch = json!({"shadow": null, "flags": {"shadow": null}});
+    for tier in ["realtime", "micro_batch"] {
+        if file_spec.get(tier).is_some() {
+            patch[tier] = Value::Object(pool.clone());
+        }
+    }
+    Ok(Edit::PatchRoute {
+        name: name.to_owned(),
+        patch,
+    })
+}
+
+fn shadowed<'p>(policy: &'p Policy, name: &str) -> Result<(&'p Route, &'p ShadowSpec), Refusal> {
+    let Some(route) = policy.route(name) else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "no_such_route",
+            format!("no route named {name:?}"),
+        ));
+    };
+    match route.shadow.as_deref() {
+        Some(spec) => Ok((route, spec)),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            "no_shadow",
+            format!("route {name} has no [shadow] table; add one with a candidate to compare"),
+        )),
+    }
+}
+
+/// Whether the report since its reset meets `spec`'s gate: rows compared, the share of
+/// them within tolerance, and the share of compared calls whose status and shapes matched.
+fn gate(shadow: &Shadow, name: &str, spec: &ShadowSpec) -> Result<(), String> {
+    let found = shadow.report(name).unwrap_or(Value::Null);
+    let number = |key: &str| found[key].as_u64().unwrap_or(0);
+    let (rows, within) = (number("rows"), number("rows_within"));
+    let (calls, mismatched) = (
+        number("compared"),
+        number("status_mismatches") + number("shape_mismatches"),
+    );
+    let gate = spec.gate;
+    if rows < gate.min_compared {
+        return Err(format!("{rows} rows compared, the gate asks for {}", gate.min_compared));
+    }
+    let agreement = if rows == 0 { 1.0 } else { within as f64 / rows as f64 };
+    if agreement < gate.min_agreement {
+        return Err(format!(
+            "{within} of {rows} rows within tolerance ({agreement:.4}), the gate asks for {}",
+            gate.min_agreement
+        ));
+    }
+    let matched = if calls == 0 {
+        1.0
+    } else {
+        1.0 - mismatched as f64 / calls as f64
+    };
+    if matched < gate.min_agreement {
+        return Err(format!(
+            "{mismatched} of {calls} compared calls differ in status or shape, the gate allows a share of {:.4}",
+            1.0 - gate.min_agreement
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! `[routes.NAME.shadow]`: the candidate model's pool and how its answers are compared.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::file::{ShadowFile, ShadowTierFile};
+use super::model::{Gate, PoolSpec, ShadowSpec, Tolerance};
+use super::problems::Check;
+
+/// How long a shadow call may take unless the policy says.
+const BUDGET: Duration = Duration::from_secs(5);
+/// Shadow calls in flight before more are dropped, unless the policy says.
+pub(super) const MAX_CONCURRENCY: u32 = 16;
+
+/// The validated shadow table at `at`, around its `candidate` pool (validated as every
+/// pool is); `None`, reported, when the table has no candidate.
+pub(super) fn spec(
+    check: &mut Check<'_>,
+    at: &str,
+    file: &ShadowFile,
+    candidate: Option<PoolSpec>,
+) -> Option<ShadowSpec> {
+    if candidate.is_none() {
+        check.fail(
+            format!("{at}.candidate"),
+            "is missing: add a candidate table with endpoints = [...] (the model to compare)",
+        );
+    }
+    let percent = match file.percent {
+        None => 100,
+        Some(p) => u8::try_from(p).ok().filter(|p| *p <= 100).unwrap_or_else(|| {
+            check.fail(format!("{at}.percent"), format!("must be 0 to 100, got {p}"));
+            100
+        }),
+    };
+    let tiers = file
+        .tiers
+        .clone()
+        .unwrap_or_else(|| vec![ShadowTierFile::Realtime, ShadowTierFile::MicroBatch]);
+    if tiers.is_empty() {
+        check.fail(
+            format!("{at}.tiers"),
+            "is empty: name \"realtime\", \"micro_batch\" or both",
+        );
+    }
+    let budget = file.budget.unwrap_or(BUDGET);
+    if budget.is_zero() || budget > Duration::from_secs(60) {
+        check.fail(format!("{at}.budget"), "must be more than 0ms and at most 60s");
+    }
+    let mut tolerance = |key: &str, value: Option<f64>, default: f64| match value {
+        Some(v) if !(v.is_finite() && v >= 0.0) => {
+            check.fail(format!("{at}.{key}"), format!("must be 0 or more, got {v}"));
+            default
+        }
+        Some(v) => v,
+        None => default,
+    };
+    let tolerance = Tolerance {
+        atol: tolerance("atol", file.atol, 1e-5),
+        rtol: tolerance("rtol", file.rtol, 1e-3),
+    };
+    let top_k = check.nonzero(format!("{at}.top_k"), file.top_k, 5).get();
+    let gate = file.gate.as_ref();
+    let min_compared = gate.and_then(|g| g.min_compared).unwrap_or(1000);
+    let min_compared = u64::try_from(min_compared).unwrap_or_else(|_| {
+        check.fail(
+            format!("{at}.gate.min_compared"),
+            format!("must be 0 or more, got {min_compared}"),
+        );
+        0
+    });
+    let min_agreement = gate.and_then(|g| g.min_agreement).unwrap_or(0.99);
+    if !(0.0..=1.0).contains(&min_agreement) {
+        check.fail(
+            format!("{at}.gate.min_agreement"),
+            format!("must be 0 to 1, got {min_agreement}"),
+        );
+    }
+    Some(ShadowSpec {
+        candidate: Arc::new(candidate?),
+        percent,
+        realtime: tiers.contains(&ShadowTierFile::Realtime),
+        micro_batch: tiers.contains(&ShadowTierFile::MicroBatch),
+        budget,
+        tolerance,
+        top_k,
+        gate: Gate {
+            min_compared,
+            min_agreement,
+        },
+    })
+}

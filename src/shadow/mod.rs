@@ -1,0 +1,247 @@
+//! Shadow scoring: a candidate model answers a share of a route's calls beside the
+//! primary, and its answers are compared with the primary's, never returned.
+//!
+//! Beside the tiers, after the primary has answered: the real-time tier hands over a
+//! copy of the request and the primary's answer; the micro-batch tier the batch's own
+//! backend request, so the candidate scores the same batch. Each shadow call runs
+//! detached from every caller, on the batch threads, on the candidate's own pool (its
+//! connections, concurrency limit and circuits), with a deadline of its own: a candidate
+//! that is full, slow or down has its calls dropped and counted, and nothing queues. What
+//! the comparisons found is kept per route ([`report`]) and counted in metrics.
+//!
+//! # Layout
+//!
+//! `compare` (two answers, output by output and row by row) · `report` (a route's
+//! findings since it was reset).
+
+pub mod compare;
+pub mod report;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+use crate::backend::{Pools, Role};
+use crate::decision::Tier;
+use crate::error::Kind;
+use crate::metrics;
+use crate::policy::{Route, ShadowSpec, Store};
+pub use compare::Reply;
+use report::{Drop, Report};
+
+/// The shadow candidates of every route.
+#[derive(Debug, Clone)]
+pub struct Shadow {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pools: Pools,
+    /// The running policy: a batch asks it whether its route's shadow is on now.
+    policy: Arc<Store>,
+    reports: DashMap<String, Arc<Mutex<Report>>>,
+    /// Where shadow calls and comparisons run (the batch threads), if not the caller's.
+    threads: Option<tokio::runtime::Handle>,
+    /// Batches seen, numbering them for the share mirrored.
+    batches: AtomicU64,
+}
+
+impl Shadow {
+    /// Shadow candidates with pools built from `settings`, for the routes of `policy`,
+    /// their calls run on `threads` when given.
+    pub fn new(
+        settings: crate::backend::Settings,
+        policy: Arc<Store>,
+        threads: Option<tokio::runtime::Handle>,
+    ) -> Self {
+        Shadow {
+            inner: Arc::new(Inner {
+                pools: Pools::new(Role::Shadow, settings),
+                policy,
+                reports: DashMap::new(),
+                threads,
+                batches: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// `route`'s shadow when a `tier` call with rollout `key` is mirrored: the shadow
+    /// flag is on, the shadow mirrors `tier`, and the key falls in its percent.
+    pub fn wants(route: &Route, tier: Tier, key: u64) -> Option<&Arc<ShadowSpec>> {
+        let spec = route.shadow.as_ref().filter(|_| route.flags.shadow)?;
+        let on = match tier {
+            Tier::Realtime => spec.realtime,
+            Tier::MicroBatch => spec.micro_batch,
+            Tier::Offline => false,
+        };
+        (on && key % 100 < u64::from(spec.percent)).then_some(spec)
+    }
+
+    /// The shadow of route `name` for its next micro-batch, from the running policy
+    /// (batches are numbered, so `percent` of every hundred are mirrored).
+    pub fn wants_batch(&self, name: &str) -> Option<Arc<ShadowSpec>> {
+        let policy = self.inner.policy.load();
+        let route = policy.route(name)?;
+        route.shadow.as_ref().filter(|_| route.flags.shadow)?;
+        let n = self.inner.batches.fetch_add(1, Ordering::Relaxed);
+        Self::wants(route, Tier::MicroBatch, n).cloned()
+    }
+
+    /// Sends `request` to `route`'s candidate, detached from its caller, and compares the
+    /// answer with `primary` (which took `primary_took`).
+    pub fn mirror(
+        &self,
+        route: &str,
+        spec: Arc<ShadowSpec>,
+        tier: Tier,
+        request: http::Request<Bytes>,
+        primary: &Reply,
+        primary_took: Duration,
+    ) {
+        let primary = copy(primary);
+        let (inner, route) = (self.inner.clone(), route.to_owned());
+        let caller = request_id(&request);
+        let work = async move {
+            let report = inner.report(&route);
+            let pool = inner.pools.get(&route, &spec.candidate);
+            let started = Instant::now();
+            let answer = pool.forward(request, started + spec.budget).await;
+            let took = started.elapsed();
+            let counted = Counted::new(&route);
+            let candidate = match answer {
+                Ok(candidate) => candidate,
+                Err(e) => {
+                    let why = match e.kind {
+                        Kind::Shed => Drop::Full,
+                        Kind::Deadline => Drop::Timeout,
+                        Kind::Backend | Kind::Unavailable => Drop::Down,
+                        _ => Drop::Error,
+                    };
+                    counted.dropped(why);
+                    return lock(&report).dropped(why);
+                }
+            };
+            match compare::compare(&primary, &candidate, &spec) {
+                Ok(cmp) => {
+                    counted.compared(tier, &cmp, primary_took, took);
+                    lock(&report).add(tier, &cmp, (primary_took, took), caller.as_deref());
+                }
+                Err(unreadable) => {
+                    tracing::debug!(route, problem = unreadable.0, "shadow answer not compared");
+                    counted.dropped(Drop::Unreadable);
+                    lock(&report).dropped(Drop::Unreadable);
+                }
+            }
+        };
+        match &self.inner.threads {
+            Some(threads) => drop(threads.spawn(work)),
+            None => drop(tokio::spawn(work)),
+        }
+    }
+
+    /// What `route`'s shadow found since its report was last reset, if it has one.
+    pub fn report(&self, route: &str) -> Option<serde_json::Value> {
+        let report = self.inner.reports.get(route)?.clone();
+        let json = lock(&report).to_json();
+        Some(json)
+    }
+
+    /// Rows compared and rows within tolerance since `route`'s report was reset.
+    pub fn rows(&self, route: &str) -> (u64, u64) {
+        self.inner.reports.get(route).map_or((0, 0), |r| lock(&r).rows())
+    }
+
+    /// Starts `route`'s report afresh (metrics keep counting).
+    pub fn reset(&self, route: &str) {
+        self.inner.reports.insert(route.to_owned(), Arc::default());
+    }
+}
+
+impl Inner {
+    fn report(&self, route: &str) -> Arc<Mutex<Report>> {
+        if let Some(report) = self.reports.get(route) {
+            return report.clone();
+        }
+        Counted::register(route);
+        self.reports.entry(route.to_owned()).or_default().clone()
+    }
+}
+
+/// A copy of an answer (its body is shared, not copied).
+fn copy(reply: &Reply) -> Reply {
+    let mut copy = http::Response::new(reply.body().clone());
+    *copy.status_mut() = reply.status();
+    *copy.headers_mut() = reply.headers().clone();
+    copy
+}
+
+fn lock(report: &Mutex<Report>) -> std::sync::MutexGuard<'_, Report> {
+    report.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The caller's request id (the `x-request-id` it sent or was given), to name a
+/// disagreement by.
+fn request_id(request: &http::Request<Bytes>) -> Option<String> {
+    let id = match request.extensions().get::<crate::trace::Ids>() {
+        Some(ids) => &ids.request_id,
+        None => request.headers().get(crate::trace::REQUEST_ID)?,
+    };
+    id.to_str().ok().map(str::to_owned)
+}
+
+/// A route's shadow metrics.
+struct Counted<'a> {
+    route: &'a str,
+}
+
+impl<'a> Counted<'a> {
+    fn new(route: &'a str) -> Self {
+        Counted { route }
+    }
+
+    /// Every series of `route` at zero, so a dashboard sees 0 before the first call.
+    fn register(route: &str) {
+        for why in Drop::ALL {
+            ::metrics::counter!(metrics::SHADOW_DROPPED, "route" => route.to_owned(), "reason" => why.as_str())
+                .absolute(0);
+        }
+        for verdict in ["within", "outside"] {
+            ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route.to_owned(), "verdict" => verdict).absolute(0);
+        }
+        for kind in ["status", "shape"] {
+            ::metrics::counter!(metrics::SHADOW_MISMATCHES, "route" => route.to_owned(), "kind" => kind).absolute(0);
+        }
+    }
+
+    fn dropped(&self, why: Drop) {
+        ::metrics::counter!(metrics::SHADOW_DROPPED, "route" => self.route.to_owned(), "reason" => why.as_str())
+            .increment(1);
+    }
+
+    fn compared(&self, tier: Tier, cmp: &compare::Comparison, primary: Duration, candidate: Duration) {
+        let route = || self.route.to_owned();
+        ::metrics::counter!(metrics::SHADOW_COMPARED, "route" => route(), "tier" => tier.as_str()).increment(1);
+        let (rows, within) = cmp
+            .outputs
+            .iter()
+            .fold((0, 0), |(r, w), o| (r + o.rows, w + o.rows_within));
+        ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "within").increment(within);
+        ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "outside").increment(rows - within);
+        if cmp.status_mismatch.is_some() {
+            ::metrics::counter!(metrics::SHADOW_MISMATCHES, "route" => route(), "kind" => "status").increment(1);
+        }
+        let shapes = cmp.shape_mismatches.len() as u64;
+        if shapes > 0 {
+            ::metrics::counter!(metrics::SHADOW_MISMATCHES, "route" => route(), "kind" => "shape").increment(shapes);
+        }
+        if !primary.is_zero() {
+            ::metrics::histogram!(metrics::SHADOW_LATENCY_RATIO, "route" => route())
+                .record(candidate.as_secs_f64() / primary.as_secs_f64());
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Shadow scoring: a candidate model answers a share of a route's calls beside the
+//! primary; callers only ever get the primary's answer, and the comparison is reported
+//! (admin API, metrics), dropped calls counted, and the candidate promoted through the
+//! control plane only past its gate.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use tiergate::app::Gateway;
+use tiergate::config::Secret;
+use tiergate::policy::Policy;
+use tiergate::sim::{ModelSpec, Profile};
+
+const TOKEN: &str = "shadow-test-admin-token-0123456789";
+
+/// Two rows: the first sums to 3, the second to -2 (where a drifting candidate is off).
+const TWO_ROWS: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,2],"data":[1,2,-3,1]}]}"#;
+
+struct Shadowed {
+    gw: Gateway,
+    route: &'static str,
+    _dir: tempfile::TempDir,
+}
+
+impl Shadowed {
+    async fn admin(&self, method: &str, path: &str, body: &str) -> Answer {
+        admin_call(&self.gw, TOKEN, (method, path), &[("x-tiergate-actor", "carol")], body).await
+    }
+
+    async fn report(&self) -> Value {
+        let answer = self.admin("GET", &format!("/admin/shadow/{}", self.route), "").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        answer.json()
+    }
+
+    /// The report once `compared` calls were compared and `dropped` dropped.
+    async fn report_after(&self, compared: u64, dropped: u64) -> Value {
+        eventually(Duration::from_secs(10), "the shadow calls are counted", || async {
+            let r = self.report().await;
+            let drops: u64 = r["dropped"]
+                .as_object()
+                .map_or(0, |d| d.values().filter_map(Value::as_u64).sum());
+            (r["compared"] == compared && drops == dropped).then_some(r)
+        })
+        .await
+    }
+
+    async fn call(&self, id: &str, budget: &'static str) -> Answer {
+        let headers = [("x-tiergate-budget-ms", budget), ("x-request-id", id)];
+        infer(self.gw.http_addr(), "m", &headers, TWO_ROWS).await
+    }
+}
+
+fn drifting(drift: f64) -> ModelSpec {
+    ModelSpec {
+        drift,
+        ..ModelSpec::new("m", Profile::named("instant").expect("profile"))
+    }
+}
+
+/// Route `r` serving model `m` from `primary` (real-time, and micro-batch with `batch`),
+/// mirrored to `candidate` as `shadow` (extra keys of the shadow table) says; from a
+/// policy directory, with the admin API on.
+async fn shadowed(primary: &str, batch: Option<&str>, candidate: &str, shadow: &str) -> Shadowed {
+    shadowed_as("r", primary, batch, candidate, shadow).await
+}
+
+/// As [`shadowed`], the route named `route` (metrics are the test process's, so a test
+/// that reads them has a route of its own).
+async fn shadowed_as(
+    route: &'static str,
+    primary: &str,
+    batch: Option<&str>,
+    candidate: &str,
+    shadow: &str,
+) -> Shadowed {
+    let micro = batch.map_or(String::new(), |b| {
+        format!(
+            "[routes.r.micro_batch]\nendpoints = [\"{b}\"]\nmax_batch = 64\nmax_wait = \"250ms\"\nmax_in_flight = 1\n"
+        )
+    });
+    let text = format!(
+        "[defaults]\nrealtime_below = \"300ms\"\n\
+         [routes.r]\nmodels = [\"m\"]\n\
+         [routes.r.flags]\nrealtime = true\nmicro_batch = {}\nshadow = true\n\
+         [routes.r.realtime]\nendpoints = [\"{primary}\"]\nmax_concurrency = 16\n{micro}\
+         [routes.r.shadow]\n{shadow}\n\
+         [routes.r.shadow.candidate]\nendpoints = [\"{candidate}\"]\n",
+        batch.is_some()
+    )
+    .replace("routes.r", &format!("routes.{route}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("routes.toml"), text).expect("write");
+    let mut config = config();
+    config.policy_dir = dir.path().to_owned();
+    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    config.admin.token = Some(Secret(TOKEN.into()));
+    let policy = Policy::load_dir(dir.path()).expect("valid");
+    let gw = Gateway::start(&config, policy).await.expect("starts");
+    Shadowed { gw, route, _dir: dir }
+}
+
+#[tokio::test]
+async fn callers_get_the_primarys_answer_and_the_rows_that_differ_are_reported() {
+    let (primary, candidate) = (backend(&["m"]).await, backend_with(vec![drifting(0.5)]).await);
+    let shadow = "tiers = [\"realtime\"]\natol = 1e-6\nrtol = 0.0";
+    let s = shadowed_as("rows", &primary.url(), None, &candidate.url(), shadow).await;
+    let direct = infer(primary.addr, "m", &[], TWO_ROWS).await.json();
+    for i in 0..10 {
+        let answer = s.call(&format!("q{i}"), "100").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json(), direct, "the primary's answer, never the candidate's");
+        assert_eq!(answer.header("x-tiergate-tier"), Some("realtime"));
+    }
+    let r = s.report_after(10, 0).await;
+    assert_eq!(
+        candidate.sim.stats("m").expect("stats").requests,
+        10,
+        "every call mirrored"
+    );
+    assert_eq!((&r["rows"], &r["rows_within"]), (&json!(40), &json!(30)), "{r:#}");
+    let (echo, sums) = (&r["outputs"]["OUTPUT0"], &r["outputs"]["OUTPUT1"]);
+    assert_eq!((&echo["rows"], &echo["rows_within"]), (&json!(20), &json!(20)));
+    assert_eq!((&sums["rows"], &sums["rows_within"]), (&json!(20), &json!(10)));
+    assert_eq!(sums["max_abs_diff"], 0.5);
+    assert_eq!(r["compared_by_tier"], json!({"realtime": 10}));
+    let worst = r["worst"].as_array().expect("a sample");
+    assert_eq!(worst.len(), 10, "one per differing call");
+    let w = &worst[0];
+    assert_eq!(
+        (&w["output"], &w["row"], &w["primary"], &w["candidate"]),
+        (&json!("OUTPUT1"), &json!(1), &json!(-2.0), &json!(-1.5))
+    );
+    assert!(w["request_id"].as_str().is_some_and(|id| id.starts_with('q')), "{w}");
+    assert_eq!(
+        metric(&s.gw, "tiergate_shadow_rows_total{route=\"rows\",verdict=\"outside\"}").await,
+        10.0
+    );
+    assert_eq!(
+        metric(
+            &s.gw,
+            "tiergate_shadow_compared_total{route=\"rows\",tier=\"realtime\"}"
+        )
+        .await,
+        10.0
+    );
+    // Reset: the report starts afresh.
+    let reset = s.admin("POST", "/admin/shadow/rows/reset", "").await;
+    assert_eq!((reset.status, &reset.json()["compared"]), (200, &json!(0)));
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_candidate_that_is_down_or_stalled_changes_nothing_for_callers_and_its_drops_are_counted() {
+    let primary = backend(&["m"]).await;
+    // Down: nothing listens.
+    let dead = format!("http://{}", dead_addr().await);
+    let s = shadowed(&primary.url(), None, &dead, "tiers = [\"realtime\"]").await;
+    for i in 0..5 {
+        assert_eq!(s.call(&format!("d{i}"), "100").await.status, 200);
+    }
+    let r = s.report_after(0, 5).await;
+    assert_eq!(r["dropped"]["down"], 5, "{r:#}");
+    s.gw.stop().await.expect("stops");
+    // Stalled: the candidate holds every call. Callers are answered all the same (the
+    // shadow call is detached); two calls take the candidate's slots until its budget
+    // ends them, the rest are dropped at once as full.
+    let stalled = backend(&["m"]).await;
+    stalled.sim.hold();
+    let shadow = "tiers = [\"realtime\"]\nbudget = \"300ms\"\n";
+    let s = shadowed(&primary.url(), None, &stalled.url(), shadow).await;
+    let limited = s
+        .admin(
+            "PATCH",
+            "/admin/routes/r",
+            r#"{"shadow": {"candidate": {"max_concurrency": 2}}}"#,
+        )
+        .await;
+    assert_eq!(limited.status, 200, "{}", limited.text());
+    let first = s.call("s0", "100").await;
+    assert_eq!(first.status, 200);
+    wait_for(&stalled, |st| st.requests == 1).await;
+    let second = s.call("s1", "100").await;
+    assert_eq!(second.status, 200);
+    wait_for(&stalled, |st| st.requests == 2).await;
+    for i in 2..10 {
+        let answer = s.call(&format!("s{i}"), "100").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json(), first.json(), "the primary's answer");
+    }
+    let r = s.report_after(0, 10).await;
+    assert_eq!(
+        (&r["dropped"]["full"], &r["dropped"]["timeout"]),
+        (&json!(8), &json!(2)),
+        "{r:#}"
+    );
+    assert_eq!(
+        stalled.sim.stats("m").expect("stats").requests,
+        2,
+        "nothing queued for the candidate"
+    );
+    stalled.sim.release();
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_micro_batch_is_scored_as_the_same_batch() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let candidate = backend_with(vec![drifting(0.25)]).await;
+    let shadow = "tiers = [\"micro_batch\"]";
+    let s = shadowed(&rt.url(), Some(&batch.url()), &candidate.url(), shadow).await;
+    // One call takes the batch slot while the backend holds it; eight more queue, and
+    // go as one batch when it is released.
+    batch.sim.hold();
+    let addr = s.gw.http_addr();
+    let spawn = move |id: String| {
+        tokio::spawn(async move {
+            let headers = [("x-tiergate-budget-ms", "3000"), ("x-request-id", id.as_str())];
+            infer(addr, "m", &headers, TWO_ROWS).await
+        })
+    };
+    let busy = spawn("busy".into());
+    wait_for(&batch, |st| st.requests == 1).await;
+    let callers: Vec<_> = (0..8).map(|i| spawn(format!("b{i}"))).collect();
+    eventually(Duration::from_secs(10), "eight callers queue", || async {
+        let line = "tiergate_batch_queue_rows{route=\"r\"}";
+        (metric(&s.gw, line).await == 16.0).then_some(())
+    })
+    .await;
+    batch.sim.release();
+    for call in std::iter::once(busy).chain(callers) {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-tier"), Some("micro_batch"));
+        assert_eq!(
+            answer.json()["outputs"][1]["data"],
+            json!([3.0, -2.0]),
+            "the primary's sums"
+        );
+    }
+    let r = s.report_after(2, 0).await;
+    let (primary, shadowed) = (
+        batch.sim.stats("m").expect("stats"),
+        candidate.sim.stats("m").expect("stats"),
+    );
+    assert_eq!(primary.batch_sizes, [(2, 1), (16, 1)].into(), "rows per backend call");
+    assert_eq!(
+        shadowed.batch_sizes, primary.batch_sizes,
+        "the candidate saw the same batches"
+    );
+    assert_eq!(r["compared_by_tier"], json!({"micro_batch": 2}));
+    assert_eq!(
+        (
+            &r["outputs"]["OUTPUT1"]["rows"],
+            &r["outputs"]["OUTPUT1"]["rows_within"]
+        ),
+        (&json!(18), &json!(9))
+    );
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn promote_refuses_below_the_gate_passes_above_it_and_rolls_back() {
+    let (primary, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    let shadow = "tiers = [\"realtime\"]\n[routes.r.shadow.gate]\nmin_compared = 12\nmin_agreement = 0.99";
+    let s = shadowed(&primary.url(), None, &candidate.url(), shadow).await;
+    let refused = s.admin("POST", "/admin/shadow/r/promote", "").await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    assert!(
+        refused.text().contains("0 rows compared, the gate asks for 12"),
+        "{}",
+        refused.text()
+    );
+    for i in 0..3 {
+        assert_eq!(s.call(&format!("p{i}"), "100").await.status, 200);
+    }
+    let r = s.report_after(3, 0).await;
+    assert_eq!((&r["rows"], &r["gate"]["met"]), (&json!(12), &json!(true)), "{r:#}");
+    let promoted = s.admin("POST", "/admin/shadow/r/promote", "").await;
+    assert_eq!(promoted.status, 200, "{}", promoted.text());
+    let version = promoted.json()["version_after"].as_u64().expect("a new version");
+    let route = s.admin("GET", "/admin/routes/r", "").await.json();
+    assert_eq!(
+        route["spec"]["realtime"]["endpoints"],
+        json!([candidate.url()]),
+        "{route:#}"
+    );
+    assert!(
+        route["spec"].get("shadow").is_none(),
+        "the shadow table is gone: {route:#}"
+    );
+    let before = candidate.sim.stats("m").expect("stats").requests;
+    assert_eq!(s.call("after", "100").await.status, 200);
+    assert_eq!(
+        candidate.sim.stats("m").expect("stats").requests,
+        before + 1,
+        "served by the candidate"
+    );
+    // A promotion is a policy version like any other: rolled back, the primary serves.
+    let back = s
+        .admin(
+            "POST",
+            "/admin/policy/rollback",
+            &json!({"version": version - 1}).to_string(),
+        )
+        .await;
+    assert_eq!(back.status, 200, "{}", back.text());
+    let served = primary.sim.stats("m").expect("stats").requests;
+    assert_eq!(s.call("rolled-back", "100").await.status, 200);
+    assert_eq!(primary.sim.stats("m").expect("stats").requests, served + 1);
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_disagreeing_candidate_is_promoted_only_by_force() {
+    let (primary, candidate) = (backend(&["m"]).await, backend_with(vec![drifting(1.0)]).await);
+    let shadow = "tiers = [\"realtime\"]\n[routes.r.shadow.gate]\nmin_compared = 4";
+    let s = shadowed(&primary.url(), None, &candidate.url(), shadow).await;
+    for i in 0..2 {
+        assert_eq!(s.call(&format!("f{i}"), "100").await.status, 200);
+    }
+    s.report_after(2, 0).await;
+    let refused = s.admin("POST", "/admin/shadow/r/promote", "").await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    assert!(
+        refused.text().contains("6 of 8 rows within tolerance"),
+        "{}",
+        refused.text()
+    );
+    let forced = s.admin("POST", "/admin/shadow/r/promote?force=true", "").await;
+    assert_eq!(forced.status, 200, "{}", forced.text());
+    s.gw.stop().await.expect("stops");
+}
+
+/// The policy's shadow table is checked like every other.
+#[test]
+fn a_shadow_table_is_validated_with_every_problem_named() {
+    let text = "[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\nshadow = true\n[routes.r.realtime]\nendpoints = [\"http://h:1\"]\n\
+                [routes.r.shadow]\npercent = 101\natol = -1.0\ntiers = []\n[routes.r.shadow.gate]\nmin_agreement = 2.0\n";
+    let problems = Policy::from_texts(vec![(PathBuf::from("p.toml"), text.into())]).expect_err("invalid");
+    let text = problems.to_string();
+    for needle in [
+        "routes.r.shadow.candidate: is missing",
+        "routes.r.shadow.percent: must be 0 to 100, got 101",
+        "routes.r.shadow.atol: must be 0 or more, got -1",
+        "routes.r.shadow.tiers: is empty",
+        "routes.r.shadow.gate.min_agreement: must be 0 to 1, got 2",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in:\n{text}");
+    }
+    let flag_only = "[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\nshadow = true\n[routes.r.realtime]\nendpoints = [\"http://h:1\"]\n";
+    let problems = Policy::from_texts(vec![(PathBuf::from("p.toml"), flag_only.into())]).expect_err("invalid");
+    assert!(problems
+        .to_string()
+        .contains("routes.r.flags.shadow: is on but the route has no [shadow] table"));
+}
