@@ -31,5 +31,6 @@ if [ "${1:-}" != "--table" ]; then
   run isolation isolation.sh
   run burst burst.sh
   run offline_backlog offline_backlog.sh
+  run shadow shadow.sh
 fi
 python3 loadtest/scenarios/current.py "$OUT" docs/performance.md

@@ -392,7 +392,7 @@ impl Parts {
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let backends = crate::backend::Settings::new(config.limits.max_response_bytes).trusting(trust);
         let shadow = Shadow::new(backends.clone(), policy.clone(), Some(batch_threads.handle()));
-        let realtime = Realtime::new(backends.clone()).with_shadow(shadow.clone());
+        let realtime = Realtime::new(backends.clone(), Some(shadow.clone()));
         let micro_batch = MicroBatch::new(
             backends.clone(),
             shutdown.clone(),

@@ -230,10 +230,6 @@ impl Dispatch {
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
         let instruments = self.instruments(route);
-        let key = match &to {
-            Ask::Decided(_) => 0,
-            Ask::Classify(meta) => meta.key,
-        };
         let decision = match to {
             Ask::Decided(decision) => decision,
             Ask::Classify(meta) => match tracing::info_span!("classify").in_scope(|| classify(route, &meta)) {
@@ -290,7 +286,6 @@ impl Dispatch {
             tier: decision.tier,
             door,
             deadline,
-            key,
             request,
         };
         let mut decision = decision;
@@ -311,7 +306,6 @@ impl Dispatch {
                     tier: decision.tier,
                     door,
                     deadline,
-                    key,
                     request,
                 };
                 request_span.record("tier", decision.tier.as_str());

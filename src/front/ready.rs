@@ -167,7 +167,7 @@ mod tests {
         );
         let ready = Readiness::new(
             Queue::Embedded(store.clone()),
-            Realtime::new(crate::backend::Settings::new(1 << 20)),
+            Realtime::new(crate::backend::Settings::new(1 << 20), None),
             micro,
         );
         let policy = policy();

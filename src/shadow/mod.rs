@@ -70,26 +70,39 @@ impl Shadow {
         }
     }
 
-    /// `route`'s shadow when a `tier` call with rollout `key` is mirrored: the shadow
-    /// flag is on, the shadow mirrors `tier`, and the key falls in its percent.
-    pub fn wants(route: &Route, tier: Tier, key: u64) -> Option<&Arc<ShadowSpec>> {
+    /// `route`'s shadow when a `tier` call of `request` is mirrored: the shadow flag is
+    /// on, the shadow mirrors `tier`, and the request's rollout key (its route's
+    /// rollout key header, else its request id) falls in the shadow's percent.
+    pub fn wants<'r>(route: &'r Route, tier: Tier, request: &http::Request<Bytes>) -> Option<&'r Arc<ShadowSpec>> {
+        let spec = Self::on(route, tier)?;
+        let key = match request.headers().get(&route.rollout_key_header) {
+            Some(value) => value.as_bytes(),
+            None => request
+                .extensions()
+                .get::<crate::trace::Ids>()
+                .map_or(&b""[..], |ids| ids.request_id.as_bytes()),
+        };
+        (crate::classify::key_hash(key) % 100 < u64::from(spec.percent)).then_some(spec)
+    }
+
+    /// `route`'s shadow when it is on and mirrors `tier`.
+    fn on(route: &Route, tier: Tier) -> Option<&Arc<ShadowSpec>> {
         let spec = route.shadow.as_ref().filter(|_| route.flags.shadow)?;
         let on = match tier {
             Tier::Realtime => spec.realtime,
             Tier::MicroBatch => spec.micro_batch,
             Tier::Offline => false,
         };
-        (on && key % 100 < u64::from(spec.percent)).then_some(spec)
+        on.then_some(spec)
     }
 
     /// The shadow of route `name` for its next micro-batch, from the running policy
     /// (batches are numbered, so `percent` of every hundred are mirrored).
     pub fn wants_batch(&self, name: &str) -> Option<Arc<ShadowSpec>> {
         let policy = self.inner.policy.load();
-        let route = policy.route(name)?;
-        route.shadow.as_ref().filter(|_| route.flags.shadow)?;
+        let spec = Self::on(policy.route(name)?, Tier::MicroBatch)?;
         let n = self.inner.batches.fetch_add(1, Ordering::Relaxed);
-        Self::wants(route, Tier::MicroBatch, n).cloned()
+        (n % 100 < u64::from(spec.percent)).then(|| spec.clone())
     }
 
     /// Sends `request` to `route`'s candidate, detached from its caller, and compares the
@@ -243,5 +256,51 @@ impl<'a> Counted<'a> {
             ::metrics::histogram!(metrics::SHADOW_LATENCY_RATIO, "route" => route())
                 .record(candidate.as_secs_f64() / primary.as_secs_f64());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(percent: u8, tiers: &str) -> Arc<Route> {
+        let text = format!(
+            "[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\nshadow = true\n\
+             [routes.r.realtime]\nendpoints = [\"http://h:1\"]\n\
+             [routes.r.shadow]\npercent = {percent}\ntiers = [{tiers}]\n\
+             [routes.r.shadow.candidate]\nendpoints = [\"http://c:1\"]\n"
+        );
+        let policy = crate::policy::Policy::from_texts(vec![("p.toml".into(), text)]).expect("valid");
+        policy.route("r").expect("route").clone()
+    }
+
+    fn request(id: &str) -> http::Request<Bytes> {
+        let mut request = http::Request::new(Bytes::new());
+        request
+            .headers_mut()
+            .insert("x-request-id", id.parse().expect("a header value"));
+        request
+    }
+
+    #[test]
+    fn the_share_mirrored_is_chosen_by_the_rollout_key() {
+        let half = route(50, "\"realtime\"");
+        let ids: Vec<String> = (0..400).map(|i| format!("req-{i}")).collect();
+        let taken = |route: &Route| {
+            ids.iter()
+                .filter(|id| Shadow::wants(route, Tier::Realtime, &request(id)).is_some())
+                .count()
+        };
+        let n = taken(&half);
+        assert!((150..250).contains(&n), "about half of 400 keys: {n}");
+        assert_eq!(taken(&half), n, "the same keys every time");
+        assert_eq!(taken(&route(100, "\"realtime\"")), 400);
+        assert_eq!(taken(&route(0, "\"realtime\"")), 0);
+        assert_eq!(
+            taken(&route(100, "\"micro_batch\"")),
+            0,
+            "real-time calls are not mirrored"
+        );
+        assert!(Shadow::wants(&half, Tier::Offline, &request("x")).is_none());
     }
 }

@@ -39,9 +39,6 @@ pub struct Call {
     pub door: Door,
     /// When the budget runs out; no work is done for this call after it.
     pub deadline: Instant,
-    /// The request's rollout key (a stable hash of its key header or id), which also
-    /// picks the share of calls a route's shadow sees.
-    pub key: u64,
     /// The request as the door received it (method, path, headers, whole body).
     pub request: http::Request<Bytes>,
 }
@@ -122,7 +119,6 @@ mod tests {
             tier,
             door: Door::Http,
             deadline: Instant::now() + Duration::from_secs(1),
-            key: 0,
             request: http::Request::new(Bytes::from_static(b"x")),
         }
     }

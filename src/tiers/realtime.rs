@@ -16,26 +16,28 @@ use crate::shadow::Shadow;
 
 use super::{Call, Reply};
 
-/// The real-time tier service.
+/// The real-time tier service (one pointer: the service is cloned for every call).
 #[derive(Debug, Clone)]
 pub struct Realtime {
-    pools: Arc<Pools>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pools: Pools,
     shadow: Option<Shadow>,
 }
 
 impl Realtime {
-    /// A real-time tier whose pools are built with `settings`.
-    pub fn new(settings: crate::backend::Settings) -> Self {
+    /// A real-time tier whose pools are built with `settings`, mirroring a share of its
+    /// calls to routes' shadow candidates when `shadow` is given.
+    pub fn new(settings: crate::backend::Settings, shadow: Option<Shadow>) -> Self {
         Realtime {
-            pools: Arc::new(Pools::new(Role::Tier(Tier::Realtime), settings)),
-            shadow: None,
+            inner: Arc::new(Inner {
+                pools: Pools::new(Role::Tier(Tier::Realtime), settings),
+                shadow,
+            }),
         }
-    }
-
-    /// The same tier, mirroring a share of its calls to routes' shadow candidates.
-    pub fn with_shadow(mut self, shadow: Shadow) -> Self {
-        self.shadow = Some(shadow);
-        self
     }
 
     /// The routes of `policy` whose real-time pool has every endpoint ejected.
@@ -46,7 +48,7 @@ impl Realtime {
             .filter(|r| {
                 r.realtime
                     .as_ref()
-                    .is_some_and(|spec| self.pools.all_ejected(&r.name, spec))
+                    .is_some_and(|spec| self.inner.pools.all_ejected(&r.name, spec))
             })
             .map(|r| r.name.clone())
             .collect()
@@ -57,7 +59,7 @@ impl Realtime {
         route
             .realtime
             .as_ref()
-            .is_some_and(|spec| self.pools.get(&route.name, spec).in_flight() == 0)
+            .is_some_and(|spec| self.inner.pools.get(&route.name, spec).in_flight() == 0)
     }
 }
 
@@ -73,39 +75,38 @@ impl tower::Service<Call> for Realtime {
     }
 
     fn call(&mut self, call: Call) -> Self::Future {
-        let pools = self.pools.clone();
+        let inner = self.inner.clone();
         // A copy for the route's shadow when it takes this call: a real-time call (not
         // offline work borrowing the pool), never a sequence's step (the candidate would
-        // see a sequence with steps missing).
-        let mirror = self.shadow.as_ref().and_then(|shadow| {
-            let spec = Shadow::wants(&call.route, call.tier, call.key)?;
+        // see a sequence with steps missing). A call without one keeps the plain future.
+        let mirror = inner.shadow.as_ref().and_then(|shadow| {
+            let spec = Shadow::wants(&call.route, call.tier, &call.request)?;
             let step = call.request.extensions().get::<crate::protocol::Sequence>().is_some();
             (!step).then(|| (shadow.clone(), spec.clone(), super::copy(&call.request)))
         });
+        let Some((shadow, shadow_spec, copy)) = mirror else {
+            return Box::pin(async move { pool(&inner.pools, &call)?.forward(call.request, call.deadline).await });
+        };
         Box::pin(async move {
-            let Some(spec) = call.route.realtime.as_ref() else {
-                return Err(Error::new(
-                    Kind::NoTier,
-                    format!("route {} has no realtime pool", call.route.name),
-                ));
-            };
-            let pool = pools.get(&call.route.name, spec);
-            let Some((shadow, shadow_spec, copy)) = mirror else {
-                return pool.forward(call.request, call.deadline).await;
-            };
+            let pool = pool(&inner.pools, &call)?;
             let started = tokio::time::Instant::now();
             let answer = pool.forward(call.request, call.deadline).await;
             if let Ok(primary) = &answer {
-                shadow.mirror(
-                    &call.route.name,
-                    shadow_spec,
-                    Tier::Realtime,
-                    copy,
-                    primary,
-                    started.elapsed(),
-                );
+                let took = started.elapsed();
+                shadow.mirror(&call.route.name, shadow_spec, Tier::Realtime, copy, primary, took);
             }
             answer
         })
+    }
+}
+
+/// The route's real-time pool.
+fn pool(pools: &Pools, call: &Call) -> Result<Arc<crate::backend::Pool>, Error> {
+    match call.route.realtime.as_ref() {
+        Some(spec) => Ok(pools.get(&call.route.name, spec)),
+        None => Err(Error::new(
+            Kind::NoTier,
+            format!("route {} has no realtime pool", call.route.name),
+        )),
     }
 }

@@ -243,7 +243,6 @@ fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline
         tier: Tier::Offline,
         door: Door::Http, // offline jobs come in over HTTP only
         deadline: Instant::now() + settings.attempt_timeout,
-        key: 0,
         request,
     }
 }
