@@ -208,6 +208,30 @@ async fn a_candidate_that_is_down_or_stalled_changes_nothing_for_callers_and_its
 }
 
 #[tokio::test]
+async fn a_slow_candidate_is_compared_after_the_callers_have_their_answers() {
+    let primary = backend(&["m"]).await;
+    // Each of the candidate's calls takes 500 ms; the primary answers at once.
+    let slow = Profile {
+        floor: Duration::from_millis(500),
+        ..Profile::named("instant").expect("profile")
+    };
+    let candidate = backend_with(vec![ModelSpec::new("m", slow)]).await;
+    let s = shadowed(&primary.url(), None, &candidate.url(), "tiers = [\"realtime\"]").await;
+    for i in 0..4 {
+        let answer = s.call(&format!("slow{i}"), "100").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    // Every caller was answered while the candidate was still working on the first call.
+    assert_eq!(s.report().await["compared"], 0);
+    let r = s.report_after(4, 0).await;
+    assert!(
+        r["latency"]["candidate_to_primary"].as_f64().expect("a ratio") > 1.0,
+        "{r:#}"
+    );
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
 async fn a_micro_batch_is_scored_as_the_same_batch() {
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
     let candidate = backend_with(vec![drifting(0.25)]).await;
