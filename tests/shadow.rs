@@ -232,6 +232,41 @@ async fn a_slow_candidate_is_compared_after_the_callers_have_their_answers() {
 }
 
 #[tokio::test]
+async fn with_the_noise_floor_a_difference_the_primary_makes_with_itself_is_not_counted() {
+    // The primary is not deterministic on rows with a negative sum (a random amount
+    // below 0.5 added each time); the candidate is off by 0.1 there, and exact elsewhere.
+    let noisy = ModelSpec {
+        noise: 0.5,
+        ..ModelSpec::new("m", Profile::named("instant").expect("profile"))
+    };
+    let (primary, candidate) = (backend_with(vec![noisy]).await, backend_with(vec![drifting(0.1)]).await);
+    let shadow = "tiers = [\"realtime\"]\nnoise_floor = true\natol = 1e-9\nrtol = 0.0";
+    let s = shadowed(&primary.url(), None, &candidate.url(), shadow).await;
+    for i in 0..6 {
+        assert_eq!(s.call(&format!("n{i}"), "100").await.status, 200);
+    }
+    let r = s.report_after(6, 0).await;
+    let sums = &r["outputs"]["OUTPUT1"];
+    // Each call: row 0 agrees, row 1 differs, and so does the primary with itself there.
+    assert_eq!(
+        (&sums["rows"], &sums["rows_within"], &sums["rows_noisy"]),
+        (&json!(12), &json!(6), &json!(6)),
+        "{r:#}"
+    );
+    assert_eq!(r["agreement"], 1.0);
+    assert!(
+        r["worst"].as_array().is_some_and(Vec::is_empty),
+        "nothing held against the candidate: {r:#}"
+    );
+    assert_eq!(
+        primary.sim.stats("m").expect("stats").requests,
+        12,
+        "each call asked twice"
+    );
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
 async fn a_micro_batch_is_scored_as_the_same_batch() {
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
     let candidate = backend_with(vec![drifting(0.25)]).await;

@@ -96,6 +96,10 @@ pub struct ShadowFile {
     pub rtol: Option<f64>,
     /// The k of top-k agreement on classification outputs (default 5).
     pub top_k: Option<i64>,
+    /// Also send each mirrored call to the primary's endpoints a second time, and do not
+    /// count against the candidate a row on which the primary disagrees with itself
+    /// (default off).
+    pub noise_floor: Option<bool>,
     /// What `tiergate shadow promote` requires before it commits the candidate.
     pub gate: Option<GateFile>,
 }

@@ -114,6 +114,9 @@ pub struct ShadowSpec {
     pub tolerance: Tolerance,
     /// The k of top-k agreement.
     pub top_k: u32,
+    /// Each mirrored call goes to the primary's endpoints a second time, and a row the
+    /// primary answers differently the second time is not counted against the candidate.
+    pub noise_floor: bool,
     /// What promotion requires.
     pub gate: Gate,
 }

@@ -84,6 +84,7 @@ pub(super) fn spec(
         budget,
         tolerance,
         top_k,
+        noise_floor: file.noise_floor.unwrap_or(false),
         gate: Gate {
             min_compared,
             min_agreement,

@@ -37,6 +37,11 @@ pub struct OutputComparison {
     pub rows_exact: u64,
     /// Rows with every value within tolerance.
     pub rows_within: u64,
+    /// Rows outside tolerance on which the primary also disagreed with itself (see
+    /// [`discount`]): not counted against the candidate.
+    pub rows_noisy: u64,
+    /// The rows outside tolerance, by index.
+    pub outside: Vec<u64>,
     /// Values compared (numeric outputs).
     pub values: u64,
     /// Values equal.
@@ -117,6 +122,22 @@ pub fn compare(primary: &Reply, candidate: &Reply, spec: &ShadowSpec) -> Result<
     Ok(out)
 }
 
+/// Marks as noisy each row of `cmp` (candidate against primary) outside tolerance that is
+/// also outside it in `noise` (the primary against itself, asked twice): a difference the
+/// primary makes with itself is not held against the candidate (Diffy's noise floor).
+pub fn discount(cmp: &mut Comparison, noise: &Comparison) {
+    for o in &mut cmp.outputs {
+        let Some(n) = noise.outputs.iter().find(|n| n.name == o.name) else {
+            continue;
+        };
+        o.rows_noisy = o
+            .outside
+            .iter()
+            .filter(|row| n.outside.binary_search(row).is_ok())
+            .count() as u64;
+    }
+}
+
 fn decode(reply: &Reply) -> Result<InferResponse, protocol::Error> {
     let header_len = protocol::header_len(reply.headers())?;
     protocol::decode_response(reply.body(), header_len)
@@ -133,11 +154,14 @@ fn output(p: &Tensor, c: &Tensor, spec: &ShadowSpec) -> OutputComparison {
         // BYTES: element by element, rows exactly.
         let (pe, ce): (Vec<&[u8]>, Vec<&[u8]>) = (p.bytes_elements().collect(), c.bytes_elements().collect());
         let per_row = (pe.len() as u64 / rows).max(1) as usize;
-        for (pr, cr) in pe.chunks(per_row).zip(ce.chunks(per_row)) {
+        for (row, (pr, cr)) in pe.chunks(per_row).zip(ce.chunks(per_row)).enumerate() {
             out.rows += 1;
             let same = pr == cr;
             out.rows_exact += u64::from(same);
             out.rows_within += u64::from(same);
+            if !same {
+                out.outside.push(row as u64);
+            }
         }
         return out;
     };
@@ -168,6 +192,9 @@ fn output(p: &Tensor, c: &Tensor, spec: &ShadowSpec) -> OutputComparison {
         }
         out.rows_exact += u64::from(exact);
         out.rows_within += u64::from(within);
+        if !within {
+            out.outside.push(row as u64);
+        }
         if pr.len() > 1 {
             let top = argmax(pr);
             out.top1.add(top == argmax(cr));
@@ -296,6 +323,21 @@ mod tests {
         assert_eq!(cmp.shape_mismatches, ["y: missing from the candidate's answer"]);
         let junk = http::Response::new(bytes::Bytes::from_static(b"<html>"));
         assert!(compare(&primary, &junk, &spec(0.0, 0.0)).is_err());
+    }
+
+    #[test]
+    fn rows_the_primary_disagrees_on_with_itself_are_noise() {
+        let primary = answer(&[("y", &[3, 1], &[1.0, -2.0, 3.0])]);
+        let again = answer(&[("y", &[3, 1], &[1.0, -2.5, 3.0])]);
+        let candidate = answer(&[("y", &[3, 1], &[1.0, -2.7, 3.5])]);
+        let mut cmp = compare(&primary, &candidate, &spec(1e-6, 0.0)).expect("readable");
+        let noise = compare(&primary, &again, &spec(1e-6, 0.0)).expect("readable");
+        discount(&mut cmp, &noise);
+        let o = &cmp.outputs[0];
+        assert_eq!(
+            (o.rows, o.rows_within, o.rows_noisy, &o.outside[..]),
+            (3, 1, 1, &[1, 2][..])
+        );
     }
 
     #[test]

@@ -29,9 +29,21 @@ use crate::backend::{Pools, Role};
 use crate::decision::Tier;
 use crate::error::Kind;
 use crate::metrics;
-use crate::policy::{Route, ShadowSpec, Store};
+use crate::policy::{PoolSpec, Route, ShadowSpec, Store};
 pub use compare::Reply;
 use report::{Drop, Report};
+
+/// The primary's side of a mirrored call: its answer, how long it took, and the pool
+/// that gave it (the noise floor asks the same endpoints again).
+#[derive(Debug, Clone, Copy)]
+pub struct Primary<'a> {
+    /// The primary's answer.
+    pub answer: &'a Reply,
+    /// How long it took.
+    pub took: Duration,
+    /// The pool it came from.
+    pub pool: &'a Arc<PoolSpec>,
+}
 
 /// The shadow candidates of every route.
 #[derive(Debug, Clone)]
@@ -42,6 +54,9 @@ pub struct Shadow {
 #[derive(Debug)]
 struct Inner {
     pools: Pools,
+    /// Pools to the primaries' endpoints for the noise floor's second asking: the
+    /// shadow's own connections and limit, never a tier's.
+    copies: Pools,
     /// The running policy: a batch asks it whether its route's shadow is on now.
     policy: Arc<Store>,
     reports: DashMap<String, Arc<Mutex<Report>>>,
@@ -61,7 +76,8 @@ impl Shadow {
     ) -> Self {
         Shadow {
             inner: Arc::new(Inner {
-                pools: Pools::new(Role::Shadow, settings),
+                pools: Pools::new(Role::Shadow, settings.clone()),
+                copies: Pools::new(Role::Shadow, settings),
                 policy,
                 reports: DashMap::new(),
                 threads,
@@ -106,25 +122,44 @@ impl Shadow {
     }
 
     /// Sends `request` to `route`'s candidate, detached from its caller, and compares the
-    /// answer with `primary` (which took `primary_took`).
+    /// answer with the primary's (with the noise floor: also asks the primary's endpoints
+    /// again, on a pool of the shadow's own, and discounts the rows it changes its mind on).
     pub fn mirror(
         &self,
         route: &str,
         spec: Arc<ShadowSpec>,
         tier: Tier,
         request: http::Request<Bytes>,
-        primary: &Reply,
-        primary_took: Duration,
+        primary: Primary<'_>,
     ) {
-        let primary = copy(primary);
+        let (answer, primary_took) = (copy(primary.answer), primary.took);
+        let again = spec.noise_floor.then(|| {
+            let pool = PoolSpec {
+                max_concurrency: spec.candidate.max_concurrency,
+                ..(**primary.pool).clone()
+            };
+            (Arc::new(pool), crate::tiers::copy(&request))
+        });
+        let primary = answer;
         let (inner, route) = (self.inner.clone(), route.to_owned());
         let caller = request_id(&request);
         let work = async move {
             let report = inner.report(&route);
             let pool = inner.pools.get(&route, &spec.candidate);
             let started = Instant::now();
-            let answer = pool.forward(request, started + spec.budget).await;
-            let took = started.elapsed();
+            let deadline = started + spec.budget;
+            let asked = async {
+                let answer = pool.forward(request, deadline).await;
+                (answer, started.elapsed())
+            };
+            let ((answer, took), noise) = match again {
+                None => (asked.await, None),
+                Some((spec, request)) => {
+                    let copies = inner.copies.get(&route, &spec);
+                    let (asked, again) = tokio::join!(asked, copies.forward(request, deadline));
+                    (asked, again.ok())
+                }
+            };
             let counted = Counted::new(&route);
             let candidate = match answer {
                 Ok(candidate) => candidate,
@@ -140,7 +175,11 @@ impl Shadow {
                 }
             };
             match compare::compare(&primary, &candidate, &spec) {
-                Ok(cmp) => {
+                Ok(mut cmp) => {
+                    // Without the primary's second answer the rows are judged as they are.
+                    if let Some(Ok(noise)) = noise.map(|again| compare::compare(&primary, &again, &spec)) {
+                        compare::discount(&mut cmp, &noise);
+                    }
                     counted.compared(tier, &cmp, primary_took, took);
                     lock(&report).add(tier, &cmp, (primary_took, took), caller.as_deref());
                 }
@@ -162,11 +201,6 @@ impl Shadow {
         let report = self.inner.reports.get(route)?.clone();
         let json = lock(&report).to_json();
         Some(json)
-    }
-
-    /// Rows compared and rows within tolerance since `route`'s report was reset.
-    pub fn rows(&self, route: &str) -> (u64, u64) {
-        self.inner.reports.get(route).map_or((0, 0), |r| lock(&r).rows())
     }
 
     /// Starts `route`'s report afresh (metrics keep counting).
@@ -223,7 +257,7 @@ impl<'a> Counted<'a> {
             ::metrics::counter!(metrics::SHADOW_DROPPED, "route" => route.to_owned(), "reason" => why.as_str())
                 .absolute(0);
         }
-        for verdict in ["within", "outside"] {
+        for verdict in ["within", "outside", "noise"] {
             ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route.to_owned(), "verdict" => verdict).absolute(0);
         }
         for kind in ["status", "shape"] {
@@ -239,12 +273,13 @@ impl<'a> Counted<'a> {
     fn compared(&self, tier: Tier, cmp: &compare::Comparison, primary: Duration, candidate: Duration) {
         let route = || self.route.to_owned();
         ::metrics::counter!(metrics::SHADOW_COMPARED, "route" => route(), "tier" => tier.as_str()).increment(1);
-        let (rows, within) = cmp
-            .outputs
-            .iter()
-            .fold((0, 0), |(r, w), o| (r + o.rows, w + o.rows_within));
+        let (rows, within, noisy) = cmp.outputs.iter().fold((0, 0, 0), |(r, w, n), o| {
+            (r + o.rows, w + o.rows_within, n + o.rows_noisy)
+        });
         ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "within").increment(within);
-        ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "outside").increment(rows - within);
+        ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "noise").increment(noisy);
+        ::metrics::counter!(metrics::SHADOW_ROWS, "route" => route(), "verdict" => "outside")
+            .increment(rows - within - noisy);
         if cmp.status_mismatch.is_some() {
             ::metrics::counter!(metrics::SHADOW_MISMATCHES, "route" => route(), "kind" => "status").increment(1);
         }

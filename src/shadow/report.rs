@@ -63,6 +63,7 @@ struct Totals {
     rows: u64,
     rows_exact: u64,
     rows_within: u64,
+    rows_noisy: u64,
     values: u64,
     values_exact: u64,
     max_abs: f64,
@@ -121,7 +122,8 @@ impl Report {
         self.shape_mismatches += cmp.shape_mismatches.len() as u64;
         for o in &cmp.outputs {
             self.outputs.entry(o.name.clone()).or_default().add(o);
-            if let Some((row, index, primary, candidate)) = o.worst.filter(|_| o.rows_within < o.rows) {
+            let held = o.rows - o.rows_within - o.rows_noisy;
+            if let Some((row, index, primary, candidate)) = o.worst.filter(|_| held > 0) {
                 self.keep(Worst {
                     at: SystemTime::now(),
                     tier,
@@ -143,16 +145,17 @@ impl Report {
         self.worst.truncate(WORST_KEPT);
     }
 
-    /// Rows compared and rows within tolerance, over every output.
-    pub fn rows(&self) -> (u64, u64) {
-        self.outputs
-            .values()
-            .fold((0, 0), |(rows, within), t| (rows + t.rows, within + t.rows_within))
+    /// Rows compared, rows within tolerance, and rows outside it that are noise (the
+    /// primary disagreed with itself there), over every output.
+    pub fn rows(&self) -> (u64, u64, u64) {
+        self.outputs.values().fold((0, 0, 0), |(rows, within, noisy), t| {
+            (rows + t.rows, within + t.rows_within, noisy + t.rows_noisy)
+        })
     }
 
     /// The report as the admin API answers it.
     pub fn to_json(&self) -> Value {
-        let (rows, within) = self.rows();
+        let (rows, within, noisy) = self.rows();
         let compared: u64 = self.compared.values().sum();
         let ratio = |a: f64, b: u64| if b == 0 { Value::Null } else { json!(a / b as f64) };
         let outputs: serde_json::Map<String, Value> = self
@@ -177,7 +180,8 @@ impl Report {
             "dropped": self.dropped.iter().map(|(d, n)| (d.as_str(), *n)).collect::<BTreeMap<_, _>>(),
             "rows": rows,
             "rows_within": within,
-            "agreement": ratio(within as f64, rows),
+            "rows_noisy": noisy,
+            "agreement": ratio((within + noisy) as f64, rows),
             "status_mismatches": self.status_mismatches,
             "shape_mismatches": self.shape_mismatches,
             "latency": {
@@ -201,6 +205,7 @@ impl Default for Totals {
             rows: 0,
             rows_exact: 0,
             rows_within: 0,
+            rows_noisy: 0,
             values: 0,
             values_exact: 0,
             max_abs: 0.0,
@@ -221,6 +226,7 @@ impl Totals {
         self.rows += o.rows;
         self.rows_exact += o.rows_exact;
         self.rows_within += o.rows_within;
+        self.rows_noisy += o.rows_noisy;
         self.values += o.values;
         self.values_exact += o.values_exact;
         self.max_abs = self.max_abs.max(o.max_abs);
@@ -249,8 +255,9 @@ impl Totals {
             "rows": self.rows,
             "rows_exact": self.rows_exact,
             "rows_within": self.rows_within,
+            "rows_noisy": self.rows_noisy,
             "exact_rate": share(self.values_exact, self.values),
-            "within_rate": share(self.rows_within, self.rows),
+            "within_rate": share(self.rows_within + self.rows_noisy, self.rows),
             "max_abs_diff": self.max_abs,
             "mean_abs_diff": mean(self.sum_abs, self.values),
             "max_rel_diff": self.max_rel,

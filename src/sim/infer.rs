@@ -83,7 +83,7 @@ async fn run(m: &Model, model: &str, header_len: Option<usize>, body: Bytes) -> 
     });
     let queued = queued?;
     match queued.done.await {
-        Ok(Outcome::Done) => Ok(respond(model, queued.request, &queued.outputs, m.drift)),
+        Ok(Outcome::Done) => Ok(respond(model, queued.request, &queued.outputs, m.off)),
         Ok(Outcome::Fault) => Err(Refusal(StatusCode::INTERNAL_SERVER_ERROR, "injected fault".into())),
         Err(_) => Err(Refusal::no_instance(model)),
     }
@@ -166,7 +166,7 @@ fn select_outputs(model: &str, request: &InferRequest) -> Result<Vec<(&'static s
     Ok(selected)
 }
 
-fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], drift: f64) -> Reply {
+fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], off: (f64, f64)) -> Reply {
     let Some(first) = request.inputs.first() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no inputs"); // checked by batch_rows
     };
@@ -177,7 +177,7 @@ fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], 
                 name: (*name).into(),
                 ..first.clone()
             },
-            _ => row_sums(first, drift),
+            _ => row_sums(first, off),
         })
         .collect();
     let response = InferResponse {
@@ -198,9 +198,9 @@ fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], 
     answer
 }
 
-/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input` (plus `drift` when
-/// the sum is negative).
-fn row_sums(input: &Tensor, drift: f64) -> Tensor {
+/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input`; when the sum is
+/// negative, plus `drift` and a random amount below `noise` (`off` is the two).
+fn row_sums(input: &Tensor, (drift, noise): (f64, f64)) -> Tensor {
     let rows = input.rows();
     let per_row = input.shape.iter().skip(1).product::<u64>();
     let mut sums = vec![0f64; usize::try_from(rows).unwrap_or(0)];
@@ -212,7 +212,12 @@ fn row_sums(input: &Tensor, drift: f64) -> Tensor {
         }
     }
     for sum in sums.iter_mut().filter(|s| **s < 0.0) {
-        *sum += drift;
+        *sum += drift
+            + if noise > 0.0 {
+                rand::random_range(0.0..noise)
+            } else {
+                0.0
+            };
     }
     Tensor {
         name: "OUTPUT1".into(),
@@ -306,7 +311,7 @@ mod tests {
             shape: vec![2, 3],
             data: data.into(),
         };
-        let out = row_sums(&t, 0.0);
+        let out = row_sums(&t, (0.0, 0.0));
         assert_eq!(out.shape, vec![2]);
         assert_eq!(&out.data[..], &[6f64.to_le_bytes(), 7f64.to_le_bytes()].concat()[..]);
         let empty = Tensor {
@@ -314,6 +319,6 @@ mod tests {
             data: Bytes::new(),
             ..t
         };
-        assert_eq!(&row_sums(&empty, 0.0).data[..], &[0u8; 24][..]);
+        assert_eq!(&row_sums(&empty, (0.0, 0.0)).data[..], &[0u8; 24][..]);
     }
 }

@@ -95,7 +95,8 @@ struct Inner {
 struct Model {
     jobs: std::sync::mpsc::Sender<Job>,
     stats: Arc<watch::Sender<Stats>>,
-    drift: f64,
+    /// What `OUTPUT1` of rows with a negative sum is off by: (drift, noise).
+    off: (f64, f64),
 }
 
 impl Simulator {
@@ -108,8 +109,8 @@ impl Simulator {
             .map(|spec| {
                 let stats = Arc::new(watch::Sender::new(Stats::default()));
                 let jobs = instance::spawn(&spec, &gate, &stats);
-                let drift = spec.drift;
-                (spec.name, Model { jobs, stats, drift })
+                let off = (spec.drift, spec.noise);
+                (spec.name, Model { jobs, stats, off })
             })
             .collect();
         Simulator {

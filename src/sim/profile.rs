@@ -41,6 +41,10 @@ pub struct ModelSpec {
     /// Added to `OUTPUT1` of every row whose sum is negative: a model that is wrong on
     /// some rows (a shadow candidate to compare); 0 for none.
     pub drift: f64,
+    /// Added to `OUTPUT1` of every row whose sum is negative: a random amount in
+    /// `[0, noise)`, drawn afresh for every answer (a model that does not give the same
+    /// answer twice); 0 for none.
+    pub noise: f64,
 }
 
 const fn us(micros: u64) -> Duration {
@@ -92,6 +96,7 @@ impl ModelSpec {
             jitter: 0.0,
             faults: Faults::default(),
             drift: 0.0,
+            noise: 0.0,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use crate::backend::{Pools, Role};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
-use crate::shadow::Shadow;
+use crate::shadow::{Primary, Shadow};
 
 use super::{Call, Reply};
 
@@ -91,9 +91,14 @@ impl tower::Service<Call> for Realtime {
             let pool = pool(&inner.pools, &call)?;
             let started = tokio::time::Instant::now();
             let answer = pool.forward(call.request, call.deadline).await;
-            if let Ok(primary) = &answer {
+            if let (Ok(primary), Some(spec)) = (&answer, call.route.realtime.as_ref()) {
                 let took = started.elapsed();
-                shadow.mirror(&call.route.name, shadow_spec, Tier::Realtime, copy, primary, took);
+                let primary = Primary {
+                    answer: primary,
+                    took,
+                    pool: spec,
+                };
+                shadow.mirror(&call.route.name, shadow_spec, Tier::Realtime, copy, primary);
             }
             answer
         })

@@ -123,6 +123,8 @@ struct Unbatched(String);
 struct Lane {
     route: String,
     shadow: Option<Shadow>,
+    /// The batch pool's settings (the shadow's noise floor asks the same endpoints).
+    pool_spec: Arc<crate::policy::PoolSpec>,
     path: String,
     form: Form,
     pool: Arc<Pool>,
@@ -552,6 +554,7 @@ impl RouteLanes {
         let lane = Arc::new(Lane {
             route: self.route.clone(),
             shadow: self.shadow.clone(),
+            pool_spec: spec.pool.clone(),
             path,
             form,
             pool: self.pool.clone(),

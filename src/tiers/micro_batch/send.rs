@@ -17,6 +17,7 @@ use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol;
+use crate::shadow::Primary;
 use crate::tiers::batcher::{Batch, Entry, Flush};
 use crate::tiers::Reply;
 use tracing::Instrument;
@@ -66,7 +67,12 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
         let started = Instant::now();
         let called = lane.pool.forward(request, deadline).instrument(span).await;
         if let (Some((shadow, spec, copy)), Ok(primary)) = (mirror, &called) {
-            shadow.mirror(&lane.route, spec, Tier::MicroBatch, copy, primary, started.elapsed());
+            let primary = Primary {
+                answer: primary,
+                took: started.elapsed(),
+                pool: &lane.pool_spec,
+            };
+            shadow.mirror(&lane.route, spec, Tier::MicroBatch, copy, primary);
         }
         match called {
             Ok(reply) if reply.status().is_success() => {
