@@ -22,6 +22,8 @@ pub const POLICY_VERSION: HeaderName = HeaderName::from_static("x-tiergate-polic
 pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-tiergate-batch-size");
 /// Answer (micro-batch): how long the request waited for its batch, in milliseconds.
 pub const QUEUE_MS: HeaderName = HeaderName::from_static("x-tiergate-queue-ms");
+/// Answer (real-time, a route with a canary): `primary` or `candidate`, which served it.
+pub const VARIANT: HeaderName = HeaderName::from_static("x-tiergate-variant");
 /// Answer (`/v1/jobs/{id}`): the job an answer belongs to.
 pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
 /// Answer (`/v1/jobs/{id}`): the job's state.

@@ -124,6 +124,14 @@ pub const SHADOW_MISMATCHES: &str = "tiergate_shadow_mismatches_total";
 /// The candidate's latency divided by the primary's, per compared call, by `route`.
 pub const SHADOW_LATENCY_RATIO: &str = "tiergate_shadow_latency_ratio";
 
+/// Real-time calls of a route with a canary, by `route`, `variant` (`primary`,
+/// `candidate`) and `result` (`ok`, `error`: a 5xx or a gateway error).
+pub const CANARY_REQUESTS: &str = "tiergate_canary_requests_total";
+/// Their latency, by `route` and `variant`.
+pub const CANARY_SECONDS: &str = "tiergate_canary_request_duration_seconds";
+/// Canaries set back to 0% on their own, by `route`.
+pub const CANARY_ABORTS: &str = "tiergate_canary_aborts_total";
+
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tiergate::app::Gateway;
 use tiergate::config::Secret;
 use tiergate::policy::Policy;
-use tiergate::sim::{ModelSpec, Profile};
+use tiergate::sim::{Faults, ModelSpec, Profile};
 
 const TOKEN: &str = "shadow-test-admin-token-0123456789";
 
@@ -399,7 +399,8 @@ async fn a_disagreeing_candidate_is_promoted_only_by_force() {
 #[test]
 fn a_shadow_table_is_validated_with_every_problem_named() {
     let text = "[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\nshadow = true\n[routes.r.realtime]\nendpoints = [\"http://h:1\"]\n\
-                [routes.r.shadow]\npercent = 101\natol = -1.0\ntiers = []\n[routes.r.shadow.gate]\nmin_agreement = 2.0\n";
+                [routes.r.shadow]\npercent = 101\natol = -1.0\ntiers = []\ncanary_percent = -1\n[routes.r.shadow.gate]\nmin_agreement = 2.0\n\
+                [routes.r.shadow.abort]\nmin_requests = 0\nmax_latency_ratio = 0.5\n";
     let problems = Policy::from_texts(vec![(PathBuf::from("p.toml"), text.into())]).expect_err("invalid");
     let text = problems.to_string();
     for needle in [
@@ -408,6 +409,9 @@ fn a_shadow_table_is_validated_with_every_problem_named() {
         "routes.r.shadow.atol: must be 0 or more, got -1",
         "routes.r.shadow.tiers: is empty",
         "routes.r.shadow.gate.min_agreement: must be 0 to 1, got 2",
+        "routes.r.shadow.canary_percent: must be 0 to 100, got -1",
+        "routes.r.shadow.abort.min_requests: must be 1 or more, got 0",
+        "routes.r.shadow.abort.max_latency_ratio: must be 1 or more, got 0.5",
     ] {
         assert!(text.contains(needle), "{needle:?} in:\n{text}");
     }
@@ -416,4 +420,79 @@ fn a_shadow_table_is_validated_with_every_problem_named() {
     assert!(problems
         .to_string()
         .contains("routes.r.flags.shadow: is on but the route has no [shadow] table"));
+}
+
+#[tokio::test]
+async fn a_canary_serves_its_share_from_the_candidate_and_is_counted_per_variant() {
+    let (primary, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    let shadow = "tiers = [\"realtime\"]\npercent = 0\ncanary_percent = 50";
+    let s = shadowed_as("split", &primary.url(), None, &candidate.url(), shadow).await;
+    let mut served = 0;
+    for i in 0..40 {
+        let answer = s.call(&format!("k{i}"), "100").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        served += usize::from(answer.header("x-tiergate-variant") == Some("candidate"));
+    }
+    let by_candidate = candidate.sim.stats("m").expect("stats").requests as usize;
+    assert_eq!(by_candidate, served, "each candidate answer says so");
+    assert!((8..=32).contains(&served), "about half of 40 keys: {served}");
+    let count = |variant: &str| {
+        let series = format!("tiergate_canary_requests_total{{route=\"split\",variant=\"{variant}\",result=\"ok\"}}");
+        let gw = &s.gw;
+        async move { metric(gw, &series).await }
+    };
+    assert_eq!(
+        (count("candidate").await, count("primary").await),
+        (served as f64, (40 - served) as f64)
+    );
+    let timed = "tiergate_canary_request_duration_seconds_count{route=\"split\",variant=\"candidate\"}";
+    assert_eq!(metric(&s.gw, timed).await, served as f64);
+    // The same keys go to the same variant every time.
+    let again = s.call("k0", "100").await;
+    let first = s.call("k0", "100").await;
+    assert_eq!(again.header("x-tiergate-variant"), first.header("x-tiergate-variant"));
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_failing_canary_is_set_back_to_zero_on_its_own_and_audited() {
+    let primary = backend(&["m"]).await;
+    let failing = ModelSpec {
+        faults: Faults {
+            error_rate: 1.0,
+            ..Faults::default()
+        },
+        ..ModelSpec::new("m", Profile::named("instant").expect("profile"))
+    };
+    let candidate = backend_with(vec![failing]).await;
+    let shadow = "tiers = [\"realtime\"]\npercent = 0\ncanary_percent = 50\n\
+                  [routes.aborts.shadow.abort]\nmin_requests = 3\nmax_error_rate_margin = 0.1";
+    let s = shadowed_as("aborts", &primary.url(), None, &candidate.url(), shadow).await;
+    let mut i = 0;
+    eventually(Duration::from_secs(10), "the canary is aborted", || {
+        i += 1;
+        let id = format!("a{i}");
+        let s = &s;
+        async move {
+            s.call(&id, "100").await;
+            let route = s.admin("GET", "/admin/routes/aborts", "").await.json();
+            (route["spec"]["shadow"]["canary_percent"] == 0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        metric(&s.gw, "tiergate_canary_aborts_total{route=\"aborts\"}").await,
+        1.0
+    );
+    let history = s.admin("GET", "/admin/policy/history", "").await.json();
+    assert_eq!(history["versions"][0]["who"], "canary abort", "{history:#}");
+    // From now on the primary serves every call.
+    let before = candidate.sim.stats("m").expect("stats").requests;
+    for j in 0..10 {
+        let answer = s.call(&format!("after{j}"), "100").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-variant"), None);
+    }
+    assert_eq!(candidate.sim.stats("m").expect("stats").requests, before);
+    s.gw.stop().await.expect("stops");
 }

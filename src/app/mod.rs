@@ -391,7 +391,12 @@ impl Parts {
         let dir = config.policy_dir.clone();
         let control = Arc::new(Control::new(policy.clone(), dir, allow, history).map_err(history_error)?);
         let backends = crate::backend::Settings::new(config.limits.max_response_bytes).trusting(trust);
-        let shadow = Shadow::new(backends.clone(), policy.clone(), Some(batch_threads.handle()));
+        let shadow = Shadow::new(
+            backends.clone(),
+            policy.clone(),
+            Some(batch_threads.handle()),
+            Some(control.clone()),
+        );
         let realtime = Realtime::new(backends.clone(), Some(shadow.clone()));
         let micro_batch = MicroBatch::new(
             backends.clone(),

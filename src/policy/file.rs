@@ -102,6 +102,23 @@ pub struct ShadowFile {
     pub noise_floor: Option<bool>,
     /// What `tiergate shadow promote` requires before it commits the candidate.
     pub gate: Option<GateFile>,
+    /// Percent of real-time calls served by the candidate itself, by rollout key (a
+    /// canary; default 0).
+    pub canary_percent: Option<i64>,
+    /// When the canary is set back to 0% on its own.
+    pub abort: Option<AbortFile>,
+}
+
+/// A canary's automatic abort.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbortFile {
+    /// Canary calls before the canary is judged (default 100).
+    pub min_requests: Option<i64>,
+    /// How far the candidate's error rate may exceed the primary's (0 to 1, default 0.05).
+    pub max_error_rate_margin: Option<f64>,
+    /// How many times the primary's mean latency the candidate's may be (default 2).
+    pub max_latency_ratio: Option<f64>,
 }
 
 /// `shadow.tiers` values.

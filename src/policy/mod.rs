@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
-    BatchSpec, Borrow, Budgets, Flags, Gate, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route,
+    Abort, BatchSpec, Borrow, Budgets, Flags, Gate, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route,
     ShadowSpec, Tolerance, WhenUnmet,
 };
 pub(crate) use problems::one_a_line;

@@ -119,6 +119,24 @@ pub struct ShadowSpec {
     pub noise_floor: bool,
     /// What promotion requires.
     pub gate: Gate,
+    /// Percent (0..=100) of real-time calls the candidate serves itself (a canary).
+    pub canary_percent: u8,
+    /// When the canary goes back to 0% on its own, if ever.
+    pub abort: Option<Abort>,
+}
+
+/// A canary's automatic abort: once `min_requests` canary calls were served, the
+/// candidate's error rate above the primary's by more than `max_error_rate_margin`, or
+/// its mean latency above `max_latency_ratio` times the primary's, sets the canary to 0%
+/// (a policy change like any other).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Abort {
+    /// Canary calls before the canary is judged.
+    pub min_requests: u64,
+    /// Error rate the candidate may have above the primary's.
+    pub max_error_rate_margin: f64,
+    /// Times the primary's mean latency the candidate's may be.
+    pub max_latency_ratio: f64,
 }
 
 /// Two values agree when `|candidate - primary| <= atol + rtol * |primary|` (numpy's

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::file::{ShadowFile, ShadowTierFile};
-use super::model::{Gate, PoolSpec, ShadowSpec, Tolerance};
+use super::model::{Abort, Gate, PoolSpec, ShadowSpec, Tolerance};
 use super::problems::Check;
 
 /// How long a shadow call may take unless the policy says.
@@ -26,13 +26,17 @@ pub(super) fn spec(
             "is missing: add a candidate table with endpoints = [...] (the model to compare)",
         );
     }
-    let percent = match file.percent {
-        None => 100,
+    let mut percent = |key: &str, value: Option<i64>, default: u8| match value {
+        None => default,
         Some(p) => u8::try_from(p).ok().filter(|p| *p <= 100).unwrap_or_else(|| {
-            check.fail(format!("{at}.percent"), format!("must be 0 to 100, got {p}"));
-            100
+            check.fail(format!("{at}.{key}"), format!("must be 0 to 100, got {p}"));
+            default
         }),
     };
+    let (percent, canary_percent) = (
+        percent("percent", file.percent, 100),
+        percent("canary_percent", file.canary_percent, 0),
+    );
     let tiers = file
         .tiers
         .clone()
@@ -76,6 +80,7 @@ pub(super) fn spec(
             format!("must be 0 to 1, got {min_agreement}"),
         );
     }
+    let abort = file.abort.as_ref().map(|a| abort(check, &format!("{at}.abort"), a));
     Some(ShadowSpec {
         candidate: Arc::new(candidate?),
         percent,
@@ -89,5 +94,38 @@ pub(super) fn spec(
             min_compared,
             min_agreement,
         },
+        canary_percent,
+        abort,
     })
+}
+
+/// The validated abort table at `at`.
+fn abort(check: &mut Check<'_>, at: &str, file: &super::file::AbortFile) -> Abort {
+    let min_requests = file.min_requests.unwrap_or(100);
+    let min_requests = u64::try_from(min_requests).ok().filter(|n| *n > 0).unwrap_or_else(|| {
+        check.fail(
+            format!("{at}.min_requests"),
+            format!("must be 1 or more, got {min_requests}"),
+        );
+        100
+    });
+    let margin = file.max_error_rate_margin.unwrap_or(0.05);
+    if !(0.0..=1.0).contains(&margin) {
+        check.fail(
+            format!("{at}.max_error_rate_margin"),
+            format!("must be 0 to 1, got {margin}"),
+        );
+    }
+    let ratio = file.max_latency_ratio.unwrap_or(2.0);
+    if !(ratio.is_finite() && ratio >= 1.0) {
+        check.fail(
+            format!("{at}.max_latency_ratio"),
+            format!("must be 1 or more, got {ratio}"),
+        );
+    }
+    Abort {
+        min_requests,
+        max_error_rate_margin: margin,
+        max_latency_ratio: ratio,
+    }
 }

@@ -12,8 +12,10 @@
 //! # Layout
 //!
 //! `compare` (two answers, output by output and row by row) · `report` (a route's
-//! findings since it was reset).
+//! findings since it was reset) · `canary` (a share of calls served by the candidate
+//! itself, counted per variant, aborted on its own).
 
+pub mod canary;
 pub mod compare;
 pub mod report;
 
@@ -26,10 +28,13 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 use crate::backend::{Pools, Role};
+use crate::control::Control;
 use crate::decision::Tier;
 use crate::error::Kind;
 use crate::metrics;
 use crate::policy::{PoolSpec, Route, ShadowSpec, Store};
+use canary::Canaries;
+pub use canary::Variant;
 pub use compare::Reply;
 use report::{Drop, Report};
 
@@ -64,15 +69,17 @@ struct Inner {
     threads: Option<tokio::runtime::Handle>,
     /// Batches seen, numbering them for the share mirrored.
     batches: AtomicU64,
+    canaries: Canaries,
 }
 
 impl Shadow {
     /// Shadow candidates with pools built from `settings`, for the routes of `policy`,
-    /// their calls run on `threads` when given.
+    /// their calls run on `threads` when given, canary aborts made through `control`.
     pub fn new(
         settings: crate::backend::Settings,
         policy: Arc<Store>,
         threads: Option<tokio::runtime::Handle>,
+        control: Option<Arc<Control>>,
     ) -> Self {
         Shadow {
             inner: Arc::new(Inner {
@@ -82,6 +89,7 @@ impl Shadow {
                 reports: DashMap::new(),
                 threads,
                 batches: AtomicU64::new(0),
+                canaries: Canaries::new(control),
             }),
         }
     }
@@ -91,18 +99,53 @@ impl Shadow {
     /// rollout key header, else its request id) falls in the shadow's percent.
     pub fn wants<'r>(route: &'r Route, tier: Tier, request: &http::Request<Bytes>) -> Option<&'r Arc<ShadowSpec>> {
         let spec = Self::on(route, tier)?;
-        let key = match request.headers().get(&route.rollout_key_header) {
-            Some(value) => value.as_bytes(),
-            None => request
-                .extensions()
-                .get::<crate::trace::Ids>()
-                .map_or(&b""[..], |ids| ids.request_id.as_bytes()),
-        };
-        (crate::classify::key_hash(key) % 100 < u64::from(spec.percent)).then_some(spec)
+        (key(route, request) % 100 < u64::from(spec.percent)).then_some(spec)
     }
 
-    /// `route`'s shadow when it is on and mirrors `tier`.
-    fn on(route: &Route, tier: Tier) -> Option<&Arc<ShadowSpec>> {
+    /// The variant serving a real-time call of `request` on `route`, when the route runs
+    /// a canary (its shadow on, `canary_percent` above 0): the candidate for that share of
+    /// rollout keys, else the primary.
+    pub fn variant(route: &Route, request: &http::Request<Bytes>) -> Option<(Arc<ShadowSpec>, Variant)> {
+        let spec = Self::on(route, Tier::Realtime).filter(|s| s.canary_percent > 0)?;
+        let variant = match key(route, request) % 100 < u64::from(spec.canary_percent) {
+            true => Variant::Candidate,
+            false => Variant::Primary,
+        };
+        Some((spec.clone(), variant))
+    }
+
+    /// Serves a canary call on `route`'s candidate (its pool, its limit), marked
+    /// `x-tiergate-variant: candidate`.
+    pub async fn serve(
+        &self,
+        route: &str,
+        spec: &ShadowSpec,
+        request: http::Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Reply, crate::error::Error> {
+        let pool = self.inner.pools.get(route, &spec.candidate);
+        let mut answer = pool.forward(request, deadline).await?;
+        let variant = http::HeaderValue::from_static(Variant::Candidate.as_str());
+        answer.headers_mut().insert(crate::headers::VARIANT, variant);
+        Ok(answer)
+    }
+
+    /// Counts a canary route's call served by `variant` (an error is a gateway error or
+    /// a 5xx), which may abort the canary.
+    pub fn counted(
+        &self,
+        route: &str,
+        spec: &ShadowSpec,
+        variant: Variant,
+        answer: &Result<Reply, crate::error::Error>,
+        took: Duration,
+    ) {
+        let ok = answer.as_ref().is_ok_and(|a| !a.status().is_server_error());
+        self.inner.canaries.count(route, spec, variant, ok, took);
+    }
+
+    /// `route`'s shadow when it is on and takes `tier`'s calls.
+    pub fn on(route: &Route, tier: Tier) -> Option<&Arc<ShadowSpec>> {
         let spec = route.shadow.as_ref().filter(|_| route.flags.shadow)?;
         let on = match tier {
             Tier::Realtime => spec.realtime,
@@ -217,6 +260,18 @@ impl Inner {
         Counted::register(route);
         self.reports.entry(route.to_owned()).or_default().clone()
     }
+}
+
+/// A request's rollout key: its route's rollout key header, else its request id, hashed.
+fn key(route: &Route, request: &http::Request<Bytes>) -> u64 {
+    let key = match request.headers().get(&route.rollout_key_header) {
+        Some(value) => value.as_bytes(),
+        None => request
+            .extensions()
+            .get::<crate::trace::Ids>()
+            .map_or(&b""[..], |ids| ids.request_id.as_bytes()),
+    };
+    crate::classify::key_hash(key)
 }
 
 /// A copy of an answer (its body is shared, not copied).

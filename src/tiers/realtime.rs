@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use crate::backend::{Pools, Role};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
-use crate::shadow::{Primary, Shadow};
+use crate::shadow::{Primary, Shadow, Variant};
 
 use super::{Call, Reply};
 
@@ -76,33 +76,66 @@ impl tower::Service<Call> for Realtime {
 
     fn call(&mut self, call: Call) -> Self::Future {
         let inner = self.inner.clone();
-        // A copy for the route's shadow when it takes this call: a real-time call (not
-        // offline work borrowing the pool), never a sequence's step (the candidate would
-        // see a sequence with steps missing). A call without one keeps the plain future.
-        let mirror = inner.shadow.as_ref().and_then(|shadow| {
-            let spec = Shadow::wants(&call.route, call.tier, &call.request)?;
-            let step = call.request.extensions().get::<crate::protocol::Sequence>().is_some();
-            (!step).then(|| (shadow.clone(), spec.clone(), super::copy(&call.request)))
-        });
-        let Some((shadow, shadow_spec, copy)) = mirror else {
-            return Box::pin(async move { pool(&inner.pools, &call)?.forward(call.request, call.deadline).await });
+        // A call of a route whose shadow is off keeps the plain future.
+        let Some(shadow) = inner
+            .shadow
+            .as_ref()
+            .filter(|_| Shadow::on(&call.route, call.tier).is_some())
+            .cloned()
+        else {
+            return plain(inner, call);
         };
+        // A sequence's steps stay on the primary (it holds their state) and are never
+        // mirrored (the candidate would see a sequence with steps missing).
+        if step(&call.request) {
+            return plain(inner, call);
+        }
+        // A route running a canary: the call is served by the variant its key falls to,
+        // and counted (while a canary runs, the route's calls are not mirrored).
+        if let Some((spec, variant)) = Shadow::variant(&call.route, &call.request) {
+            return Box::pin(async move {
+                let started = tokio::time::Instant::now();
+                let answer = match variant {
+                    Variant::Candidate => shadow.serve(&call.route.name, &spec, call.request, call.deadline).await,
+                    Variant::Primary => pool(&inner.pools, &call)?.forward(call.request, call.deadline).await,
+                };
+                shadow.counted(&call.route.name, &spec, variant, &answer, started.elapsed());
+                answer
+            });
+        }
+        // A copy for the shadow when its share takes this call.
+        let Some(spec) = Shadow::wants(&call.route, call.tier, &call.request).cloned() else {
+            return plain(inner, call);
+        };
+        let copy = super::copy(&call.request);
         Box::pin(async move {
             let pool = pool(&inner.pools, &call)?;
             let started = tokio::time::Instant::now();
             let answer = pool.forward(call.request, call.deadline).await;
-            if let (Ok(primary), Some(spec)) = (&answer, call.route.realtime.as_ref()) {
+            if let (Ok(primary), Some(pool_spec)) = (&answer, call.route.realtime.as_ref()) {
                 let took = started.elapsed();
                 let primary = Primary {
                     answer: primary,
                     took,
-                    pool: spec,
+                    pool: pool_spec,
                 };
-                shadow.mirror(&call.route.name, shadow_spec, Tier::Realtime, copy, primary);
+                shadow.mirror(&call.route.name, spec, Tier::Realtime, copy, primary);
             }
             answer
         })
     }
+}
+
+/// A call served on the route's real-time pool and nowhere else (inlined: the plain
+/// path's future is built where it was before there were shadows).
+#[inline(always)]
+fn plain(inner: Arc<Inner>, call: Call) -> <Realtime as tower::Service<Call>>::Future {
+    Box::pin(async move { pool(&inner.pools, &call)?.forward(call.request, call.deadline).await })
+}
+
+/// Whether `request` is a step of a Triton sequence.
+fn step(request: &http::Request<bytes::Bytes>) -> bool {
+    request.extensions().get::<crate::protocol::Sequence>().is_some()
 }
 
 /// The route's real-time pool.
