@@ -14,8 +14,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 use tiergate::app::{Gateway, StartError};
-use tiergate::config::{Config, Secret};
-use tiergate::policy::Policy;
+use tiergate::config::Config;
 use tokio::sync::Notify;
 
 const TOKEN: &str = "test-admin-token-0123456789abcdef";
@@ -67,12 +66,7 @@ async fn admined(rt: &Backend, batch: &Backend) -> Admined {
         )
     );
     std::fs::write(dir.path().join("routes.toml"), text).expect("write");
-    let mut config = config();
-    config.policy_dir = dir.path().to_owned();
-    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
-    config.admin.token = Some(Secret(TOKEN.into()));
-    let policy = Policy::load_dir(dir.path()).expect("valid");
-    let mut gw = Gateway::start(&config, policy).await.expect("starts");
+    let (mut gw, config) = admin_gateway(dir.path(), TOKEN).await;
     gw.watch_policy(dir.path()).expect("watches");
     let admin = gw.admin_addr().expect("the admin API is on");
     Admined { gw, admin, dir, config }

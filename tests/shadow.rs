@@ -11,7 +11,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 use tiergate::app::Gateway;
-use tiergate::config::Secret;
 use tiergate::policy::Policy;
 use tiergate::sim::{Faults, ModelSpec, Profile};
 
@@ -95,12 +94,7 @@ async fn shadowed_as(
     .replace("routes.r", &format!("routes.{route}"));
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("routes.toml"), text).expect("write");
-    let mut config = config();
-    config.policy_dir = dir.path().to_owned();
-    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
-    config.admin.token = Some(Secret(TOKEN.into()));
-    let policy = Policy::load_dir(dir.path()).expect("valid");
-    let gw = Gateway::start(&config, policy).await.expect("starts");
+    let (gw, _) = admin_gateway(dir.path(), TOKEN).await;
     Shadowed { gw, route, _dir: dir }
 }
 

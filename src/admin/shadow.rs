@@ -93,15 +93,10 @@ fn shadowed<'p>(policy: &'p Policy, name: &str) -> Result<(&'p Route, &'p Shadow
 /// Whether the report since its reset meets `spec`'s gate: rows compared, the share of
 /// them within tolerance, and the share of compared calls whose status and shapes matched.
 fn gate(shadow: &Shadow, name: &str, spec: &ShadowSpec) -> Result<(), String> {
-    let found = shadow.report(name).unwrap_or(Value::Null);
-    let number = |key: &str| found[key].as_u64().unwrap_or(0);
-    // A row the primary answered differently when asked twice (the noise floor) is not
-    // held against the candidate.
-    let (rows, within) = (number("rows"), number("rows_within") + number("rows_noisy"));
-    let (calls, mismatched) = (
-        number("compared"),
-        number("status_mismatches") + number("shape_mismatches"),
-    );
+    // A row the primary answered differently when asked twice (the noise floor) counts
+    // as agreeing: it is not held against the candidate.
+    let standing = shadow.standing(name);
+    let (rows, within, calls, mismatched) = (standing.rows, standing.agreeing, standing.calls, standing.mismatched);
     let gate = spec.gate;
     if rows < gate.min_compared {
         return Err(format!("{rows} rows compared, the gate asks for {}", gate.min_compared));

@@ -175,15 +175,15 @@ impl Shadow {
         request: http::Request<Bytes>,
         primary: Primary<'_>,
     ) {
-        let (answer, primary_took) = (copy(primary.answer), primary.took);
+        let (primary_took, pool_spec) = (primary.took, primary.pool);
+        let primary = copy(primary.answer);
         let again = spec.noise_floor.then(|| {
             let pool = PoolSpec {
                 max_concurrency: spec.candidate.max_concurrency,
-                ..(**primary.pool).clone()
+                ..(**pool_spec).clone()
             };
             (Arc::new(pool), crate::tiers::copy(&request))
         });
-        let primary = answer;
         let (inner, route) = (self.inner.clone(), route.to_owned());
         let caller = request_id(&request);
         let work = async move {
@@ -204,6 +204,10 @@ impl Shadow {
                 }
             };
             let counted = Counted::new(&route);
+            let dropped = |why: Drop| {
+                counted.dropped(why);
+                lock(&report).dropped(why);
+            };
             let candidate = match answer {
                 Ok(candidate) => candidate,
                 Err(e) => {
@@ -213,8 +217,7 @@ impl Shadow {
                         Kind::Backend | Kind::Unavailable => Drop::Down,
                         _ => Drop::Error,
                     };
-                    counted.dropped(why);
-                    return lock(&report).dropped(why);
+                    return dropped(why);
                 }
             };
             match compare::compare(&primary, &candidate, &spec) {
@@ -228,8 +231,7 @@ impl Shadow {
                 }
                 Err(unreadable) => {
                     tracing::debug!(route, problem = unreadable.0, "shadow answer not compared");
-                    counted.dropped(Drop::Unreadable);
-                    lock(&report).dropped(Drop::Unreadable);
+                    dropped(Drop::Unreadable);
                 }
             }
         };
@@ -244,6 +246,15 @@ impl Shadow {
         let report = self.inner.reports.get(route)?.clone();
         let json = lock(&report).to_json();
         Some(json)
+    }
+
+    /// What `route`'s report holds for its promotion gate (all zero before any call).
+    pub fn standing(&self, route: &str) -> report::Standing {
+        self.inner
+            .reports
+            .get(route)
+            .map(|r| lock(&r).standing())
+            .unwrap_or_default()
     }
 
     /// Starts `route`'s report afresh (metrics keep counting).

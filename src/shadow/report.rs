@@ -57,6 +57,19 @@ pub struct Report {
     worst: Vec<Worst>,
 }
 
+/// A report's totals, as a promotion gate judges them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Calls (and batches) compared.
+    pub calls: u64,
+    /// Of them, with another status, and outputs with another name, datatype or shape.
+    pub mismatched: u64,
+    /// Rows compared.
+    pub rows: u64,
+    /// Rows within tolerance, or outside it only where the primary disagreed with itself.
+    pub agreeing: u64,
+}
+
 /// One output's totals.
 #[derive(Debug)]
 struct Totals {
@@ -145,9 +158,20 @@ impl Report {
         self.worst.truncate(WORST_KEPT);
     }
 
+    /// What the gate judges: calls compared and mismatched, rows compared and agreeing.
+    pub fn standing(&self) -> Standing {
+        let (rows, within, noisy) = self.rows();
+        Standing {
+            calls: self.compared.values().sum(),
+            mismatched: self.status_mismatches + self.shape_mismatches,
+            rows,
+            agreeing: within + noisy,
+        }
+    }
+
     /// Rows compared, rows within tolerance, and rows outside it that are noise (the
     /// primary disagreed with itself there), over every output.
-    pub fn rows(&self) -> (u64, u64, u64) {
+    fn rows(&self) -> (u64, u64, u64) {
         self.outputs.values().fold((0, 0, 0), |(rows, within, noisy), t| {
             (rows + t.rows, within + t.rows_within, noisy + t.rows_noisy)
         })

@@ -354,6 +354,18 @@ pub async fn run_conformance(python: std::path::PathBuf, script: &str, args: Vec
     );
 }
 
+/// A gateway serving the policy in `dir`, with the admin API on (bearer `token`); its
+/// settings beside it.
+pub async fn admin_gateway(dir: &std::path::Path, token: &str) -> (Gateway, Config) {
+    let mut config = config();
+    config.policy_dir = dir.to_owned();
+    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    config.admin.token = Some(tiergate::config::Secret(token.into()));
+    let policy = Policy::load_dir(dir).expect("valid");
+    let gw = Gateway::start(&config, policy).await.expect("starts");
+    (gw, config)
+}
+
 /// One admin API call on `gw`, without a socket (`Admin::answer`), with `token` as the
 /// bearer token and `headers` beside it.
 pub async fn admin_call(
