@@ -24,6 +24,7 @@ fn job() -> NewJob {
         expires_at: after(Duration::from_secs(86_400)),
         idempotency_key: None,
         tenant: String::new(),
+        shadow: false,
     }
 }
 

@@ -122,3 +122,44 @@ async fn a_batch_that_completes_with_failed_requests_exits_2() {
     assert!(stderr.contains("3 of 3 requests failed"), "{stderr}");
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_batch_says_how_the_candidate_did_and_its_comparison_is_downloaded() {
+    let (batch, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    let text = format!(
+        "[routes.cli]\nmodels = [\"m\"]\n[routes.cli.flags]\nrealtime = false\noffline = true\nshadow = true\n\
+         [routes.cli.micro_batch]\nendpoints = [\"{}\"]\n\
+         [routes.cli.shadow]\npercent = 0\n[routes.cli.shadow.candidate]\nendpoints = [\"{}\"]\n",
+        batch.url(),
+        candidate.url()
+    );
+    let gw = gateway(&text).await;
+    let url = format!("http://{}", gw.http_addr());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.jsonl");
+    let lines: Vec<String> = (0..30).map(|i| line(i, "/v2/models/m/infer")).collect();
+    std::fs::write(&input, lines.join("\n")).expect("write");
+    let input = input.to_str().expect("utf-8");
+    let submit = [
+        "submit",
+        input,
+        "--endpoint",
+        "/v2/models/m/infer",
+        "--shadow",
+        "--gateway",
+        &url,
+    ];
+    let (ok, stdout, stderr) = jobs(&submit).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("shadow: 30 of 30 lines compared, 60 rows of 60 within tolerance (agreement 1.0)"),
+        "{stderr}"
+    );
+    let out = dir.path().join("out.jsonl");
+    let id = stdout.trim();
+    let (ok, _, stderr) = jobs(&["results", id, "-o", out.to_str().expect("utf-8"), "--gateway", &url]).await;
+    assert!(ok, "{stderr}");
+    let comparison = std::fs::read_to_string(dir.path().join("out.comparison.jsonl")).expect("comparison written");
+    assert_eq!(comparison.lines().count(), 30);
+    gw.stop().await.expect("stops");
+}

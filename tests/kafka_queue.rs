@@ -425,8 +425,14 @@ fn kafka_config(broker: &Broker, name: &str) -> Config {
 async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
     let broker = Broker::start().await;
     broker.create_topics(&["jobs", "states"], PARTITIONS).await;
-    let sim = backend(&["m"]).await;
-    let policy = route(&sim.url(), &sim.url(), "offline = true\nmicro_batch = true", "");
+    let (sim, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    // Batches scored by a shadow candidate (live calls are not: percent = 0).
+    let shadow = format!(
+        "[routes.r.shadow]\npercent = 0\n[routes.r.shadow.candidate]\nendpoints = [\"{}\"]\n",
+        candidate.url()
+    );
+    let flags = "offline = true\nmicro_batch = true\nshadow = true";
+    let policy = route(&sim.url(), &sim.url(), flags, &shadow);
     let one = gateway_with(kafka_config(&broker, "one"), &policy).await;
     let two = gateway_with(kafka_config(&broker, "two"), &policy).await;
 
@@ -452,7 +458,7 @@ async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
     .await;
     assert_eq!(reused.status, 422, "{}", reused.text());
 
-    // A file uploaded at one replica, a batch of it created at the other.
+    // A file uploaded at one replica, a shadow batch of it created at the other.
     let lines = jsonl("c", 40);
     let file = upload(one.http_addr(), &lines).await;
     let created = send(
@@ -460,7 +466,8 @@ async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
         two.http_addr(),
         "/v1/batches",
         &[("content-type", "application/json")],
-        json!({"input_file_id": file, "endpoint": "/v2/models/m/infer", "completion_window": "24h"}).to_string(),
+        json!({"input_file_id": file, "endpoint": "/v2/models/m/infer", "completion_window": "24h", "shadow": true})
+            .to_string(),
     )
     .await;
     assert_eq!(created.status, 200, "{}", created.text());
@@ -525,6 +532,22 @@ async fn the_batch_api_cancellation_and_idempotency_work_across_replicas() {
         .collect();
     seen.sort_unstable();
     assert_eq!(seen, (0..40).collect::<Vec<_>>());
+    // Its comparison, the same at both replicas: every line scored, the candidate (the
+    // same model) agreeing on all.
+    assert_eq!(at_one["shadow"], at_two["shadow"]);
+    let summary = &at_one["shadow"]["summary"];
+    assert_eq!(
+        (&summary["compared"], &summary["agreement"]),
+        (&json!(40), &json!(1.0)),
+        "{summary}"
+    );
+    let comparison = at_one["shadow"]["comparison_file_id"]
+        .as_str()
+        .expect("comparison file");
+    let content = get(two.http_addr(), &format!("/v1/files/{comparison}/content"))
+        .await
+        .text();
+    assert_eq!(content.lines().count(), 40, "{content}");
 
     // A job cancelled at one replica while it runs at the backend: the cancellation
     // lands first and wins at both replicas; the result that lands after it is ignored.

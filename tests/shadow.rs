@@ -92,6 +92,11 @@ async fn shadowed_as(
         batch.is_some()
     )
     .replace("routes.r", &format!("routes.{route}"));
+    with_policy(route, &text).await
+}
+
+/// A gateway with the admin API on whose policy is `text`, with a shadow on `route`.
+async fn with_policy(route: &'static str, text: &str) -> Shadowed {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("routes.toml"), text).expect("write");
     let (gw, _) = admin_gateway(dir.path(), TOKEN).await;
@@ -488,5 +493,137 @@ async fn a_failing_canary_is_set_back_to_zero_on_its_own_and_audited() {
         assert_eq!(answer.header("x-tiergate-variant"), None);
     }
     assert_eq!(candidate.sim.stats("m").expect("stats").requests, before);
+    s.gw.stop().await.expect("stops");
+}
+
+/// Line `i` of a Batch API file: one row, whose sum is negative (where a drifting
+/// candidate is off) for odd `i`.
+fn line(i: usize) -> String {
+    let data = if i % 2 == 0 {
+        [i as f64, 1.0]
+    } else {
+        [-(i as f64), 0.5]
+    };
+    json!({"custom_id": format!("req-{i}"), "method": "POST", "url": "/v2/models/m/infer",
+           "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": data}]}})
+    .to_string()
+}
+
+/// The lines of file `id`, by custom_id.
+async fn lines_of(gw: &Gateway, id: &Value) -> std::collections::HashMap<String, Value> {
+    let id = id.as_str().expect("a file id");
+    let content = get(gw.http_addr(), &format!("/v1/files/{id}/content")).await;
+    assert_eq!(content.status, 200, "{}", content.text());
+    let text = content.text();
+    let lines = text.lines().map(|l| serde_json::from_str::<Value>(l).expect("JSONL"));
+    lines
+        .map(|l| (l["custom_id"].as_str().expect("custom_id").to_owned(), l))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shadow_batch_keeps_the_primarys_answers_and_writes_a_comparison_file_and_summary() {
+    let (primary, candidate) = (backend(&["m"]).await, backend_with(vec![drifting(0.5)]).await);
+    let text = format!(
+        "[routes.lines]\nmodels = [\"m\"]\n\
+         [routes.lines.flags]\nrealtime = false\noffline = true\nshadow = true\n\
+         [routes.lines.micro_batch]\nendpoints = [\"{}\"]\nmax_batch = 8\n\
+         [routes.lines.shadow]\npercent = 0\natol = 1e-6\nrtol = 0.0\n\
+         [routes.lines.shadow.candidate]\nendpoints = [\"{}\"]\nmax_concurrency = 2\n",
+        primary.url(),
+        candidate.url()
+    );
+    let s = with_policy("lines", &text).await;
+    let addr = s.gw.http_addr();
+    let n = 20;
+    let content: Vec<String> = (0..n).map(line).collect();
+    let file = upload_file(addr, &content.join("\n"), &[]).await.json();
+    let create = |shadow: Value| {
+        let body = json!({"input_file_id": file["id"], "endpoint": "/v2/models/m/infer",
+                          "completion_window": "1h", "shadow": shadow});
+        send(
+            "POST",
+            addr,
+            "/v1/batches",
+            &[("content-type", "application/json")],
+            body.to_string(),
+        )
+    };
+    let refused = create(json!("yes")).await;
+    assert_eq!(
+        (refused.status, refused.text().contains("true or false")),
+        (400, true),
+        "{}",
+        refused.text()
+    );
+    let created = create(json!(true)).await;
+    assert_eq!(created.status, 200, "{}", created.text());
+    let id = created.json()["id"].as_str().expect("id").to_owned();
+    let done = eventually(Duration::from_secs(20), "the shadow batch completes", || async {
+        let batch = get(addr, &format!("/v1/batches/{id}")).await.json();
+        (batch["status"] == "completed").then_some(batch)
+    })
+    .await;
+    assert_eq!(done["request_counts"], json!({"total": n, "completed": n, "failed": 0}));
+    // The output file holds the primary's answers.
+    let output = lines_of(&s.gw, &done["output_file_id"]).await;
+    for i in [0, 1] {
+        let direct = infer(
+            primary.addr,
+            "m",
+            &[],
+            &serde_json::from_str::<Value>(&line(i)).expect("json")["body"].to_string(),
+        )
+        .await;
+        assert_eq!(
+            output[&format!("req-{i}")]["response"]["body"],
+            direct.json(),
+            "req-{i}"
+        );
+    }
+    assert_eq!(
+        candidate.sim.stats("m").expect("stats").requests,
+        n as u64,
+        "every line asked of the candidate"
+    );
+    // The summary, and the comparison file line by line.
+    let summary = &done["shadow"]["summary"];
+    assert_eq!(
+        (&summary["lines"], &summary["compared"], &summary["agreeing_lines"]),
+        (&json!(n), &json!(n), &json!(n / 2)),
+        "{summary:#}"
+    );
+    assert_eq!(
+        (&summary["rows"], &summary["rows_within"]),
+        (&json!(2 * n), &json!(3 * n / 2))
+    );
+    assert_eq!(
+        (&summary["max_abs_diff"], &summary["not_compared"]),
+        (&json!(0.5), &json!({}))
+    );
+    let comparison = lines_of(&s.gw, &done["shadow"]["comparison_file_id"]).await;
+    assert_eq!(comparison.len(), n);
+    let (even, odd) = (&comparison["req-4"], &comparison["req-7"]);
+    assert_eq!(
+        (&even["rows"], &even["rows_within"], &even["primary_status"]),
+        (&json!(2), &json!(2), &json!(200))
+    );
+    assert_eq!((&odd["rows"], &odd["rows_within"]), (&json!(2), &json!(1)), "{odd:#}");
+    let worst = &odd["outputs"]["OUTPUT1"]["worst"];
+    assert_eq!(
+        (&worst["primary"], &worst["candidate"]),
+        (&json!(-6.5), &json!(-6.0)),
+        "{odd:#}"
+    );
+    assert_eq!(odd["id"], output["req-7"]["id"], "a line has one id in every file");
+    // The route's report counts the batch's lines, so its gate sees them.
+    let report = s.report().await;
+    assert_eq!(report["compared_by_tier"], json!({"offline": n}), "{report:#}");
+    // With the route's shadow flag off a shadow batch is refused, saying why.
+    let off = s.admin("PUT", "/admin/routes/lines/flags/shadow", "false").await;
+    assert_eq!(off.status, 200, "{}", off.text());
+    let refused = create(json!(true)).await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.text().contains("shadow flag is off"), "{}", refused.text());
     s.gw.stop().await.expect("stops");
 }

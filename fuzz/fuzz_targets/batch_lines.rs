@@ -23,6 +23,7 @@ libfuzzer_sys::fuzz_target!(|content: &[u8]| {
         max_body_bytes: 4096,
         expires_at: 1,
         tenant: "t",
+        shadow: false,
     };
     let (jobs, _) = lines(content, &within);
     assert!(

@@ -438,6 +438,7 @@ impl Parts {
             realtime,
             settings: config.offline.clone(),
             wake,
+            shadow: Some(shadow.clone()),
         };
         Ok(Parts {
             policy,

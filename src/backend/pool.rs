@@ -169,6 +169,27 @@ impl Pool {
         self.call(parts, body, deadline).instrument(span).await
     }
 
+    /// As [`Pool::forward`], but at the concurrency limit it waits for a call slot until
+    /// `deadline` instead of shedding: for work nobody waits on (a shadow batch's lines).
+    /// Never for a step of a sequence.
+    pub async fn forward_waiting(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
+        let waited = tokio::time::timeout_at(deadline, self.limit.acquire()).await;
+        let Ok(Ok(permit)) = waited else {
+            return Err(Error::new(
+                Kind::Deadline,
+                format!(
+                    "the budget ran out waiting for a call slot of route {} {} pool",
+                    self.route,
+                    self.role.as_str()
+                ),
+            ));
+        };
+        let (parts, body, span) = self.fit(request)?;
+        let answer = self.call(parts, body, deadline).instrument(span).await;
+        drop(permit);
+        answer
+    }
+
     /// Takes a call slot (shedding at the limit), fits `request` to the pool's backends
     /// and opens its span. Inlined: on the real-time path, a call returning the request's
     /// parts cost about 130 instructions per request in moves.
@@ -188,13 +209,20 @@ impl Pool {
                 ),
             ));
         };
+        let (parts, body, span) = self.fit(request)?;
+        Ok((permit, parts, body, span))
+    }
+
+    /// Fits `request` to the pool's backends and opens its span.
+    #[inline(always)]
+    fn fit(&self, request: Request<Bytes>) -> Result<(http::request::Parts, Bytes, tracing::Span), Error> {
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
         let span = tracing::info_span!("backend", route = %self.route, tier = self.role.as_str(), endpoint = tracing::field::Empty);
         if let Some(ids) = parts.extensions.get::<crate::trace::Ids>() {
             ids.to_backend(&span, &mut parts.headers);
         }
-        Ok((permit, parts, body, span))
+        Ok((parts, body, span))
     }
 
     /// Sends a step of a Triton sequence to the endpoint holding the sequence's state,

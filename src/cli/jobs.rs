@@ -30,11 +30,12 @@ pub enum JobsCommand {
         #[command(flatten)]
         gateway: Gateway,
     },
-    /// Download a batch's results (and its errors next to them).
+    /// Download a batch's results (its errors, and a shadow batch's comparison, next to them).
     Results {
         /// `batch_...`.
         id: String,
-        /// Where to write the output JSONL; errors go to the same name with `.errors.jsonl`.
+        /// Where to write the output JSONL; errors go to the same name with `.errors.jsonl`,
+        /// a shadow batch's comparison with `.comparison.jsonl`.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -71,6 +72,10 @@ pub struct SubmitArgs {
     /// Return once the batch is created instead of following it.
     #[arg(long)]
     detach: bool,
+    /// Score every line with the route's shadow candidate too: a comparison file and a
+    /// summary beside the output (the route needs a `[shadow]` table, its flag on).
+    #[arg(long)]
+    shadow: bool,
     #[command(flatten)]
     gateway: Gateway,
 }
@@ -114,6 +119,7 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         "input_file_id": file["id"],
         "endpoint": args.endpoint,
         "completion_window": args.completion_window,
+        "shadow": args.shadow,
     });
     let (status, batch) = call(
         url,
@@ -189,6 +195,17 @@ async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
         }
         if ended {
             bar.finish();
+            if let Some(summary) = batch.pointer("/shadow/summary").filter(|s| s.is_object()) {
+                eprintln!(
+                    "shadow: {} of {} lines compared, {} rows of {} within tolerance (agreement {}); \
+                     `tiergate jobs results {id} -o FILE` writes the comparison",
+                    summary["compared"],
+                    summary["lines"],
+                    summary["rows_within"],
+                    summary["rows"],
+                    summary["agreement"]
+                );
+            }
             return Ok(match (status.as_str(), failed) {
                 ("completed", 0) => ExitCode::SUCCESS,
                 ("completed", _) => {
@@ -211,10 +228,13 @@ async fn results(url: &str, id: &str, output: &Path) -> anyhow::Result<ExitCode>
     }
     let mut wrote = 0;
     for (key, path) in [
-        ("output_file_id", output.to_path_buf()),
-        ("error_file_id", output.with_extension("errors.jsonl")),
+        ("/output_file_id", output.to_path_buf()),
+        ("/error_file_id", output.with_extension("errors.jsonl")),
+        ("/shadow/comparison_file_id", output.with_extension("comparison.jsonl")),
     ] {
-        let Some(file) = batch[key].as_str() else { continue };
+        let Some(file) = batch.pointer(key).and_then(Value::as_str) else {
+            continue;
+        };
         let bytes = fetch(url, &format!("/v1/files/{file}/content")).await?;
         std::fs::write(&path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!(

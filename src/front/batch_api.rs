@@ -12,6 +12,10 @@
 //! reported with its line number in the batch's `errors`, and the batch is `failed`
 //! with no job run; otherwise the batch and all its jobs are stored in one commit and
 //! run by the offline workers. Output and error files are written when the last job ends.
+//!
+//! A batch created with `"shadow": true` (an extension: `extra_body` in OpenAI's SDKs)
+//! is also scored line by line by its route's shadow candidate; when it ends, its
+//! `shadow` field names a comparison file (one line per input line) and holds a summary.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,12 +171,20 @@ impl OfflineApi {
             Some(Value::Object(m)) if m.len() <= 16 && m.values().all(Value::is_string) => Some(m.clone()),
             Some(_) => return Err(bad("metadata must be an object of at most 16 string values".into())),
         };
+        let shadow = match req.get("shadow") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(bad("shadow must be true or false".into())),
+        };
         let policy = self.policy.load();
-        if super::paths::route_for(&policy, &endpoint).is_none() {
+        let Some(route) = super::paths::route_for(&policy, &endpoint) else {
             return Err(bad(format!(
                 "endpoint {endpoint:?}: no route serves it; use a path a route serves \
                  (such as \"/v1/embeddings\") or a model's \"/v2/models/NAME/infer\""
             )));
+        };
+        if shadow {
+            shadow_ready(&route)?;
         }
         let idempotency_key = idempotency_key(headers, tenant, "/v1/batches", &[body])?;
         let content = self.store.content(&input_file_id, tenant).await.map_err(store_error)?;
@@ -185,6 +197,7 @@ impl OfflineApi {
             max_body_bytes: self.max_body_bytes,
             expires_at,
             tenant,
+            shadow,
         };
         let (jobs, errors) = lines(&content, &within);
         let batch = NewBatch {
@@ -197,6 +210,7 @@ impl OfflineApi {
             tenant: tenant.to_owned(),
             jobs,
             errors,
+            shadow,
         };
         let submitted = self.store.create_batch(batch).await.map_err(store_error)?;
         reused(&submitted)?;
@@ -243,6 +257,25 @@ impl OfflineApi {
         let (data, has_more) = self.store.batches(tenant, after, most).await.map_err(store_error)?;
         Ok(page(data, has_more))
     }
+}
+
+/// Refuses a shadow batch for `route` unless the route has a shadow candidate with its
+/// `shadow` flag on (every line is scored by that candidate).
+fn shadow_ready(route: &crate::policy::Route) -> Result<(), Error> {
+    let why = match (&route.shadow, route.flags.shadow) {
+        (Some(_), true) => return Ok(()),
+        (None, _) => format!(
+            "shadow: route {} has no shadow candidate to score the batch with; add [routes.{}.shadow] \
+             with its candidate pool, or create the batch without shadow",
+            route.name, route.name
+        ),
+        (Some(_), false) => format!(
+            "shadow: route {}'s shadow flag is off; switch it on (tiergate flags set {} shadow on) \
+             or create the batch without shadow",
+            route.name, route.name
+        ),
+    };
+    Err(Error::new(Kind::BadRequest, why))
 }
 
 /// A query string's `key=value` pairs.

@@ -26,6 +26,8 @@ pub struct Within<'a> {
     pub expires_at: i64,
     /// Whose jobs they are.
     pub tenant: &'a str,
+    /// Whether the route's shadow candidate scores them too (a shadow batch).
+    pub shadow: bool,
 }
 
 /// Every valid line of `content` as a job, and the problems with the others (each
@@ -38,6 +40,7 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
         max_body_bytes,
         expires_at,
         tenant,
+        shadow,
     } = *within;
     let (mut jobs, mut errors) = (Vec::new(), Vec::new());
     let mut seen = HashSet::new();
@@ -182,6 +185,7 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             expires_at,
             idempotency_key: None,
             tenant: tenant.to_owned(),
+            shadow,
         };
         jobs.push((custom_id.to_owned(), line, job));
     }
@@ -231,6 +235,7 @@ endpoints = ["http://127.0.0.1:9"]
             max_body_bytes: 256,
             expires_at: 1,
             tenant: "t",
+            shadow: false,
         }
     }
 

@@ -8,6 +8,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Map, Value};
 
 use super::jobs::{add_column, keyed};
+use super::scored::{Scored, Summary, NO_ANSWER};
 use super::{NewJob, State, StoreError, Submitted};
 
 /// Creates the tables when missing.
@@ -43,14 +44,21 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             errors TEXT,
             idempotency_key TEXT UNIQUE,
             requests INTEGER,
-            tenant TEXT NOT NULL DEFAULT ''
+            tenant TEXT NOT NULL DEFAULT '',
+            shadow INTEGER NOT NULL DEFAULT 0,
+            comparison_file_id TEXT,
+            shadow_summary TEXT
         );
         CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, line) WHERE batch_id IS NOT NULL;",
     )?;
-    // Stores made before batches counted their jobs, and before tenants.
+    // Stores made before batches counted their jobs, before tenants, and before shadow
+    // batches.
     add_column(conn, "batches", "requests", "INTEGER")?;
     add_column(conn, "batches", "tenant", "TEXT NOT NULL DEFAULT ''")?;
-    add_column(conn, "files", "tenant", "TEXT NOT NULL DEFAULT ''")
+    add_column(conn, "files", "tenant", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(conn, "batches", "shadow", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(conn, "batches", "comparison_file_id", "TEXT")?;
+    add_column(conn, "batches", "shadow_summary", "TEXT")
 }
 
 /// A file as the API shows it (without its content).
@@ -112,6 +120,9 @@ pub struct BatchRow {
     pub errors: Vec<Value>,
     /// When cancelling was asked.
     pub cancelling_at: Option<i64>,
+    /// Whether its lines are scored by the route's shadow candidate too.
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 impl BatchRow {
@@ -134,6 +145,7 @@ impl BatchRow {
             },
             errors: batch.errors.clone(),
             cancelling_at: None,
+            shadow: batch.shadow,
         }
     }
 }
@@ -159,6 +171,9 @@ pub struct NewBatch {
     pub jobs: Vec<(String, u64, NewJob)>,
     /// Validation errors; when any, the batch is created `failed` with no jobs.
     pub errors: Vec<Value>,
+    /// Whether the route's shadow candidate scores every line too (its jobs say so
+    /// each, [`NewJob::shadow`]).
+    pub shadow: bool,
 }
 
 /// A file to store: whose it is, what for, under which name.
@@ -320,8 +335,8 @@ pub(super) fn create(
     }
     let mut add = conn.prepare_cached(
         "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, batch_id, custom_id,
-                           line, tenant)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11, ?12)",
+                           line, tenant, shadow)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?;
     let count = batch.jobs.len();
     for (custom_id, line, job) in batch.jobs {
@@ -338,6 +353,7 @@ pub(super) fn create(
             custom_id,
             line as i64,
             batch.tenant,
+            job.shadow,
         ])?;
     }
     unfinished.fetch_add(count as i64, Ordering::AcqRel);
@@ -350,8 +366,9 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
     let errors = failed.then(|| json!({"object": "list", "data": row.errors}).to_string());
     conn.prepare_cached(
         "INSERT OR IGNORE INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at,
-                                        expires_at, in_progress_at, failed_at, errors, idempotency_key, requests, tenant)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                        expires_at, in_progress_at, failed_at, errors, idempotency_key, requests, tenant,
+                                        shadow)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?
     .execute(params![
         row.id,
@@ -368,6 +385,7 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
         row.idempotency_key,
         row.requests as i64,
         row.tenant,
+        row.shadow,
     ])?;
     Ok(())
 }
@@ -378,7 +396,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
     let found = conn
         .prepare_cached(
             "SELECT id, input_file_id, endpoint, completion_window, metadata, created_at, expires_at, idempotency_key,
-                    requests, errors, cancelling_at, tenant FROM batches WHERE id = ?1",
+                    requests, errors, cancelling_at, tenant, shadow FROM batches WHERE id = ?1",
         )?
         .query_row([id], |r| {
             let metadata = r
@@ -402,6 +420,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
                 requests: r.get::<_, Option<i64>>(8)?.unwrap_or(0).max(0) as u64,
                 errors,
                 cancelling_at: r.get(10)?,
+                shadow: r.get(12)?,
             })
         })
         .optional()?;
@@ -480,17 +499,22 @@ pub(super) fn cancel(
 /// finished. The files' ids follow from the batch's, so every replica of a Kafka queue,
 /// finalizing on its own, names them alike.
 pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError> {
-    let ready: Vec<(String, String, i64, String)> = conn
+    let ready: Vec<(String, String, i64, String, bool)> = conn
         .prepare_cached(
-            "SELECT b.id, b.status, b.expires_at, b.tenant FROM batches b
+            "SELECT b.id, b.status, b.expires_at, b.tenant, b.shadow FROM batches b
              WHERE b.status IN ('in_progress', 'cancelling')
                AND (b.requests IS NULL OR b.requests = (SELECT COUNT(*) FROM jobs j WHERE j.batch_id = b.id))
                AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id AND j.state IN ('queued', 'running'))",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
         .collect::<Result<_, _>>()?;
-    for (id, status, expires_at, tenant) in &ready {
-        let (output, errors) = results(conn, id)?;
+    for (id, status, expires_at, tenant, shadow) in &ready {
+        let Results {
+            output,
+            errors,
+            comparison,
+            summary,
+        } = results(conn, id, *shadow)?;
         // A result file `what` of the batch, when it has content: its id.
         let keep = |what: &str, content: &[u8]| -> Result<Option<String>, StoreError> {
             if content.is_empty() {
@@ -506,6 +530,12 @@ pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError>
             Ok(Some(add_file_as(conn, id, file, content, now)?.id))
         };
         let (output_id, error_id) = (keep("output", &output)?, keep("error", &errors)?);
+        if *shadow {
+            conn.execute(
+                "UPDATE batches SET comparison_file_id = ?2, shadow_summary = ?3 WHERE id = ?1",
+                params![id, keep("comparison", &comparison)?, summary.to_json().to_string()],
+            )?;
+        }
         let (end, column) = match (status.as_str(), *expires_at <= now) {
             ("cancelling", _) => ("cancelled", "cancelled_at"),
             (_, true) => ("expired", "expired_at"),
@@ -522,13 +552,24 @@ pub(super) fn finalize(conn: &Connection, now: i64) -> Result<usize, StoreError>
     Ok(ready.len())
 }
 
-/// The output and error JSONL of a batch, in input line order.
-fn results(conn: &Connection, batch: &str) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+/// A batch's result files' content, and for a shadow batch its summary.
+#[derive(Default)]
+struct Results {
+    output: Vec<u8>,
+    errors: Vec<u8>,
+    comparison: Vec<u8>,
+    summary: Summary,
+}
+
+/// The output and error JSONL of a batch, in input line order; for a `shadow` batch,
+/// its comparison JSONL (every line, compared or with why not) and summary too.
+fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, custom_id, state, status, answer_body, error FROM jobs WHERE batch_id = ?1 ORDER BY line",
+        "SELECT id, custom_id, state, status, answer_body, error, comparison FROM jobs WHERE batch_id = ?1
+         ORDER BY line",
     )?;
     let mut rows = stmt.query([batch])?;
-    let (mut output, mut errors) = (Vec::new(), Vec::new());
+    let mut out = Results::default();
     while let Some(r) = rows.next()? {
         let id: String = r.get(0)?;
         let custom_id: String = r.get(1)?;
@@ -554,18 +595,29 @@ fn results(conn: &Connection, batch: &str) -> Result<(Vec<u8>, Vec<u8>), StoreEr
         };
         let line = json!({
             "id": format!("batch_req_{}", id.trim_start_matches("job_")),
-            "custom_id": custom_id,
+            "custom_id": &custom_id,
             "response": response,
             "error": failure.map(|(code, message)| json!({"code": code, "message": message})),
         });
         let target = match (state, status) {
-            (State::Succeeded, _) => &mut output,
-            _ => &mut errors,
+            (State::Succeeded, _) => &mut out.output,
+            _ => &mut out.errors,
         };
         target.extend_from_slice(line.to_string().as_bytes());
         target.push(b'\n');
+        if shadow {
+            let comparison: Option<String> = r.get(6)?;
+            let scored = comparison.map_or_else(|| Scored::not_compared(NO_ANSWER), |c| Scored::from_text(&c));
+            out.summary.add(&scored);
+            let mut line = serde_json::to_value(&scored).unwrap_or_else(|_| json!({}));
+            line["id"] = json!(format!("batch_req_{}", id.trim_start_matches("job_")));
+            line["custom_id"] = json!(custom_id);
+            line["primary_status"] = json!(status);
+            out.comparison.extend_from_slice(line.to_string().as_bytes());
+            out.comparison.push(b'\n');
+        }
     }
-    Ok((output, errors))
+    Ok(out)
 }
 
 fn request_counts(conn: &Connection, batch: &str) -> Result<Value, StoreError> {
@@ -593,7 +645,7 @@ fn batch_json(r: &Row<'_>) -> rusqlite::Result<Value> {
         text.and_then(|t| serde_json::from_str::<Value>(&t).ok())
             .unwrap_or(Value::Null)
     };
-    Ok(json!({
+    let mut batch = json!({
         "id": r.get::<_, String>("id")?,
         "object": "batch",
         "endpoint": r.get::<_, String>("endpoint")?,
@@ -613,5 +665,13 @@ fn batch_json(r: &Row<'_>) -> rusqlite::Result<Value> {
         "cancelling_at": secs("cancelling_at")?,
         "cancelled_at": secs("cancelled_at")?,
         "metadata": parse(r.get("metadata")?),
-    }))
+    });
+    // A shadow batch says so, and once it ends where its comparison is.
+    if r.get::<_, bool>("shadow")? {
+        batch["shadow"] = json!({
+            "comparison_file_id": r.get::<_, Option<String>>("comparison_file_id")?,
+            "summary": parse(r.get("shadow_summary")?),
+        });
+    }
+    Ok(batch)
 }

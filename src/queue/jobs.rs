@@ -32,13 +32,18 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             batch_id TEXT,
             custom_id TEXT,
             line INTEGER,
-            tenant TEXT NOT NULL DEFAULT ''
+            tenant TEXT NOT NULL DEFAULT '',
+            shadow INTEGER NOT NULL DEFAULT 0,
+            comparison TEXT
         );
         CREATE INDEX IF NOT EXISTS jobs_runnable ON jobs (state, route, not_before);
         CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
         CREATE INDEX IF NOT EXISTS jobs_queued_age ON jobs (created_at) WHERE state = 'queued';",
     )?;
-    add_column(conn, "jobs", "tenant", "TEXT NOT NULL DEFAULT ''")
+    // Stores made before tenants, and before shadow batches.
+    add_column(conn, "jobs", "tenant", "TEXT NOT NULL DEFAULT ''")?;
+    add_column(conn, "jobs", "shadow", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(conn, "jobs", "comparison", "TEXT")
 }
 
 /// Adds `column` to `table` in stores made before it existed.
@@ -96,8 +101,9 @@ pub(super) fn insert(
         return Err(StoreError::Full(held));
     }
     let mut add = conn.prepare_cached(
-        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, idempotency_key, tenant)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10)",
+        "INSERT INTO jobs (id, route, method, path, headers, body, state, created_at, expires_at, idempotency_key, tenant,
+                           shadow)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9, ?10, ?11)",
     )?;
     let mut out = Vec::with_capacity(new.len());
     let mut added = 0;
@@ -120,6 +126,7 @@ pub(super) fn insert(
             job.expires_at,
             job.idempotency_key,
             job.tenant,
+            job.shadow,
         ])?;
         added += 1;
         out.push(Submitted::new(id));
@@ -189,7 +196,7 @@ pub(super) fn finish(
             };
             conn.prepare_cached(&format!(
                 "UPDATE jobs SET state = ?3, finished_at = ?4, status = ?5, answer_headers = ?6, answer_body = ?7,
-                 error = NULL {held}"
+                 comparison = ?8, error = NULL {held}"
             ))?
             .execute(params![
                 id,
@@ -198,7 +205,8 @@ pub(super) fn finish(
                 now,
                 answer.status,
                 headers_json(&answer.headers),
-                &answer.body[..]
+                &answer.body[..],
+                answer.comparison,
             ])?
         }
         Finish::Retry { error, not_before } => conn
@@ -307,6 +315,7 @@ fn job(r: &Row<'_>) -> rusqlite::Result<Job> {
             status,
             headers: headers_from(r.get("answer_headers")?),
             body: Bytes::from(r.get::<_, Option<Vec<u8>>>("answer_body")?.unwrap_or_default()),
+            comparison: r.get("comparison")?,
         }),
         None => None,
     };
@@ -321,6 +330,7 @@ fn job(r: &Row<'_>) -> rusqlite::Result<Job> {
             expires_at: r.get("expires_at")?,
             idempotency_key: r.get("idempotency_key")?,
             tenant: r.get("tenant")?,
+            shadow: r.get("shadow")?,
         },
         state: State::parse(&state).unwrap_or(State::Failed),
         attempts: r.get("attempts")?,

@@ -15,7 +15,8 @@
 //!
 //! `in_use` ([`Queue`]: the queue the gateway was started with) · `embedded` (the SQLite store: writer
 //! thread, group commit) · `jobs` (the jobs table) · `batches` (the Batch API's files and
-//! batches, and their output files) · `kafka` (the Kafka queue for several replicas:
+//! batches, and their output files) · `scored` (a shadow batch's comparison of each line
+//! and summary) · `kafka` (the Kafka queue for several replicas:
 //! topics, a local view of the state topic, the consumer group).
 
 pub mod batches;
@@ -24,6 +25,7 @@ mod in_use;
 mod jobs;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod scored;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -58,6 +60,9 @@ pub struct NewJob {
     /// The tenant that submitted it (empty when the data plane has no authentication):
     /// only it can read the job.
     pub tenant: String,
+    /// Whether the route's shadow candidate scores it too (a line of a shadow batch):
+    /// its comparison is kept with its answer ([`Answer::comparison`]).
+    pub shadow: bool,
 }
 
 /// Where a job is in its life.
@@ -120,6 +125,9 @@ pub struct Answer {
     pub headers: Vec<(String, String)>,
     /// The body, byte for byte.
     pub body: Bytes,
+    /// For a job scored by a shadow candidate: how the candidate's answer compared
+    /// ([`scored::Scored`], as JSON), for its batch's comparison file.
+    pub comparison: Option<String>,
 }
 
 /// A job as stored.

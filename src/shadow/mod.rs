@@ -3,7 +3,8 @@
 //!
 //! Beside the tiers, after the primary has answered: the real-time tier hands over a
 //! copy of the request and the primary's answer; the micro-batch tier the batch's own
-//! backend request, so the candidate scores the same batch. Each shadow call runs
+//! backend request, so the candidate scores the same batch; the offline workers each
+//! line of a shadow batch of the Batch API. Each shadow call runs
 //! detached from every caller, on the batch threads, on the candidate's own pool (its
 //! connections, concurrency limit and circuits), with a deadline of its own: a candidate
 //! that is full, slow or down has its calls dropped and counted, and nothing queues. What
@@ -13,10 +14,12 @@
 //!
 //! `compare` (two answers, output by output and row by row) · `report` (a route's
 //! findings since it was reset) · `canary` (a share of calls served by the candidate
-//! itself, counted per variant, aborted on its own).
+//! itself, counted per variant, aborted on its own) · `lines` (a shadow batch's lines,
+//! scored one by one for its comparison file).
 
 pub mod canary;
 pub mod compare;
+mod lines;
 pub mod report;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,65 +178,23 @@ impl Shadow {
         request: http::Request<Bytes>,
         primary: Primary<'_>,
     ) {
-        let (primary_took, pool_spec) = (primary.took, primary.pool);
-        let primary = copy(primary.answer);
-        let again = spec.noise_floor.then(|| {
-            let pool = PoolSpec {
-                max_concurrency: spec.candidate.max_concurrency,
-                ..(**pool_spec).clone()
-            };
-            (Arc::new(pool), crate::tiers::copy(&request))
-        });
+        let (took, pool, answer) = (primary.took, primary.pool.clone(), copy(primary.answer));
         let (inner, route) = (self.inner.clone(), route.to_owned());
-        let caller = request_id(&request);
         let work = async move {
-            let report = inner.report(&route);
-            let pool = inner.pools.get(&route, &spec.candidate);
-            let started = Instant::now();
-            let deadline = started + spec.budget;
-            let asked = async {
-                let answer = pool.forward(request, deadline).await;
-                (answer, started.elapsed())
+            let caller = request_id(&request);
+            let primary = Primary {
+                answer: &answer,
+                took,
+                pool: &pool,
             };
-            let ((answer, took), noise) = match again {
-                None => (asked.await, None),
-                Some((spec, request)) => {
-                    let copies = inner.copies.get(&route, &spec);
-                    let (asked, again) = tokio::join!(asked, copies.forward(request, deadline));
-                    (asked, again.ok())
-                }
+            let asked = Asked {
+                route: &route,
+                spec: &spec,
+                tier,
+                caller: caller.as_deref(),
             };
-            let counted = Counted::new(&route);
-            let dropped = |why: Drop| {
-                counted.dropped(why);
-                lock(&report).dropped(why);
-            };
-            let candidate = match answer {
-                Ok(candidate) => candidate,
-                Err(e) => {
-                    let why = match e.kind {
-                        Kind::Shed => Drop::Full,
-                        Kind::Deadline => Drop::Timeout,
-                        Kind::Backend | Kind::Unavailable => Drop::Down,
-                        _ => Drop::Error,
-                    };
-                    return dropped(why);
-                }
-            };
-            match compare::compare(&primary, &candidate, &spec) {
-                Ok(mut cmp) => {
-                    // Without the primary's second answer the rows are judged as they are.
-                    if let Some(Ok(noise)) = noise.map(|again| compare::compare(&primary, &again, &spec)) {
-                        compare::discount(&mut cmp, &noise);
-                    }
-                    counted.compared(tier, &cmp, primary_took, took);
-                    lock(&report).add(tier, &cmp, (primary_took, took), caller.as_deref());
-                }
-                Err(unreadable) => {
-                    tracing::debug!(route, problem = unreadable.0, "shadow answer not compared");
-                    dropped(Drop::Unreadable);
-                }
-            }
+            // What it found is in the report and the metrics.
+            let _ = inner.score(asked, request, primary, Slot::Shed).await;
         };
         match &self.inner.threads {
             Some(threads) => drop(threads.spawn(work)),
@@ -263,7 +224,102 @@ impl Shadow {
     }
 }
 
+/// What a shadow call is about: its route and shadow, the tier it mirrors, and the
+/// caller it names a disagreement by.
+#[derive(Debug, Clone, Copy)]
+struct Asked<'a> {
+    route: &'a str,
+    spec: &'a ShadowSpec,
+    tier: Tier,
+    caller: Option<&'a str>,
+}
+
+/// What a shadow call does at its candidate's concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Dropped at once (live traffic: nothing queues).
+    Shed,
+    /// Waits for a slot within the shadow budget (a shadow batch's lines).
+    Wait,
+}
+
 impl Inner {
+    /// Asks the candidate (and, with the noise floor, the primary's endpoints again) for
+    /// `request` within the shadow budget, compares its answer with the primary's, and
+    /// records what it found in the route's report and metrics.
+    async fn score(
+        &self,
+        asked: Asked<'_>,
+        request: http::Request<Bytes>,
+        primary: Primary<'_>,
+        slot: Slot,
+    ) -> Result<(compare::Comparison, Duration), Drop> {
+        let Asked {
+            route,
+            spec,
+            tier,
+            caller,
+        } = asked;
+        let again = spec.noise_floor.then(|| {
+            let pool = PoolSpec {
+                max_concurrency: spec.candidate.max_concurrency,
+                ..(**primary.pool).clone()
+            };
+            (Arc::new(pool), crate::tiers::copy(&request))
+        });
+        let report = self.report(route);
+        let pool = self.pools.get(route, &spec.candidate);
+        let started = Instant::now();
+        let deadline = started + spec.budget;
+        let asked = async {
+            let answer = match slot {
+                Slot::Shed => pool.forward(request, deadline).await,
+                Slot::Wait => pool.forward_waiting(request, deadline).await,
+            };
+            (answer, started.elapsed())
+        };
+        let ((answer, took), noise) = match again {
+            None => (asked.await, None),
+            Some((spec, request)) => {
+                let copies = self.copies.get(route, &spec);
+                let (asked, again) = tokio::join!(asked, copies.forward(request, deadline));
+                (asked, again.ok())
+            }
+        };
+        let counted = Counted::new(route);
+        let dropped = |why: Drop| {
+            counted.dropped(why);
+            lock(&report).dropped(why);
+            Err(why)
+        };
+        let candidate = match answer {
+            Ok(candidate) => candidate,
+            Err(e) => {
+                return dropped(match e.kind {
+                    Kind::Shed => Drop::Full,
+                    Kind::Deadline => Drop::Timeout,
+                    Kind::Backend | Kind::Unavailable => Drop::Down,
+                    _ => Drop::Error,
+                })
+            }
+        };
+        match compare::compare(primary.answer, &candidate, spec) {
+            Ok(mut cmp) => {
+                // Without the primary's second answer the rows are judged as they are.
+                if let Some(Ok(noise)) = noise.map(|again| compare::compare(primary.answer, &again, spec)) {
+                    compare::discount(&mut cmp, &noise);
+                }
+                counted.compared(tier, &cmp, primary.took, took);
+                lock(&report).add(tier, &cmp, (primary.took, took), caller);
+                Ok((cmp, took))
+            }
+            Err(unreadable) => {
+                tracing::debug!(route, problem = unreadable.0, "shadow answer not compared");
+                dropped(Drop::Unreadable)
+            }
+        }
+    }
+
     fn report(&self, route: &str) -> Arc<Mutex<Report>> {
         if let Some(report) = self.reports.get(route) {
             return report.clone();

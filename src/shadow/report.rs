@@ -223,6 +223,17 @@ impl Report {
     }
 }
 
+/// One output's figures from one comparison, as a report writes an output.
+pub fn output_json(o: &OutputComparison) -> Value {
+    let mut totals = Totals::default();
+    totals.add(o);
+    let mut json = totals.to_json();
+    if let Some((row, index, primary, candidate)) = o.worst {
+        json["worst"] = json!({"row": row, "index": index, "primary": primary, "candidate": candidate});
+    }
+    json
+}
+
 impl Default for Totals {
     fn default() -> Self {
         Totals {

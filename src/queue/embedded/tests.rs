@@ -21,6 +21,7 @@ fn job_of(tenant: &str, key: Option<&str>, body: &'static [u8]) -> NewJob {
         expires_at: after(Duration::from_secs(3600)),
         idempotency_key: key.map(|k| crate::queue::idempotency_key(tenant, path, k, &[b"POST", body])),
         tenant: tenant.into(),
+        shadow: false,
     }
 }
 
@@ -41,6 +42,7 @@ fn answer(status: u16) -> Finish {
         status,
         headers: vec![("content-type".into(), "application/json".into())],
         body: bytes::Bytes::from_static(b"{\"outputs\":[]}"),
+        comparison: None,
     })
 }
 

@@ -40,6 +40,9 @@ pub struct JobMeta {
     /// The tenant that submitted it (empty without data-plane authentication).
     #[serde(default)]
     pub tenant: String,
+    /// Whether the route's shadow candidate scores it too (a line of a shadow batch).
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 impl JobMeta {
@@ -56,6 +59,7 @@ impl JobMeta {
             idempotency_key: job.idempotency_key.clone(),
             batch,
             tenant: job.tenant.clone(),
+            shadow: job.shadow,
         }
     }
 
@@ -72,6 +76,7 @@ impl JobMeta {
                 expires_at: self.expires_at,
                 idempotency_key: self.idempotency_key.clone(),
                 tenant: self.tenant.clone(),
+                shadow: self.shadow,
             },
             state: State::Queued,
             attempts: 0,
@@ -102,6 +107,9 @@ pub struct JobState {
     pub answer_headers: Vec<(String, String)>,
     /// Why it failed or is retried.
     pub error: Option<String>,
+    /// How a shadow candidate's answer compared, with the answer ([`Answer::comparison`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<String>,
     /// The replica that wrote it.
     pub by: String,
 }
@@ -118,6 +126,7 @@ impl JobState {
             status: None,
             answer_headers: Vec::new(),
             error: None,
+            comparison: None,
             by: by.to_owned(),
         }
     }
@@ -131,6 +140,7 @@ impl JobState {
     pub fn with_answer(mut self, answer: &Answer) -> JobState {
         self.status = Some(answer.status);
         self.answer_headers = answer.headers.clone();
+        self.comparison = answer.comparison.clone();
         self
     }
 }
@@ -223,6 +233,7 @@ mod tests {
             expires_at: 9,
             idempotency_key: Some("k".into()),
             tenant: "t".into(),
+            shadow: true,
         };
         let meta = JobMeta::new("job_1".into(), &job, 5, Some(("batch_1".into(), "c".into(), 3)));
         let record = Record::Job(JobState::of(meta.clone(), State::Running, 2, "a"));

@@ -308,6 +308,7 @@ mod tests {
                 idempotency_key: None,
                 batch: None,
                 tenant: String::new(),
+                shadow: false,
             },
             body: Bytes::new(),
             attempts: 0,

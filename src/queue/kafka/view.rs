@@ -252,11 +252,13 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
     conn.prepare_cached(
         "INSERT INTO jobs (id, route, method, path, headers, body, state, attempts, not_before, created_at, expires_at,
                            finished_at, status, answer_headers, answer_body, error, idempotency_key, batch_id,
-                           custom_id, line, tenant)
-         VALUES (?1, ?2, ?3, ?4, ?5, x'', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
+                           custom_id, line, tenant, shadow, comparison)
+         VALUES (?1, ?2, ?3, ?4, ?5, x'', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21,
+                 ?22)
          ON CONFLICT(id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,
              not_before = excluded.not_before, finished_at = excluded.finished_at, status = excluded.status,
-             answer_headers = excluded.answer_headers, answer_body = excluded.answer_body, error = excluded.error
+             answer_headers = excluded.answer_headers, answer_body = excluded.answer_body, error = excluded.error,
+             comparison = excluded.comparison
          WHERE excluded.state NOT IN ('queued', 'running') OR excluded.attempts >= jobs.attempts",
     )?
     .execute(params![
@@ -280,6 +282,8 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
         custom_id,
         line,
         s.job.tenant,
+        s.job.shadow,
+        s.comparison,
     ])?;
     match (was_open, state.is_terminal()) {
         (None, false) => {
@@ -342,7 +346,7 @@ fn metas<'a>(
 ) -> Result<HashMap<String, (JobMeta, State, u32)>, StoreError> {
     let mut stmt = conn.prepare(&format!(
         "SELECT id, route, method, path, headers, created_at, expires_at, idempotency_key, batch_id, custom_id, line,
-                state, attempts, tenant FROM jobs WHERE {filter}"
+                state, attempts, tenant, shadow FROM jobs WHERE {filter}"
     ))?;
     let rows = stmt.query_map(params_from_iter(args), |r| {
         let batch = match r.get::<_, Option<String>>(8)? {
@@ -364,6 +368,7 @@ fn metas<'a>(
             idempotency_key: r.get(7)?,
             batch,
             tenant: r.get(13)?,
+            shadow: r.get(14)?,
         };
         let state = State::parse(&r.get::<_, String>(11)?).unwrap_or(State::Failed);
         Ok((meta, state, r.get::<_, u32>(12)?))

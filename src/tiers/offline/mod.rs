@@ -107,6 +107,7 @@ impl Offline {
             expires_at: queue::after(self.settings.completion_window),
             idempotency_key,
             tenant: tenant.as_str().to_owned(),
+            shadow: false,
         };
         let submitted = self.store.submit(vec![job]).await.map_err(store_error)?;
         let Some(submitted) = submitted.into_iter().next() else {

@@ -23,7 +23,9 @@ use crate::decision::{Door, Tier};
 use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
+use crate::queue::scored::Scored;
 use crate::queue::{self, Answer, Finish, Job, JobStore, Queue};
+use crate::shadow::{Primary, Shadow};
 use crate::tiers::{Call, MicroBatch, Realtime, Reply};
 use tower::ServiceExt as _;
 
@@ -44,6 +46,8 @@ pub struct Workers {
     pub settings: config::Offline,
     /// Notified on every accepted submission.
     pub wake: Arc<Notify>,
+    /// Scores the lines of shadow batches with their route's candidate.
+    pub shadow: Option<Shadow>,
 }
 
 /// How long a route's worker waits after the queue failed before it tries again (the
@@ -145,18 +149,23 @@ impl RouteWorker {
                 }
             };
             let calls = jobs.iter().map(|job| call(&route, job, &w.settings)).collect();
-            let answers = tokio::select! {
-                answers = self.serve(&route, calls) => answers,
+            let attempt = async {
+                let started = Instant::now();
+                let answers = self.serve(&route, calls).await;
+                let ends = jobs
+                    .iter()
+                    .zip(answers)
+                    .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
+                    .collect::<Vec<_>>();
+                self.scored(&route, &jobs, ends, started.elapsed()).await
+            };
+            let ends = tokio::select! {
+                ends = attempt => ends,
                 () = self.shutdown.cancelled() => {
                     self.hand_back(&jobs).await;
                     break;
                 }
             };
-            let ends = jobs
-                .iter()
-                .zip(answers)
-                .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
-                .collect::<Vec<_>>();
             for (_, _, end) in &ends {
                 count_attempt(&self.name, end);
             }
@@ -206,6 +215,49 @@ impl RouteWorker {
         }
         answers.extend(self.workers.micro.serve_filler(calls.collect()).await);
         answers
+    }
+
+    /// `ends` with each answered line of a shadow batch scored by the route's candidate
+    /// (all at once, each waiting for a slot of the candidate's pool within the shadow
+    /// budget); `took` is how long the primary took for the group.
+    async fn scored(
+        &self,
+        route: &Arc<crate::policy::Route>,
+        jobs: &[Job],
+        mut ends: Vec<(queue::JobId, u32, Finish)>,
+        took: Duration,
+    ) -> Vec<(queue::JobId, u32, Finish)> {
+        let (Some(shadow), Some(batch)) = (&self.workers.shadow, &route.micro_batch) else {
+            return ends;
+        };
+        let mut lines = JoinSet::new();
+        for (i, (job, (_, _, end))) in jobs.iter().zip(&mut ends).enumerate() {
+            let Finish::Answered(answer) = end else { continue };
+            if !job.request.shadow {
+                continue;
+            }
+            // Until its scoring ends (should it panic, the line says so).
+            answer.comparison = Some(Scored::not_compared("error").to_text());
+            let request = call(route, job, &self.workers.settings).request;
+            let (primary, pool) = (reply(answer), batch.pool.clone());
+            let line = format!("batch_req_{}", job.id.trim_start_matches("job_"));
+            let (shadow, route) = (shadow.clone(), route.clone());
+            lines.spawn(async move {
+                let primary = Primary {
+                    answer: &primary,
+                    took,
+                    pool: &pool,
+                };
+                (i, shadow.score_line(&route, request, primary, &line).await)
+            });
+        }
+        while let Some(scored) = lines.join_next().await {
+            let Ok((i, scored)) = scored else { continue };
+            if let Some((_, _, Finish::Answered(answer))) = ends.get_mut(i) {
+                answer.comparison = Some(scored.to_text());
+            }
+        }
+        ends
     }
 
     /// Fails every runnable job of the route (it cannot be served any more).
@@ -306,7 +358,20 @@ fn kept(reply: Reply) -> Answer {
         status: head.status.as_u16(),
         headers,
         body,
+        comparison: None,
     }
+}
+
+/// A kept answer as the tiers pass answers (for comparing it).
+fn reply(answer: &Answer) -> Reply {
+    let mut reply = http::Response::new(answer.body.clone());
+    *reply.status_mut() = http::StatusCode::from_u16(answer.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    for (k, v) in &answer.headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            reply.headers_mut().insert(k, v);
+        }
+    }
+    reply
 }
 
 /// Counts an offline attempt's end (and, when it is the job's last, the job's SLO).
