@@ -1,7 +1,9 @@
-//! `tiergate flags`, `tiergate policy diff|apply|history|rollback` and `tiergate explain`
-//! against a running gateway's admin API, with their exit codes.
+//! `tiergate flags`, `tiergate policy diff|apply|history|rollback`, `tiergate explain` and
+//! `tiergate shadow` against a running gateway's admin API, with their exit codes.
 
 mod common;
+
+use std::time::Duration;
 
 use common::*;
 use tiergate::app::Gateway;
@@ -23,15 +25,13 @@ async fn tiergate(admin: &str, token_file: &std::path::Path, args: &[&str]) -> (
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flags_policy_and_explain_from_the_command_line() {
-    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let policies = dir.path().join("policies");
+/// A gateway whose policy directory (under `dir`) holds `policy`, with its admin API on:
+/// the gateway, the admin URL, and the token file the CLI reads.
+async fn start(dir: &std::path::Path, policy: &str) -> (Gateway, String, std::path::PathBuf) {
+    let policies = dir.join("policies");
     std::fs::create_dir_all(&policies).expect("mkdir");
-    let original = route(&rt.url(), &batch.url(), "realtime = true\nmicro_batch = false", "");
-    std::fs::write(policies.join("routes.toml"), &original).expect("write");
-    let token_file = dir.path().join("token");
+    std::fs::write(policies.join("routes.toml"), policy).expect("write");
+    let token_file = dir.join("token");
     std::fs::write(&token_file, format!("ops:{TOKEN}\n")).expect("write");
     let mut config = config();
     config.policy_dir = policies.clone();
@@ -41,6 +41,16 @@ async fn flags_policy_and_explain_from_the_command_line() {
         .await
         .expect("starts");
     let admin = format!("http://{}", gw.admin_addr().expect("admin on"));
+    (gw, admin, token_file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_policy_and_explain_from_the_command_line() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let original = route(&rt.url(), &batch.url(), "realtime = true\nmicro_batch = false", "");
+    let (gw, admin, token_file) = start(dir.path(), &original).await;
+    let policies = dir.path().join("policies");
     let run = |args: &'static [&'static str]| tiergate(&admin, &token_file, args);
 
     let (code, out, err) = run(&["flags", "get", "r"]).await;
@@ -126,5 +136,54 @@ async fn flags_policy_and_explain_from_the_command_line() {
         err.contains("is not tiergate's admin API (it answered 404") && err.contains("listen.admin"),
         "{err}"
     );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_report_reset_and_promote_from_the_command_line() {
+    let (rt, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shadow = format!(
+        "[routes.r.shadow]\ntiers = [\"realtime\"]\ngate = {{ min_compared = 100 }}\n\
+         [routes.r.shadow.candidate]\nendpoints = [\"{}\"]\n",
+        candidate.url()
+    );
+    let text = route(&rt.url(), &rt.url(), "realtime = true\nshadow = true", &shadow);
+    let (gw, admin, token_file) = start(dir.path(), &text).await;
+    let run = |args: &'static [&'static str]| tiergate(&admin, &token_file, args);
+    let body = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,2],"data":[1,2,3,4]}]}"#;
+    for _ in 0..5 {
+        let answer = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], body).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    wait_for(&candidate, |s| s.requests == 5).await;
+    let compared = eventually(Duration::from_secs(10), "five calls compared", || async {
+        let (_, out, _) = run(&["shadow", "report", "r", "--since", "5m"]).await;
+        out.contains("5 calls compared").then_some(out)
+    })
+    .await;
+    assert!(
+        compared.contains("rows 20 within tolerance 20 (agreement 1.0)"),
+        "{compared}"
+    );
+    let (code, _, err) = run(&["shadow", "report", "r", "--since", "soon"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("RFC 3339"), "{err}");
+
+    let (code, _, err) = run(&["shadow", "promote", "r"]).await;
+    assert_eq!(code, 1, "refused below the gate");
+    assert!(
+        err.contains("gate_not_met") || err.contains("the gate is not met"),
+        "{err}"
+    );
+    let (code, out, err) = run(&["shadow", "promote", "r", "--force", "--dry-run"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("dry run: nothing applied"), "{out}");
+
+    let (code, out, err) = run(&["shadow", "reset", "r"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("route r: shadow report reset at "), "{out}");
+    let (_, out, _) = run(&["shadow", "report", "r"]).await;
+    assert!(out.contains("0 calls compared"), "{out}");
     gw.stop().await.expect("stops");
 }

@@ -147,6 +147,17 @@ async fn callers_get_the_primarys_answer_and_the_rows_that_differ_are_reported()
         .await,
         10.0
     );
+    // Since a point in time: the last ten minutes hold every call; a time that does not
+    // read is refused, saying what would.
+    let recent = s.admin("GET", "/admin/shadow/rows?since=10m", "").await.json();
+    assert_eq!(
+        (&recent["compared"], &recent["rows_within"]),
+        (&json!(10), &json!(30)),
+        "{recent:#}"
+    );
+    let bad = s.admin("GET", "/admin/shadow/rows?since=yesterday", "").await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.text().contains("RFC 3339"), "{}", bad.text());
     // Reset: the report starts afresh.
     let reset = s.admin("POST", "/admin/shadow/rows/reset", "").await;
     assert_eq!((reset.status, &reset.json()["compared"]), (200, &json!(0)));

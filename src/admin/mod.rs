@@ -17,7 +17,7 @@
 //! | `GET/PUT/PATCH /admin/routes/{name}` | one route; replace; JSON merge patch |
 //! | `PUT /admin/routes/{name}/flags/{flag}` | `true`/`false`/`"on"`/`"off"` or a percent |
 //! | `POST /admin/explain` | the decision for a described request, nothing sent |
-//! | `GET /admin/shadow/{name}` | what the route's shadow found since its report was reset |
+//! | `GET /admin/shadow/{name}[?since=T]` | what the route's shadow found since its report was reset (or since `T`: an RFC 3339 time or a duration ago) |
 //! | `POST /admin/shadow/{name}/reset` | start the report afresh |
 //! | `POST /admin/shadow/{name}/promote` | the candidate becomes the route's pool (`?force=true` past the gate) |
 
@@ -135,7 +135,10 @@ impl Admin {
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "force=true"));
         match (&head.method, parts.as_slice()) {
-            (&Method::GET, ["admin", "shadow", name]) => self.shadow_report(name),
+            (&Method::GET, ["admin", "shadow", name]) => match shadow::since(head.uri.query()) {
+                Ok(since) => self.shadow_report(name, since),
+                Err((status, code, message)) => error(status, code, &message),
+            },
             (&Method::POST, ["admin", "shadow", name, "reset"]) => self.shadow_reset(name),
             (&Method::POST, ["admin", "shadow", name, "promote"]) => {
                 self.shadow_promote(name, (expect, &who), (force, dry_run)).await
@@ -240,9 +243,9 @@ impl Admin {
         }
     }
 
-    fn shadow_report(&self, name: &str) -> Response<Full<Bytes>> {
+    fn shadow_report(&self, name: &str, since: Option<std::time::SystemTime>) -> Response<Full<Bytes>> {
         let policy = self.control.store().load();
-        match shadow::report(&self.shadow, &policy, name) {
+        match shadow::report(&self.shadow, &policy, name, since) {
             Ok(report) => ok(&report),
             Err((status, code, message)) => error(status, code, &message),
         }
@@ -250,11 +253,11 @@ impl Admin {
 
     fn shadow_reset(&self, name: &str) -> Response<Full<Bytes>> {
         let policy = self.control.store().load();
-        if let Err((status, code, message)) = shadow::report(&self.shadow, &policy, name) {
+        if let Err((status, code, message)) = shadow::report(&self.shadow, &policy, name, None) {
             return error(status, code, &message);
         }
         self.shadow.reset(name);
-        self.shadow_report(name)
+        self.shadow_report(name, None)
     }
 
     async fn shadow_promote(

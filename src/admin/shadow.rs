@@ -2,6 +2,8 @@
 //! candidate through the control plane (validated, written back, versioned and audited
 //! like any change, so `POST /admin/policy/rollback` undoes it).
 
+use std::time::SystemTime;
+
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -16,10 +18,18 @@ pub(super) type Refusal = (StatusCode, &'static str, String);
 /// concurrency limit and health settings were for shadow traffic, so they are not).
 const PROMOTED_KEYS: [&str; 4] = ["endpoints", "http2", "binary_tensors", "connect_timeout"];
 
-/// Route `name`'s shadow report, with its candidate, share and gate.
-pub(super) fn report(shadow: &Shadow, policy: &Policy, name: &str) -> Result<Value, Refusal> {
+/// Route `name`'s shadow report (since `since`, when given), with its candidate, share
+/// and gate (which judges the report since its reset).
+pub(super) fn report(
+    shadow: &Shadow,
+    policy: &Policy,
+    name: &str,
+    since: Option<SystemTime>,
+) -> Result<Value, Refusal> {
     let (route, spec) = shadowed(policy, name)?;
-    let mut report = shadow.report(name).unwrap_or_else(|| json!({"compared": 0, "rows": 0}));
+    let mut report = shadow
+        .report(name, since)
+        .unwrap_or_else(|| json!({"compared": 0, "rows": 0}));
     report["route"] = json!(name);
     report["on"] = json!(route.flags.shadow);
     report["candidate"] = json!(spec
@@ -35,6 +45,33 @@ pub(super) fn report(shadow: &Shadow, policy: &Policy, name: &str) -> Result<Val
         "met": gate(shadow, name, spec).is_ok(),
     });
     Ok(report)
+}
+
+/// The time a report's `since` query names: an RFC 3339 time in UTC
+/// (`2026-12-01T08:00:00Z`, its colons as they are or as `%3A`) or a duration before now
+/// (`1h`, `30m`); 400 naming both forms otherwise.
+pub(super) fn since(query: Option<&str>) -> Result<Option<SystemTime>, Refusal> {
+    let Some(value) = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("since="))
+    else {
+        return Ok(None);
+    };
+    let value = value.replace("%3A", ":").replace("%3a", ":");
+    if let Ok(at) = humantime::parse_rfc3339_weak(&value) {
+        return Ok(Some(at));
+    }
+    match humantime::parse_duration(&value) {
+        Ok(ago) => Ok(Some(
+            SystemTime::now().checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH),
+        )),
+        Err(_) => Err((
+            StatusCode::BAD_REQUEST,
+            "bad_since",
+            format!("since={value:?}: give an RFC 3339 time (2026-12-01T08:00:00Z) or a duration before now (1h, 30m)"),
+        )),
+    }
 }
 
 /// The change that makes route `name`'s candidate its pool: the candidate's endpoints

@@ -12,13 +12,18 @@ use super::admin::{call, change, failed, text, Admin, Write};
 /// `tiergate shadow` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ShadowCommand {
-    /// What the route's candidate agreed and disagreed on since its report was reset.
+    /// What the route's candidate agreed and disagreed on since its report was reset (or
+    /// since --since).
     Report {
         /// The route.
         route: String,
         /// Print the admin API's JSON answer as it is.
         #[arg(long)]
         json: bool,
+        /// Only what was found since then: a duration before now (`1h`, `30m`) or a UTC
+        /// time (`2026-12-01T08:00:00Z`), to the minute, within the last day.
+        #[arg(long)]
+        since: Option<String>,
         #[command(flatten)]
         admin: Admin,
     },
@@ -47,8 +52,15 @@ pub enum ShadowCommand {
 /// Runs `tiergate shadow ...`.
 pub async fn run(command: ShadowCommand) -> anyhow::Result<ExitCode> {
     match command {
-        ShadowCommand::Report { route, json, admin } => {
-            let (status, body) = call(&admin, "GET", &format!("/admin/shadow/{route}"), None, Bytes::new()).await?;
+        ShadowCommand::Report {
+            route,
+            json,
+            since,
+            admin,
+        } => {
+            let query = since.map_or(String::new(), |s| format!("?since={}", s.replace(':', "%3A")));
+            let path = format!("/admin/shadow/{route}{query}");
+            let (status, body) = call(&admin, "GET", &path, None, Bytes::new()).await?;
             if status != 200 {
                 return Ok(failed(status, &body));
             }

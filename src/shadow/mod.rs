@@ -202,10 +202,11 @@ impl Shadow {
         }
     }
 
-    /// What `route`'s shadow found since its report was last reset, if it has one.
-    pub fn report(&self, route: &str) -> Option<serde_json::Value> {
+    /// What `route`'s shadow found since its report was last reset (or, given `since`,
+    /// since that minute of the last day), if it has a report.
+    pub fn report(&self, route: &str, since: Option<std::time::SystemTime>) -> Option<serde_json::Value> {
         let report = self.inner.reports.get(route)?.clone();
-        let json = lock(&report).to_json();
+        let json = lock(&report).to_json(since);
         Some(json)
     }
 

@@ -1,8 +1,9 @@
-//! What a route's shadow has found since its report was last reset: totals per output,
-//! drops by reason, and a bounded sample of the worst disagreements.
+//! What a route's shadow has found since its report was last reset, or since any
+//! minute of the last day: totals per output, drops by reason, and a bounded sample of
+//! the worst disagreements.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
@@ -43,10 +44,24 @@ impl Drop {
     }
 }
 
-/// One route's findings.
+/// Minutes of findings a report keeps apart, so it can answer since any of them.
+pub const MINUTES_KEPT: usize = 24 * 60;
+
+/// One route's findings: since it was reset, and minute by minute for the last
+/// [`MINUTES_KEPT`] minutes.
 #[derive(Debug)]
 pub struct Report {
     since: SystemTime,
+    total: Slice,
+    /// (minute since the Unix epoch, what it found), oldest first.
+    minutes: VecDeque<(u64, Slice)>,
+    /// Minutes before this one were let go (0: none was).
+    kept_from: u64,
+}
+
+/// What was found over some time.
+#[derive(Debug, Default, Clone)]
+struct Slice {
     compared: BTreeMap<&'static str, u64>,
     dropped: BTreeMap<Drop, u64>,
     status_mismatches: u64,
@@ -71,7 +86,7 @@ pub struct Standing {
 }
 
 /// One output's totals.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Totals {
     rows: u64,
     rows_exact: u64,
@@ -105,29 +120,95 @@ struct Worst {
 
 impl Default for Report {
     fn default() -> Self {
-        Report {
-            since: SystemTime::now(),
-            compared: BTreeMap::new(),
-            dropped: BTreeMap::new(),
-            status_mismatches: 0,
-            shape_mismatches: 0,
-            primary_seconds: 0.0,
-            candidate_seconds: 0.0,
-            outputs: BTreeMap::new(),
-            worst: Vec::new(),
-        }
+        Report::starting(SystemTime::now())
     }
 }
 
 impl Report {
+    /// An empty report, counting from `since`.
+    fn starting(since: SystemTime) -> Report {
+        Report {
+            since,
+            total: Slice::default(),
+            minutes: VecDeque::new(),
+            kept_from: 0,
+        }
+    }
+
     /// Counts a call that was not compared.
     pub fn dropped(&mut self, why: Drop) {
-        *self.dropped.entry(why).or_default() += 1;
+        self.total.dropped(why);
+        self.minute(SystemTime::now()).dropped(why);
     }
 
     /// Adds one compared pair: `request` names the caller (real-time) or is `None` (a
     /// batch's rows belong to several).
     pub fn add(&mut self, tier: Tier, cmp: &Comparison, took: (Duration, Duration), request: Option<&str>) {
+        self.add_at(SystemTime::now(), tier, cmp, took, request);
+    }
+
+    fn add_at(
+        &mut self,
+        at: SystemTime,
+        tier: Tier,
+        cmp: &Comparison,
+        took: (Duration, Duration),
+        request: Option<&str>,
+    ) {
+        self.total.add(tier, cmp, took, request, at);
+        self.minute(at).add(tier, cmp, took, request, at);
+    }
+
+    /// The slice of the minute `at` falls in (a new one each minute; those older than a
+    /// day are let go).
+    fn minute(&mut self, at: SystemTime) -> &mut Slice {
+        let minute = minute(at);
+        if self.minutes.back().is_none_or(|(m, _)| *m != minute) {
+            if self.minutes.len() >= MINUTES_KEPT {
+                if let Some((gone, _)) = self.minutes.pop_front() {
+                    self.kept_from = gone + 1;
+                }
+            }
+            self.minutes.push_back((minute, Slice::default()));
+        }
+        let (_, slice) = self.minutes.back_mut().expect("pushed above");
+        slice
+    }
+
+    /// What the gate judges: calls compared and mismatched, rows compared and agreeing,
+    /// since the report was reset.
+    pub fn standing(&self) -> Standing {
+        self.total.standing()
+    }
+
+    /// The report as the admin API answers it: since it was reset, or, given `since`,
+    /// since the start of that minute (no earlier than the reset, nor than the oldest
+    /// minute kept); its `since` says which.
+    pub fn to_json(&self, since: Option<SystemTime>) -> Value {
+        let Some(asked) = since.filter(|s| *s > self.since) else {
+            return self.total.to_json(self.since);
+        };
+        let first = minute(asked).max(self.kept_from);
+        let mut slice = Slice::default();
+        for (_, minute) in self.minutes.iter().filter(|(m, _)| *m >= first) {
+            slice.merge(minute);
+        }
+        let from = UNIX_EPOCH + Duration::from_secs(first * 60);
+        slice.to_json(from.max(self.since))
+    }
+}
+
+/// The minute (since the Unix epoch) `at` falls in.
+fn minute(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() / 60)
+}
+
+impl Slice {
+    fn dropped(&mut self, why: Drop) {
+        *self.dropped.entry(why).or_default() += 1;
+    }
+
+    fn add(&mut self, tier: Tier, cmp: &Comparison, took: (Duration, Duration), request: Option<&str>, at: SystemTime) {
         *self.compared.entry(tier.as_str()).or_default() += 1;
         self.primary_seconds += took.0.as_secs_f64();
         self.candidate_seconds += took.1.as_secs_f64();
@@ -138,7 +219,7 @@ impl Report {
             let held = o.rows - o.rows_within - o.rows_noisy;
             if let Some((row, index, primary, candidate)) = o.worst.filter(|_| held > 0) {
                 self.keep(Worst {
-                    at: SystemTime::now(),
+                    at,
                     tier,
                     request: request.map(str::to_owned),
                     output: o.name.clone(),
@@ -152,14 +233,36 @@ impl Report {
     }
 
     fn keep(&mut self, worst: Worst) {
-        let diff = |w: &Worst| (w.candidate - w.primary).abs();
         self.worst.push(worst);
+        self.keep_worst();
+    }
+
+    fn keep_worst(&mut self) {
+        let diff = |w: &Worst| (w.candidate - w.primary).abs();
         self.worst.sort_by(|a, b| diff(b).total_cmp(&diff(a)));
         self.worst.truncate(WORST_KEPT);
     }
 
-    /// What the gate judges: calls compared and mismatched, rows compared and agreeing.
-    pub fn standing(&self) -> Standing {
+    /// Adds what `other` found.
+    fn merge(&mut self, other: &Slice) {
+        for (tier, n) in &other.compared {
+            *self.compared.entry(tier).or_default() += n;
+        }
+        for (why, n) in &other.dropped {
+            *self.dropped.entry(*why).or_default() += n;
+        }
+        self.status_mismatches += other.status_mismatches;
+        self.shape_mismatches += other.shape_mismatches;
+        self.primary_seconds += other.primary_seconds;
+        self.candidate_seconds += other.candidate_seconds;
+        for (name, totals) in &other.outputs {
+            self.outputs.entry(name.clone()).or_default().merge(totals);
+        }
+        self.worst.extend(other.worst.iter().cloned());
+        self.keep_worst();
+    }
+
+    fn standing(&self) -> Standing {
         let (rows, within, noisy) = self.rows();
         Standing {
             calls: self.compared.values().sum(),
@@ -177,8 +280,7 @@ impl Report {
         })
     }
 
-    /// The report as the admin API answers it.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self, since: SystemTime) -> Value {
         let (rows, within, noisy) = self.rows();
         let compared: u64 = self.compared.values().sum();
         let ratio = |a: f64, b: u64| if b == 0 { Value::Null } else { json!(a / b as f64) };
@@ -198,7 +300,7 @@ impl Report {
             })
             .collect();
         json!({
-            "since": humantime::format_rfc3339_millis(self.since).to_string(),
+            "since": humantime::format_rfc3339_millis(since).to_string(),
             "compared": compared,
             "compared_by_tier": self.compared,
             "dropped": self.dropped.iter().map(|(d, n)| (d.as_str(), *n)).collect::<BTreeMap<_, _>>(),
@@ -225,9 +327,7 @@ impl Report {
 
 /// One output's figures from one comparison, as a report writes an output.
 pub fn output_json(o: &OutputComparison) -> Value {
-    let mut totals = Totals::default();
-    totals.add(o);
-    let mut json = totals.to_json();
+    let mut json = Totals::of(o).to_json();
     if let Some((row, index, primary, candidate)) = o.worst {
         json["worst"] = json!({"row": row, "index": index, "primary": primary, "candidate": candidate});
     }
@@ -257,24 +357,49 @@ impl Default for Totals {
 }
 
 impl Totals {
+    /// One comparison's output as totals.
+    fn of(o: &OutputComparison) -> Totals {
+        Totals {
+            rows: o.rows,
+            rows_exact: o.rows_exact,
+            rows_within: o.rows_within,
+            rows_noisy: o.rows_noisy,
+            values: o.values,
+            values_exact: o.values_exact,
+            max_abs: o.max_abs,
+            sum_abs: o.sum_abs,
+            max_rel: o.max_rel,
+            sum_rel: o.sum_rel,
+            top1: o.top1,
+            topk: o.topk,
+            cosine_sum: o.cosine_sum,
+            cosine_rows: o.top1.of,
+            cosine_min: o.cosine_min,
+        }
+    }
+
     fn add(&mut self, o: &OutputComparison) {
-        self.rows += o.rows;
-        self.rows_exact += o.rows_exact;
-        self.rows_within += o.rows_within;
-        self.rows_noisy += o.rows_noisy;
-        self.values += o.values;
-        self.values_exact += o.values_exact;
-        self.max_abs = self.max_abs.max(o.max_abs);
-        self.sum_abs += o.sum_abs;
-        self.max_rel = self.max_rel.max(o.max_rel);
-        self.sum_rel += o.sum_rel;
-        self.top1.agreed += o.top1.agreed;
-        self.top1.of += o.top1.of;
-        self.topk.agreed += o.topk.agreed;
-        self.topk.of += o.topk.of;
-        self.cosine_sum += o.cosine_sum;
-        self.cosine_rows += o.top1.of;
-        self.cosine_min = self.cosine_min.min(o.cosine_min);
+        self.merge(&Totals::of(o));
+    }
+
+    fn merge(&mut self, t: &Totals) {
+        self.rows += t.rows;
+        self.rows_exact += t.rows_exact;
+        self.rows_within += t.rows_within;
+        self.rows_noisy += t.rows_noisy;
+        self.values += t.values;
+        self.values_exact += t.values_exact;
+        self.max_abs = self.max_abs.max(t.max_abs);
+        self.sum_abs += t.sum_abs;
+        self.max_rel = self.max_rel.max(t.max_rel);
+        self.sum_rel += t.sum_rel;
+        self.top1.agreed += t.top1.agreed;
+        self.top1.of += t.top1.of;
+        self.topk.agreed += t.topk.agreed;
+        self.topk.of += t.topk.of;
+        self.cosine_sum += t.cosine_sum;
+        self.cosine_rows += t.cosine_rows;
+        self.cosine_min = self.cosine_min.min(t.cosine_min);
     }
 
     fn to_json(&self) -> Value {
@@ -302,5 +427,83 @@ impl Totals {
             "cosine_mean": mean(self.cosine_sum, self.cosine_rows),
             "cosine_min": if self.cosine_rows == 0 { Value::Null } else { json!(self.cosine_min) },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shadow::compare::OutputComparison;
+
+    /// A comparison of `rows` rows, `within` of them within tolerance.
+    fn rows(rows: u64, within: u64) -> Comparison {
+        Comparison {
+            outputs: vec![OutputComparison {
+                name: "OUTPUT0".into(),
+                rows,
+                rows_within: within,
+                ..OutputComparison::default()
+            }],
+            ..Comparison::default()
+        }
+    }
+
+    #[test]
+    fn a_report_answers_since_any_minute_it_keeps() {
+        let now = SystemTime::now();
+        let ago = |minutes: u64| now - Duration::from_secs(minutes * 60);
+        let mut report = Report::starting(ago(30));
+        let took = (Duration::from_millis(1), Duration::from_millis(2));
+        report.add_at(ago(20), Tier::Realtime, &rows(4, 1), took, Some("old"));
+        report.add_at(ago(2), Tier::MicroBatch, &rows(6, 6), took, None);
+        let all = report.to_json(None);
+        assert_eq!(
+            (&all["compared"], &all["rows"], &all["rows_within"]),
+            (&json!(2), &json!(10), &json!(7))
+        );
+        let recent = report.to_json(Some(ago(10)));
+        assert_eq!(
+            (&recent["compared"], &recent["rows"]),
+            (&json!(1), &json!(6)),
+            "{recent:#}"
+        );
+        assert_eq!(recent["compared_by_tier"], json!({"micro_batch": 1}));
+        let minute_start = UNIX_EPOCH + Duration::from_secs(minute(ago(10)) * 60);
+        assert_eq!(
+            recent["since"],
+            json!(humantime::format_rfc3339_millis(minute_start).to_string())
+        );
+        // Before the reset is since the reset.
+        assert_eq!(report.to_json(Some(ago(60))), all);
+        assert_eq!(report.standing().rows, 10, "the gate judges everything since the reset");
+    }
+
+    #[test]
+    fn a_report_keeps_a_day_of_minutes_and_says_where_it_starts() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_000_000 * 60);
+        let mut report = Report::starting(start);
+        let took = (Duration::ZERO, Duration::ZERO);
+        for m in 0..=MINUTES_KEPT as u64 {
+            report.add_at(
+                start + Duration::from_secs(m * 60),
+                Tier::Realtime,
+                &rows(1, 1),
+                took,
+                None,
+            );
+        }
+        assert_eq!(report.minutes.len(), MINUTES_KEPT);
+        let since_start = report.to_json(Some(start + Duration::from_secs(1)));
+        assert_eq!(
+            since_start["compared"],
+            json!(MINUTES_KEPT),
+            "the first minute was let go"
+        );
+        let kept = UNIX_EPOCH + Duration::from_secs((1_000_000 + 1) * 60);
+        assert_eq!(
+            since_start["since"],
+            json!(humantime::format_rfc3339_millis(kept).to_string())
+        );
+        assert_eq!(report.to_json(None)["compared"], json!(MINUTES_KEPT + 1));
     }
 }
