@@ -435,7 +435,7 @@ fn a_shadow_table_is_validated_with_every_problem_named() {
 #[tokio::test]
 async fn a_canary_serves_its_share_from_the_candidate_and_is_counted_per_variant() {
     let (primary, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
-    let shadow = "tiers = [\"realtime\"]\npercent = 0\ncanary_percent = 50";
+    let shadow = "tiers = [\"realtime\"]\npercent = 100\ncanary_percent = 50";
     let s = shadowed_as("split", &primary.url(), None, &candidate.url(), shadow).await;
     let mut served = 0;
     for i in 0..40 {
@@ -443,11 +443,15 @@ async fn a_canary_serves_its_share_from_the_candidate_and_is_counted_per_variant
         assert_eq!(answer.status, 200, "{}", answer.text());
         served += usize::from(answer.header("x-tiergate-variant") == Some("candidate"));
     }
-    let by_candidate = candidate.sim.stats("m").expect("stats").requests as usize;
-    assert_eq!(by_candidate, served, "each candidate answer says so");
     assert!((8..=32).contains(&served), "about half of 40 keys: {served}");
+    // The calls the primary served are still mirrored; those the candidate served are not.
+    s.report_after(40 - served as u64, 0).await;
+    let by_candidate = candidate.sim.stats("m").expect("stats").requests as usize;
+    assert_eq!(by_candidate, 40, "{served} served and {} mirrored", 40 - served);
     let count = |variant: &str| {
-        let series = format!("tiergate_canary_requests_total{{route=\"split\",variant=\"{variant}\",result=\"ok\"}}");
+        let series = format!(
+            "tiergate_canary_requests_total{{route=\"split\",tier=\"realtime\",variant=\"{variant}\",result=\"ok\"}}"
+        );
         let gw = &s.gw;
         async move { metric(gw, &series).await }
     };
@@ -455,7 +459,8 @@ async fn a_canary_serves_its_share_from_the_candidate_and_is_counted_per_variant
         (count("candidate").await, count("primary").await),
         (served as f64, (40 - served) as f64)
     );
-    let timed = "tiergate_canary_request_duration_seconds_count{route=\"split\",variant=\"candidate\"}";
+    let timed =
+        "tiergate_canary_request_duration_seconds_count{route=\"split\",tier=\"realtime\",variant=\"candidate\"}";
     assert_eq!(metric(&s.gw, timed).await, served as f64);
     // The same keys go to the same variant every time.
     let again = s.call("k0", "100").await;
@@ -636,5 +641,70 @@ async fn a_shadow_batch_keeps_the_primarys_answers_and_writes_a_comparison_file_
     let refused = create(json!(true)).await;
     assert_eq!(refused.status, 400);
     assert!(refused.text().contains("shadow flag is off"), "{}", refused.text());
+    s.gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_micro_batch_canary_batches_its_share_on_the_candidate() {
+    let (primary, candidate) = (backend(&["m"]).await, backend(&["m"]).await);
+    let text = format!(
+        "[defaults]\nrealtime_below = \"300ms\"\n\
+         [routes.mbc]\nmodels = [\"m\"]\n\
+         [routes.mbc.flags]\nrealtime = false\nmicro_batch = true\nshadow = true\n\
+         [routes.mbc.micro_batch]\nendpoints = [\"{}\"]\nmax_batch = 64\nmax_wait = \"250ms\"\nmax_in_flight = 1\n\
+         [routes.mbc.shadow]\ntiers = [\"micro_batch\"]\npercent = 0\ncanary_percent = 50\n\
+         [routes.mbc.shadow.candidate]\nendpoints = [\"{}\"]\nmax_concurrency = 1\n",
+        primary.url(),
+        candidate.url()
+    );
+    let s = with_policy("mbc", &text).await;
+    let mut keys = Vec::new();
+    for i in 0..40 {
+        let id = format!("k{i}");
+        let answer = s.call(&id, "2000").await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-tier"), Some("micro_batch"));
+        assert_eq!(answer.json()["outputs"][1]["data"], json!([3.0, -2.0]));
+        if answer.header("x-tiergate-variant") == Some("candidate") {
+            keys.push(id);
+        }
+    }
+    assert!((8..=32).contains(&keys.len()), "about half of 40 keys: {}", keys.len());
+    let rows = |b: &Backend| b.sim.stats("m").expect("stats").rows;
+    assert_eq!(
+        rows(&candidate),
+        2 * keys.len() as u64,
+        "the candidate served its share"
+    );
+    assert_eq!(rows(&primary), 2 * (40 - keys.len()) as u64, "the primary the rest");
+    let series =
+        "tiergate_canary_requests_total{route=\"mbc\",tier=\"micro_batch\",variant=\"candidate\",result=\"ok\"}";
+    assert_eq!(metric(&s.gw, series).await, keys.len() as f64);
+    // The candidate's share is batched: while it holds one call, four more of its keys
+    // queue and go as one batch.
+    candidate.sim.hold();
+    let addr = s.gw.http_addr();
+    let spawn = |id: String| {
+        tokio::spawn(async move {
+            let headers = [("x-tiergate-budget-ms", "3000"), ("x-request-id", id.as_str())];
+            infer(addr, "m", &headers, TWO_ROWS).await
+        })
+    };
+    let before = candidate.sim.stats("m").expect("stats").requests;
+    let busy = spawn(keys[0].clone());
+    wait_for(&candidate, |st| st.requests == before + 1).await;
+    let queued: Vec<_> = keys[1..5].iter().cloned().map(spawn).collect();
+    eventually(Duration::from_secs(10), "four calls queue", || async {
+        (metric(&s.gw, "tiergate_batch_queue_rows{route=\"mbc\"}").await == 8.0).then_some(())
+    })
+    .await;
+    candidate.sim.release();
+    for call in std::iter::once(busy).chain(queued) {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-variant"), Some("candidate"));
+    }
+    let sizes = candidate.sim.stats("m").expect("stats").batch_sizes;
+    assert_eq!(sizes.get(&8), Some(&1), "one batch of the four queued calls: {sizes:?}");
     s.gw.stop().await.expect("stops");
 }

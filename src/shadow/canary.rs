@@ -1,5 +1,6 @@
-//! A canary: a share of a route's real-time calls served by its shadow candidate itself
-//! (by rollout key), each variant counted, and an optional automatic abort that sets the
+//! A canary: a share of a route's real-time and micro-batch calls served by its shadow
+//! candidate itself (by rollout key), each variant counted per tier, and an optional
+//! automatic abort that sets the
 //! share back to 0% through the control plane (validated, versioned and audited like any
 //! change) when the candidate's error rate or latency is worse than the primary's by more
 //! than the route allows.
@@ -10,6 +11,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::control::{Control, Edit};
+use crate::decision::Tier;
 use crate::metrics;
 use crate::policy::{Abort, ShadowSpec};
 
@@ -32,10 +34,11 @@ impl Variant {
     }
 }
 
-/// Every route's canary tallies, and the control plane an abort goes through.
+/// Every route's canary tallies (one per tier: a tier's variants are judged against each
+/// other), and the control plane an abort goes through.
 #[derive(Debug, Default)]
 pub(super) struct Canaries {
-    tallies: DashMap<String, Arc<Mutex<Tally>>>,
+    tallies: DashMap<(String, Tier), Arc<Mutex<Tally>>>,
     control: Option<Arc<Control>>,
 }
 
@@ -73,20 +76,28 @@ impl Canaries {
         }
     }
 
-    /// Counts one call of `route` served by `variant`, and aborts the canary when its
-    /// abort rule says so.
-    pub(super) fn count(&self, route: &str, spec: &ShadowSpec, variant: Variant, ok: bool, took: Duration) {
+    /// Counts one `tier` call of `route` served by `variant`, and aborts the canary when
+    /// its abort rule says so.
+    pub(super) fn count(
+        &self,
+        route: &str,
+        spec: &ShadowSpec,
+        (tier, variant): (Tier, Variant),
+        ok: bool,
+        took: Duration,
+    ) {
         let labels = |result: &'static str| {
             [
                 ("route", route.to_owned()),
+                ("tier", tier.as_str().to_owned()),
                 ("variant", variant.as_str().to_owned()),
                 ("result", result.to_owned()),
             ]
         };
         ::metrics::counter!(metrics::CANARY_REQUESTS, &labels(if ok { "ok" } else { "error" })).increment(1);
-        ::metrics::histogram!(metrics::CANARY_SECONDS, "route" => route.to_owned(), "variant" => variant.as_str())
+        ::metrics::histogram!(metrics::CANARY_SECONDS, "route" => route.to_owned(), "tier" => tier.as_str(), "variant" => variant.as_str())
             .record(took.as_secs_f64());
-        let tally = self.tallies.entry(route.to_owned()).or_default().clone();
+        let tally = self.tallies.entry((route.to_owned(), tier)).or_default().clone();
         let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
         if tally.percent != spec.canary_percent {
             // A new share: judged afresh.

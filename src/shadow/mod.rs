@@ -105,11 +105,11 @@ impl Shadow {
         (key(route, request) % 100 < u64::from(spec.percent)).then_some(spec)
     }
 
-    /// The variant serving a real-time call of `request` on `route`, when the route runs
-    /// a canary (its shadow on, `canary_percent` above 0): the candidate for that share of
-    /// rollout keys, else the primary.
-    pub fn variant(route: &Route, request: &http::Request<Bytes>) -> Option<(Arc<ShadowSpec>, Variant)> {
-        let spec = Self::on(route, Tier::Realtime).filter(|s| s.canary_percent > 0)?;
+    /// The variant serving a `tier` call of `request` on `route`, when the route runs a
+    /// canary on that tier (its shadow on and taking the tier, `canary_percent` above 0):
+    /// the candidate for that share of rollout keys, else the primary.
+    pub fn variant(route: &Route, tier: Tier, request: &http::Request<Bytes>) -> Option<(Arc<ShadowSpec>, Variant)> {
+        let spec = Self::on(route, tier).filter(|s| s.canary_percent > 0)?;
         let variant = match key(route, request) % 100 < u64::from(spec.canary_percent) {
             true => Variant::Candidate,
             false => Variant::Primary,
@@ -126,25 +126,28 @@ impl Shadow {
         request: http::Request<Bytes>,
         deadline: Instant,
     ) -> Result<Reply, crate::error::Error> {
-        let pool = self.inner.pools.get(route, &spec.candidate);
-        let mut answer = pool.forward(request, deadline).await?;
-        let variant = http::HeaderValue::from_static(Variant::Candidate.as_str());
-        answer.headers_mut().insert(crate::headers::VARIANT, variant);
-        Ok(answer)
+        let answer = self.candidate(route, spec).forward(request, deadline).await?;
+        Ok(marked(answer))
     }
 
-    /// Counts a canary route's call served by `variant` (an error is a gateway error or
-    /// a 5xx), which may abort the canary.
+    /// `route`'s candidate pool (its connections, concurrency limit and circuits), which
+    /// a canary's micro-batches are sent to.
+    pub fn candidate(&self, route: &str, spec: &ShadowSpec) -> Arc<crate::backend::Pool> {
+        self.inner.pools.get(route, &spec.candidate)
+    }
+
+    /// Counts a canary route's `tier` call served by `variant` (an error is a gateway
+    /// error or a 5xx), which may abort the canary.
     pub fn counted(
         &self,
         route: &str,
         spec: &ShadowSpec,
-        variant: Variant,
+        (tier, variant): (Tier, Variant),
         answer: &Result<Reply, crate::error::Error>,
         took: Duration,
     ) {
         let ok = answer.as_ref().is_ok_and(|a| !a.status().is_server_error());
-        self.inner.canaries.count(route, spec, variant, ok, took);
+        self.inner.canaries.count(route, spec, (tier, variant), ok, took);
     }
 
     /// `route`'s shadow when it is on and takes `tier`'s calls.
@@ -340,6 +343,13 @@ fn key(route: &Route, request: &http::Request<Bytes>) -> u64 {
             .map_or(&b""[..], |ids| ids.request_id.as_bytes()),
     };
     crate::classify::key_hash(key)
+}
+
+/// `answer`, marked `x-tiergate-variant: candidate` (the candidate served it).
+pub fn marked(mut answer: Reply) -> Reply {
+    let variant = http::HeaderValue::from_static(Variant::Candidate.as_str());
+    answer.headers_mut().insert(crate::headers::VARIANT, variant);
+    answer
 }
 
 /// A copy of an answer (its body is shared, not copied).

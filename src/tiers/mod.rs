@@ -46,6 +46,12 @@ pub struct Call {
 /// What a tier answers: the backend's response, whole.
 pub type Reply = http::Response<Bytes>;
 
+/// Whether `request` is a step of a Triton sequence: it stays with the pool and endpoint
+/// holding the sequence's state (never a canary's, never mirrored).
+pub(crate) fn step(request: &http::Request<Bytes>) -> bool {
+    request.extensions().get::<crate::protocol::Sequence>().is_some()
+}
+
 /// A copy of a request (its body is shared, not copied), with its trace ids.
 pub fn copy(request: &http::Request<Bytes>) -> http::Request<Bytes> {
     let mut copy = http::Request::new(request.body().clone());

@@ -87,33 +87,49 @@ impl tower::Service<Call> for Realtime {
         };
         // A sequence's steps stay on the primary (it holds their state) and are never
         // mirrored (the candidate would see a sequence with steps missing).
-        if step(&call.request) {
+        if super::step(&call.request) {
             return plain(inner, call);
         }
         // A route running a canary: the call is served by the variant its key falls to,
-        // and counted (while a canary runs, the route's calls are not mirrored).
-        if let Some((spec, variant)) = Shadow::variant(&call.route, &call.request) {
+        // and counted.
+        let canary = Shadow::variant(&call.route, Tier::Realtime, &call.request);
+        if let Some((spec, Variant::Candidate)) = canary {
             return Box::pin(async move {
                 let started = tokio::time::Instant::now();
-                let answer = match variant {
-                    Variant::Candidate => shadow.serve(&call.route.name, &spec, call.request, call.deadline).await,
-                    Variant::Primary => pool(&inner.pools, &call)?.forward(call.request, call.deadline).await,
-                };
-                shadow.counted(&call.route.name, &spec, variant, &answer, started.elapsed());
+                let answer = shadow.serve(&call.route.name, &spec, call.request, call.deadline).await;
+                let took = started.elapsed();
+                shadow.counted(
+                    &call.route.name,
+                    &spec,
+                    (Tier::Realtime, Variant::Candidate),
+                    &answer,
+                    took,
+                );
                 answer
             });
         }
-        // A copy for the shadow when its share takes this call.
-        let Some(spec) = Shadow::wants(&call.route, call.tier, &call.request).cloned() else {
+        // The primary serves it, with a copy for the shadow when its share takes the call.
+        let mirror = Shadow::wants(&call.route, call.tier, &call.request).cloned();
+        if canary.is_none() && mirror.is_none() {
             return plain(inner, call);
-        };
-        let copy = super::copy(&call.request);
+        }
+        let mirror = mirror.map(|spec| (spec, super::copy(&call.request)));
         Box::pin(async move {
             let pool = pool(&inner.pools, &call)?;
             let started = tokio::time::Instant::now();
             let answer = pool.forward(call.request, call.deadline).await;
-            if let (Ok(primary), Some(pool_spec)) = (&answer, call.route.realtime.as_ref()) {
-                let took = started.elapsed();
+            let took = started.elapsed();
+            if let Some((spec, _)) = canary {
+                shadow.counted(
+                    &call.route.name,
+                    &spec,
+                    (Tier::Realtime, Variant::Primary),
+                    &answer,
+                    took,
+                );
+            }
+            if let (Some((spec, copy)), Ok(primary), Some(pool_spec)) = (mirror, &answer, call.route.realtime.as_ref())
+            {
                 let primary = Primary {
                     answer: primary,
                     took,
@@ -131,11 +147,6 @@ impl tower::Service<Call> for Realtime {
 #[inline(always)]
 fn plain(inner: Arc<Inner>, call: Call) -> <Realtime as tower::Service<Call>>::Future {
     Box::pin(async move { pool(&inner.pools, &call)?.forward(call.request, call.deadline).await })
-}
-
-/// Whether `request` is a step of a Triton sequence.
-fn step(request: &http::Request<bytes::Bytes>) -> bool {
-    request.extensions().get::<crate::protocol::Sequence>().is_some()
 }
 
 /// The route's real-time pool.

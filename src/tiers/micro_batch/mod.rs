@@ -16,8 +16,10 @@
 //! # Layout
 //!
 //! `kserve` (tensors: decode, concat, split) · `json` (TF-Serving and OpenAI adapters) ·
-//! `send` (one batch: build, call, scatter, isolate).
+//! `send` (one batch: build, call, scatter, isolate) · `canary` (a canary's share of
+//! calls, batched on the candidate's pool).
 
+mod canary;
 mod json;
 mod kserve;
 mod send;
@@ -66,6 +68,8 @@ struct Inner {
     threads: Option<tokio::runtime::Handle>,
     /// Routes' shadow candidates, which score a share of the batches.
     shadow: Option<Shadow>,
+    /// Lanes on routes' candidate pools, for the share of calls a canary sends there.
+    canaries: DashMap<String, Arc<RouteLanes>>,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -191,6 +195,14 @@ impl BatchMetrics {
         }
     }
 
+    /// The same instruments without the learned cost's gauges (a canary's lanes learn the
+    /// candidate's cost, which is not the route's).
+    fn without_cost(mut self) -> Self {
+        self.cost_fixed = ::metrics::Gauge::noop();
+        self.cost_per_row = ::metrics::Gauge::noop();
+        self
+    }
+
     fn rejected(&self, reason: &'static str) {
         ::metrics::counter!(metrics::BATCH_REJECTIONS, "route" => self.route.clone(), "reason" => reason).increment(1);
     }
@@ -303,6 +315,7 @@ impl MicroBatch {
                 shutdown,
                 threads,
                 shadow,
+                canaries: DashMap::new(),
             }),
         }
     }
@@ -348,60 +361,20 @@ fn on_batch_threads<T: Send + 'static>(
 
 impl Inner {
     async fn serve(&self, call: Call) -> Result<Reply, Error> {
+        // A route running a canary (a sequence's steps stay where their state is).
+        if let Some(shadow) = self.shadow.as_ref().filter(|_| !super::step(&call.request)) {
+            if let Some((spec, variant)) = Shadow::variant(&call.route, Tier::MicroBatch, &call.request) {
+                return self.serve_canary(shadow, &spec, variant, call).await;
+            }
+        }
         self.enqueue(call, false)?.answer().await
     }
 
     /// Decodes `call` and queues it in its lane, as filler when `filler` (or readies it
     /// to go alone); the answer comes from [`Pending::answer`].
     fn enqueue(&self, call: Call, filler: bool) -> Result<Pending, Error> {
-        let Some(spec) = call.route.micro_batch.as_ref() else {
-            return Err(Error::new(
-                Kind::NoTier,
-                format!("route {} has no micro_batch pool", call.route.name),
-            ));
-        };
-        let lanes = self.lanes(&call.route.name, spec);
-        let path = call.request.uri().path().to_owned();
-        let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
-        let parsed = match (kserve, spec.json_adapter) {
-            (true, _) => kserve::parse(&call.request)?
-                .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Rows::Kserve(Box::new(req)), rows)),
-            (false, Some(adapter)) => json::parse(adapter, call.request.body())?
-                .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows)),
-            (false, None) => Err(Unbatched("the route has no json_adapter".into())),
-        };
-        let (key, part, rows) = match parsed {
-            Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
-            Ok(_) => {
-                let why = "it has more rows than max_batch".into();
-                return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
-            }
-            Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
-        };
-        if !filler {
-            lanes.admit(rows, call.deadline)?;
-        }
-        let queue = lanes.lane(key, spec)?;
-        let part = Part {
-            rows: part,
-            span: tracing::Span::current(),
-            ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
-        };
-        let submitted = match filler {
-            true => queue.submit_filler(part, rows, call.deadline),
-            false => queue.submit(part, rows, call.deadline),
-        };
-        let answer = submitted.inspect_err(|e| {
-            if e.kind == Kind::QueueFull {
-                lanes.metrics.rejected("queue_full");
-            }
-        })?;
-        Ok(Pending::Queued {
-            answer,
-            queue,
-            route: call.route.name.clone(),
-            deadline: call.deadline,
-        })
+        let spec = batch_spec(&call)?.clone();
+        enqueue_in(self.lanes(&call.route.name, &spec), &spec, call, filler)
     }
 
     /// Queues offline `calls` as filler (see [`Queue::submit_filler`]) and waits for
@@ -438,6 +411,17 @@ impl Inner {
     }
 
     fn build(&self, route: &str, spec: &Arc<BatchSpec>, previous: Option<&RouteLanes>) -> RouteLanes {
+        self.lanes_on(route, spec, previous, self.pools.get(route, &spec.pool))
+    }
+
+    /// Lanes of `route` under `spec` sending to `pool`.
+    fn lanes_on(
+        &self,
+        route: &str,
+        spec: &Arc<BatchSpec>,
+        previous: Option<&RouteLanes>,
+        pool: Arc<Pool>,
+    ) -> RouteLanes {
         let settings = Settings {
             max_batch: u64::from(spec.max_batch.get()),
             max_wait: spec.max_wait,
@@ -455,7 +439,7 @@ impl Inner {
         RouteLanes {
             route: route.to_owned(),
             spec: spec.clone(),
-            pool: self.pools.get(route, &spec.pool),
+            pool,
             settings,
             shared,
             metrics: Arc::new(BatchMetrics::new(route)),
@@ -464,6 +448,62 @@ impl Inner {
             shadow: self.shadow.clone(),
         }
     }
+}
+
+/// The route's batch spec.
+fn batch_spec(call: &Call) -> Result<&Arc<BatchSpec>, Error> {
+    call.route.micro_batch.as_ref().ok_or_else(|| {
+        Error::new(
+            Kind::NoTier,
+            format!("route {} has no micro_batch pool", call.route.name),
+        )
+    })
+}
+
+/// Decodes `call` and queues it in its lane of `lanes` (which serve `spec`), as filler
+/// when `filler` (or readies it to go alone); the answer comes from [`Pending::answer`].
+fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler: bool) -> Result<Pending, Error> {
+    let path = call.request.uri().path().to_owned();
+    let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
+    let parsed = match (kserve, spec.json_adapter) {
+        (true, _) => kserve::parse(&call.request)?
+            .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Rows::Kserve(Box::new(req)), rows)),
+        (false, Some(adapter)) => json::parse(adapter, call.request.body())?
+            .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows)),
+        (false, None) => Err(Unbatched("the route has no json_adapter".into())),
+    };
+    let (key, part, rows) = match parsed {
+        Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
+        Ok(_) => {
+            let why = "it has more rows than max_batch".into();
+            return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+        }
+        Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
+    };
+    if !filler {
+        lanes.admit(rows, call.deadline)?;
+    }
+    let queue = lanes.lane(key, spec)?;
+    let part = Part {
+        rows: part,
+        span: tracing::Span::current(),
+        ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
+    };
+    let submitted = match filler {
+        true => queue.submit_filler(part, rows, call.deadline),
+        false => queue.submit(part, rows, call.deadline),
+    };
+    let answer = submitted.inspect_err(|e| {
+        if e.kind == Kind::QueueFull {
+            lanes.metrics.rejected("queue_full");
+        }
+    })?;
+    Ok(Pending::Queued {
+        answer,
+        queue,
+        route: call.route.name.clone(),
+        deadline: call.deadline,
+    })
 }
 
 impl RouteLanes {
