@@ -24,6 +24,9 @@ pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-tiergate-batch-siz
 pub const QUEUE_MS: HeaderName = HeaderName::from_static("x-tiergate-queue-ms");
 /// Answer (real-time, a route with a canary): `primary` or `candidate`, which served it.
 pub const VARIANT: HeaderName = HeaderName::from_static("x-tiergate-variant");
+/// Answer: on a route with a cache, how the cache took part (`hit`, `miss`, `bypass`,
+/// `coalesced`).
+pub const CACHE: HeaderName = HeaderName::from_static("x-tiergate-cache");
 /// Answer (`/v1/jobs/{id}`): the job an answer belongs to.
 pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
 /// Answer (`/v1/jobs/{id}`): the job's state.

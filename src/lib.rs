@@ -14,6 +14,8 @@
 //!
 //! - [`front`]: the doors (KServe v2 over HTTP, JSON routes) and request metadata.
 //! - [`protocol`]: KServe v2 wire formats, JSON and Triton's binary tensor extension.
+//! - [`cache`]: before any tier, answers kept per route and identical calls in flight
+//!   sharing one backend call.
 //! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason,
 //!   over the leaf [`decision`] (tiers, reasons, budget sources, doors).
 //! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
@@ -33,6 +35,8 @@
 
 pub mod front;
 pub mod protocol;
+
+pub mod cache;
 
 pub mod classify;
 pub mod decision;

@@ -3,7 +3,7 @@
 
 mod cli;
 
-use cli::{admin, demo, health, jobs, shadow, top};
+use cli::{admin, cache, demo, health, jobs, shadow, top};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,6 +87,11 @@ enum Command {
     Shadow {
         #[command(subcommand)]
         command: shadow::ShadowCommand,
+    },
+    /// A route's prediction cache (through the admin API): what it holds, and dropping it.
+    Cache {
+        #[command(subcommand)]
+        command: cache::CacheCommand,
     },
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
@@ -246,6 +251,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Flags { command } => runtime(1)?.block_on(admin::flags(command)),
         Command::Explain(args) => runtime(1)?.block_on(admin::explain(args)),
         Command::Shadow { command } => runtime(1)?.block_on(shadow::run(command)),
+        Command::Cache { command } => runtime(1)?.block_on(cache::run(command)),
         Command::Top(args) => runtime(1)?.block_on(top::run(args)),
         Command::Health(args) => runtime(1)?.block_on(health::run(args)),
         Command::Auth {

@@ -124,13 +124,23 @@ pub const SHADOW_MISMATCHES: &str = "tiergate_shadow_mismatches_total";
 /// The candidate's latency divided by the primary's, per compared call, by `route`.
 pub const SHADOW_LATENCY_RATIO: &str = "tiergate_shadow_latency_ratio";
 
-/// Real-time calls of a route with a canary, by `route`, `variant` (`primary`,
+/// Calls of a route with a canary, by `route`, `tier`, `variant` (`primary`,
 /// `candidate`) and `result` (`ok`, `error`: a 5xx or a gateway error).
 pub const CANARY_REQUESTS: &str = "tiergate_canary_requests_total";
-/// Their latency, by `route` and `variant`.
+/// Their latency, by `route`, `tier` and `variant`.
 pub const CANARY_SECONDS: &str = "tiergate_canary_request_duration_seconds";
 /// Canaries set back to 0% on their own, by `route`.
 pub const CANARY_ABORTS: &str = "tiergate_canary_aborts_total";
+
+/// Requests of a route with a cache, by `route` and `result` (`hit`, `miss`, `bypass`,
+/// `coalesced`: answered by a call in flight for the same key).
+pub const CACHE_LOOKUPS: &str = "tiergate_cache_lookups_total";
+/// Entries a route's cache let go to stay within its `max_bytes`, by `route`.
+pub const CACHE_EVICTIONS: &str = "tiergate_cache_evictions_total";
+/// Entries a route's cache keeps, by `route`.
+pub const CACHE_ENTRIES: &str = "tiergate_cache_entries";
+/// What they weigh, in bytes, by `route`.
+pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
 
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[

@@ -58,7 +58,7 @@ fn exported(scrape: &str) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn a_mixed_workload_shows_in_every_documented_family() {
-    let sim = backend(&["m"]).await;
+    let sim = backend(&["m", "c"]).await;
     let dead = dead_addr().await;
     let mut config = config();
     config.limits.max_rss_bytes = 64 << 30; // far above use: the gauge is exported, nothing is shed
@@ -88,6 +88,13 @@ eject_after = 1
 endpoints = ["{live}"]
 max_batch = 8
 max_wait = "20ms"
+[routes.obscache]
+models = ["c"]
+[routes.obscache.flags]
+cache = true
+[routes.obscache.realtime]
+endpoints = ["{live}"]
+[routes.obscache.cache]
 "#,
         live = sim.url()
     );
@@ -122,6 +129,16 @@ max_wait = "20ms"
             assert!(Instant::now() < limit, "job {job} did not finish in 20 s");
             tokio::time::sleep(Duration::from_millis(50)).await; // polling the job API, as a client does
         }
+    }
+    // The same question twice on a route with a cache: a miss, then a hit.
+    for how in ["miss", "hit"] {
+        let a = infer(addr, "c", &[("x-tiergate-budget-ms", "250")], BODY).await;
+        assert_eq!(
+            (a.status, a.header("x-tiergate-cache")),
+            (200, Some(how)),
+            "{}",
+            a.text()
+        );
     }
     // Two bad bodies and an unknown model.
     for _ in 0..2 {
@@ -221,8 +238,16 @@ max_wait = "20ms"
     assert_eq!(count("tiergate_shadow_rows_total", &["verdict=\"outside\""]), 0.0);
     assert_eq!(count("tiergate_shadow_latency_ratio_count", &[]), 20.0);
 
+    // The cache kept one answer and gave it once.
+    for (result, n) in [("hit", 1.0), ("miss", 1.0), ("bypass", 0.0)] {
+        let labels = ["route=\"obscache\"", &format!("result=\"{result}\"")];
+        assert_eq!(value(&scrape, "tiergate_cache_lookups_total", &labels), n, "{result}");
+    }
+    assert_eq!(value(&scrape, "tiergate_cache_entries", &["route=\"obscache\""]), 1.0);
+    assert!(value(&scrape, "tiergate_cache_bytes", &["route=\"obscache\""]) > 0.0);
+
     // Policy and admission, at their start values.
-    assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 1.0);
+    assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 2.0);
     assert_eq!(value(&scrape, "tiergate_policy_last_reload_ok", &[]), 1.0);
     assert_eq!(
         value(&scrape, "tiergate_admission_refusals_total", &["reason=\"requests\""]),

@@ -187,3 +187,34 @@ async fn shadow_report_reset_and_promote_from_the_command_line() {
     assert!(out.contains("0 calls compared"), "{out}");
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_cache_is_shown_and_invalidated_from_the_command_line() {
+    let rt = backend(&["m"]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = route(
+        &rt.url(),
+        &rt.url(),
+        "realtime = true\ncache = true",
+        "[routes.r.cache]\nttl = \"1h\"\n",
+    );
+    let (gw, admin, token_file) = start(dir.path(), &text).await;
+    let run = |args: &'static [&'static str]| tiergate(&admin, &token_file, args);
+    let ask = || infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY);
+    assert_eq!(ask().await.header("x-tiergate-cache"), Some("miss"));
+    assert_eq!(ask().await.header("x-tiergate-cache"), Some("hit"));
+    let (code, out, err) = run(&["cache", "show", "r"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("route r cache on: 1 entries, "), "{out}");
+    assert!(out.contains("ttl 1h"), "{out}");
+    let (code, out, err) = run(&["cache", "invalidate", "r"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("route r: 1 entries invalidated\nroute r cache on: 0 entries"),
+        "{out}"
+    );
+    assert_eq!(ask().await.header("x-tiergate-cache"), Some("miss"), "asked afresh");
+    let (code, _, err) = run(&["cache", "show", "nope"]).await;
+    assert_eq!(code, 1, "{err}");
+    gw.stop().await.expect("stops");
+}

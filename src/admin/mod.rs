@@ -20,6 +20,8 @@
 //! | `GET /admin/shadow/{name}[?since=T]` | what the route's shadow found since its report was reset (or since `T`: an RFC 3339 time or a duration ago) |
 //! | `POST /admin/shadow/{name}/reset` | start the report afresh |
 //! | `POST /admin/shadow/{name}/promote` | the candidate becomes the route's pool (`?force=true` past the gate) |
+//! | `GET /admin/cache/{name}` | the route's cache: settings, entries, bytes |
+//! | `POST /admin/cache/{name}/invalidate` | drop every entry of the route's cache |
 
 pub mod auth;
 mod shadow;
@@ -46,7 +48,14 @@ const MAX_BODY: usize = 4 << 20;
 /// How long an admin request body may take to arrive.
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Flags `PUT /admin/routes/{name}/flags/{flag}` sets.
-const FLAGS: [&str; 5] = ["realtime", "micro_batch", "offline", "micro_batch_percent", "shadow"];
+const FLAGS: [&str; 6] = [
+    "realtime",
+    "micro_batch",
+    "offline",
+    "micro_batch_percent",
+    "shadow",
+    "cache",
+];
 
 /// The admin API of one gateway.
 #[derive(Debug, Clone)]
@@ -59,6 +68,8 @@ pub struct Admin {
     pub micro_batch: MicroBatch,
     /// The routes' shadow candidates, for their reports and promotion.
     pub shadow: Shadow,
+    /// The routes' prediction caches, to look into and invalidate.
+    pub cache: crate::cache::Cache,
 }
 
 /// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
@@ -149,7 +160,9 @@ impl Admin {
             (&Method::GET, ["admin", "flags"]) => self.flags(),
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
-            (_, ["admin", "policy" | "routes" | "flags" | "explain" | "shadow", ..]) => error(
+            (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false),
+            (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true),
+            (_, ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache", ..]) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 &format!(
@@ -163,6 +176,40 @@ impl Admin {
                 &format!("no admin endpoint at {path}; see docs/operations.md"),
             ),
         }
+    }
+
+    /// Route `name`'s cache: its settings, entries and bytes; with `invalidate`, its
+    /// entries dropped first (and how many).
+    fn cache_usage(&self, name: &str, invalidate: bool) -> Response<Full<Bytes>> {
+        let policy = self.control.store().load();
+        let Some(route) = policy.route(name) else {
+            return error(
+                StatusCode::NOT_FOUND,
+                "no_such_route",
+                &format!("no route named {name:?}"),
+            );
+        };
+        let Some(spec) = &route.cache else {
+            let message = format!("route {name} has no [routes.{name}.cache] table");
+            return error(StatusCode::CONFLICT, "no_cache", &message);
+        };
+        let dropped = invalidate.then(|| self.cache.invalidate(name));
+        let (entries, bytes) = self.cache.usage(name).unwrap_or((0, 0));
+        let mut body = serde_json::json!({
+            "route": name,
+            "on": route.flags.cache,
+            "ttl": humantime::format_duration(spec.ttl).to_string(),
+            "max_bytes": spec.max_bytes,
+            "shared_across_tenants": spec.shared_across_tenants,
+            "coalesce": spec.coalesce,
+            "entries": entries,
+            "bytes": bytes,
+        });
+        if let Some(dropped) = dropped {
+            tracing::info!(route = name, dropped, "cache invalidated through the admin API");
+            body["invalidated"] = serde_json::json!(dropped);
+        }
+        ok(&body)
     }
 
     async fn change(&self, edit: Edit, expect: Option<&str>, who: &str, dry_run: bool) -> Response<Full<Bytes>> {

@@ -23,6 +23,7 @@ pub fn flags(route: &Route) -> Value {
         "offline": f.offline,
         "micro_batch_percent": f.micro_batch_percent,
         "shadow": f.shadow,
+        "cache": f.cache,
     })
 }
 

@@ -215,6 +215,7 @@ impl Gateway {
                     tokens,
                     micro_batch: parts.micro_batch,
                     shadow: parts.shadow,
+                    cache: parts.dispatch.cache().clone(),
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));

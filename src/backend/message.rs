@@ -7,6 +7,20 @@ use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderName, Request, Response, Uri};
 use http_body_util::Full;
 
+/// A copy of a request (its body is shared, not copied), with its trace ids: for a
+/// second call of the same request (real-time overflow, a shadow's or a noise floor's).
+pub fn copy(request: &Request<Bytes>) -> Request<Bytes> {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    if let Some(ids) = request.extensions().get::<crate::trace::Ids>() {
+        copy.extensions_mut().insert(ids.clone());
+    }
+    copy
+}
+
 /// The request's path and query (`/` when it has none).
 pub(super) fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
     parts

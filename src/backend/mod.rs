@@ -17,6 +17,7 @@ mod h1;
 mod h2;
 pub mod health;
 mod message;
+pub use message::copy;
 mod pool;
 pub(crate) mod sequences;
 mod tls;

@@ -12,6 +12,7 @@ fn route(flags: &str, when_unmet: WhenUnmet) -> Route {
         offline: flags.contains('O'),
         micro_batch_percent: if flags.contains('%') { 50 } else { 100 },
         shadow: false,
+        cache: false,
     };
     Route::test(flags, when_unmet)
 }

@@ -434,12 +434,13 @@ pub(crate) fn failed(status: u16, body: &Value) -> ExitCode {
 fn flag_line(flags: &Value) -> String {
     let on = |k: &str| if flags[k].as_bool() == Some(true) { "on" } else { "off" };
     format!(
-        "realtime={} micro_batch={} ({}%) offline={} shadow={}",
+        "realtime={} micro_batch={} ({}%) offline={} shadow={} cache={}",
         on("realtime"),
         on("micro_batch"),
         flags["micro_batch_percent"],
         on("offline"),
-        on("shadow")
+        on("shadow"),
+        on("cache")
     )
 }
 

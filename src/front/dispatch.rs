@@ -21,6 +21,7 @@ use tracing::Instrument;
 use super::auth::Callers;
 use crate::backend::sequences::Sequences;
 use crate::backend::{Pools, Role};
+use crate::cache::Cache;
 use crate::classify::classify;
 use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
@@ -52,6 +53,8 @@ pub struct Dispatch {
     callers: Arc<Callers>,
     /// The tier each live Triton sequence's first step was served by, by route and id.
     sequence_tiers: Sequences<Tier>,
+    /// The routes' prediction caches.
+    cache: Cache,
 }
 
 /// Each route's request instruments: one set per route name for as long as the gateway
@@ -90,6 +93,11 @@ impl Instruments {
         }));
     }
 }
+
+/// Marks a request its route's cache has looked at, so the dispatch serves it on its
+/// tiers (see `front::cached`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Looked;
 
 /// What the dispatch is asked to do about a request's tier.
 #[derive(Debug)]
@@ -133,7 +141,19 @@ impl Dispatch {
             reserve: 0.0,
             callers: Arc::new(Callers::open()),
             sequence_tiers: Sequences::default(),
+            cache: Cache::new(),
         }
+    }
+
+    /// The same dispatch, answering from `cache` on routes with theirs on.
+    pub fn with_cache(mut self, cache: Cache) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The routes' prediction caches.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
     }
 
     /// The same dispatch, its doors authenticating callers with `callers`.
@@ -227,6 +247,14 @@ impl Dispatch {
         request: Request<Bytes>,
         received: Instant,
     ) -> Served {
+        // A route with its cache on looks there first (and serves here what it misses).
+        if let Some(spec) = route.cache.as_ref().filter(|_| route.flags.cache) {
+            if request.extensions().get::<Looked>().is_none() {
+                return self
+                    .serve_cached(route, door, to, request, (received, spec.clone()))
+                    .await;
+            }
+        }
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
         let instruments = self.instruments(route);
@@ -280,7 +308,7 @@ impl Dispatch {
         // Keep a copy only when the route may send real-time overflow elsewhere (never a
         // sequence's step: it must reach the endpoint that holds its state).
         let overflow = decision.tier == Tier::Realtime && route.borrow.realtime_overflow && sequence.is_none();
-        let spare = overflow.then(|| crate::tiers::copy(&request));
+        let spare = overflow.then(|| crate::backend::copy(&request));
         let call = Call {
             route: route.clone(),
             tier: decision.tier,
@@ -328,6 +356,23 @@ impl Dispatch {
             policy_version: route.policy_version(),
         };
         count(route, door, &instruments, served, ids.as_ref())
+    }
+
+    /// A request on `route` answered without a tier (from the cache), counted.
+    pub(super) fn counted(
+        &self,
+        route: &Route,
+        door: Door,
+        result: Result<Reply, Error>,
+        ids: Option<&trace::Ids>,
+    ) -> Served {
+        let served = Served {
+            decision: None,
+            refusal: None,
+            result,
+            policy_version: route.policy_version(),
+        };
+        count(route, door, &self.instruments(route), served, ids)
     }
 
     /// A request on `route` that failed before classification (refused at admission, a

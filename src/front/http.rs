@@ -58,6 +58,11 @@ enum Body {
 }
 
 impl Door {
+    /// What the door dispatches to (the routes' caches, for one).
+    pub fn dispatch(&self) -> &Arc<Dispatch> {
+        &self.dispatch
+    }
+
     /// An HTTP door over `dispatch`, enforcing `limits`.
     pub fn new(dispatch: Arc<Dispatch>, limits: Limits) -> Self {
         Door {

@@ -143,6 +143,7 @@ mod tests {
             offline: false,
             micro_batch_percent: 100,
             shadow: false,
+            cache: false,
         };
         Route::test(flags, WhenUnmet::Reject)
     }

@@ -2,7 +2,8 @@
 //!
 //! [`http`] is the KServe v2 HTTP door (plus JSON routes), [`grpc`] the KServe v2 gRPC door; [`meta`] reads what the
 //! classifier needs from a request's headers; [`dispatch`] is what every door does
-//! once a request is read: classify, serve on its tier, count. [`listen`] is the one connection loop
+//! once a request is read: classify, serve on its tier, count (on a route with a cache,
+//! `cached` looks there first). [`listen`] is the one connection loop
 //! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
 //! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
 //! whether the gateway should be sent new work. [`auth`] tells each door who is calling.
@@ -13,6 +14,7 @@ pub mod admission;
 pub mod auth;
 pub mod batch_api;
 pub mod batch_lines;
+mod cached;
 pub mod dispatch;
 mod encoding;
 mod failures;

@@ -74,6 +74,24 @@ pub struct RouteFile {
     pub borrow: BorrowFile,
     /// A candidate model scored beside the route's own on a share of its traffic.
     pub shadow: Option<ShadowFile>,
+    /// Answers kept and given again to the same question.
+    pub cache: Option<CacheFile>,
+}
+
+/// The route's prediction cache: how long an answer is kept and how many bytes of
+/// answers the route keeps at most.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheFile {
+    /// How long an answer is kept (default 5m, at most 7d).
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    /// Most bytes of answers kept for the route (default 64 MiB).
+    pub max_bytes: Option<i64>,
+    /// Let tenants share entries (default off: each tenant has its own).
+    pub shared_across_tenants: Option<bool>,
+    /// Let identical requests in flight at once share one backend call (default on).
+    pub coalesce: Option<bool>,
 }
 
 /// A candidate model: its pool, what share of which tiers' calls it is sent, and how
@@ -182,6 +200,8 @@ pub struct FlagsFile {
     pub micro_batch_percent: Option<i64>,
     /// Mirror calls to the `[shadow]` candidate (default off).
     pub shadow: Option<bool>,
+    /// Answer repeated requests from the `[cache]` (default off).
+    pub cache: Option<bool>,
 }
 
 /// A pool of backend endpoints.

@@ -56,6 +56,8 @@ pub struct Route {
     /// The candidate model scored beside the route's own; present whenever the
     /// `shadow` flag is on.
     pub shadow: Option<Arc<ShadowSpec>>,
+    /// The route's prediction cache; present whenever the `cache` flag is on.
+    pub cache: Option<Arc<CacheSpec>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -95,6 +97,21 @@ pub struct Flags {
     pub micro_batch_percent: u8,
     /// Calls are mirrored to the shadow candidate.
     pub shadow: bool,
+    /// Repeated requests are answered from the cache.
+    pub cache: bool,
+}
+
+/// A route's prediction cache (see `crate::cache`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// How long an answer is kept.
+    pub ttl: Duration,
+    /// Most bytes of answers kept.
+    pub max_bytes: u64,
+    /// Tenants share entries.
+    pub shared_across_tenants: bool,
+    /// Identical requests in flight at once share one backend call.
+    pub coalesce: bool,
 }
 
 /// A candidate model scored on a share of a route's traffic (see `crate::shadow`).
@@ -340,6 +357,7 @@ impl Route {
             limits: None,
             borrow: Borrow::default(),
             shadow: None,
+            cache: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

@@ -56,6 +56,7 @@ fn a_good_policy_validates_with_defaults_applied() {
             offline: false,
             micro_batch_percent: 25,
             shadow: false,
+            cache: false,
         }
     );
     let rt = r.realtime.as_ref().expect("pool");

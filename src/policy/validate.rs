@@ -12,10 +12,12 @@ use std::time::Duration;
 use http::Uri;
 
 use super::file::{
-    BatchFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RouteFile, WhenUnmetFile,
+    BatchFile, CacheFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RouteFile,
+    WhenUnmetFile,
 };
 use super::model::{
-    BatchSpec, Borrow, Budgets, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route, WhenUnmet,
+    BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route,
+    WhenUnmet,
 };
 use super::problems::{Check, Problem, Problems};
 
@@ -185,6 +187,13 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         });
         super::shadow::spec(check, &at, s, candidate).map(Arc::new)
     });
+    let cache = file
+        .cache
+        .as_ref()
+        .map(|c| Arc::new(cache(check, &format!("{at}.cache"), c)));
+    if flags.cache && cache.is_none() {
+        check.fail(format!("{at}.flags.cache"), "is on but the route has no [cache] table");
+    }
     if flags.shadow && file.shadow.is_none() {
         check.fail(
             format!("{at}.flags.shadow"),
@@ -227,6 +236,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .and_then(|l| limits(check, &format!("{at}.limits"), l)),
         borrow,
         shadow,
+        cache,
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }
@@ -349,6 +359,35 @@ fn flags(check: &mut Check<'_>, at: &str, file: &RouteFile) -> Flags {
         offline: f.offline.unwrap_or(false),
         micro_batch_percent: percent,
         shadow: f.shadow.unwrap_or(false),
+        cache: f.cache.unwrap_or(false),
+    }
+}
+
+/// Longest a cached answer may be kept.
+const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The validated `[cache]` table at `at`.
+fn cache(check: &mut Check<'_>, at: &str, file: &CacheFile) -> CacheSpec {
+    let ttl = file.ttl.unwrap_or(Duration::from_secs(300));
+    if ttl.is_zero() || ttl > MAX_TTL {
+        check.fail(format!("{at}.ttl"), "must be more than 0s and at most 7d");
+    }
+    let max_bytes = match file.max_bytes {
+        None => 64 << 20,
+        Some(n) if (1024..=1 << 40).contains(&n) => n as u64,
+        Some(n) => {
+            check.fail(
+                format!("{at}.max_bytes"),
+                format!("must be 1024 to 2^40 bytes, got {n}"),
+            );
+            64 << 20
+        }
+    };
+    CacheSpec {
+        ttl,
+        max_bytes,
+        shared_across_tenants: file.shared_across_tenants.unwrap_or(false),
+        coalesce: file.coalesce.unwrap_or(true),
     }
 }
 

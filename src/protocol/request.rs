@@ -39,6 +39,19 @@ pub struct InferRequest {
     pub outputs: Vec<RequestedOutput>,
 }
 
+impl InferRequest {
+    /// Whether the caller asked for output `name` in the binary section: its own
+    /// `binary_data` parameter, else the request's `binary_data_output`, else JSON.
+    pub fn wants_binary(&self, name: &str) -> bool {
+        self.outputs
+            .iter()
+            .find(|o| o.name == name)
+            .and_then(|o| o.binary_data)
+            .or_else(|| self.parameters.get("binary_data_output").and_then(Value::as_bool))
+            .unwrap_or(false)
+    }
+}
+
 /// `body` (an infer request in Triton's binary extension, its JSON header
 /// `header_len` bytes long) with every tensor as JSON and no output asked for in
 /// binary, for a backend that reads JSON tensors only; `Ok(None)` when a tensor cannot

@@ -269,7 +269,7 @@ impl Inner {
                 max_concurrency: spec.candidate.max_concurrency,
                 ..(**primary.pool).clone()
             };
-            (Arc::new(pool), crate::tiers::copy(&request))
+            (Arc::new(pool), crate::backend::copy(&request))
         });
         let report = self.report(route);
         let pool = self.pools.get(route, &spec.candidate);

@@ -52,19 +52,6 @@ pub(crate) fn step(request: &http::Request<Bytes>) -> bool {
     request.extensions().get::<crate::protocol::Sequence>().is_some()
 }
 
-/// A copy of a request (its body is shared, not copied), with its trace ids.
-pub fn copy(request: &http::Request<Bytes>) -> http::Request<Bytes> {
-    let mut copy = http::Request::new(request.body().clone());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    if let Some(ids) = request.extensions().get::<crate::trace::Ids>() {
-        copy.extensions_mut().insert(ids.clone());
-    }
-    copy
-}
-
 /// A tier as the router sees it.
 pub type TierService = BoxCloneSyncService<Call, Reply, Error>;
 
@@ -119,6 +106,7 @@ mod tests {
             offline: true,
             micro_batch_percent: 100,
             shadow: false,
+            cache: false,
         };
         Call {
             route: Arc::new(Route::test(flags, WhenUnmet::Reject)),

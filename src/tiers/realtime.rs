@@ -113,7 +113,7 @@ impl tower::Service<Call> for Realtime {
         if canary.is_none() && mirror.is_none() {
             return plain(inner, call);
         }
-        let mirror = mirror.map(|spec| (spec, super::copy(&call.request)));
+        let mirror = mirror.map(|spec| (spec, crate::backend::copy(&call.request)));
         Box::pin(async move {
             let pool = pool(&inner.pools, &call)?;
             let started = tokio::time::Instant::now();

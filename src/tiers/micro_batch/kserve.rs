@@ -5,13 +5,12 @@
 
 use bytes::Bytes;
 use http::Request;
-use serde_json::Value;
 
 use super::Unbatched;
 use crate::error::{Error, Kind};
 use crate::protocol::batch::{self, BatchError, Signature};
 use crate::protocol::grpc::bridge;
-use crate::protocol::{self, InferRequest, Tensor};
+use crate::protocol::{self, InferRequest};
 use crate::tiers::Reply;
 
 /// A caller's request, decoded, with its signature and rows; or why it cannot share a batch.
@@ -68,18 +67,7 @@ pub(super) fn scatter(reply: &Reply, reqs: &[&InferRequest], rows: &[u64]) -> Re
             if req.id.is_some() {
                 answer.id.clone_from(&req.id);
             }
-            bridge::infer_response_to_http(&answer, &|t| wants_binary(req, t))
+            bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name))
         })
         .collect())
-}
-
-/// Whether the caller asked for `output` in the binary section: its own `binary_data`
-/// parameter, else the request's `binary_data_output`, else JSON.
-fn wants_binary(req: &InferRequest, output: &Tensor) -> bool {
-    req.outputs
-        .iter()
-        .find(|o| o.name == output.name)
-        .and_then(|o| o.binary_data)
-        .or_else(|| req.parameters.get("binary_data_output").and_then(Value::as_bool))
-        .unwrap_or(false)
 }

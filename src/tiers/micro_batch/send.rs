@@ -63,7 +63,7 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
             .shadow
             .as_ref()
             .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
-            .map(|(shadow, spec)| (shadow, spec, crate::tiers::copy(&request)));
+            .map(|(shadow, spec)| (shadow, spec, crate::backend::copy(&request)));
         let started = Instant::now();
         let called = lane.pool.forward(request, deadline).instrument(span).await;
         if let (Some((shadow, spec, copy)), Ok(primary)) = (mirror, &called) {

@@ -1,0 +1,161 @@
+//! A request's cache key: a SHA-256 of everything that determines its answer, in
+//! canonical form, so two requests asking the same thing share an entry however they
+//! were written, and two asking anything different never do.
+//!
+//! In the key: the route; the endpoints of its pools (a change of backends is a new
+//! key, so their answers are never mixed); the path (model and version); the tenant,
+//! unless the route shares entries across tenants; and the question. For a KServe v2
+//! infer request the question is its inputs by name (datatype, shape and the values'
+//! raw bytes, so a JSON caller and a binary caller asking the same thing share an
+//! entry), its requested outputs by name with their parameters (`binary_data` aside:
+//! only how the answer is written), and its parameters but `timeout` and
+//! `binary_data_output`. For a route's JSON path it is the body as canonical JSON (keys
+//! sorted). Each part is length-prefixed, so no two questions hash alike by running
+//! into each other.
+
+use bytes::Bytes;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::policy::{CacheSpec, Route};
+use crate::protocol::{self, batch, InferRequest};
+
+/// A cache key.
+pub type Key = [u8; 32];
+
+/// What a cacheable request asks, as its answer is written back to it.
+#[derive(Debug)]
+pub enum Question {
+    /// A KServe v2 infer request, decoded (its id, and which outputs it wants in binary).
+    Kserve(Box<InferRequest>),
+    /// A request on a JSON path.
+    Json,
+}
+
+/// Request parameters that change how an answer is delivered, not what it is.
+const DELIVERY: [&str; 2] = ["timeout", "binary_data_output"];
+
+/// The key of `request` on `route` for `tenant`, and what it asks; `None` when it is not
+/// cached: a step of a Triton sequence (its answer depends on the steps before), a body
+/// that does not decode (the tier answers what is wrong with it), or a JSON body that is
+/// not an object.
+pub fn key(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Request<Bytes>) -> Option<(Key, Question)> {
+    if request.extensions().get::<protocol::Sequence>().is_some() {
+        return None;
+    }
+    let path = request.uri().path();
+    let mut hash = Parts(Sha256::new());
+    hash.part(b"tiergate-cache/1");
+    hash.part(route.name.as_bytes());
+    let pools = [
+        route.realtime.as_deref(),
+        route.micro_batch.as_deref().map(|b| &*b.pool),
+    ];
+    for pool in pools {
+        let endpoints: Vec<String> = pool.map_or(Vec::new(), |p| p.endpoints.iter().map(ToString::to_string).collect());
+        hash.part(endpoints.join(" ").as_bytes());
+    }
+    hash.part(if spec.shared_across_tenants {
+        b""
+    } else {
+        tenant.as_bytes()
+    });
+    hash.part(path.as_bytes());
+    let question = if path.starts_with("/v2/models/") && path.ends_with("/infer") {
+        let header_len = protocol::header_len(request.headers()).ok()?;
+        let req = protocol::decode_request(request.body(), header_len).ok()?;
+        if matches!(protocol::sequence(&req.parameters), Ok(Some(_)) | Err(_)) {
+            return None;
+        }
+        hash.kserve(&req);
+        Question::Kserve(Box::new(req))
+    } else {
+        let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(request.body()) else {
+            return None;
+        };
+        hash.part(batch::canonical(&body, &[]).as_bytes());
+        Question::Json
+    };
+    Some((hash.0.finalize().into(), question))
+}
+
+/// A hash fed length-prefixed parts.
+struct Parts(Sha256);
+
+impl Parts {
+    fn part(&mut self, bytes: &[u8]) {
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    fn kserve(&mut self, req: &InferRequest) {
+        self.part(batch::canonical(&req.parameters, &DELIVERY).as_bytes());
+        let mut inputs: Vec<_> = req.inputs.iter().collect();
+        inputs.sort_by(|a, b| a.name.cmp(&b.name));
+        self.part(&(inputs.len() as u64).to_le_bytes());
+        for t in inputs {
+            self.part(t.name.as_bytes());
+            self.part(t.datatype.as_str().as_bytes());
+            let shape: Vec<u8> = t.shape.iter().flat_map(|d| d.to_le_bytes()).collect();
+            self.part(&shape);
+            self.part(&t.data);
+        }
+        let mut outputs: Vec<_> = req.outputs.iter().collect();
+        outputs.sort_by(|a, b| a.name.cmp(&b.name));
+        self.part(&(outputs.len() as u64).to_le_bytes());
+        for o in outputs {
+            self.part(o.name.as_bytes());
+            self.part(batch::canonical(&o.parameters, &[]).as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(text: &str) -> std::sync::Arc<Route> {
+        let policy = crate::policy::Policy::from_texts(vec![("p.toml".into(), text.into())]).expect("valid");
+        policy.route("r").expect("route").clone()
+    }
+
+    const ROUTE: &str =
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://h:1\"]\n[routes.r.cache]\n";
+
+    fn request(body: &str) -> http::Request<Bytes> {
+        let mut r = http::Request::new(Bytes::from(body.to_owned()));
+        *r.uri_mut() = "/v2/models/m/infer".parse().expect("uri");
+        r
+    }
+
+    fn key_of(route: &Route, tenant: &str, body: &str) -> Option<Key> {
+        let spec = route.cache.as_ref().expect("a cache");
+        key(route, spec, tenant, &request(body)).map(|(k, _)| k)
+    }
+
+    #[test]
+    fn equal_questions_share_a_key_and_different_ones_do_not() {
+        let r = route(ROUTE);
+        let a = r#"{"id":"1","inputs":[{"name":"B","datatype":"FP32","shape":[1,2],"data":[1,2]},{"name":"A","datatype":"INT32","shape":[1],"data":[7]}],"parameters":{"timeout":5,"x":{"b":1,"a":2}}}"#;
+        let same = r#"{"id":"2","parameters":{"x":{"a":2,"b":1}},"inputs":[{"name":"A","datatype":"INT32","shape":[1],"data":[7]},{"name":"B","datatype":"FP32","shape":[1,2],"data":[1.0,2.0]}]}"#;
+        assert_eq!(
+            key_of(&r, "", a),
+            key_of(&r, "", same),
+            "ids, order, timeout and spacing aside"
+        );
+        let other_value = a.replace("[1,2]}", "[1,3]}");
+        let other_shape = a.replace("\"shape\":[1,2],\"data\":[1,2]", "\"shape\":[2,1],\"data\":[1,2]");
+        let other_param = a.replace("\"a\":2", "\"a\":3");
+        for other in [other_value, other_shape, other_param] {
+            assert_ne!(key_of(&r, "", a), key_of(&r, "", &other), "{other}");
+        }
+        assert_ne!(key_of(&r, "t1", a), key_of(&r, "t2", a), "tenants never share");
+        let shared = route(&format!("{ROUTE}shared_across_tenants = true\n"));
+        assert_eq!(key_of(&shared, "t1", a), key_of(&shared, "t2", a));
+        let moved = route(&ROUTE.replace("http://h:1", "http://h:2"));
+        assert_ne!(key_of(&r, "", a), key_of(&moved, "", a), "new backends, new keys");
+        assert_eq!(key_of(&r, "", "{not json"), None, "the tier says what is wrong");
+        let step = a.replace("\"x\":", "\"sequence_id\":3,\"x\":");
+        assert_eq!(key_of(&r, "", &step), None, "a sequence's steps are never cached");
+    }
+}

@@ -1,0 +1,231 @@
+//! The prediction cache: answers kept per route and given again to the same question,
+//! and identical requests in flight at once sharing one backend call.
+//!
+//! After the door has read and checked a request and before any tier is chosen (the
+//! dispatch asks it first, see `front::cached`): a hit needs no tier. Each route with a
+//! `[cache]` table has its own store (moka: concurrent, TinyLFU admission, weighed in
+//! bytes against the route's `max_bytes`, each entry kept for `ttl`), rebuilt empty when
+//! the table changes. Only successes are kept; an error is never cached. A request the
+//! store cannot answer either joins a call already in flight for the same key (when the
+//! route coalesces) or leads one, whose answer every follower then gets with its own id.
+//!
+//! # Layout
+//!
+//! `key` (what is in a key, canonical form) · `entry` (a kept answer, written back per
+//! caller; `Cache-Control`).
+
+pub mod entry;
+pub mod key;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use tokio::sync::watch;
+
+use crate::metrics;
+use crate::policy::CacheSpec;
+pub use entry::Entry;
+pub use key::{Key, Question};
+
+/// Every route's cache.
+#[derive(Debug, Clone, Default)]
+pub struct Cache {
+    routes: Arc<DashMap<String, Arc<RouteCache>>>,
+}
+
+/// One route's entries, and the calls in flight that will make more.
+#[derive(Debug)]
+pub struct RouteCache {
+    route: String,
+    spec: Arc<CacheSpec>,
+    entries: moka::sync::Cache<Key, Arc<Entry>>,
+    flights: Mutex<HashMap<Key, watch::Receiver<Landed>>>,
+}
+
+/// What a call in flight ended with, as its followers see it.
+#[derive(Debug, Clone, Default)]
+enum Landed {
+    /// Not yet.
+    #[default]
+    Flying,
+    /// An answer, kept and shared.
+    Answer(Arc<Entry>),
+    /// Nothing to share (an error, or an answer that is not kept): each follower asks
+    /// for itself.
+    Nothing,
+}
+
+/// How a request that missed goes on.
+#[derive(Debug)]
+pub enum Joined {
+    /// It makes the backend call; the [`Flight`] shares what it brings back.
+    Lead(Flight),
+    /// A call for the same key is in flight: wait for it with [`Follower::answer`].
+    Follow(Follower),
+}
+
+impl Cache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Cache::default()
+    }
+
+    /// `route`'s store under `spec`: a new, empty one when the spec changed.
+    pub fn route(&self, route: &str, spec: &Arc<CacheSpec>) -> Arc<RouteCache> {
+        if let Some(store) = self.routes.get(route) {
+            if Arc::ptr_eq(&store.spec, spec) || *store.spec == **spec {
+                return store.clone();
+            }
+        }
+        let store = Arc::new(RouteCache::new(route, spec.clone()));
+        self.routes.insert(route.to_owned(), store.clone());
+        store
+    }
+
+    /// Drops every entry of `route`; returns how many there were.
+    pub fn invalidate(&self, route: &str) -> u64 {
+        let Some(store) = self.routes.get(route).map(|s| s.clone()) else {
+            return 0;
+        };
+        store.entries.run_pending_tasks();
+        let n = store.entries.entry_count();
+        store.entries.invalidate_all();
+        store.gauges();
+        n
+    }
+
+    /// `route`'s entries and their bytes, as now (after pending evictions ran).
+    pub fn usage(&self, route: &str) -> Option<(u64, u64)> {
+        let store = self.routes.get(route)?.clone();
+        store.entries.run_pending_tasks();
+        Some((store.entries.entry_count(), store.entries.weighted_size()))
+    }
+}
+
+impl RouteCache {
+    fn new(route: &str, spec: Arc<CacheSpec>) -> Self {
+        let evicted = ::metrics::counter!(metrics::CACHE_EVICTIONS, "route" => route.to_owned());
+        evicted.absolute(0);
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(spec.max_bytes)
+            .weigher(|_: &Key, entry: &Arc<Entry>| entry.weight())
+            .time_to_live(spec.ttl)
+            .eviction_listener(move |_, _, cause| {
+                if cause.was_evicted() {
+                    evicted.increment(1);
+                }
+            })
+            .build();
+        for result in ["hit", "miss", "bypass", "coalesced"] {
+            ::metrics::counter!(metrics::CACHE_LOOKUPS, "route" => route.to_owned(), "result" => result).absolute(0);
+        }
+        RouteCache {
+            route: route.to_owned(),
+            spec,
+            entries,
+            flights: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The settings it keeps entries under.
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+
+    /// The entry for `key`, if one is kept.
+    pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
+        self.entries.get(key)
+    }
+
+    /// Keeps `entry` for `key`.
+    pub fn put(&self, key: Key, entry: Arc<Entry>) {
+        self.entries.insert(key, entry);
+        self.gauges();
+    }
+
+    /// Counts a lookup that ended in `result` (`hit`, `miss`, `bypass`, `coalesced`).
+    pub fn counted(&self, result: &'static str) {
+        ::metrics::counter!(metrics::CACHE_LOOKUPS, "route" => self.route.clone(), "result" => result).increment(1);
+    }
+
+    /// Joins the call in flight for `key`, or leads a new one (always when the route
+    /// does not coalesce).
+    pub fn join(self: &Arc<Self>, key: Key) -> Joined {
+        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        if self.spec.coalesce {
+            if let Some(flight) = flights.get(&key) {
+                return Joined::Follow(Follower(flight.clone()));
+            }
+        }
+        let (send, receive) = watch::channel(Landed::Flying);
+        if self.spec.coalesce {
+            flights.insert(key, receive);
+        }
+        Joined::Lead(Flight {
+            store: self.clone(),
+            key,
+            send: Some(send),
+        })
+    }
+
+    /// Exports the entries and bytes, once the store's pending work (admissions,
+    /// evictions) has run, so they are what it holds.
+    fn gauges(&self) {
+        self.entries.run_pending_tasks();
+        let route = || self.route.clone();
+        ::metrics::gauge!(metrics::CACHE_ENTRIES, "route" => route()).set(self.entries.entry_count() as f64);
+        ::metrics::gauge!(metrics::CACHE_BYTES, "route" => route()).set(self.entries.weighted_size() as f64);
+    }
+}
+
+/// A backend call whose answer the requests that join it share. Dropped unfinished (its
+/// caller went away), its followers ask for themselves.
+#[derive(Debug)]
+pub struct Flight {
+    store: Arc<RouteCache>,
+    key: Key,
+    send: Option<watch::Sender<Landed>>,
+}
+
+impl Flight {
+    /// Ends the flight with `entry` (kept, and given to every follower) or with nothing.
+    pub fn land(mut self, entry: Option<Arc<Entry>>) {
+        if let Some(entry) = &entry {
+            self.store.put(self.key, entry.clone());
+        }
+        self.leave();
+        if let Some(send) = self.send.take() {
+            send.send_replace(entry.map_or(Landed::Nothing, Landed::Answer));
+        }
+    }
+
+    fn leave(&self) {
+        let mut flights = self.store.flights.lock().unwrap_or_else(|e| e.into_inner());
+        flights.remove(&self.key);
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        if self.send.is_some() {
+            self.leave();
+        }
+    }
+}
+
+/// A request waiting for a call in flight.
+#[derive(Debug)]
+pub struct Follower(watch::Receiver<Landed>);
+
+impl Follower {
+    /// The flight's answer, once it lands; `None` when it brings nothing to share or its
+    /// leader went away (the follower then asks for itself).
+    pub async fn answer(mut self) -> Option<Arc<Entry>> {
+        let landed = self.0.wait_for(|l| !matches!(l, Landed::Flying)).await.ok()?;
+        match &*landed {
+            Landed::Answer(entry) => Some(entry.clone()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The prediction cache: the same question answered once by the backend and again from
+//! the cache, JSON and binary callers sharing an entry each in its own form, tenants
+//! never sharing, errors never kept, `Cache-Control` honoured, the TTL and the memory
+//! bound held, identical calls in flight sharing one backend call, and invalidation.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use serde_json::{json, Value};
+use tiergate::app::Gateway;
+use tiergate::sim::{Faults, ModelSpec, Profile};
+
+/// Route `r` serving model `m` on the real-time pool at `backend`, its cache on with the
+/// keys in `cache` (and `extra` in the route).
+fn cached(backend: &str, cache: &str, extra: &str) -> String {
+    cached_as("r", backend, cache, extra)
+}
+
+/// As [`cached`], the route named `route` (metrics are the test process's, so a test
+/// that reads them has a route of its own).
+fn cached_as(route: &str, backend: &str, cache: &str, extra: &str) -> String {
+    format!(
+        "[routes.r]\nmodels = [\"m\"]\n{extra}\n[routes.r.flags]\ncache = true\n\
+         [routes.r.realtime]\nendpoints = [\"{backend}\"]\nmax_concurrency = 64\n\
+         [routes.r.cache]\n{cache}\n"
+    )
+    .replace("routes.r", &format!("routes.{route}"))
+}
+
+/// A request for model `m` whose one row encodes `i`, with id `id`.
+fn question(i: usize, id: &str) -> String {
+    json!({"id": id, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [i, i + 1]}]})
+        .to_string()
+}
+
+async fn ask(gw: &Gateway, body: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut all = vec![("x-tiergate-budget-ms", "200")];
+    all.extend_from_slice(headers);
+    infer(gw.http_addr(), "m", &all, body).await
+}
+
+/// `body` in Triton's binary form, every output asked for in binary.
+async fn ask_binary(gw: &Gateway, body: &str) -> Answer {
+    let mut req = tiergate::protocol::decode_request(&Bytes::from(body.to_owned()), None).expect("a request");
+    req.parameters.insert("binary_data_output".into(), json!(true));
+    let (body, header_len) = tiergate::protocol::encode_request(&req, true);
+    let len = header_len.expect("binary").to_string();
+    let headers = [
+        ("content-type", "application/octet-stream"),
+        ("inference-header-content-length", len.as_str()),
+        ("x-tiergate-budget-ms", "200"),
+    ];
+    send("POST", gw.http_addr(), "/v2/models/m/infer", &headers, body).await
+}
+
+fn requests(b: &Backend) -> u64 {
+    b.sim.stats("m").map_or(0, |s| s.requests)
+}
+
+#[tokio::test]
+async fn one_question_is_answered_once_and_every_caller_gets_its_own_form() {
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached_as("forms", &sim.url(), "", "")).await;
+    let first = ask(&gw, &question(1, "a"), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("x-tiergate-cache"), Some("miss"));
+    let again = ask(&gw, &question(1, "b"), &[]).await;
+    assert_eq!(again.header("x-tiergate-cache"), Some("hit"));
+    assert_eq!(again.json()["id"], "b", "the caller's own id");
+    let (mut a, mut b) = (first.json(), again.json());
+    a["id"] = Value::Null;
+    b["id"] = Value::Null;
+    assert_eq!(a, b, "the same answer");
+    assert_eq!(requests(&sim), 1, "one backend call");
+    // The same question in binary shares the entry, answered in binary.
+    let binary = ask_binary(&gw, &question(1, "c")).await;
+    assert_eq!(binary.status, 200, "{}", binary.text());
+    assert_eq!(binary.header("x-tiergate-cache"), Some("hit"));
+    let len: usize = binary
+        .header("inference-header-content-length")
+        .expect("binary")
+        .parse()
+        .expect("n");
+    let header: Value = serde_json::from_slice(&binary.body[..len]).expect("JSON header");
+    assert_eq!(header["id"], "c");
+    assert_eq!(header["outputs"][0]["parameters"]["binary_data_size"], 8);
+    assert_eq!(requests(&sim), 1);
+    // Another question is another entry; no-cache asks afresh (and keeps it); no-store
+    // keeps away.
+    assert_eq!(
+        ask(&gw, &question(2, "d"), &[]).await.header("x-tiergate-cache"),
+        Some("miss")
+    );
+    let fresh = ask(&gw, &question(1, "e"), &[("cache-control", "no-cache")]).await;
+    assert_eq!(fresh.header("x-tiergate-cache"), Some("miss"));
+    let bypass = ask(&gw, &question(1, "f"), &[("cache-control", "no-store")]).await;
+    assert_eq!(bypass.header("x-tiergate-cache"), Some("bypass"));
+    assert_eq!(requests(&sim), 4);
+    let hits = "tiergate_cache_lookups_total{route=\"forms\",result=\"hit\"}";
+    assert_eq!(metric(&gw, hits).await, 2.0);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn tenants_never_share_an_entry_unless_the_route_says_so() {
+    let sim = backend(&["m"]).await;
+    let limits = "[routes.r.limits]\ntenant_rate = 1000\ntenant_header = \"x-api-key\"";
+    let gw = gateway(&cached(&sim.url(), "", limits)).await;
+    for tenant in ["alice", "bob"] {
+        let answer = ask(&gw, &question(1, "a"), &[("x-api-key", tenant)]).await;
+        assert_eq!(answer.header("x-tiergate-cache"), Some("miss"), "{tenant}");
+    }
+    let alice = ask(&gw, &question(1, "a"), &[("x-api-key", "alice")]).await;
+    assert_eq!(alice.header("x-tiergate-cache"), Some("hit"));
+    assert_eq!(requests(&sim), 2);
+    gw.stop().await.expect("stops");
+
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached(&sim.url(), "shared_across_tenants = true", limits)).await;
+    ask(&gw, &question(1, "a"), &[("x-api-key", "alice")]).await;
+    let bob = ask(&gw, &question(1, "a"), &[("x-api-key", "bob")]).await;
+    assert_eq!(bob.header("x-tiergate-cache"), Some("hit"));
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn an_error_is_never_kept() {
+    let failing = ModelSpec {
+        faults: Faults {
+            error_rate: 1.0,
+            ..Faults::default()
+        },
+        ..ModelSpec::new("m", Profile::named("instant").expect("profile"))
+    };
+    let sim = backend_with(vec![failing]).await;
+    let gw = gateway(&cached(&sim.url(), "", "")).await;
+    for _ in 0..3 {
+        let answer = ask(&gw, &question(1, "a"), &[]).await;
+        assert_eq!(answer.status, 500, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-cache"), Some("miss"));
+    }
+    assert_eq!(requests(&sim), 3, "every one asked the backend");
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn entries_expire_and_the_memory_bound_holds() {
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached_as(
+        "bound",
+        &sim.url(),
+        "ttl = \"300ms\"\nmax_bytes = 16384",
+        "",
+    ))
+    .await;
+    ask(&gw, &question(1, "a"), &[]).await;
+    assert_eq!(
+        ask(&gw, &question(1, "a"), &[]).await.header("x-tiergate-cache"),
+        Some("hit")
+    );
+    eventually(Duration::from_secs(5), "the entry expires", || async {
+        let answer = ask(&gw, &question(1, "a"), &[]).await;
+        (answer.header("x-tiergate-cache") == Some("miss")).then_some(())
+    })
+    .await;
+    // A stream of unique questions: the cache stays within its bytes, letting entries go.
+    for i in 0..400 {
+        let answer = ask(&gw, &question(1000 + i, "u"), &[]).await;
+        assert_eq!(answer.status, 200);
+    }
+    let (entries, bytes) = gw.door().dispatch().cache().usage("bound").expect("the route's cache");
+    assert!(bytes <= 16384, "{bytes} bytes in {entries} entries");
+    assert!(entries < 400, "{entries} entries kept");
+    let evicted = metric(&gw, "tiergate_cache_evictions_total{route=\"bound\"}").await;
+    assert!(evicted > 0.0, "entries were let go: {evicted}");
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn identical_requests_in_flight_share_one_backend_call() {
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached_as("flights", &sim.url(), "", "")).await;
+    sim.sim.hold();
+    let addr = gw.http_addr();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let body = question(7, &format!("c{i}"));
+            tokio::spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", "250")], &body).await })
+        })
+        .collect();
+    wait_for(&sim, |s| s.requests == 1).await;
+    eventually(
+        Duration::from_secs(5),
+        "seven callers join the call in flight",
+        || async {
+            let joined = metric(
+                &gw,
+                "tiergate_cache_lookups_total{route=\"flights\",result=\"coalesced\"}",
+            )
+            .await;
+            (joined == 7.0).then_some(())
+        },
+    )
+    .await;
+    sim.sim.release();
+    let mut how = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["id"], format!("c{i}"), "each its own id");
+        how.push(answer.header("x-tiergate-cache").expect("said").to_owned());
+    }
+    how.sort();
+    assert_eq!(
+        how,
+        ["coalesced"; 7]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["miss".into()])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(requests(&sim), 1, "one backend call for eight callers");
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_grpc_caller_and_an_http_caller_share_an_entry() {
+    use common::grpc::{client, fp32_request, sums, with_budget};
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached(&sim.url(), "", "")).await;
+    let http = ask(
+        &gw,
+        &json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.0]}]}).to_string(),
+        &[],
+    )
+    .await;
+    assert_eq!(http.header("x-tiergate-cache"), Some("miss"));
+    let mut c = client(gw.grpc_addr()).await;
+    let answer = c
+        .model_infer(with_budget(fp32_request("g1", &[[1.5, 2.0]]), "200"))
+        .await
+        .expect("served");
+    let how = answer.metadata().get("x-tiergate-cache").and_then(|v| v.to_str().ok());
+    assert_eq!(how, Some("hit"));
+    let out = answer.into_inner();
+    assert_eq!((out.id.as_str(), sums(&out)), ("g1", vec![3.5]));
+    assert_eq!(requests(&sim), 1, "one backend call for both doors");
+    gw.stop().await.expect("stops");
+}
