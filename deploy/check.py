@@ -318,7 +318,7 @@ source = yaml.safe_load((HERE / "grafana/provisioning/datasources/prometheus.yml
 check(urlparse(source["datasources"][0]["url"]).hostname == "prometheus", "grafana: the data source is not the prometheus service")
 dashboard = json.loads((HERE / "grafana/dashboards/tiergate.json").read_text())
 titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
-for row in ["Real-time tier", "Micro-batch tier", "Offline (acceptance) tier", "Shadow candidates"]:
+for row in ["Real-time tier", "Micro-batch tier", "Offline (acceptance) tier", "Shadow candidates", "Prediction cache"]:
     check(row in titles, f"grafana: no row for {row}")
 
 if problems:

@@ -203,6 +203,20 @@ async fn a_routes_cache_is_shown_and_invalidated_from_the_command_line() {
     let ask = || infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY);
     assert_eq!(ask().await.header("x-tiergate-cache"), Some("miss"));
     assert_eq!(ask().await.header("x-tiergate-cache"), Some("hit"));
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, BODY).expect("write");
+    let explain = [
+        "explain",
+        "--model",
+        "m",
+        "--budget-ms",
+        "100",
+        "--body",
+        body.to_str().expect("utf-8"),
+    ];
+    let (code, out, err) = tiergate(&admin, &token_file, &explain).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("  cache: would hit\n"), "{out}");
     let (code, out, err) = run(&["cache", "show", "r"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("route r cache on: 1 entries, "), "{out}");
@@ -213,6 +227,8 @@ async fn a_routes_cache_is_shown_and_invalidated_from_the_command_line() {
         out.starts_with("route r: 1 entries invalidated\nroute r cache on: 0 entries"),
         "{out}"
     );
+    let (_, out, _) = tiergate(&admin, &token_file, &explain).await;
+    assert!(out.contains("  cache: would miss\n"), "{out}");
     assert_eq!(ask().await.header("x-tiergate-cache"), Some("miss"), "asked afresh");
     let (code, _, err) = run(&["cache", "show", "nope"]).await;
     assert_eq!(code, 1, "{err}");

@@ -332,7 +332,7 @@ impl Admin {
             Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_body", &format!("explain: {e}")),
         };
         let policy = self.control.store().load();
-        match views::explain(&policy, &self.micro_batch, &described) {
+        match views::explain(&policy, (&self.micro_batch, &self.cache), &described) {
             Ok(v) => ok(&v),
             Err((404, m)) => error(StatusCode::NOT_FOUND, "no_such_route", &m),
             Err((_, m)) => error(StatusCode::BAD_REQUEST, "invalid_body", &m),

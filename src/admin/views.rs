@@ -110,11 +110,18 @@ pub struct Described {
     pub headers: std::collections::BTreeMap<String, String>,
     /// The request id (a rollout key when the rollout header is absent).
     pub id: Option<String>,
+    /// Its body (a KServe v2 infer request, or a JSON path's), to say whether the
+    /// route's cache holds its answer.
+    pub body: Option<Value>,
 }
 
 /// The decision `policy` makes for `described`, without sending anything; `Err` is a
 /// message for a 400 or 404 (with its status).
-pub fn explain(policy: &Policy, micro_batch: &MicroBatch, described: &Described) -> Result<Value, (u16, String)> {
+pub fn explain(
+    policy: &Policy,
+    (micro_batch, cache): (&MicroBatch, &crate::cache::Cache),
+    described: &Described,
+) -> Result<Value, (u16, String)> {
     let route = match (&described.model, &described.path, &described.route) {
         (Some(m), None, None) => policy
             .route_for_model(m)
@@ -172,8 +179,51 @@ pub fn explain(policy: &Policy, micro_batch: &MicroBatch, described: &Described)
             "in_rollout": keyed.then_some(meta.key % 100 < percent),
         },
         "micro_batch": batch,
+        "cache": cached(route, cache, described, headers),
         "sent": false,
     }))
+}
+
+/// Whether the route's cache would answer `described` (sent with `headers`): `null`
+/// without a cache; `would` is `hit`, `miss`, `bypass` (not cacheable, or asked not to
+/// be), `off` (the flag), or `unknown` without a body to key.
+fn cached(route: &Route, cache: &crate::cache::Cache, described: &Described, headers: HeaderMap) -> Value {
+    let Some(spec) = &route.cache else {
+        return Value::Null;
+    };
+    let would = match (&described.body, route.flags.cache) {
+        (_, false) => "off",
+        (None, true) => "unknown",
+        (Some(body), true) => {
+            let path =
+                match (&described.model, &described.path) {
+                    (Some(m), _) => format!("/v2/models/{m}/infer"),
+                    (None, Some(p)) => p.clone(),
+                    (None, None) => route.paths.first().cloned().unwrap_or_else(|| {
+                        format!("/v2/models/{}/infer", route.models.first().map_or("", String::as_str))
+                    }),
+                };
+            let mut request = http::Request::new(bytes::Bytes::from(body.to_string()));
+            *request.headers_mut() = headers;
+            match path.parse() {
+                Ok(uri) => *request.uri_mut() = uri,
+                Err(_) => return json!({"on": true, "would": "bypass"}),
+            }
+            let asked = (!crate::cache::entry::forbids_storing(request.headers()))
+                .then(|| {
+                    let tenant = crate::cache::key::tenant(route, &request);
+                    crate::cache::key::key(route, spec, &tenant, &request)
+                })
+                .flatten();
+            match asked {
+                None => "bypass",
+                Some(_) if crate::cache::entry::wants_fresh(request.headers()) => "miss",
+                Some((key, _)) if cache.holds(&route.name, spec, &key) => "hit",
+                Some(_) => "miss",
+            }
+        }
+    };
+    json!({"on": route.flags.cache, "would": would})
 }
 
 fn outcome(result: Result<Decision, Refusal>) -> Value {

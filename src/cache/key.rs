@@ -79,6 +79,22 @@ pub fn key(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Reques
     Some((hash.0.finalize().into(), question))
 }
 
+/// Whose entries a request reads: its authenticated tenant, else the value of the
+/// route's tenant header when it has one.
+pub fn tenant<B>(route: &Route, request: &http::Request<B>) -> String {
+    let tenant = crate::tenant::Tenant::of(request);
+    if tenant.is_authenticated() {
+        return tenant.as_str().to_owned();
+    }
+    route
+        .limits
+        .as_ref()
+        .and_then(|l| request.headers().get(&l.tenant_header))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// A hash fed length-prefixed parts.
 struct Parts(Sha256);
 

@@ -83,6 +83,14 @@ impl Cache {
         store
     }
 
+    /// Whether `route`'s store under `spec` keeps an entry for `key` (without counting
+    /// as a use of it, or making a store).
+    pub fn holds(&self, route: &str, spec: &CacheSpec, key: &Key) -> bool {
+        self.routes
+            .get(route)
+            .is_some_and(|store| *store.spec == *spec && store.holds(key))
+    }
+
     /// Drops every entry of `route`; returns how many there were.
     pub fn invalidate(&self, route: &str) -> u64 {
         let Some(store) = self.routes.get(route).map(|s| s.clone()) else {
@@ -131,6 +139,11 @@ impl RouteCache {
     /// The settings it keeps entries under.
     pub fn spec(&self) -> &CacheSpec {
         &self.spec
+    }
+
+    /// Whether an entry is kept for `key` (without counting as a use of it).
+    pub fn holds(&self, key: &Key) -> bool {
+        self.entries.contains_key(key)
     }
 
     /// The entry for `key`, if one is kept.

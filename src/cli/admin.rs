@@ -150,6 +150,9 @@ pub struct ExplainArgs {
     /// The request id (a rollout key when the rollout header is absent).
     #[arg(long)]
     id: Option<String>,
+    /// The request's body (a JSON file), to say whether the route's cache holds its answer.
+    #[arg(long)]
+    body: Option<std::path::PathBuf>,
     /// Print the admin API's JSON answer as it is.
     #[arg(long)]
     json: bool,
@@ -258,9 +261,16 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("--header {h:?}: write it as NAME:VALUE"))?;
         headers.insert(name.trim().to_owned(), json!(value.trim()));
     }
+    let request_body = match &args.body {
+        None => Value::Null,
+        Some(file) => {
+            let text = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+            serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", file.display()))?
+        }
+    };
     let body = json!({
         "model": args.model, "path": args.path, "route": args.route,
-        "budget_ms": args.budget_ms, "headers": headers, "id": args.id,
+        "budget_ms": args.budget_ms, "headers": headers, "id": args.id, "body": request_body,
     });
     let body: serde_json::Map<String, Value> = body
         .as_object()
@@ -299,6 +309,9 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             ),
             None => println!("  batch pool: {} rows queued; cost not learned yet", batch["queued_rows"]),
         }
+    }
+    if let Some(cache) = answer["cache"].as_object() {
+        println!("  cache: would {}", text(&cache["would"]));
     }
     println!("  (nothing was sent)");
     Ok(ExitCode::SUCCESS)

@@ -20,7 +20,6 @@ use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::policy::{CacheSpec, Route};
-use crate::tenant::Tenant;
 
 impl Dispatch {
     /// Serves `request` on `route` through the route's cache (see the module's docs).
@@ -37,7 +36,7 @@ impl Dispatch {
             let store = self.cache().route(&route.name, &spec);
             let asked = match entry::forbids_storing(request.headers()) {
                 true => None,
-                false => key::key(route, &spec, &tenant(route, &request), &request),
+                false => key::key(route, &spec, &key::tenant(route, &request), &request),
             };
             let Some((key, question)) = asked else {
                 store.counted("bypass");
@@ -111,22 +110,6 @@ fn marked(mut served: Served, how: &'static str) -> Served {
             .insert(headers::CACHE, HeaderValue::from_static(how));
     }
     served
-}
-
-/// Whose entries a request reads: its authenticated tenant, else the value of the
-/// route's tenant header when it has one.
-fn tenant(route: &Route, request: &Request<Bytes>) -> String {
-    let tenant = Tenant::of(request);
-    if tenant.is_authenticated() {
-        return tenant.as_str().to_owned();
-    }
-    route
-        .limits
-        .as_ref()
-        .and_then(|l| request.headers().get(&l.tenant_header))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// How long the request may take: its budget as its door read it, else the route's.
