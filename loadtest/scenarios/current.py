@@ -95,7 +95,18 @@ def shadow(text):
         "p99 ≤ 1.05, goodput ≥ 0.95")
 
 
-for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow):
+def cache(text):
+    calls = re.search(r"backend calls: cache off (\d+), on (\d+): ([\d.]+)x fewer", text)
+    hits = re.search(r"hit ratio ([\d.]+)", text)
+    p99 = re.search(r"p99: cache off ([\d.]+) ms, on ([\d.]+) ms: ratio ([\d.]+)", text)
+    hit = re.search(r"a hit \(cache on, p50\) ([\d.]+) ms against the bare proxy's pass-through p50 ([\d.]+) ms", text)
+    return ("prediction cache at a 90% hit ratio: backend calls, p99, a hit against a pass-through",
+        f"{calls.group(3)}× fewer backend calls ({int(calls.group(1)):,} → {int(calls.group(2)):,}; hit ratio {hits.group(1)}); "
+        f"p99 {p99.group(3)} ({p99.group(1)} → {p99.group(2)} ms); a hit p50 {hit.group(1)} ms, the bare proxy's pass-through {hit.group(2)} ms",
+        "≥ 9× fewer calls, p99 falls, a hit faster than a pass-through")
+
+
+for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

@@ -32,5 +32,6 @@ if [ "${1:-}" != "--table" ]; then
   run burst burst.sh
   run offline_backlog offline_backlog.sh
   run shadow shadow.sh
+  run cache cache.sh
 fi
 python3 loadtest/scenarios/current.py "$OUT" docs/performance.md

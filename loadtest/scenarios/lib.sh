@@ -5,6 +5,15 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
+# start_gateway NAME HTTP_PORT METRICS_PORT: `tiergate serve` on $WORK/NAME/policy
+# (which the caller writes), its store in $WORK/NAME/data, its log $WORK/NAME/gw.log.
+start_gateway() {
+  local name=$1 http=$2 metrics=$3 grpc
+  grpc=$(free_port)
+  "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
+    --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
+  PIDS+=($!)
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wait_port PORT: until something accepts TCP connections on it (5 s at most).

@@ -34,8 +34,7 @@ RT=$(free_port); BATCH=$(free_port); CANDIDATE=$(free_port)
 
 # gateway NAME HTTP_PORT METRICS_PORT SHADOW(true|false): writes its policy and starts it.
 gateway() {
-  local name=$1 http=$2 metrics=$3 shadow=$4 grpc
-  grpc=$(free_port)
+  local name=$1 http=$2 metrics=$3 shadow=$4
   mkdir -p "$WORK/$name/policy"
   cat > "$WORK/$name/policy/route.toml" <<TOML
 [routes.resnet50]
@@ -62,9 +61,7 @@ budget = "2s"
 endpoints = ["http://127.0.0.1:$CANDIDATE"]
 max_concurrency = 64
 TOML
-  "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
-    --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
-  PIDS+=($!)
+  start_gateway "$name" "$http" "$metrics"
 }
 OFF=$(free_port); OFF_M=$(free_port); ON=$(free_port); ON_M=$(free_port)
 gateway off "$OFF" "$OFF_M" false

@@ -145,6 +145,10 @@ pub struct PayloadArgs {
     /// URL is the gRPC port. Implies --http2.
     #[arg(long, conflicts_with = "binary")]
     pub grpc: bool,
+    /// Percent of requests asking a question never asked before; the rest ask the same
+    /// one (`100 - distinct` is the hit ratio a cache can reach).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100), conflicts_with = "grpc")]
+    pub distinct: u8,
 }
 
 /// Connection and client-side limits.
@@ -187,6 +191,7 @@ impl PayloadArgs {
             cols: self.cols,
             binary: self.binary,
             grpc: self.grpc,
+            distinct: self.distinct,
         })
     }
 }

@@ -89,6 +89,7 @@ async fn tokio_pacer_over_http2_with_binary_tensors() -> anyhow::Result<()> {
         cols: 8,
         binary: true,
         grpc: false,
+        distinct: 0,
     };
     let template = Arc::new(Template::new(&server.url, "m", &payload, None, &[])?);
     let rec = generator::run(&client::new(true), &template, &plan(100.0, 50, 300, Pacer::Tokio)?).await?;
@@ -117,6 +118,7 @@ async fn wrong_path_is_a_status_error_with_tier_none() -> anyhow::Result<()> {
             cols: 1,
             binary: false,
             grpc: false,
+            distinct: 0,
         },
         None,
         &[],
@@ -139,6 +141,7 @@ async fn max_in_flight_drops_are_counted_not_skipped() -> anyhow::Result<()> {
             cols: 1,
             binary: false,
             grpc: false,
+            distinct: 0,
         },
         None,
         &[],
@@ -182,6 +185,7 @@ async fn compare_interleaves_and_merges_rounds() -> anyhow::Result<()> {
             cols: 16,
             binary: false,
             grpc: false,
+            distinct: 0,
         },
         budget_ms: Some(200),
         headers: Vec::new(),

@@ -8,6 +8,8 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Uri};
 use http_body_util::Full;
 use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Header carrying the client's budget, read by the gateway's classifier.
 pub const BUDGET_HEADER: &str = "x-tiergate-budget-ms";
@@ -27,6 +29,10 @@ pub struct Payload {
     pub binary: bool,
     /// KServe v2 over gRPC (`ModelInfer`, raw contents) instead of HTTP.
     pub grpc: bool,
+    /// Percent of requests (0 to 100) asking a question never asked before (a unique
+    /// first value); the rest ask the same one (to measure a cache: `100 - distinct` is
+    /// the hit ratio it can reach). Not for gRPC.
+    pub distinct: u8,
 }
 
 /// What every request of one target carries: URI, headers and the pre-built body.
@@ -35,6 +41,18 @@ pub struct Template {
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
+    distinct: Option<Arc<Distinct>>,
+}
+
+/// How a share of requests get a body of their own: the first value of `INPUT0`
+/// replaced by the request's number.
+#[derive(Debug)]
+struct Distinct {
+    percent: u64,
+    sent: AtomicU64,
+    /// Where the first value is: JSON text from `at` to `end`, or raw 4 bytes at `at`.
+    at: usize,
+    end: Option<usize>,
 }
 
 impl Payload {
@@ -116,12 +134,28 @@ impl Template {
         for (name, value) in extra {
             headers.insert(name.clone(), value.clone());
         }
-        Ok(Self { uri, headers, body })
+        let distinct = match (payload.distinct, payload.grpc) {
+            (0, _) => None,
+            (_, true) => bail!("--distinct is for HTTP requests, not gRPC"),
+            (p, _) if p > 100 => bail!("--distinct is a percent, 0 to 100"),
+            (p, false) => Some(Arc::new(Distinct::of(&body, header_length, p)?)),
+        };
+        Ok(Self {
+            uri,
+            headers,
+            body,
+            distinct,
+        })
     }
 
-    /// A fresh request: clones of the URI, the headers and the body's `Bytes`.
+    /// A fresh request: clones of the URI, the headers and the body's `Bytes` (or, for
+    /// the `distinct` share, a body of its own).
     pub fn request(&self) -> Request<Full<Bytes>> {
-        let mut request = Request::new(Full::new(self.body.clone()));
+        let body = match &self.distinct {
+            None => self.body.clone(),
+            Some(d) => d.body(&self.body),
+        };
+        let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
         *request.headers_mut() = self.headers.clone();
@@ -131,6 +165,58 @@ impl Template {
     /// The request URI.
     pub fn uri(&self) -> &Uri {
         &self.uri
+    }
+}
+
+impl Distinct {
+    fn of(body: &Bytes, header_length: Option<usize>, percent: u8) -> anyhow::Result<Self> {
+        let (at, end) = match header_length {
+            Some(len) => (len, None),
+            None => {
+                let key = b"\"data\":[";
+                let at = body
+                    .windows(key.len())
+                    .position(|w| w == key)
+                    .context("the JSON body has no data array")?
+                    + key.len();
+                let end = at
+                    + body[at..]
+                        .iter()
+                        .position(|b| *b == b',' || *b == b']')
+                        .context("no first value")?;
+                (at, Some(end))
+            }
+        };
+        Ok(Distinct {
+            percent: u64::from(percent),
+            sent: AtomicU64::new(0),
+            at,
+            end,
+        })
+    }
+
+    /// The next request's body: of its own for `percent` of every hundred, spread
+    /// evenly (at 10%, every tenth).
+    fn body(&self, shared: &Bytes) -> Bytes {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        if (n + 1) * self.percent / 100 == n * self.percent / 100 {
+            return shared.clone();
+        }
+        // Exact in FP32 up to 2^24 requests; past that values repeat.
+        let value = (n % (1 << 24)) as f32 + 1.0;
+        let mut body = BytesMut::with_capacity(shared.len() + 16);
+        body.put_slice(&shared[..self.at]);
+        match self.end {
+            Some(end) => {
+                body.put_slice(format!("{value}").as_bytes());
+                body.put_slice(&shared[end..]);
+            }
+            None => {
+                body.put_f32_le(value);
+                body.put_slice(&shared[self.at + 4..]);
+            }
+        }
+        body.freeze()
     }
 }
 
@@ -165,6 +251,7 @@ mod tests {
             cols: 300,
             binary: false,
             grpc: false,
+            distinct: 0,
         };
         let (body, header_length) = payload.encode()?;
         assert_eq!(header_length, None);
@@ -183,12 +270,52 @@ mod tests {
     }
 
     #[test]
+    fn a_distinct_share_of_requests_asks_questions_of_its_own() -> anyhow::Result<()> {
+        use http_body_util::BodyExt as _;
+        for binary in [false, true] {
+            let payload = Payload {
+                rows: 1,
+                cols: 4,
+                binary,
+                grpc: false,
+                distinct: 25,
+            };
+            let t = Template::new("http://h:1", "m", &payload, None, &[])?;
+            let (shared, _) = payload.encode()?;
+            let mut bodies = Vec::new();
+            for _ in 0..8 {
+                let body = futures_body(t.request().into_body().collect())?;
+                bodies.push(body);
+            }
+            let own: Vec<_> = bodies.iter().filter(|b| **b != shared).collect();
+            assert_eq!(own.len(), 2, "25 of every 100, spread: the 4th and the 8th");
+            assert!(bodies[3] != shared && bodies[7] != shared);
+            assert_ne!(own[0], own[1], "each its own");
+            assert!(
+                own.iter().all(|b| b.len() >= shared.len() - 4),
+                "the rest of the body kept"
+            );
+        }
+        Ok(())
+    }
+
+    fn futures_body<
+        F: std::future::Future<Output = Result<http_body_util::Collected<Bytes>, std::convert::Infallible>>,
+    >(
+        f: F,
+    ) -> anyhow::Result<Bytes> {
+        let rt = tokio::runtime::Builder::new_current_thread().build()?;
+        Ok(rt.block_on(f).map(|c| c.to_bytes()).unwrap_or_default())
+    }
+
+    #[test]
     fn binary_body_is_header_then_little_endian_floats() -> anyhow::Result<()> {
         let payload = Payload {
             rows: 3,
             cols: 4,
             binary: true,
             grpc: false,
+            distinct: 0,
         };
         let (body, header_length) = payload.encode()?;
         let header_length = header_length.context("binary bodies declare a header length")?;
@@ -210,6 +337,7 @@ mod tests {
             cols: 2,
             binary: true,
             grpc: false,
+            distinct: 0,
         };
         let t = Template::new("http://127.0.0.1:9/", "resnet50", &payload, Some(200), &extra)?;
         let request = t.request();
@@ -242,6 +370,7 @@ mod tests {
             cols: 1,
             binary: false,
             grpc: false,
+            distinct: 0,
         };
         assert!(Template::new("https://h:1", "m", &p, None, &[]).is_err());
         assert!(Template::new("127.0.0.1:8000", "m", &p, None, &[]).is_err());

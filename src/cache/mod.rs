@@ -99,7 +99,7 @@ impl Cache {
         store.entries.run_pending_tasks();
         let n = store.entries.entry_count();
         store.entries.invalidate_all();
-        store.gauges();
+        store.entries.run_pending_tasks();
         n
     }
 
@@ -115,11 +115,18 @@ impl RouteCache {
     fn new(route: &str, spec: Arc<CacheSpec>) -> Self {
         let evicted = ::metrics::counter!(metrics::CACHE_EVICTIONS, "route" => route.to_owned());
         evicted.absolute(0);
+        let (count, bytes) = gauges(route);
+        // A new store starts empty (the one it replaces was let go whole).
+        count.set(0.0);
+        bytes.set(0.0);
         let entries = moka::sync::Cache::builder()
             .max_capacity(spec.max_bytes)
             .weigher(|_: &Key, entry: &Arc<Entry>| entry.weight())
             .time_to_live(spec.ttl)
-            .eviction_listener(move |_, _, cause| {
+            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+                // Every removal (evicted, expired, replaced, invalidated) is told here.
+                count.decrement(1.0);
+                bytes.decrement(f64::from(entry.weight()));
                 if cause.was_evicted() {
                     evicted.increment(1);
                 }
@@ -153,8 +160,10 @@ impl RouteCache {
 
     /// Keeps `entry` for `key`.
     pub fn put(&self, key: Key, entry: Arc<Entry>) {
+        let (count, bytes) = gauges(&self.route);
+        count.increment(1.0);
+        bytes.increment(f64::from(entry.weight()));
         self.entries.insert(key, entry);
-        self.gauges();
     }
 
     /// Counts a lookup that ended in `result` (`hit`, `miss`, `bypass`, `coalesced`).
@@ -181,15 +190,15 @@ impl RouteCache {
             send: Some(send),
         })
     }
+}
 
-    /// Exports the entries and bytes, once the store's pending work (admissions,
-    /// evictions) has run, so they are what it holds.
-    fn gauges(&self) {
-        self.entries.run_pending_tasks();
-        let route = || self.route.clone();
-        ::metrics::gauge!(metrics::CACHE_ENTRIES, "route" => route()).set(self.entries.entry_count() as f64);
-        ::metrics::gauge!(metrics::CACHE_BYTES, "route" => route()).set(self.entries.weighted_size() as f64);
-    }
+/// `route`'s entries and bytes gauges: raised as an entry is kept, lowered as the store
+/// tells of its removal (so a kept entry counts at once, and never twice).
+fn gauges(route: &str) -> (::metrics::Gauge, ::metrics::Gauge) {
+    (
+        ::metrics::gauge!(metrics::CACHE_ENTRIES, "route" => route.to_owned()),
+        ::metrics::gauge!(metrics::CACHE_BYTES, "route" => route.to_owned()),
+    )
 }
 
 /// A backend call whose answer the requests that join it share. Dropped unfinished (its
