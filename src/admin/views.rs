@@ -209,13 +209,7 @@ fn cached(route: &Route, cache: &crate::cache::Cache, described: &Described, hea
                 Ok(uri) => *request.uri_mut() = uri,
                 Err(_) => return json!({"on": true, "would": "bypass"}),
             }
-            let asked = (!crate::cache::entry::forbids_storing(request.headers()))
-                .then(|| {
-                    let tenant = crate::cache::key::tenant(route, &request);
-                    crate::cache::key::key(route, spec, &tenant, &request)
-                })
-                .flatten();
-            match asked {
+            match crate::cache::asked(route, spec, &request) {
                 None => "bypass",
                 Some(_) if crate::cache::entry::wants_fresh(request.headers()) => "miss",
                 Some((key, _)) if cache.holds(&route.name, spec, &key) => "hit",

@@ -50,20 +50,22 @@ impl Entry {
 
     /// The answer for the caller who asked `question`.
     pub fn answer(&self, question: &Question) -> Reply {
-        match (self, question) {
-            (Entry::Kserve(answer), Question::Kserve(req)) => {
+        match self {
+            Entry::Kserve(answer) => {
+                // A key names one path, so a KServe entry is only asked for by KServe requests.
+                let req = match question {
+                    Question::Kserve(req) => Some(req),
+                    Question::Json => None,
+                };
                 let mut answer = answer.clone();
-                answer.id.clone_from(&req.id);
-                bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name))
+                answer.id = req.and_then(|r| r.id.clone());
+                bridge::infer_response_to_http(&answer, &|t| req.is_some_and(|r| r.wants_binary(&t.name)))
             }
-            (
-                Entry::Raw {
-                    status,
-                    content_type,
-                    body,
-                },
-                _,
-            ) => {
+            Entry::Raw {
+                status,
+                content_type,
+                body,
+            } => {
                 let mut reply = Reply::new(body.clone());
                 *reply.status_mut() = *status;
                 if let Some(ct) = content_type {
@@ -71,8 +73,6 @@ impl Entry {
                 }
                 reply
             }
-            // A key names one path, so a KServe entry is only asked for by KServe requests.
-            (Entry::Kserve(answer), Question::Json) => bridge::infer_response_to_http(answer, &|_| false),
         }
     }
 

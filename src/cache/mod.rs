@@ -24,9 +24,19 @@ use dashmap::DashMap;
 use tokio::sync::watch;
 
 use crate::metrics;
-use crate::policy::CacheSpec;
+use crate::policy::{CacheSpec, Route};
 pub use entry::Entry;
 pub use key::{Key, Question};
+
+/// The key and question of `request` on `route` when the cache may answer it: `None`
+/// when the request keeps away (`Cache-Control: no-store`) or is not cacheable (see
+/// [`key::key`]).
+pub fn asked(route: &Route, spec: &CacheSpec, request: &http::Request<bytes::Bytes>) -> Option<(Key, Question)> {
+    if entry::forbids_storing(request.headers()) {
+        return None;
+    }
+    key::key(route, spec, &key::tenant(route, request), request)
+}
 
 /// Every route's cache.
 #[derive(Debug, Clone, Default)]

@@ -15,7 +15,7 @@ use http::{HeaderValue, Request};
 use tokio::time::Instant;
 
 use super::dispatch::{Ask, Dispatch, Looked, Served};
-use crate::cache::{entry, key, Entry, Joined};
+use crate::cache::{self, entry, key, Entry, Joined};
 use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::headers;
@@ -34,11 +34,7 @@ impl Dispatch {
         Box::pin(async move {
             request.extensions_mut().insert(Looked);
             let store = self.cache().route(&route.name, &spec);
-            let asked = match entry::forbids_storing(request.headers()) {
-                true => None,
-                false => key::key(route, &spec, &key::tenant(route, &request), &request),
-            };
-            let Some((key, question)) = asked else {
+            let Some((key, question)) = cache::asked(route, &spec, &request) else {
                 store.counted("bypass");
                 let served = self.serve(route, door, to, request, received).await;
                 return marked(served, "bypass");
