@@ -27,6 +27,9 @@ pub const VARIANT: HeaderName = HeaderName::from_static("x-tiergate-variant");
 /// Answer: on a route with a cache, how the cache took part (`hit`, `miss`, `bypass`,
 /// `coalesced`).
 pub const CACHE: HeaderName = HeaderName::from_static("x-tiergate-cache");
+/// Answer (micro-batch, a route with a cache): how many of the request's rows the
+/// cache answered (the rest were sent, once for identical rows).
+pub const CACHED_ROWS: HeaderName = HeaderName::from_static("x-tiergate-cached-rows");
 /// Answer (`/v1/jobs/{id}`): the job an answer belongs to.
 pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
 /// Answer (`/v1/jobs/{id}`): the job's state.

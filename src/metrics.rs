@@ -135,6 +135,10 @@ pub const CANARY_ABORTS: &str = "tiergate_canary_aborts_total";
 /// Requests of a route with a cache, by `route` and `result` (`hit`, `miss`, `bypass`,
 /// `coalesced`: answered by a call in flight for the same key).
 pub const CACHE_LOOKUPS: &str = "tiergate_cache_lookups_total";
+/// Rows of micro-batches on a route with a cache, by `route` and `result` (`hit`:
+/// answered from the cache; `deduped`: the same as another row of its batch, sent once
+/// for both; `sent`: to the backend).
+pub const CACHE_ROWS: &str = "tiergate_cache_rows_total";
 /// Entries a route's cache let go to stay within its `max_bytes`, by `route`.
 pub const CACHE_EVICTIONS: &str = "tiergate_cache_evictions_total";
 /// Entries a route's cache keeps, by `route`.

@@ -612,3 +612,91 @@ async fn a_sequence_stays_in_the_tier_of_its_first_step() {
     assert_eq!(ids(&batch), ["d"]);
     gw.stop().await.expect("stops");
 }
+
+/// A body whose rows are `rows`, two FP32 values each.
+fn rows_body(id: &str, rows: &[[f32; 2]]) -> (String, Vec<f32>) {
+    let data: Vec<f32> = rows.iter().flatten().copied().collect();
+    let body = json!({
+        "id": id,
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows.len(), 2], "data": data}],
+    });
+    (body.to_string(), data)
+}
+
+#[tokio::test]
+async fn a_batch_sends_only_the_unique_rows_its_cache_does_not_hold() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let text = policy("rowcache", &rt.url(), &batch.url(), "", "")
+        .replace("micro_batch = true", "micro_batch = true\ncache = true")
+        + "[routes.rowcache.cache]\n";
+    let gw = gateway(&text).await;
+    let (a0, a1, b0, c0) = ([1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]);
+    let (warm, _) = rows_body("warm", &[a0, a1]);
+    let warmed = infer(gw.http_addr(), "m", &BATCH, &warm).await;
+    assert_eq!(warmed.status, 200, "{}", warmed.text());
+    assert_eq!(warmed.header("x-tiergate-cached-rows"), Some("0"));
+    let sent_before = batch.sim.stats("m").expect("stats").rows;
+    assert_eq!(sent_before, 2);
+
+    // Three callers queue behind a busy slot: a0 and a1 are kept, b0 and c0 asked twice.
+    let busy = occupy(&gw, &batch).await;
+    let mut callers = Vec::new();
+    let mut queued_rows = 0;
+    for (id, rows, kept) in [("c1", [a0, b0], 1), ("c2", [b0, c0], 0), ("c3", [c0, a1], 1)] {
+        let (body, data) = rows_body(id, &rows);
+        callers.push((id, data, kept, spawn_infer(gw.http_addr(), body)));
+        queued_rows += 2;
+        queued(&gw, "rowcache", queued_rows).await;
+    }
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    for (id, data, kept, call) in callers {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let resp = decode(&answer);
+        assert_eq!(resp.id.as_deref(), Some(id), "its own id");
+        assert_eq!(fp32(&resp, "OUTPUT0"), data, "{id} gets its own rows, in its order");
+        assert_eq!(answer.header("x-tiergate-cached-rows"), Some(kept.to_string().as_str()));
+        assert_eq!(answer.header("x-tiergate-batch-size"), Some("2"), "two rows sent");
+    }
+    let stats = batch.sim.stats("m").expect("stats");
+    assert_eq!(
+        stats.rows,
+        sent_before + 1 + 2,
+        "the busy row, then b0 and c0 once each"
+    );
+    // The batch went in Triton's binary form: its JSON header, then the tensors' bytes.
+    let mut header = serde_json::Deserializer::from_slice(&stats.last_request).into_iter::<Value>();
+    let _ = header.next();
+    let header_len = header.byte_offset();
+    let last = protocol::decode_request(&stats.last_request, Some(header_len)).expect("the batch the simulator saw");
+    let seen: Vec<f32> = last.inputs[0]
+        .data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    assert_eq!(seen, [b0, c0].concat(), "only the unique rows the cache did not hold");
+    let rows = |result: &str| format!("tiergate_cache_rows_total{{route=\"rowcache\",result=\"{result}\"}}");
+    assert_eq!(metric(&gw, &rows("hit")).await, 2.0);
+    assert_eq!(metric(&gw, &rows("deduped")).await, 2.0);
+    assert_eq!(metric(&gw, &rows("sent")).await, 5.0, "warm 2, busy 1, batch 2");
+
+    // Every row kept: answered without the backend; a one-row question a batch kept is a
+    // hit at the door (a row's key is the key of a one-row request asking it).
+    let requests = stats.requests;
+    let (all_kept, data) = rows_body("c4", &[c0, a0, b0]);
+    let answer = infer(gw.http_addr(), "m", &BATCH, &all_kept).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(fp32(&decode(&answer), "OUTPUT0"), data);
+    assert_eq!(answer.header("x-tiergate-cached-rows"), Some("3"));
+    let (one, data) = rows_body("c5", &[b0]);
+    let answer = infer(gw.http_addr(), "m", &BATCH, &one).await;
+    assert_eq!(answer.header("x-tiergate-cache"), Some("hit"));
+    assert_eq!(fp32(&decode(&answer), "OUTPUT0"), data);
+    assert_eq!(
+        batch.sim.stats("m").expect("stats").requests,
+        requests,
+        "no backend call"
+    );
+    gw.stop().await.expect("stops");
+}

@@ -202,6 +202,7 @@ impl Admin {
             "max_bytes": spec.max_bytes,
             "shared_across_tenants": spec.shared_across_tenants,
             "coalesce": spec.coalesce,
+            "rows": spec.rows,
             "entries": entries,
             "bytes": bytes,
         });

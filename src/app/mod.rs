@@ -25,6 +25,7 @@ mod threads;
 pub use settings::check;
 
 use crate::admin::{self, Admin};
+use crate::cache::Cache;
 use crate::config::{Config, QueueKind};
 use crate::control::history::History;
 use crate::control::Control;
@@ -399,11 +400,13 @@ impl Parts {
             Some(control.clone()),
         );
         let realtime = Realtime::new(backends.clone(), Some(shadow.clone()));
+        let cache = Cache::new();
         let micro_batch = MicroBatch::new(
             backends.clone(),
             shutdown.clone(),
             Some(batch_threads.handle()),
             Some(shadow.clone()),
+            cache.clone(),
         );
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(
@@ -421,7 +424,8 @@ impl Parts {
         let dispatch = Arc::new(
             Dispatch::new(policy.clone(), admission, tiers, backends, readiness.clone())
                 .with_budget_reserve(config.limits.budget_reserve)
-                .with_callers(callers),
+                .with_callers(callers)
+                .with_cache(cache),
         );
         let api = OfflineApi {
             store: store.clone(),

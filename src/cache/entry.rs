@@ -28,9 +28,14 @@ pub enum Entry {
 
 impl Entry {
     /// The entry `reply` makes for `question`: only a success the backend did not mark
-    /// `no-store` or `private`, and for KServe v2 only one that decodes.
+    /// `no-store` or `private`, that a canary's candidate did not serve (its answers
+    /// reach only the canary's share of callers), and for KServe v2 only one that decodes.
     pub fn of(question: &Question, reply: &Reply) -> Option<Entry> {
-        if !reply.status().is_success() || forbids_storing(reply.headers()) {
+        let candidate = reply
+            .headers()
+            .get(crate::headers::VARIANT)
+            .is_some_and(|v| v == "candidate");
+        if !reply.status().is_success() || forbids_storing(reply.headers()) || candidate {
             return None;
         }
         match question {
@@ -45,6 +50,14 @@ impl Entry {
                 content_type: reply.headers().get(http::header::CONTENT_TYPE).cloned(),
                 body: reply.body().clone(),
             }),
+        }
+    }
+
+    /// The KServe v2 answer kept, if it is one.
+    pub fn kserve(&self) -> Option<&InferResponse> {
+        match self {
+            Entry::Kserve(answer) => Some(answer),
+            Entry::Raw { .. } => None,
         }
     }
 

@@ -44,39 +44,66 @@ pub fn key(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Reques
         return None;
     }
     let path = request.uri().path();
-    let mut hash = Parts(Sha256::new());
-    hash.part(b"tiergate-cache/1");
-    hash.part(route.name.as_bytes());
-    let pools = [
-        route.realtime.as_deref(),
-        route.micro_batch.as_deref().map(|b| &*b.pool),
-    ];
-    for pool in pools {
-        let endpoints: Vec<String> = pool.map_or(Vec::new(), |p| p.endpoints.iter().map(ToString::to_string).collect());
-        hash.part(endpoints.join(" ").as_bytes());
-    }
-    hash.part(if spec.shared_across_tenants {
-        b""
-    } else {
-        tenant.as_bytes()
-    });
-    hash.part(path.as_bytes());
-    let question = if path.starts_with("/v2/models/") && path.ends_with("/infer") {
+    let scope = Scope::new(route, spec, tenant, path);
+    if path.starts_with("/v2/models/") && path.ends_with("/infer") {
         let header_len = protocol::header_len(request.headers()).ok()?;
         let req = protocol::decode_request(request.body(), header_len).ok()?;
         if matches!(protocol::sequence(&req.parameters), Ok(Some(_)) | Err(_)) {
             return None;
         }
-        hash.kserve(&req);
-        Question::Kserve(Box::new(req))
+        Some((scope.kserve(&req), Question::Kserve(Box::new(req))))
     } else {
         let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(request.body()) else {
             return None;
         };
+        let mut hash = scope.0;
         hash.part(batch::canonical(&body, &[]).as_bytes());
-        Question::Json
-    };
-    Some((hash.0.finalize().into(), question))
+        Some((hash.0.finalize().into(), Question::Json))
+    }
+}
+
+/// Everything in a key but the question: the route, its pools' endpoints, the tenant
+/// (unless shared) and the path. The micro-batch tier keeps one per caller and keys
+/// each of its rows with it ([`Scope::kserve`] of a one-row request).
+#[derive(Clone)]
+pub struct Scope(Parts);
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scope")
+    }
+}
+
+impl Scope {
+    /// The scope of a request on `path` of `route` for `tenant`.
+    pub fn new(route: &Route, spec: &CacheSpec, tenant: &str, path: &str) -> Self {
+        let mut hash = Parts(Sha256::new());
+        hash.part(b"tiergate-cache/1");
+        hash.part(route.name.as_bytes());
+        let pools = [
+            route.realtime.as_deref(),
+            route.micro_batch.as_deref().map(|b| &*b.pool),
+        ];
+        for pool in pools {
+            let endpoints: Vec<String> =
+                pool.map_or(Vec::new(), |p| p.endpoints.iter().map(ToString::to_string).collect());
+            hash.part(endpoints.join(" ").as_bytes());
+        }
+        hash.part(if spec.shared_across_tenants {
+            b""
+        } else {
+            tenant.as_bytes()
+        });
+        hash.part(path.as_bytes());
+        Scope(hash)
+    }
+
+    /// The key of the KServe v2 infer request `req` in this scope.
+    pub fn kserve(&self, req: &InferRequest) -> Key {
+        let mut hash = self.0.clone();
+        hash.kserve(req);
+        hash.0.finalize().into()
+    }
 }
 
 /// Whose entries a request reads: its authenticated tenant, else the value of the
@@ -96,6 +123,7 @@ pub fn tenant<B>(route: &Route, request: &http::Request<B>) -> String {
 }
 
 /// A hash fed length-prefixed parts.
+#[derive(Clone)]
 struct Parts(Sha256);
 
 impl Parts {

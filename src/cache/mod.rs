@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use crate::metrics;
 use crate::policy::{CacheSpec, Route};
 pub use entry::Entry;
-pub use key::{Key, Question};
+pub use key::{Key, Question, Scope};
 
 /// The key and question of `request` on `route` when the cache may answer it: `None`
 /// when the request keeps away (`Cache-Control: no-store`) or is not cacheable (see
@@ -145,6 +145,9 @@ impl RouteCache {
         for result in ["hit", "miss", "bypass", "coalesced"] {
             ::metrics::counter!(metrics::CACHE_LOOKUPS, "route" => route.to_owned(), "result" => result).absolute(0);
         }
+        for result in ["hit", "deduped", "sent"] {
+            ::metrics::counter!(metrics::CACHE_ROWS, "route" => route.to_owned(), "result" => result).absolute(0);
+        }
         RouteCache {
             route: route.to_owned(),
             spec,
@@ -179,6 +182,13 @@ impl RouteCache {
     /// Counts a lookup that ended in `result` (`hit`, `miss`, `bypass`, `coalesced`).
     pub fn counted(&self, result: &'static str) {
         ::metrics::counter!(metrics::CACHE_LOOKUPS, "route" => self.route.clone(), "result" => result).increment(1);
+    }
+
+    /// Counts `n` micro-batch rows that ended in `result` (`hit`, `deduped`, `sent`).
+    pub fn rows(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            ::metrics::counter!(metrics::CACHE_ROWS, "route" => self.route.clone(), "result" => result).increment(n);
+        }
     }
 
     /// Joins the call in flight for `key`, or leads a new one (always when the route

@@ -48,7 +48,7 @@ pub async fn run(command: CacheCommand) -> anyhow::Result<ExitCode> {
 /// The cache in one line.
 fn line(c: &Value) -> String {
     format!(
-        "route {} cache {}: {} entries, {} of {} bytes, ttl {}, coalesce {}, shared across tenants {}",
+        "route {} cache {}: {} entries, {} of {} bytes, ttl {}, coalesce {}, rows {}, shared across tenants {}",
         c["route"].as_str().unwrap_or_default(),
         if c["on"] == true { "on" } else { "off" },
         c["entries"],
@@ -56,6 +56,7 @@ fn line(c: &Value) -> String {
         c["max_bytes"],
         c["ttl"].as_str().unwrap_or_default(),
         c["coalesce"],
+        c["rows"],
         c["shared_across_tenants"]
     )
 }

@@ -164,6 +164,7 @@ mod tests {
             CancellationToken::new(),
             None,
             None,
+            crate::cache::Cache::new(),
         );
         let ready = Readiness::new(
             Queue::Embedded(store.clone()),

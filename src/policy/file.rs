@@ -92,6 +92,9 @@ pub struct CacheFile {
     pub shared_across_tenants: Option<bool>,
     /// Let identical requests in flight at once share one backend call (default on).
     pub coalesce: Option<bool>,
+    /// Look up and keep each row of a micro-batch on its own, and send identical rows
+    /// of one batch once (default on).
+    pub rows: Option<bool>,
 }
 
 /// A candidate model: its pool, what share of which tiers' calls it is sent, and how

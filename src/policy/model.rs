@@ -112,6 +112,9 @@ pub struct CacheSpec {
     pub shared_across_tenants: bool,
     /// Identical requests in flight at once share one backend call.
     pub coalesce: bool,
+    /// The micro-batch tier looks up and keeps each row on its own, and sends identical
+    /// rows of one batch once.
+    pub rows: bool,
 }
 
 /// A candidate model scored on a share of a route's traffic (see `crate::shadow`).

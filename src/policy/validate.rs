@@ -388,6 +388,7 @@ fn cache(check: &mut Check<'_>, at: &str, file: &CacheFile) -> CacheSpec {
         max_bytes,
         shared_across_tenants: file.shared_across_tenants.unwrap_or(false),
         coalesce: file.coalesce.unwrap_or(true),
+        rows: file.rows.unwrap_or(true),
     }
 }
 

@@ -246,7 +246,7 @@ fn scalar(t: &Tensor) -> BatchError {
 }
 
 /// Appends raw data buffers; a single buffer is shared, not copied.
-fn append<'a>(parts: impl Iterator<Item = &'a Bytes> + Clone) -> Bytes {
+pub(super) fn append<'a>(parts: impl Iterator<Item = &'a Bytes> + Clone) -> Bytes {
     let mut it = parts.clone();
     if let (Some(only), None) = (it.next(), it.next()) {
         return only.clone();
@@ -263,7 +263,7 @@ fn append<'a>(parts: impl Iterator<Item = &'a Bytes> + Clone) -> Bytes {
 /// dimension 0, then returns `rows.len() + 1` non-decreasing byte offsets into the data:
 /// group `i` of rows spans `cuts[i]..cuts[i + 1]`. Never allocates by a declared size:
 /// only by `rows.len()`, which the caller owns.
-fn row_cuts(t: &Tensor, rows: &[u64]) -> Result<Vec<usize>, String> {
+pub(super) fn row_cuts(t: &Tensor, rows: &[u64]) -> Result<Vec<usize>, String> {
     let Some((&dim0, trailing)) = t.shape.split_first() else {
         return Err("is a scalar (rank 0), so it has no rows to split".into());
     };

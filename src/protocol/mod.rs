@@ -12,7 +12,8 @@
 //! `data` (JSON `data` arrays parsed in one pass) · `wire` (shared JSON shapes and
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
 //! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions) ·
-//! [`batch`] (batch signatures, concatenation along dimension 0 and the split back).
+//! [`batch`] (batch signatures, concatenation along dimension 0 and the split back) ·
+//! [`rows`] (one request cut into its rows, rows' answers joined back).
 
 pub mod batch;
 mod binary;
@@ -23,6 +24,7 @@ pub mod grpc;
 mod inspect;
 mod request;
 mod response;
+pub mod rows;
 mod tensor;
 mod wire;
 

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 use super::*;
+use crate::protocol::rows::{cut, join};
 
 fn tensor(name: &str, datatype: Datatype, shape: &[u64], data: Vec<u8>) -> Tensor {
     Tensor {
@@ -415,4 +416,40 @@ fn a_sequence_step_never_shares_a_batch() {
     // 0 (or an empty string) is Triton's "no sequence".
     req.parameters.insert("sequence_id".into(), json!(0));
     assert!(signature(&req).is_ok());
+}
+
+#[test]
+fn a_request_cut_into_rows_and_its_rows_answers_joined_give_the_request_and_its_answer() {
+    for datatype in Datatype::ALL {
+        let mut req = request(vec![
+            tensor("x", datatype, &[3, 2], caller_data(datatype, 3, 1)),
+            tensor("y", datatype, &[3, 2], caller_data(datatype, 3, 2)),
+        ]);
+        req.parameters = params(json!({"opts": 1}));
+        let rows = cut(&req).unwrap();
+        assert_eq!(rows.len(), 3, "{datatype}");
+        for row in &rows {
+            assert_eq!((row.id.as_deref(), &row.parameters), (None, &req.parameters));
+            assert!(row.inputs.iter().all(|t| t.shape == [1, 2]), "{datatype}");
+        }
+        let refs: Vec<&InferRequest> = rows.iter().collect();
+        let whole = concat(&refs).unwrap();
+        assert_eq!(whole.inputs, req.inputs, "{datatype}: the rows are the request");
+        let answers: Vec<InferResponse> = rows.iter().map(echo).collect();
+        let joined = join(&answers.iter().collect::<Vec<_>>()).unwrap();
+        let direct = echo(&req);
+        assert_eq!(
+            joined.outputs, direct.outputs,
+            "{datatype}: the rows' answers are the answer"
+        );
+        assert_eq!(joined.id, None);
+    }
+    let one = echo(&request(vec![tensor("x", Datatype::Fp32, &[1, 2], vec![0; 8])]));
+    let other = echo(&request(vec![tensor("x", Datatype::Fp32, &[1, 3], vec![0; 12])]));
+    assert!(
+        matches!(join(&[&one, &other]), Err(BatchError::BadOutput { .. })),
+        "rows of different shapes never join"
+    );
+    let bad = request(vec![tensor("x", Datatype::Fp32, &[2, 2], vec![0; 12])]);
+    assert!(matches!(cut(&bad), Err(BatchError::BadInput { .. })));
 }

@@ -61,6 +61,7 @@ impl Inner {
         let wanted = Arc::new(wanted);
         let lanes = Arc::new(RouteLanes {
             shadow: None, // a canary's batches are not mirrored
+            cache: None,  // nor its answers kept
             metrics: Arc::new(BatchMetrics::new(route).without_cost()),
             ..self.lanes_on(route, &wanted, None, shadow.candidate(route, spec))
         });

@@ -16,12 +16,14 @@
 //! # Layout
 //!
 //! `kserve` (tensors: decode, concat, split) · `json` (TF-Serving and OpenAI adapters) ·
-//! `send` (one batch: build, call, scatter, isolate) · `canary` (a canary's share of
+//! `rows` (each row looked up in the route's cache, identical rows sent once) · `send`
+//! (one batch: build, call, scatter, isolate) · `canary` (a canary's share of
 //! calls, batched on the candidate's pool).
 
 mod canary;
 mod json;
 mod kserve;
+mod rows;
 mod send;
 
 use std::collections::HashMap;
@@ -40,6 +42,7 @@ use super::batcher::{self, Flush, Queue, Settings, Shared};
 use super::cost::Cost;
 use super::{Call, Reply};
 use crate::backend::{Pool, Pools, Role};
+use crate::cache::Cache;
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
@@ -70,6 +73,8 @@ struct Inner {
     shadow: Option<Shadow>,
     /// Lanes on routes' candidate pools, for the share of calls a canary sends there.
     canaries: DashMap<String, Arc<RouteLanes>>,
+    /// The routes' prediction caches, which answer rows they hold.
+    cache: Cache,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -84,6 +89,9 @@ struct RouteLanes {
     lanes: Mutex<HashMap<LaneKey, Queue<Part, Reply>>>,
     shutdown: CancellationToken,
     shadow: Option<Shadow>,
+    /// The caches its callers' rows are looked up in (none on a canary's lanes: the
+    /// candidate's answers are never kept).
+    cache: Option<Cache>,
 }
 
 /// What must agree for requests to share a batch.
@@ -109,6 +117,8 @@ struct Part {
     span: tracing::Span,
     /// The caller's ids: a batch's backend call carries its first caller's trace.
     ids: Option<crate::trace::Ids>,
+    /// On a route with its cache on: how the caller's rows meet it.
+    cache: Option<Box<rows::Rowed>>,
 }
 
 /// A caller's rows, in its lane's form.
@@ -301,12 +311,14 @@ impl MicroBatch {
     /// A micro-batch tier whose pools are built with `settings` and whose batchers stop
     /// (answering what is queued) when `shutdown` fires. Its work runs on `threads` when
     /// given (the gateway's batch runtime), else on the caller's; a share of its batches
-    /// go to routes' shadow candidates too when `shadow` is given.
+    /// go to routes' shadow candidates too when `shadow` is given. Routes with their
+    /// cache on look their rows up in `cache`.
     pub fn new(
         settings: crate::backend::Settings,
         shutdown: CancellationToken,
         threads: Option<tokio::runtime::Handle>,
         shadow: Option<Shadow>,
+        cache: Cache,
     ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
@@ -316,6 +328,7 @@ impl MicroBatch {
                 threads,
                 shadow,
                 canaries: DashMap::new(),
+                cache,
             }),
         }
     }
@@ -446,6 +459,7 @@ impl Inner {
             lanes: Mutex::new(HashMap::new()),
             shutdown: self.shutdown.clone(),
             shadow: self.shadow.clone(),
+            cache: Some(self.cache.clone()),
         }
     }
 }
@@ -485,6 +499,9 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
     }
     let queue = lanes.lane(key, spec)?;
     let part = Part {
+        cache: matches!(part, Rows::Kserve(_))
+            .then(|| lanes.cache.as_ref().and_then(|cache| rowed(cache, &call)))
+            .flatten(),
         rows: part,
         span: tracing::Span::current(),
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
@@ -504,6 +521,23 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         route: call.route.name.clone(),
         deadline: call.deadline,
     })
+}
+
+/// How `call`'s rows meet its route's cache: `None` unless the route's cache is on and
+/// looks at rows, or when the request keeps away from it (`no-store`).
+fn rowed(cache: &Cache, call: &Call) -> Option<Box<rows::Rowed>> {
+    let route = &call.route;
+    let spec = route.cache.as_ref().filter(|c| route.flags.cache && c.rows)?;
+    let headers = call.request.headers();
+    if crate::cache::entry::forbids_storing(headers) {
+        return None;
+    }
+    let tenant = crate::cache::key::tenant(route, &call.request);
+    Some(Box::new(rows::Rowed {
+        store: cache.route(&route.name, spec),
+        scope: crate::cache::Scope::new(route, spec, &tenant, call.request.uri().path()),
+        fresh: crate::cache::entry::wants_fresh(headers),
+    }))
 }
 
 impl RouteLanes {

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
+use super::rows::Plan;
 use super::{json, kserve, Form, Lane, Part, Rows};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
@@ -41,12 +42,12 @@ pub(super) async fn send(lane: Arc<Lane>, batch: Callers, flush: Flush) {
 fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
     Box::pin(async move {
         callers.retain(|e| !e.reply.is_closed());
-        let mut request = loop {
+        let (request, plan) = loop {
             if callers.is_empty() {
                 return;
             }
-            match build(lane, &callers) {
-                Ok(request) => break request,
+            match prepare(lane, &callers) {
+                Ok(prepared) => break prepared,
                 // One caller's tensors do not match their shapes: refuse it alone.
                 Err((Some(index), e)) if index < callers.len() => {
                     let _ = callers.remove(index).reply.send(Err(e));
@@ -54,8 +55,16 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
                 Err((_, e)) => return fail(callers, &e),
             }
         };
+        if let Some(plan) = &plan {
+            plan.count();
+        }
         let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
-        let total: u64 = rows.iter().sum();
+        let Some(mut request) = request else {
+            // The cache held every row: no backend call.
+            let replies = plan.as_ref().map(|p| p.answers(None, &callers));
+            return scattered(callers, replies, 0, sent);
+        };
+        let total = plan.as_ref().map_or(rows.iter().sum(), |p| p.sent().len() as u64);
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
         let span = batch_span(&callers, total, &mut request);
         // A share of batches go to the route's shadow candidate too, as the same batch.
@@ -78,14 +87,11 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
             Ok(reply) if reply.status().is_success() => {
                 lane.cost.observe(total, started.elapsed());
                 lane.metrics.learned(&lane.cost);
-                match scatter(lane, &reply, &callers, &rows) {
-                    Ok(replies) => {
-                        for (caller, reply) in callers.into_iter().zip(replies) {
-                            answer(caller, reply, total, sent);
-                        }
-                    }
-                    Err(e) => fail(callers, &e),
-                }
+                let replies = match &plan {
+                    Some(plan) => plan.answers(Some(&reply), &callers),
+                    None => scatter(lane, &reply, &callers, &rows).map(|r| r.into_iter().map(Ok).collect()),
+                };
+                scattered(callers, Some(replies), total, sent);
             }
             Ok(reply) if refused(reply.status()) && callers.len() > 1 => {
                 lane.metrics.isolations.increment(1);
@@ -120,16 +126,51 @@ fn refused(status: StatusCode) -> bool {
     matches!(status.as_u16(), 400 | 413 | 422)
 }
 
-fn build(lane: &Lane, callers: &Callers) -> Result<http::Request<Bytes>, (Option<usize>, Error)> {
+/// The backend request for `callers` (none when the cache holds every row) and, on a
+/// route with its cache on, the plan of which rows it carries.
+type Prepared = (Option<http::Request<Bytes>>, Option<Plan>);
+
+fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, Error)> {
     match &lane.form {
         Form::Kserve => {
-            let reqs = kserve_parts(callers).map_err(|e| (None, e))?;
-            kserve::build(&lane.path, &reqs, lane.binary)
+            let Some(plan) = Plan::of(callers) else {
+                let reqs = kserve_parts(callers).map_err(|e| (None, e))?;
+                return Ok((Some(kserve::build(&lane.path, &reqs, lane.binary)?), None));
+            };
+            let plan = plan.map_err(|(index, e)| (Some(index), e))?;
+            let rows = plan.sent();
+            if rows.is_empty() {
+                return Ok((None, Some(plan)));
+            }
+            // The rows were checked against their shapes when the plan cut them.
+            let request = kserve::build(&lane.path, &rows, lane.binary).map_err(|(_, e)| (None, e))?;
+            Ok((Some(request), Some(plan)))
         }
         Form::Json(_) => {
             let parts = json_parts(callers).map_err(|e| (None, e))?;
-            json::build(&lane.path, &parts).map_err(|e| (None, e))
+            Ok((Some(json::build(&lane.path, &parts).map_err(|e| (None, e))?), None))
         }
+    }
+}
+
+/// Answers every caller with its share of a batch's answer, or all with one error.
+fn scattered(callers: Callers, replies: Option<Result<Vec<Result<Reply, Error>>, Error>>, rows: u64, sent: Instant) {
+    match replies {
+        Some(Ok(replies)) => {
+            for (caller, reply) in callers.into_iter().zip(replies) {
+                match reply {
+                    Ok(reply) => answer(caller, reply, rows, sent),
+                    Err(e) => {
+                        let _ = caller.reply.send(Err(e));
+                    }
+                }
+            }
+        }
+        Some(Err(e)) => fail(callers, &e),
+        None => fail(
+            callers,
+            &Error::new(Kind::Unavailable, "internal error: a batch with nothing to send"),
+        ),
     }
 }
 
