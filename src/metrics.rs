@@ -139,6 +139,16 @@ pub const CACHE_LOOKUPS: &str = "tiergate_cache_lookups_total";
 /// answered from the cache; `deduped`: the same as another row of its batch, sent once
 /// for both; `sent`: to the backend).
 pub const CACHE_ROWS: &str = "tiergate_cache_rows_total";
+/// Lookups in the shared second level (Redis) of requests the gateway's memory did not
+/// hold, by `route` and `result` (`hit`, `miss`, `unavailable`: Redis left alone after
+/// a failure, or too slow).
+pub const CACHE_REDIS_LOOKUPS: &str = "tiergate_cache_redis_lookups_total";
+/// Redis failures (errors, timeouts, writes past `cache.max_redis_writes`), by `op`
+/// (`get`, `set`, `invalidate`) and `redis` (its `host:port`); callers never see them.
+pub const CACHE_REDIS_ERRORS: &str = "tiergate_cache_redis_errors_total";
+/// 1 while the cache uses its Redis, 0 while it serves from memory alone after a
+/// failure, by `redis` (its `host:port`).
+pub const CACHE_REDIS_UP: &str = "tiergate_cache_redis_up";
 /// Entries a route's cache let go to stay within its `max_bytes`, by `route`.
 pub const CACHE_EVICTIONS: &str = "tiergate_cache_evictions_total";
 /// Entries a route's cache keeps, by `route`.

@@ -1,7 +1,9 @@
 //! The prediction cache: the same question answered once by the backend and again from
 //! the cache, JSON and binary callers sharing an entry each in its own form, tenants
 //! never sharing, errors never kept, `Cache-Control` honoured, the TTL and the memory
-//! bound held, identical calls in flight sharing one backend call, and invalidation.
+//! bound held, identical calls in flight sharing one backend call, and invalidation;
+//! two gateways sharing entries through a real Redis, and a Redis killed or frozen
+//! mid-run changing nothing for callers.
 
 mod common;
 
@@ -56,6 +58,13 @@ async fn ask_binary(gw: &Gateway, body: &str) -> Answer {
     send("POST", gw.http_addr(), "/v2/models/m/infer", &headers, body).await
 }
 
+/// An answer's JSON without its id (which is each caller's own).
+fn without_id(answer: &Answer) -> Value {
+    let mut json = answer.json();
+    json["id"] = Value::Null;
+    json
+}
+
 fn requests(b: &Backend) -> u64 {
     b.sim.stats("m").map_or(0, |s| s.requests)
 }
@@ -70,10 +79,7 @@ async fn one_question_is_answered_once_and_every_caller_gets_its_own_form() {
     let again = ask(&gw, &question(1, "b"), &[]).await;
     assert_eq!(again.header("x-tiergate-cache"), Some("hit"));
     assert_eq!(again.json()["id"], "b", "the caller's own id");
-    let (mut a, mut b) = (first.json(), again.json());
-    a["id"] = Value::Null;
-    b["id"] = Value::Null;
-    assert_eq!(a, b, "the same answer");
+    assert_eq!(without_id(&first), without_id(&again), "the same answer");
     assert_eq!(requests(&sim), 1, "one backend call");
     // The same question in binary shares the entry, answered in binary.
     let binary = ask_binary(&gw, &question(1, "c")).await;
@@ -248,5 +254,124 @@ async fn a_grpc_caller_and_an_http_caller_share_an_entry() {
     let out = answer.into_inner();
     assert_eq!((out.id.as_str(), sums(&out)), ("g1", vec![3.5]));
     assert_eq!(requests(&sim), 1, "one backend call for both doors");
+    gw.stop().await.expect("stops");
+}
+
+const TOKEN: &str = "cache-admin-token-0123456789";
+
+/// A gateway whose cache shares entries through the Redis at `redis`, retrying a failed
+/// one after `retry`; the admin API on (token [`TOKEN`]).
+async fn sharing(redis: &str, retry: Duration, policy: &str) -> Gateway {
+    let mut config = config();
+    config.cache.redis = Some(tiergate::config::Secret(redis.into()));
+    config.cache.redis_retry = retry;
+    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    config.admin.token = Some(tiergate::config::Secret(TOKEN.into()));
+    gateway_with(config, policy).await
+}
+
+#[tokio::test]
+async fn two_gateways_share_entries_through_redis() {
+    let redis = common::redis::Redis::start().await;
+    let sim = backend(&["m"]).await;
+    let limits = "[routes.r.limits]\ntenant_rate = 1000\ntenant_header = \"x-api-key\"";
+    let policy = cached_as("shared", &sim.url(), "", limits);
+    let alice = [("x-api-key", "alice")];
+    let (one, two) = (
+        sharing(&redis.url(), Duration::from_secs(1), &policy).await,
+        sharing(&redis.url(), Duration::from_secs(1), &policy).await,
+    );
+    let first = ask(&one, &question(3, "a"), &alice).await;
+    assert_eq!(first.header("x-tiergate-cache"), Some("miss"));
+    eventually(Duration::from_secs(5), "the entry reaches Redis", || async {
+        (redis.keys().await == 1).then_some(())
+    })
+    .await;
+    let other = ask(&two, &question(3, "b"), &alice).await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.header("x-tiergate-cache"), Some("hit"), "found in Redis");
+    assert_eq!(other.json()["id"], "b", "with its own id");
+    assert_eq!(without_id(&first), without_id(&other), "the same answer");
+    assert_eq!(requests(&sim), 1, "one backend call for both gateways");
+    let lookups = |result: &str| format!("tiergate_cache_redis_lookups_total{{route=\"shared\",result=\"{result}\"}}");
+    assert_eq!(metric(&two, &lookups("hit")).await, 1.0);
+    // Tenants stay apart in Redis too.
+    let bob = ask(&two, &question(3, "c"), &[("x-api-key", "bob")]).await;
+    assert_eq!(
+        bob.header("x-tiergate-cache"),
+        Some("miss"),
+        "bob never reads alice's entry"
+    );
+    assert_eq!(requests(&sim), 2);
+
+    eventually(Duration::from_secs(5), "bob's entry reaches Redis", || async {
+        (redis.keys().await == 2).then_some(())
+    })
+    .await;
+    // Invalidated at one gateway: gone from Redis, so the other asks the backend anew.
+    let dropped = admin_call(&one, TOKEN, ("POST", "/admin/cache/shared/invalidate"), &[], "").await;
+    assert_eq!(dropped.status, 200, "{}", dropped.text());
+    assert_eq!(dropped.json()["invalidated_shared"], 2, "alice's and bob's");
+    assert_eq!(redis.keys().await, 0);
+    let fresh = ask(&one, &question(3, "d"), &alice).await;
+    assert_eq!(fresh.header("x-tiergate-cache"), Some("miss"));
+    assert_eq!(requests(&sim), 3);
+    one.stop().await.expect("stops");
+    two.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn redis_killed_or_frozen_mid_run_changes_nothing_for_callers() {
+    let mut redis = common::redis::Redis::start().await;
+    let sim = backend(&["m"]).await;
+    let gw = sharing(
+        &redis.url(),
+        Duration::from_millis(200),
+        &cached_as("killed", &sim.url(), "", ""),
+    )
+    .await;
+    let up = format!("tiergate_cache_redis_up{{redis=\"{}\"}}", redis.addr);
+    let errors = format!(
+        "tiergate_cache_redis_errors_total{{redis=\"{}\",op=\"get\"}}",
+        redis.addr
+    );
+    // Ten questions asked and kept (here and in Redis).
+    for i in 0..10 {
+        assert_eq!(ask(&gw, &question(100 + i, "k"), &[]).await.status, 200);
+    }
+    assert_eq!(metric(&gw, &up).await, 1.0);
+    redis.kill();
+    // Kept questions are still hits (this gateway's memory); new ones go to the backend.
+    for i in 0..20 {
+        let answer = ask(&gw, &question(100 + i, &format!("q{i}")), &[]).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["id"], format!("q{i}"));
+        let how = if i < 10 { "hit" } else { "miss" };
+        assert_eq!(answer.header("x-tiergate-cache"), Some(how), "question {i}");
+    }
+    assert_eq!(metric(&gw, &up).await, 0.0, "serving from memory alone");
+    assert!(metric(&gw, &errors).await >= 1.0, "the failure counted");
+    assert_eq!(requests(&sim), 20);
+
+    // Back: one request after the retry finds it in use again.
+    redis.restart().await;
+    let probes = std::sync::atomic::AtomicUsize::new(1000);
+    eventually(Duration::from_secs(10), "the gateway uses Redis again", || async {
+        // A new question each time, so the gateway's memory cannot answer it.
+        let i = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let answer = ask(&gw, &question(i, "probe"), &[]).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        (metric(&gw, &up).await == 1.0).then_some(())
+    })
+    .await;
+
+    // Frozen (SIGSTOP): lookups wait at most redis_timeout, then the gateway goes on alone.
+    redis.freeze();
+    for i in 0..10 {
+        let answer = ask(&gw, &question(700 + i, &format!("f{i}")), &[]).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    assert_eq!(metric(&gw, &up).await, 0.0, "a frozen Redis is left alone too");
+    redis.thaw();
     gw.stop().await.expect("stops");
 }

@@ -62,6 +62,8 @@ async fn a_mixed_workload_shows_in_every_documented_family() {
     let dead = dead_addr().await;
     let mut config = config();
     config.limits.max_rss_bytes = 64 << 30; // far above use: the gauge is exported, nothing is shed
+    let redis = common::redis::Redis::start().await; // the cache's shared second level
+    config.cache.redis = Some(tiergate::config::Secret(redis.url()));
     let policy = format!(
         r#"
 [routes.obs]
@@ -245,6 +247,21 @@ endpoints = ["{live}"]
     }
     assert_eq!(value(&scrape, "tiergate_cache_entries", &["route=\"obscache\""]), 1.0);
     assert!(value(&scrape, "tiergate_cache_bytes", &["route=\"obscache\""]) > 0.0);
+    // The miss looked in Redis first and found nothing; Redis in use, without an error.
+    let redis_at = format!("redis=\"{}\"", redis.addr);
+    assert_eq!(
+        value(
+            &scrape,
+            "tiergate_cache_redis_lookups_total",
+            &["route=\"obscache\"", "result=\"miss\""]
+        ),
+        1.0
+    );
+    assert_eq!(value(&scrape, "tiergate_cache_redis_up", &[&redis_at]), 1.0);
+    assert_eq!(
+        value(&scrape, "tiergate_cache_redis_errors_total", &[&redis_at, "op=\"get\""]),
+        0.0
+    );
 
     // Policy and admission, at their start values.
     assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 2.0);

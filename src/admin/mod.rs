@@ -160,8 +160,8 @@ impl Admin {
             (&Method::GET, ["admin", "flags"]) => self.flags(),
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
-            (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false),
-            (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true),
+            (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false).await,
+            (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
             (_, ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache", ..]) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -179,8 +179,8 @@ impl Admin {
     }
 
     /// Route `name`'s cache: its settings, entries and bytes; with `invalidate`, its
-    /// entries dropped first (and how many).
-    fn cache_usage(&self, name: &str, invalidate: bool) -> Response<Full<Bytes>> {
+    /// entries dropped first (and how many), here and in the shared second level.
+    async fn cache_usage(&self, name: &str, invalidate: bool) -> Response<Full<Bytes>> {
         let policy = self.control.store().load();
         let Some(route) = policy.route(name) else {
             return error(
@@ -194,6 +194,10 @@ impl Admin {
             return error(StatusCode::CONFLICT, "no_cache", &message);
         };
         let dropped = invalidate.then(|| self.cache.invalidate(name));
+        let shared = match invalidate {
+            true => self.cache.invalidate_shared(name).await,
+            false => None,
+        };
         let (entries, bytes) = self.cache.usage(name).unwrap_or((0, 0));
         let mut body = serde_json::json!({
             "route": name,
@@ -209,6 +213,16 @@ impl Admin {
         if let Some(dropped) = dropped {
             tracing::info!(route = name, dropped, "cache invalidated through the admin API");
             body["invalidated"] = serde_json::json!(dropped);
+        }
+        match shared {
+            Some(Ok(n)) => body["invalidated_shared"] = serde_json::json!(n),
+            Some(Err(why)) => {
+                // This gateway's entries are gone; the replicas' shared ones may not be.
+                tracing::warn!(route = name, error = %why, "the cache's second level was not invalidated");
+                let message = format!("this gateway's entries of route {name} were dropped, but not Redis's: {why}");
+                return error(StatusCode::BAD_GATEWAY, "second_level_unavailable", &message);
+            }
+            None => {}
         }
         ok(&body)
     }

@@ -25,7 +25,7 @@ mod threads;
 pub use settings::check;
 
 use crate::admin::{self, Admin};
-use crate::cache::Cache;
+use crate::cache::{Cache, SecondLevel};
 use crate::config::{Config, QueueKind};
 use crate::control::history::History;
 use crate::control::Control;
@@ -400,7 +400,7 @@ impl Parts {
             Some(control.clone()),
         );
         let realtime = Realtime::new(backends.clone(), Some(shadow.clone()));
-        let cache = Cache::new();
+        let cache = Cache::new().with_second_level(SecondLevel::new(&config.cache).map_err(StartError::Settings)?);
         let micro_batch = MicroBatch::new(
             backends.clone(),
             shutdown.clone(),

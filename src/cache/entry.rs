@@ -106,6 +106,74 @@ impl Entry {
     }
 }
 
+/// The first byte of an entry as bytes (the second level's form): a new layout gets a
+/// new version, and an entry of another version is read as a miss.
+const VERSION: u8 = 1;
+
+impl Entry {
+    /// The entry as bytes, for the second level: the version, then a KServe v2 answer in
+    /// Triton's binary form (its JSON header's length, then the answer), or a raw
+    /// answer's status, content type and body.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![VERSION];
+        match self {
+            Entry::Kserve(answer) => {
+                let (body, header_len) = protocol::encode_response(answer, &|_| true);
+                out.push(0);
+                out.extend_from_slice(&(header_len.unwrap_or(body.len()) as u64).to_le_bytes());
+                out.extend_from_slice(&body);
+            }
+            Entry::Raw {
+                status,
+                content_type,
+                body,
+            } => {
+                out.push(1);
+                out.extend_from_slice(&status.as_u16().to_le_bytes());
+                let ct = content_type.as_ref().map_or(&b""[..], HeaderValue::as_bytes);
+                out.extend_from_slice(&(ct.len() as u64).to_le_bytes());
+                out.extend_from_slice(ct);
+                out.extend_from_slice(body);
+            }
+        }
+        out
+    }
+
+    /// An entry from [`Entry::to_bytes`]; `None` for anything else (another version,
+    /// or bytes that do not decode).
+    pub fn from_bytes(bytes: &Bytes) -> Option<Entry> {
+        let (&[VERSION, kind], rest) = bytes.split_first_chunk::<2>()? else {
+            return None;
+        };
+        let at = bytes.len() - rest.len();
+        match kind {
+            0 => {
+                let len = u64::from_le_bytes(*rest.first_chunk::<8>()?);
+                let body = bytes.slice(at + 8..);
+                let header_len = usize::try_from(len).ok().filter(|n| *n <= body.len())?;
+                let header_len = (header_len < body.len()).then_some(header_len);
+                protocol::decode_response(&body, header_len).ok().map(Entry::Kserve)
+            }
+            1 => {
+                let status = StatusCode::from_u16(u16::from_le_bytes(*rest.first_chunk::<2>()?)).ok()?;
+                let ct_len = usize::try_from(u64::from_le_bytes(*rest.get(2..)?.first_chunk::<8>()?)).ok()?;
+                let ct = rest.get(10..10usize.checked_add(ct_len)?)?;
+                let content_type = match ct.is_empty() {
+                    true => None,
+                    false => Some(HeaderValue::from_bytes(ct).ok()?),
+                };
+                let body = bytes.slice(at + 10 + ct_len..);
+                Some(Entry::Raw {
+                    status,
+                    content_type,
+                    body,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Whether `headers` (a request's or an answer's) say `no-store` or (an answer's)
 /// `private`.
 pub fn forbids_storing(headers: &http::HeaderMap) -> bool {
@@ -125,4 +193,58 @@ fn directives(headers: &http::HeaderMap) -> impl Iterator<Item = &str> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Datatype, Tensor};
+
+    #[test]
+    fn an_entry_survives_its_bytes_and_anything_else_reads_as_nothing() {
+        let answer = InferResponse {
+            model_name: "m".into(),
+            model_version: Some("2".into()),
+            outputs: vec![Tensor {
+                name: "out".into(),
+                datatype: Datatype::Fp32,
+                shape: vec![1, 2],
+                data: Bytes::from_static(&[0, 0, 128, 63, 0, 0, 0, 64]),
+            }],
+            ..InferResponse::default()
+        };
+        let kept = Entry::from_bytes(&Bytes::from(Entry::Kserve(answer.clone()).to_bytes()));
+        assert!(matches!(kept, Some(Entry::Kserve(a)) if a == answer));
+        let raw = Entry::Raw {
+            status: StatusCode::OK,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            body: Bytes::from_static(b"{\"predictions\":[1]}"),
+        };
+        match Entry::from_bytes(&Bytes::from(raw.to_bytes())) {
+            Some(Entry::Raw {
+                status,
+                content_type,
+                body,
+            }) => {
+                assert_eq!(
+                    (status, content_type.as_ref().map(HeaderValue::as_bytes)),
+                    (StatusCode::OK, Some(&b"application/json"[..]))
+                );
+                assert_eq!(&body[..], b"{\"predictions\":[1]}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let whole = Entry::Kserve(answer).to_bytes();
+        for cut in 0..whole.len() {
+            // Every prefix, and every byte changed, reads as an entry or as nothing: never a panic.
+            let _ = Entry::from_bytes(&Bytes::copy_from_slice(&whole[..cut]));
+            let mut bent = whole.clone();
+            bent[cut] ^= 0xff;
+            let _ = Entry::from_bytes(&Bytes::from(bent));
+        }
+        assert!(
+            Entry::from_bytes(&Bytes::from_static(b"\x02\x00anything")).is_none(),
+            "another version"
+        );
+    }
 }

@@ -12,13 +12,16 @@
 //! # Layout
 //!
 //! `key` (what is in a key, canonical form) · `entry` (a kept answer, written back per
-//! caller; `Cache-Control`).
+//! caller; `Cache-Control`) · `second` (the Redis the replicas share, behind each one's
+//! memory).
 
 pub mod entry;
 pub mod key;
+pub mod second;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::watch;
@@ -27,6 +30,7 @@ use crate::metrics;
 use crate::policy::{CacheSpec, Route};
 pub use entry::Entry;
 pub use key::{Key, Question, Scope};
+pub use second::SecondLevel;
 
 /// The key and question of `request` on `route` when the cache may answer it: `None`
 /// when the request keeps away (`Cache-Control: no-store`) or is not cacheable (see
@@ -42,6 +46,7 @@ pub fn asked(route: &Route, spec: &CacheSpec, request: &http::Request<bytes::Byt
 #[derive(Debug, Clone, Default)]
 pub struct Cache {
     routes: Arc<DashMap<String, Arc<RouteCache>>>,
+    second: Option<SecondLevel>,
 }
 
 /// One route's entries, and the calls in flight that will make more.
@@ -49,8 +54,36 @@ pub struct Cache {
 pub struct RouteCache {
     route: String,
     spec: Arc<CacheSpec>,
-    entries: moka::sync::Cache<Key, Arc<Entry>>,
+    entries: moka::sync::Cache<Key, Kept>,
     flights: Mutex<HashMap<Key, watch::Receiver<Landed>>>,
+    second: Option<SecondLevel>,
+}
+
+/// An entry in memory, and how long it is kept from when it was put there.
+#[derive(Debug, Clone)]
+struct Kept {
+    entry: Arc<Entry>,
+    ttl: Duration,
+}
+
+/// Each entry expires after its own TTL: the route's, or less for one found in the
+/// second level (what it has left there).
+struct Expiry;
+
+impl moka::Expiry<Key, Kept> for Expiry {
+    fn expire_after_create(&self, _: &Key, kept: &Kept, _: std::time::Instant) -> Option<Duration> {
+        Some(kept.ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &Key,
+        kept: &Kept,
+        _: std::time::Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(kept.ttl)
+    }
 }
 
 /// What a call in flight ended with, as its followers see it.
@@ -81,6 +114,19 @@ impl Cache {
         Cache::default()
     }
 
+    /// The same cache, sharing entries through `second` (see [`second`]).
+    pub fn with_second_level(mut self, second: Option<SecondLevel>) -> Self {
+        self.second = second;
+        self
+    }
+
+    /// Drops every entry of `route` in the second level, if there is one: how many,
+    /// or why not.
+    pub async fn invalidate_shared(&self, route: &str) -> Option<Result<u64, String>> {
+        let second = self.second.as_ref()?;
+        Some(second.invalidate(route, Duration::from_secs(10)).await)
+    }
+
     /// `route`'s store under `spec`: a new, empty one when the spec changed.
     pub fn route(&self, route: &str, spec: &Arc<CacheSpec>) -> Arc<RouteCache> {
         if let Some(store) = self.routes.get(route) {
@@ -88,7 +134,7 @@ impl Cache {
                 return store.clone();
             }
         }
-        let store = Arc::new(RouteCache::new(route, spec.clone()));
+        let store = Arc::new(RouteCache::new(route, spec.clone(), self.second.clone()));
         self.routes.insert(route.to_owned(), store.clone());
         store
     }
@@ -122,7 +168,7 @@ impl Cache {
 }
 
 impl RouteCache {
-    fn new(route: &str, spec: Arc<CacheSpec>) -> Self {
+    fn new(route: &str, spec: Arc<CacheSpec>, second: Option<SecondLevel>) -> Self {
         let evicted = ::metrics::counter!(metrics::CACHE_EVICTIONS, "route" => route.to_owned());
         evicted.absolute(0);
         let (count, bytes) = gauges(route);
@@ -131,12 +177,12 @@ impl RouteCache {
         bytes.set(0.0);
         let entries = moka::sync::Cache::builder()
             .max_capacity(spec.max_bytes)
-            .weigher(|_: &Key, entry: &Arc<Entry>| entry.weight())
-            .time_to_live(spec.ttl)
-            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+            .weigher(|_: &Key, kept: &Kept| kept.entry.weight())
+            .expire_after(Expiry)
+            .eviction_listener(move |_, kept: Kept, cause| {
                 // Every removal (evicted, expired, replaced, invalidated) is told here.
                 count.decrement(1.0);
-                bytes.decrement(f64::from(entry.weight()));
+                bytes.decrement(f64::from(kept.entry.weight()));
                 if cause.was_evicted() {
                     evicted.increment(1);
                 }
@@ -148,11 +194,18 @@ impl RouteCache {
         for result in ["hit", "deduped", "sent"] {
             ::metrics::counter!(metrics::CACHE_ROWS, "route" => route.to_owned(), "result" => result).absolute(0);
         }
+        if second.is_some() {
+            for result in ["hit", "miss", "unavailable"] {
+                let labels = [("route", route.to_owned()), ("result", result.to_owned())];
+                ::metrics::counter!(metrics::CACHE_REDIS_LOOKUPS, &labels).absolute(0);
+            }
+        }
         RouteCache {
             route: route.to_owned(),
             spec,
             entries,
             flights: Mutex::new(HashMap::new()),
+            second,
         }
     }
 
@@ -166,17 +219,50 @@ impl RouteCache {
         self.entries.contains_key(key)
     }
 
-    /// The entry for `key`, if one is kept.
+    /// The entry for `key`, if this gateway's memory keeps one.
     pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
-        self.entries.get(key)
+        self.entries.get(key).map(|kept| kept.entry)
     }
 
-    /// Keeps `entry` for `key`.
+    /// The entry for `key` in the second level, if there is one and it keeps one
+    /// (then kept in memory too, for what it has left there).
+    pub async fn get_shared(&self, key: &Key) -> Option<Arc<Entry>> {
+        let second = self.second.as_ref()?;
+        let found = second.get(&self.route, key, self.spec.max_bytes).await;
+        let result = match &found {
+            second::Found::Entry(..) => "hit",
+            second::Found::Nothing => "miss",
+            second::Found::Unavailable => "unavailable",
+        };
+        let labels = [("route", self.route.clone()), ("result", result.to_owned())];
+        ::metrics::counter!(metrics::CACHE_REDIS_LOOKUPS, &labels).increment(1);
+        let second::Found::Entry(entry, left) = found else {
+            return None;
+        };
+        let entry = Arc::new(entry);
+        self.keep(*key, entry.clone(), left.min(self.spec.ttl));
+        Some(entry)
+    }
+
+    /// Keeps `entry` for `key` for the route's TTL, here and in the second level.
     pub fn put(&self, key: Key, entry: Arc<Entry>) {
+        self.put_for(key, entry, self.spec.ttl);
+    }
+
+    /// Keeps `entry` for `key` for `ttl`, here and in the second level.
+    pub fn put_for(&self, key: Key, entry: Arc<Entry>, ttl: Duration) {
+        if let Some(second) = &self.second {
+            second.put(&self.route, &key, &entry, ttl);
+        }
+        self.keep(key, entry, ttl);
+    }
+
+    /// Keeps `entry` for `key` in this gateway's memory for `ttl`.
+    fn keep(&self, key: Key, entry: Arc<Entry>, ttl: Duration) {
         let (count, bytes) = gauges(&self.route);
         count.increment(1.0);
         bytes.increment(f64::from(entry.weight()));
-        self.entries.insert(key, entry);
+        self.entries.insert(key, Kept { entry, ttl });
     }
 
     /// Counts a lookup that ended in `result` (`hit`, `miss`, `bypass`, `coalesced`).
@@ -232,10 +318,15 @@ pub struct Flight {
 
 impl Flight {
     /// Ends the flight with `entry` (kept, and given to every follower) or with nothing.
-    pub fn land(mut self, entry: Option<Arc<Entry>>) {
+    pub fn land(self, entry: Option<Arc<Entry>>) {
         if let Some(entry) = &entry {
             self.store.put(self.key, entry.clone());
         }
+        self.share(entry);
+    }
+
+    /// Ends the flight with `entry`, already kept (or nothing), given to every follower.
+    pub fn share(mut self, entry: Option<Arc<Entry>>) {
         self.leave();
         if let Some(send) = self.send.take() {
             send.send_replace(entry.map_or(Landed::Nothing, Landed::Answer));

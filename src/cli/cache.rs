@@ -41,6 +41,9 @@ pub async fn run(command: CacheCommand) -> anyhow::Result<ExitCode> {
     if let Some(n) = body.get("invalidated") {
         println!("route {route}: {n} entries invalidated");
     }
+    if let Some(n) = body.get("invalidated_shared") {
+        println!("route {route}: {n} entries invalidated in Redis (shared by the replicas)");
+    }
     println!("{}", line(&body));
     Ok(ExitCode::SUCCESS)
 }

@@ -53,6 +53,42 @@ pub struct Config {
     pub backends: Backends,
     /// How a stop signal drains the gateway.
     pub shutdown: Shutdown,
+    /// The prediction cache's shared second level.
+    pub cache: CacheConfig,
+}
+
+/// The prediction cache's second level: a Redis the gateway's replicas share, behind
+/// each one's own memory (see `crate::cache`). Off unless `redis` is set. When Redis is
+/// slow or down the gateway goes on with its own memory alone, and tries Redis again
+/// after `redis_retry`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// `redis://[:PASSWORD@]HOST:PORT[/DB]`; a secret, as it may hold a password.
+    pub redis: Option<Secret>,
+    /// Longest a lookup or a write waits for Redis before the gateway goes on without it.
+    #[serde(with = "humantime_serde")]
+    pub redis_timeout: Duration,
+    /// How long a Redis that failed is left alone before it is tried again.
+    #[serde(with = "humantime_serde")]
+    pub redis_retry: Duration,
+    /// The prefix of every key the gateway writes (`PREFIX:ROUTE:KEY`), so gateways
+    /// of different deployments can share one Redis without meeting.
+    pub redis_prefix: String,
+    /// Writes to Redis in flight at once; past it a new entry is kept in memory only.
+    pub max_redis_writes: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            redis: None,
+            redis_timeout: Duration::from_millis(25),
+            redis_retry: Duration::from_secs(1),
+            redis_prefix: "tiergate".into(),
+            max_redis_writes: 256,
+        }
+    }
 }
 
 /// How the gateway stops on SIGTERM (or Ctrl-C): readiness turns 503 at once; new
@@ -398,6 +434,7 @@ impl Default for Config {
             admin: Admin::default(),
             backends: Backends::default(),
             shutdown: Shutdown::default(),
+            cache: CacheConfig::default(),
         }
     }
 }

@@ -68,6 +68,7 @@ impl Config {
         self.check_kafka(&mut check);
         self.check_listen(&mut check);
         self.check_tls(&mut check);
+        self.check_cache(&mut check);
         if self.shutdown.drain_delay >= self.shutdown.timeout {
             check.fail(
                 "shutdown.drain_delay",
@@ -135,6 +136,26 @@ impl Config {
                     limits.budget_reserve
                 ),
             );
+        }
+    }
+
+    fn check_cache(&self, check: &mut Check) {
+        let cache = &self.cache;
+        if let Some(url) = &cache.redis {
+            if let Err(e) = redis::Client::open(url.0.as_str()) {
+                // The client's message never repeats the URL (which may hold a password).
+                check.fail(
+                    "cache.redis",
+                    format!("must be a URL such as redis://host:6379 ({})", e.category()),
+                );
+            }
+        }
+        check.positive("cache.redis_timeout", cache.redis_timeout);
+        check.positive("cache.redis_retry", cache.redis_retry);
+        check.at_least("cache.max_redis_writes", cache.max_redis_writes as u64, 1);
+        let prefix = &cache.redis_prefix;
+        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            check.fail("cache.redis_prefix", "must be letters, digits, '-', '_' or '.'");
         }
     }
 

@@ -70,6 +70,15 @@ impl Dispatch {
                     }
                 }
                 Joined::Lead(flight) => {
+                    // The replicas' shared second level, within a quarter of the budget.
+                    if !entry::wants_fresh(request.headers()) {
+                        let shared = tokio::time::timeout(budget(route, &to) / 4, store.get_shared(&key));
+                        if let Ok(Some(entry)) = shared.await {
+                            flight.share(Some(entry.clone()));
+                            store.counted("hit");
+                            return self.answered(route, door, &request, &entry, &question, "hit");
+                        }
+                    }
                     store.counted("miss");
                     let served = self.serve(route, door, to, request, received).await;
                     let kept = served.result.as_ref().ok().and_then(|r| Entry::of(&question, r));

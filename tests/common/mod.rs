@@ -4,6 +4,7 @@
 pub mod grpc;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
