@@ -139,6 +139,12 @@ pub const CACHE_LOOKUPS: &str = "tiergate_cache_lookups_total";
 /// answered from the cache; `deduped`: the same as another row of its batch, sent once
 /// for both; `sent`: to the backend).
 pub const CACHE_ROWS: &str = "tiergate_cache_rows_total";
+/// Answers written into a route's cache ahead of the requests that will ask for them,
+/// by a Batch API batch or a Kafka source marked to precompute, by `route`.
+pub const CACHE_PRECOMPUTED: &str = "tiergate_cache_precomputed_total";
+/// Hits (of whole requests and of micro-batch rows) answered by a precomputed entry, by
+/// `route`; also counted as hits in `tiergate_cache_lookups_total` and `_rows_total`.
+pub const CACHE_PRECOMPUTED_HITS: &str = "tiergate_cache_precomputed_hits_total";
 /// Lookups in the shared second level (Redis) of requests the gateway's memory did not
 /// hold, by `route` and `result` (`hit`, `miss`, `unavailable`: Redis left alone after
 /// a failure, or too slow).

@@ -289,3 +289,82 @@ async fn uploads_are_refused_for_what_they_are() {
     assert_eq!(no_file.status, 404);
     gw.stop().await.expect("stops");
 }
+
+/// `POST /v1/batches` for `file` with `precompute` as given.
+async fn precomputing(gw: &Gateway, file: &str, precompute: Value) -> Answer {
+    let body = json!({"input_file_id": file, "endpoint": "/v2/models/m/infer", "completion_window": "24h",
+                      "precompute": precompute});
+    send(
+        "POST",
+        gw.http_addr(),
+        "/v1/batches",
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_precomputing_batch_makes_later_real_time_calls_hits() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let text = policy("pre", &rt.url(), &batch.url());
+    let gw = gateway(&text).await;
+    let n = 50;
+    let content: Vec<String> = (0..n).map(line).collect();
+    let file = upload(&gw, &content.join("\n")).await.json();
+    let file_id = file["id"].as_str().expect("id");
+    // Without a cache on the route there is nowhere to keep the answers.
+    let refused = precomputing(&gw, file_id, json!({"ttl": "1h"})).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("has no cache"), "{}", refused.text());
+    gw.stop().await.expect("stops");
+
+    let cached = text.replace("offline = true", "offline = true\ncache = true") + "[routes.pre.cache]\n";
+    let gw = gateway(&cached).await;
+    let file = upload(&gw, &content.join("\n")).await.json();
+    let file_id = file["id"].as_str().expect("id");
+    let bad = precomputing(&gw, file_id, json!({"ttl": "30d"})).await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(bad.text().contains("from 1s to 7d"), "{}", bad.text());
+    let created = precomputing(&gw, file_id, json!({"ttl": "1h"})).await;
+    assert_eq!(created.status, 200, "{}", created.text());
+    let created = created.json();
+    assert_eq!(created["precompute"], json!({"ttl": "1h"}));
+    let done = until(&gw, created["id"].as_str().expect("id"), "completed").await;
+    assert_eq!(done["request_counts"]["completed"], n);
+    assert_eq!(
+        metric(&gw, "tiergate_cache_precomputed_total{route=\"pre\"}").await,
+        n as f64
+    );
+
+    // The same questions asked of the real-time tier: answered from the cache.
+    for i in 0..n {
+        let body = json!({"id": format!("rt-{i}"), "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [i, i + 1]}]});
+        let answer = infer(
+            gw.http_addr(),
+            "m",
+            &[("x-tiergate-budget-ms", "100")],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-cache"), Some("hit"), "request {i}");
+        assert_eq!(answer.json()["id"], format!("rt-{i}"));
+        assert_eq!(answer.json()["outputs"][0]["data"], json!([i as f64, (i + 1) as f64]));
+    }
+    assert_eq!(
+        rt.sim.stats("m").map_or(0, |s| s.requests),
+        0,
+        "the real-time pool was never called"
+    );
+    assert_eq!(
+        batch.sim.stats("m").expect("stats").rows,
+        n as u64,
+        "each question computed once"
+    );
+    assert_eq!(
+        metric(&gw, "tiergate_cache_precomputed_hits_total{route=\"pre\"}").await,
+        n as f64
+    );
+    gw.stop().await.expect("stops");
+}

@@ -36,6 +36,14 @@ fn line(i: usize, url: &str) -> String {
     .to_string()
 }
 
+/// A batch input file of `n` lines for model `m` in `dir`: its path and its lines.
+fn input_file(dir: &tempfile::TempDir, n: usize) -> (String, Vec<String>) {
+    let input = dir.path().join("in.jsonl");
+    let lines: Vec<String> = (0..n).map(|i| line(i, "/v2/models/m/infer")).collect();
+    std::fs::write(&input, lines.join("\n")).expect("write");
+    (input.to_str().expect("utf-8").to_owned(), lines)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_follow_status_results_and_cancel() {
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
@@ -136,10 +144,8 @@ async fn a_shadow_batch_says_how_the_candidate_did_and_its_comparison_is_downloa
     let gw = gateway(&text).await;
     let url = format!("http://{}", gw.http_addr());
     let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("in.jsonl");
-    let lines: Vec<String> = (0..30).map(|i| line(i, "/v2/models/m/infer")).collect();
-    std::fs::write(&input, lines.join("\n")).expect("write");
-    let input = input.to_str().expect("utf-8");
+    let (input, _) = input_file(&dir, 30);
+    let input = input.as_str();
     let submit = [
         "submit",
         input,
@@ -161,5 +167,45 @@ async fn a_shadow_batch_says_how_the_candidate_did_and_its_comparison_is_downloa
     assert!(ok, "{stderr}");
     let comparison = std::fs::read_to_string(dir.path().join("out.comparison.jsonl")).expect("comparison written");
     assert_eq!(comparison.lines().count(), 30);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_precomputing_batch_keeps_its_answers_for_the_real_time_calls_after_it() {
+    let batch = backend(&["m"]).await;
+    let text = format!(
+        "[routes.pre]\nmodels = [\"m\"]\n[routes.pre.flags]\nrealtime = false\noffline = true\ncache = true\n\
+         [routes.pre.micro_batch]\nendpoints = [\"{}\"]\n[routes.pre.cache]\n",
+        batch.url()
+    );
+    let gw = gateway(&text).await;
+    let url = format!("http://{}", gw.http_addr());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (input, lines) = input_file(&dir, 10);
+    let with = |flag: &'static str| {
+        [
+            "submit",
+            &input,
+            "--endpoint",
+            "/v2/models/m/infer",
+            "--precompute",
+            flag,
+            "--gateway",
+            &url,
+        ]
+        .map(str::to_owned)
+    };
+    let (ok, _, stderr) = jobs(&with("2h").iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("precompute: its 10 answers are kept in the route's cache for 2h"),
+        "{stderr}"
+    );
+    let first: serde_json::Value = serde_json::from_str(&lines[0]).expect("a line");
+    let answer = infer(gw.http_addr(), "m", &[], &first["body"].to_string()).await;
+    assert_eq!(answer.header("x-tiergate-cache"), Some("hit"), "{}", answer.text());
+    let (code, _, stderr) = jobs_code(&with("9d").iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("must be a duration from 1s to 7d"), "{stderr}");
     gw.stop().await.expect("stops");
 }

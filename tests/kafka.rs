@@ -34,10 +34,39 @@ fn source(input: &str, output: &str) -> KafkaSource {
         group: None,
         budget: Duration::from_secs(2),
         max_in_flight: 256,
+        precompute: None,
     }
 }
 
 const ROUTE_EXTRA: &str = "";
+
+/// Produces requests 0..n to `topic`, keyed `k{i}`.
+async fn produce(broker: &Broker, topic: &str, n: u32) {
+    let producer: FutureProducer = broker.client().create().expect("producer");
+    for i in 0..n {
+        let (key, body) = (format!("k{i}"), request(i));
+        producer
+            .send(
+                FutureRecord::to(topic).key(&key).payload(&body),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("request produced");
+    }
+}
+
+/// A consumer of `topic` from its start.
+fn reader(broker: &Broker, topic: &str) -> StreamConsumer {
+    let consumer: StreamConsumer = broker
+        .client()
+        .set("group.id", "test-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
@@ -47,19 +76,7 @@ async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
     let sim = backend(&["m"]).await;
 
     // Produce every request before the gateway starts: a backlog it must drain.
-    let producer: FutureProducer = broker.client().create().expect("producer");
-    for i in 0..N {
-        let key = format!("k{i}");
-        let body = request(i);
-        producer
-            .send(
-                FutureRecord::to("requests").key(&key).payload(&body),
-                Duration::from_secs(10),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .expect("request produced");
-    }
+    produce(&broker, "requests", N).await;
 
     // A small queue, so the source meets back-pressure (429s) and has to pause.
     let policy = route(&sim.url(), &sim.url(), "micro_batch = true", ROUTE_EXTRA)
@@ -69,13 +86,7 @@ async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
     config.kafka.sources = vec![source("requests", "answers")];
     let gw = gateway_with(config, &policy).await;
 
-    let consumer: StreamConsumer = broker
-        .client()
-        .set("group.id", "test-reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&["answers"]).expect("subscribe");
+    let consumer = reader(&broker, "answers");
     let mut answers: BTreeMap<String, (String, serde_json::Value)> = BTreeMap::new();
     let limit = Instant::now() + Duration::from_secs(120);
     while answers.len() < N as usize {
@@ -174,4 +185,55 @@ async fn start_refuses_an_unreachable_broker_and_a_missing_topic() {
         .await
         .expect_err("refused");
     assert!(error.to_string().contains("topic absent does not exist"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_precomputing_source_turns_later_calls_into_cache_hits() {
+    const N: u32 = 20;
+    let broker = Broker::start().await;
+    broker.create_topics(&["nightly", "scores"], 1).await;
+    let sim = backend(&["m"]).await;
+    // A route of its own: metrics are the test process's.
+    let policy = (route(&sim.url(), &sim.url(), "micro_batch = true\ncache = true", ROUTE_EXTRA)
+        + "[routes.r.cache]\n")
+        .replace("routes.r", "routes.pre");
+    let mut config = config();
+    config.kafka.brokers = broker.addr.clone();
+    config.kafka.sources = vec![KafkaSource {
+        route: "pre".into(),
+        precompute: Some(Duration::from_secs(3600)),
+        ..source("nightly", "scores")
+    }];
+    let gw = gateway_with(config, &policy).await;
+    produce(&broker, "nightly", N).await;
+    let consumer = reader(&broker, "scores");
+    for _ in 0..N {
+        tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+            .await
+            .expect("an answer within 60 s")
+            .expect("read an answer");
+    }
+    let computed = sim.sim.stats("m").expect("model").rows;
+    assert_eq!(computed, u64::from(N));
+    // The next day's real-time calls: lookups, not model calls.
+    for i in 0..N {
+        let answer = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], &request(i)).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-cache"), Some("hit"), "request {i}");
+        let echoed = answer.json()["outputs"][0]["data"].clone();
+        assert_eq!(
+            echoed,
+            serde_json::json!((0..4).map(|j| f64::from(i * 10 + j)).collect::<Vec<_>>())
+        );
+    }
+    assert_eq!(sim.sim.stats("m").expect("model").rows, computed, "no backend call");
+    assert_eq!(
+        metric(&gw, "tiergate_cache_precomputed_total{route=\"pre\"}").await,
+        f64::from(N)
+    );
+    assert_eq!(
+        metric(&gw, "tiergate_cache_precomputed_hits_total{route=\"pre\"}").await,
+        f64::from(N)
+    );
+    gw.stop().await.expect("stops");
 }

@@ -24,6 +24,7 @@ libfuzzer_sys::fuzz_target!(|content: &[u8]| {
         expires_at: 1,
         tenant: "t",
         shadow: false,
+        precompute: None,
     };
     let (jobs, _) = lines(content, &within);
     assert!(

@@ -425,7 +425,7 @@ impl Parts {
             Dispatch::new(policy.clone(), admission, tiers, backends, readiness.clone())
                 .with_budget_reserve(config.limits.budget_reserve)
                 .with_callers(callers)
-                .with_cache(cache),
+                .with_cache(cache.clone()),
         );
         let api = OfflineApi {
             store: store.clone(),
@@ -444,6 +444,7 @@ impl Parts {
             settings: config.offline.clone(),
             wake,
             shadow: Some(shadow.clone()),
+            cache,
         };
         Ok(Parts {
             policy,

@@ -59,11 +59,13 @@ pub struct RouteCache {
     second: Option<SecondLevel>,
 }
 
-/// An entry in memory, and how long it is kept from when it was put there.
+/// An entry in memory, how long it is kept from when it was put there, and whether a
+/// batch or a Kafka source precomputed it.
 #[derive(Debug, Clone)]
 struct Kept {
     entry: Arc<Entry>,
     ttl: Duration,
+    precomputed: bool,
 }
 
 /// Each entry expires after its own TTL: the route's, or less for one found in the
@@ -125,6 +127,26 @@ impl Cache {
     pub async fn invalidate_shared(&self, route: &str) -> Option<Result<u64, String>> {
         let second = self.second.as_ref()?;
         Some(second.invalidate(route, Duration::from_secs(10)).await)
+    }
+
+    /// Keeps `reply`, the answer to the request `asked` ([`asked`]) on `route`, as
+    /// precomputed for `ttl` (see [`RouteCache::precompute`]); whether it was kept (only
+    /// a success is, on a route with a cache).
+    pub fn precompute(
+        &self,
+        route: &Route,
+        (key, question): (Key, Question),
+        reply: &crate::tiers::Reply,
+        ttl: Duration,
+    ) -> bool {
+        let Some(spec) = &route.cache else {
+            return false;
+        };
+        let Some(entry) = Entry::of(&question, reply) else {
+            return false;
+        };
+        self.route(&route.name, spec).precompute(key, Arc::new(entry), ttl);
+        true
     }
 
     /// `route`'s store under `spec`: a new, empty one when the spec changed.
@@ -191,6 +213,8 @@ impl RouteCache {
         for result in ["hit", "miss", "bypass", "coalesced"] {
             ::metrics::counter!(metrics::CACHE_LOOKUPS, "route" => route.to_owned(), "result" => result).absolute(0);
         }
+        ::metrics::counter!(metrics::CACHE_PRECOMPUTED, "route" => route.to_owned()).absolute(0);
+        ::metrics::counter!(metrics::CACHE_PRECOMPUTED_HITS, "route" => route.to_owned()).absolute(0);
         for result in ["hit", "deduped", "sent"] {
             ::metrics::counter!(metrics::CACHE_ROWS, "route" => route.to_owned(), "result" => result).absolute(0);
         }
@@ -219,9 +243,14 @@ impl RouteCache {
         self.entries.contains_key(key)
     }
 
-    /// The entry for `key`, if this gateway's memory keeps one.
+    /// The entry for `key`, if this gateway's memory keeps one (a use of it: one that
+    /// was precomputed is counted so).
     pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
-        self.entries.get(key).map(|kept| kept.entry)
+        let kept = self.entries.get(key)?;
+        if kept.precomputed {
+            ::metrics::counter!(metrics::CACHE_PRECOMPUTED_HITS, "route" => self.route.clone()).increment(1);
+        }
+        Some(kept.entry)
     }
 
     /// The entry for `key` in the second level, if there is one and it keeps one
@@ -236,11 +265,23 @@ impl RouteCache {
         };
         let labels = [("route", self.route.clone()), ("result", result.to_owned())];
         ::metrics::counter!(metrics::CACHE_REDIS_LOOKUPS, &labels).increment(1);
-        let second::Found::Entry(entry, left) = found else {
+        let second::Found::Entry(entry, left, precomputed) = found else {
             return None;
         };
         let entry = Arc::new(entry);
-        self.keep(*key, entry.clone(), left.min(self.spec.ttl));
+        if precomputed {
+            ::metrics::counter!(metrics::CACHE_PRECOMPUTED_HITS, "route" => self.route.clone()).increment(1);
+        }
+        // A precomputed entry keeps the TTL its batch gave it; any other, at most the route's.
+        let ttl = if precomputed { left } else { left.min(self.spec.ttl) };
+        self.keep(
+            *key,
+            Kept {
+                entry: entry.clone(),
+                ttl,
+                precomputed,
+            },
+        );
         Some(entry)
     }
 
@@ -251,18 +292,44 @@ impl RouteCache {
 
     /// Keeps `entry` for `key` for `ttl`, here and in the second level.
     pub fn put_for(&self, key: Key, entry: Arc<Entry>, ttl: Duration) {
-        if let Some(second) = &self.second {
-            second.put(&self.route, &key, &entry, ttl);
-        }
-        self.keep(key, entry, ttl);
+        self.put_kept(
+            key,
+            Kept {
+                entry,
+                ttl,
+                precomputed: false,
+            },
+        );
     }
 
-    /// Keeps `entry` for `key` in this gateway's memory for `ttl`.
-    fn keep(&self, key: Key, entry: Arc<Entry>, ttl: Duration) {
+    /// Keeps `entry`, computed ahead of the requests that will ask for it (by a batch or
+    /// a Kafka source), for `key` for `ttl`, here and in the second level; its hits are
+    /// counted apart.
+    pub fn precompute(&self, key: Key, entry: Arc<Entry>, ttl: Duration) {
+        ::metrics::counter!(metrics::CACHE_PRECOMPUTED, "route" => self.route.clone()).increment(1);
+        self.put_kept(
+            key,
+            Kept {
+                entry,
+                ttl,
+                precomputed: true,
+            },
+        );
+    }
+
+    fn put_kept(&self, key: Key, kept: Kept) {
+        if let Some(second) = &self.second {
+            second.put(&self.route, &key, (&kept.entry, kept.precomputed), kept.ttl);
+        }
+        self.keep(key, kept);
+    }
+
+    /// Keeps `kept` for `key` in this gateway's memory.
+    fn keep(&self, key: Key, kept: Kept) {
         let (count, bytes) = gauges(&self.route);
         count.increment(1.0);
-        bytes.increment(f64::from(entry.weight()));
-        self.entries.insert(key, Kept { entry, ttl });
+        bytes.increment(f64::from(kept.entry.weight()));
+        self.entries.insert(key, kept);
     }
 
     /// Counts a lookup that ended in `result` (`hit`, `miss`, `bypass`, `coalesced`).

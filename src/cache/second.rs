@@ -10,7 +10,8 @@
 //! in use and not is one log line, and `tiergate_cache_redis_up` shows which.
 //!
 //! Keys are `PREFIX:ROUTE:HEX` (the route in the key lets an invalidation find a
-//! route's entries); values are [`Entry::to_bytes`]. Redis must be as private as the
+//! route's entries); values are one byte (1: precomputed, by a batch or a Kafka source;
+//! else 0) and then [`Entry::to_bytes`]. Redis must be as private as the
 //! gateway's memory: whoever can write to it can answer for the model.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,8 +57,8 @@ impl std::fmt::Debug for SecondLevel {
 /// What a lookup found.
 #[derive(Debug)]
 pub enum Found {
-    /// An entry, and how long it has left.
-    Entry(Entry, Duration),
+    /// An entry, how long it has left, and whether it was precomputed.
+    Entry(Entry, Duration, bool),
     /// Nothing under the key.
     Nothing,
     /// Redis was not asked (left alone after a failure) or did not answer in time.
@@ -111,8 +112,10 @@ impl SecondLevel {
         match tokio::time::timeout(self.0.timeout, asked).await {
             Ok(Ok((Some(bytes), left))) if bytes.len() as u64 <= max_bytes && left > 0 => {
                 self.0.answered();
-                match Entry::from_bytes(&Bytes::from(bytes)) {
-                    Some(entry) => Found::Entry(entry, Duration::from_millis(left.unsigned_abs())),
+                let bytes = Bytes::from(bytes);
+                let precomputed = bytes.first() == Some(&1);
+                match Entry::from_bytes(&bytes.slice(1.min(bytes.len())..)) {
+                    Some(entry) => Found::Entry(entry, Duration::from_millis(left.unsigned_abs()), precomputed),
                     None => Found::Nothing, // another layout, or not ours: a miss
                 }
             }
@@ -125,9 +128,10 @@ impl SecondLevel {
         }
     }
 
-    /// Writes `entry` under `key` for `route`, to expire in `ttl`; in the background, and
-    /// not at all while Redis is left alone or too many writes are in flight.
-    pub fn put(&self, route: &str, key: &Key, entry: &Entry, ttl: Duration) {
+    /// Writes `entry` under `key` for `route`, to expire in `ttl` (`precomputed` said
+    /// with it); in the background, and not at all while Redis is left alone or too many
+    /// writes are in flight.
+    pub fn put(&self, route: &str, key: &Key, (entry, precomputed): (&Entry, bool), ttl: Duration) {
         if !self.0.in_use() {
             return;
         }
@@ -135,7 +139,9 @@ impl SecondLevel {
             self.0.errors("set");
             return;
         };
-        let (inner, name, value) = (self.0.clone(), self.0.name(route, key), entry.to_bytes());
+        let mut value = vec![u8::from(precomputed)];
+        value.extend_from_slice(&entry.to_bytes());
+        let (inner, name) = (self.0.clone(), self.0.name(route, key));
         let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         tokio::spawn(async move {
             let _slot = slot;

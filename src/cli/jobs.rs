@@ -76,6 +76,11 @@ pub struct SubmitArgs {
     /// summary beside the output (the route needs a `[shadow]` table, its flag on).
     #[arg(long)]
     shadow: bool,
+    /// Keep every answer in the route's cache for TTL (e.g. 24h; at most 7d), so the
+    /// same questions asked later are answered from it (the route needs a `[cache]`
+    /// table, its flag on).
+    #[arg(long, value_name = "TTL")]
+    precompute: Option<String>,
     #[command(flatten)]
     gateway: Gateway,
 }
@@ -115,12 +120,15 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     if status >= 400 {
         bail!("upload refused ({status}): {}", error_text(&file));
     }
-    let create = json!({
+    let mut create = json!({
         "input_file_id": file["id"],
         "endpoint": args.endpoint,
         "completion_window": args.completion_window,
         "shadow": args.shadow,
     });
+    if let Some(ttl) = &args.precompute {
+        create["precompute"] = json!({"ttl": ttl});
+    }
     let (status, batch) = call(
         url,
         "POST",
@@ -195,6 +203,9 @@ async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
         }
         if ended {
             bar.finish();
+            if let Some(ttl) = batch.pointer("/precompute/ttl").and_then(Value::as_str) {
+                eprintln!("precompute: its {done} answers are kept in the route's cache for {ttl}");
+            }
             if let Some(summary) = batch.pointer("/shadow/summary").filter(|s| s.is_object()) {
                 eprintln!(
                     "shadow: {} of {} lines compared, {} rows of {} within tolerance (agreement {}); \

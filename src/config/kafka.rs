@@ -89,6 +89,11 @@ pub struct KafkaSource {
     /// batch pool is saturated; nothing more is read).
     #[serde(default = "default_source_in_flight")]
     pub max_in_flight: usize,
+    /// Keep every answer in the route's cache for this long (at most 7 d), so the same
+    /// questions asked of the doors later are answered from it; needs the route's
+    /// `[cache]` table. Unset: answers are kept only as the route's cache keeps any.
+    #[serde(default, with = "humantime_serde")]
+    pub precompute: Option<Duration>,
 }
 
 fn default_source_budget() -> Duration {

@@ -119,6 +119,7 @@ fn validation_reports_every_problem_with_its_key() {
         group: None,
         budget: Duration::ZERO,
         max_in_flight: 0,
+        precompute: None,
     }];
     let problems = config.validate().expect_err("refused").0;
     let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();

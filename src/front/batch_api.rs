@@ -16,6 +16,9 @@
 //! A batch created with `"shadow": true` (an extension: `extra_body` in OpenAI's SDKs)
 //! is also scored line by line by its route's shadow candidate; when it ends, its
 //! `shadow` field names a comparison file (one line per input line) and holds a summary.
+//! One created with `"precompute": {"ttl": "24h"}` (or `true`: the route's TTL) writes
+//! every answer into its route's cache for that long, so the same questions asked later
+//! are answered from it (see `crate::cache`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,6 +189,7 @@ impl OfflineApi {
         if shadow {
             shadow_ready(&route)?;
         }
+        let precompute = precompute(req.get("precompute"), &route)?;
         let idempotency_key = idempotency_key(headers, tenant, "/v1/batches", &[body])?;
         let content = self.store.content(&input_file_id, tenant).await.map_err(store_error)?;
         let content = content.ok_or_else(|| not_found("file", &input_file_id))?;
@@ -198,6 +202,7 @@ impl OfflineApi {
             expires_at,
             tenant,
             shadow,
+            precompute,
         };
         let (jobs, errors) = lines(&content, &within);
         let batch = NewBatch {
@@ -211,6 +216,7 @@ impl OfflineApi {
             jobs,
             errors,
             shadow,
+            precompute,
         };
         let submitted = self.store.create_batch(batch).await.map_err(store_error)?;
         reused(&submitted)?;
@@ -276,6 +282,42 @@ fn shadow_ready(route: &crate::policy::Route) -> Result<(), Error> {
         ),
     };
     Err(Error::new(Kind::BadRequest, why))
+}
+
+/// How long a batch's answers are kept in its route's cache: `"precompute": true` (the
+/// route's TTL) or `{"ttl": "24h"}` (1 s to 7 d); refused unless the route has a cache
+/// with its flag on (the answers would never be read).
+fn precompute(asked: Option<&Value>, route: &crate::policy::Route) -> Result<Option<Duration>, Error> {
+    let bad = |why: String| Error::new(Kind::BadRequest, format!("precompute: {why}"));
+    let ttl = match asked {
+        None | Some(Value::Null | Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => None,
+        Some(Value::Object(o)) if o.keys().all(|k| k == "ttl") => {
+            let text = o.get("ttl").and_then(Value::as_str).unwrap_or_default();
+            let ttl = humantime::parse_duration(text)
+                .ok()
+                .filter(|t| *t >= Duration::from_secs(1) && *t <= Duration::from_secs(7 * 24 * 3600))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "ttl {text:?} must be a duration from 1s to 7d, such as \"24h\""
+                    ))
+                })?;
+            Some(ttl)
+        }
+        Some(_) => return Err(bad("must be true, false or {\"ttl\": \"24h\"}".into())),
+    };
+    let name = &route.name;
+    match (&route.cache, route.flags.cache) {
+        (Some(spec), true) => Ok(Some(ttl.unwrap_or(spec.ttl))),
+        (None, _) => Err(bad(format!(
+            "route {name} has no cache to keep the answers in; add [routes.{name}.cache], or create the batch \
+             without precompute"
+        ))),
+        (Some(_), false) => Err(bad(format!(
+            "route {name}'s cache flag is off, so its answers would never be read; switch it on (tiergate flags \
+             set {name} cache on) or create the batch without precompute"
+        ))),
+    }
 }
 
 /// A query string's `key=value` pairs.

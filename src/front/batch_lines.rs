@@ -28,6 +28,8 @@ pub struct Within<'a> {
     pub tenant: &'a str,
     /// Whether the route's shadow candidate scores them too (a shadow batch).
     pub shadow: bool,
+    /// How long their answers are kept in the route's cache (a precomputing batch).
+    pub precompute: Option<std::time::Duration>,
 }
 
 /// Every valid line of `content` as a job, and the problems with the others (each
@@ -41,6 +43,7 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
         expires_at,
         tenant,
         shadow,
+        precompute,
     } = *within;
     let (mut jobs, mut errors) = (Vec::new(), Vec::new());
     let mut seen = HashSet::new();
@@ -180,7 +183,9 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             route: route.name.clone(),
             method: "POST".into(),
             path: url.to_owned(),
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: std::iter::once(("content-type".into(), "application/json".into()))
+                .chain(precompute.map(|ttl| (crate::queue::PRECOMPUTE.into(), ttl.as_millis().to_string())))
+                .collect(),
             body,
             expires_at,
             idempotency_key: None,
@@ -236,6 +241,7 @@ endpoints = ["http://127.0.0.1:9"]
             expires_at: 1,
             tenant: "t",
             shadow: false,
+            precompute: None,
         }
     }
 

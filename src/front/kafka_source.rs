@@ -253,6 +253,12 @@ async fn served(
     if !route.flags.micro_batch {
         return Err(Refused::FlagOff);
     }
+    // A precomputing source keeps each answer in the route's cache (while it is on).
+    let precompute = source.precompute.and_then(|ttl| {
+        let spec = route.cache.as_ref().filter(|_| route.flags.cache)?;
+        Some((crate::cache::asked(&route, spec, &request)?, ttl))
+    });
+    let kept_for = route.clone();
     let mut ids = trace::Ids::read(request.headers());
     let span = ids.span(Door::Kafka);
     let served = async {
@@ -286,6 +292,9 @@ async fn served(
             Kind::Backend,
             format!("the backend answered {}", reply.status()),
         )));
+    }
+    if let Some((asked, ttl)) = precompute {
+        dispatch.cache().precompute(&kept_for, asked, &reply, ttl);
     }
     let content_type = reply.headers().get(http::header::CONTENT_TYPE).cloned();
     Ok(Answer {
@@ -447,6 +456,22 @@ pub fn check(settings: &Kafka, policy: &Policy) -> Result<(), String> {
                 "kafka source {}: route {} has no micro_batch pool to serve it",
                 source.input, source.route
             ));
+        }
+        let week = std::time::Duration::from_secs(7 * 24 * 3600);
+        match source.precompute {
+            Some(ttl) if ttl.is_zero() || ttl > week => {
+                return Err(format!(
+                    "kafka source {}: precompute must be more than 0s and at most 7d",
+                    source.input
+                ));
+            }
+            Some(_) if route.cache.is_none() => {
+                return Err(format!(
+                    "kafka source {}: precompute needs a cache on route {}: add [routes.{}.cache]",
+                    source.input, source.route, source.route
+                ));
+            }
+            _ => {}
         }
         if source.max_in_flight == 0 {
             return Err(format!(

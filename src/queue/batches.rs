@@ -3,6 +3,7 @@
 //! runs on the store's writer thread inside the current transaction.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Map, Value};
@@ -47,7 +48,8 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
             tenant TEXT NOT NULL DEFAULT '',
             shadow INTEGER NOT NULL DEFAULT 0,
             comparison_file_id TEXT,
-            shadow_summary TEXT
+            shadow_summary TEXT,
+            precompute_ms INTEGER
         );
         CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, line) WHERE batch_id IS NOT NULL;",
     )?;
@@ -58,7 +60,8 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
     add_column(conn, "files", "tenant", "TEXT NOT NULL DEFAULT ''")?;
     add_column(conn, "batches", "shadow", "INTEGER NOT NULL DEFAULT 0")?;
     add_column(conn, "batches", "comparison_file_id", "TEXT")?;
-    add_column(conn, "batches", "shadow_summary", "TEXT")
+    add_column(conn, "batches", "shadow_summary", "TEXT")?;
+    add_column(conn, "batches", "precompute_ms", "INTEGER")
 }
 
 /// A file as the API shows it (without its content).
@@ -123,6 +126,9 @@ pub struct BatchRow {
     /// Whether its lines are scored by the route's shadow candidate too.
     #[serde(default)]
     pub shadow: bool,
+    /// How long its answers are kept in the route's cache, when it precomputes (ms).
+    #[serde(default)]
+    pub precompute_ms: Option<u64>,
 }
 
 impl BatchRow {
@@ -146,6 +152,9 @@ impl BatchRow {
             errors: batch.errors.clone(),
             cancelling_at: None,
             shadow: batch.shadow,
+            precompute_ms: batch
+                .precompute
+                .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
         }
     }
 }
@@ -174,6 +183,9 @@ pub struct NewBatch {
     /// Whether the route's shadow candidate scores every line too (its jobs say so
     /// each, [`NewJob::shadow`]).
     pub shadow: bool,
+    /// How long its answers are kept in the route's cache, when it precomputes (its jobs
+    /// say so each, [`NewJob::precompute`]).
+    pub precompute: Option<std::time::Duration>,
 }
 
 /// A file to store: whose it is, what for, under which name.
@@ -367,8 +379,8 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
     conn.prepare_cached(
         "INSERT OR IGNORE INTO batches (id, input_file_id, endpoint, completion_window, metadata, status, created_at,
                                         expires_at, in_progress_at, failed_at, errors, idempotency_key, requests, tenant,
-                                        shadow)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                                        shadow, precompute_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?
     .execute(params![
         row.id,
@@ -386,6 +398,7 @@ pub(super) fn insert_row(conn: &Connection, row: &BatchRow) -> Result<(), StoreE
         row.requests as i64,
         row.tenant,
         row.shadow,
+        row.precompute_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
     ])?;
     Ok(())
 }
@@ -396,7 +409,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
     let found = conn
         .prepare_cached(
             "SELECT id, input_file_id, endpoint, completion_window, metadata, created_at, expires_at, idempotency_key,
-                    requests, errors, cancelling_at, tenant, shadow FROM batches WHERE id = ?1",
+                    requests, errors, cancelling_at, tenant, shadow, precompute_ms FROM batches WHERE id = ?1",
         )?
         .query_row([id], |r| {
             let metadata = r
@@ -421,6 +434,7 @@ pub(super) fn row(conn: &Connection, id: &str) -> Result<Option<BatchRow>, Store
                 errors,
                 cancelling_at: r.get(10)?,
                 shadow: r.get(12)?,
+                precompute_ms: r.get::<_, Option<i64>>(13)?.map(i64::unsigned_abs),
             })
         })
         .optional()?;
@@ -666,6 +680,11 @@ fn batch_json(r: &Row<'_>) -> rusqlite::Result<Value> {
         "cancelled_at": secs("cancelled_at")?,
         "metadata": parse(r.get("metadata")?),
     });
+    // A precomputing batch says for how long its answers are kept.
+    if let Some(ms) = r.get::<_, Option<i64>>("precompute_ms")? {
+        let ttl = Duration::from_millis(ms.unsigned_abs());
+        batch["precompute"] = json!({"ttl": humantime::format_duration(ttl).to_string()});
+    }
     // A shadow batch says so, and once it ends where its comparison is.
     if r.get::<_, bool>("shadow")? {
         batch["shadow"] = json!({

@@ -65,6 +65,20 @@ pub struct NewJob {
     pub shadow: bool,
 }
 
+/// The name, among a job's [`NewJob::headers`], under which a line of a precomputing
+/// batch keeps the TTL (milliseconds) its answer is kept in the route's cache for. Not
+/// a valid header name, so it never reaches a request and no client can send it.
+pub const PRECOMPUTE: &str = ":tiergate-precompute-ms";
+
+impl NewJob {
+    /// How long its answer is kept in the route's cache, when it is a line of a
+    /// precomputing batch.
+    pub fn precompute(&self) -> Option<std::time::Duration> {
+        let (_, ms) = self.headers.iter().find(|(k, _)| k == PRECOMPUTE)?;
+        ms.parse().ok().map(std::time::Duration::from_millis)
+    }
+}
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {

@@ -48,6 +48,8 @@ pub struct Workers {
     pub wake: Arc<Notify>,
     /// Scores the lines of shadow batches with their route's candidate.
     pub shadow: Option<Shadow>,
+    /// The routes' prediction caches, which precomputing batches write their answers into.
+    pub cache: crate::cache::Cache,
 }
 
 /// How long a route's worker waits after the queue failed before it tries again (the
@@ -152,6 +154,7 @@ impl RouteWorker {
             let attempt = async {
                 let started = Instant::now();
                 let answers = self.serve(&route, calls).await;
+                self.precomputed(&route, &jobs, &answers);
                 let ends = jobs
                     .iter()
                     .zip(answers)
@@ -197,6 +200,23 @@ impl RouteWorker {
             Ok(_) => tracing::info!(route = %self.name, jobs = jobs.len(), "offline jobs handed back to the queue"),
             Err(e) => {
                 tracing::warn!(route = %self.name, error = %e, "could not hand jobs back; they run again after restart")
+            }
+        }
+    }
+
+    /// Writes the answers of the lines of precomputing batches into the route's cache,
+    /// for the TTL each batch gave (when the route's cache is still on).
+    fn precomputed(&self, route: &Arc<crate::policy::Route>, jobs: &[Job], answers: &[Result<Reply, Error>]) {
+        let Some(spec) = route.cache.as_ref().filter(|_| route.flags.cache) else {
+            return;
+        };
+        for (job, answer) in jobs.iter().zip(answers) {
+            let (Some(ttl), Ok(reply)) = (job.request.precompute(), answer) else {
+                continue;
+            };
+            let request = call(route, job, &self.workers.settings).request;
+            if let Some(asked) = crate::cache::asked(route, spec, &request) {
+                self.workers.cache.precompute(route, asked, reply, ttl);
             }
         }
     }
@@ -285,10 +305,18 @@ fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline
     if let Ok(uri) = job.request.path.parse() {
         *request.uri_mut() = uri;
     }
+    // Only the headers that frame the body (a job's other entries, such as
+    // queue::PRECOMPUTE, are not header names).
     for (k, v) in &job.request.headers {
         if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
             request.headers_mut().insert(k, v);
         }
+    }
+    // The job's tenant goes with it: its work reads and writes only that tenant's cache.
+    if !job.request.tenant.is_empty() {
+        request
+            .extensions_mut()
+            .insert(crate::tenant::Tenant::named(&job.request.tenant));
     }
     Call {
         route: route.clone(),
