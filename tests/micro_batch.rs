@@ -700,3 +700,86 @@ async fn a_batch_sends_only_the_unique_rows_its_cache_does_not_hold() {
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn an_embeddings_batch_sends_only_the_inputs_its_cache_does_not_hold() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let text = policy(
+        "embrows",
+        &rt.url(),
+        &batch.url(),
+        r#""/v1/embeddings""#,
+        r#"json_adapter = "openai_embeddings""#,
+    )
+    .replace("micro_batch = true", "micro_batch = true\ncache = true")
+        + "[routes.embrows.cache]\n";
+    let gw = gateway(&text).await;
+    let embed = |input: Value| {
+        let body = json!({"model": "m", "input": input}).to_string();
+        let addr = gw.http_addr();
+        tokio::spawn(async move {
+            let headers = [("x-tiergate-budget-ms", "5000"), ("content-type", "application/json")];
+            send("POST", addr, "/v1/embeddings", &headers, body).await
+        })
+    };
+    let warm = embed(json!(["alpha", "beta"])).await.expect("task");
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    let warm = warm.json();
+    let busy = occupy(&gw, &batch).await;
+    let asked = [
+        json!(["alpha", "gamma"]),
+        json!(["gamma", "delta"]),
+        json!(["beta", "delta"]),
+    ];
+    let mut callers = Vec::new();
+    for (i, input) in asked.iter().enumerate() {
+        callers.push(embed(input.clone()));
+        queued(&gw, "embrows", 2 * (i as u64 + 1)).await;
+    }
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    let mut answers = Vec::new();
+    for (call, kept) in callers.into_iter().zip([1, 0, 1]) {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-cached-rows"), Some(kept.to_string().as_str()));
+        let out = answer.json();
+        let indexes: Vec<_> = out["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|d| d["index"].clone())
+            .collect();
+        assert_eq!(indexes, [json!(0), json!(1)], "indexed afresh");
+        assert_eq!(out["model"], "m");
+        answers.push(out);
+    }
+    let vector = |answer: &Value, i: usize| answer["data"][i]["embedding"].clone();
+    assert_eq!(vector(&answers[0], 0), vector(&warm, 0), "alpha, kept");
+    assert_eq!(
+        vector(&answers[0], 1),
+        vector(&answers[1], 0),
+        "gamma, sent once for both"
+    );
+    assert_eq!(
+        vector(&answers[1], 1),
+        vector(&answers[2], 1),
+        "delta, sent once for both"
+    );
+    assert_eq!(vector(&answers[2], 0), vector(&warm, 1), "beta, kept");
+    assert_ne!(vector(&answers[1], 0), vector(&answers[1], 1));
+    let stats = batch.sim.stats("m").expect("stats");
+    assert_eq!(
+        stats.batch_sizes,
+        [(1, 1), (2, 2)].into(),
+        "the warm call, the busy one, then gamma and delta"
+    );
+    let rows = |result: &str| format!("tiergate_cache_rows_total{{route=\"embrows\",result=\"{result}\"}}");
+    assert_eq!(metric(&gw, &rows("hit")).await, 2.0, "alpha and beta");
+    assert_eq!(
+        metric(&gw, &rows("deduped")).await,
+        2.0,
+        "gamma and delta, the second time"
+    );
+    gw.stop().await.expect("stops");
+}

@@ -56,9 +56,7 @@ pub fn key(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Reques
         let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(request.body()) else {
             return None;
         };
-        let mut hash = scope.0;
-        hash.part(batch::canonical(&body, &[]).as_bytes());
-        Some((hash.0.finalize().into(), Question::Json))
+        Some((scope.json(&body), Question::Json))
     }
 }
 
@@ -96,6 +94,13 @@ impl Scope {
         });
         hash.part(path.as_bytes());
         Scope(hash)
+    }
+
+    /// The key of the JSON body `body` in this scope (its canonical form).
+    pub fn json(&self, body: &serde_json::Map<String, Value>) -> Key {
+        let mut hash = self.0.clone();
+        hash.part(batch::canonical(body, &[]).as_bytes());
+        hash.0.finalize().into()
     }
 
     /// The key of the KServe v2 infer request `req` in this scope.

@@ -39,8 +39,19 @@ enum Layout {
 }
 
 impl Part {
-    fn rows(&self) -> usize {
+    /// Its rows.
+    pub(super) fn rows(&self) -> usize {
         self.columns.first().map_or(0, Vec::len)
+    }
+
+    /// Its row `i` alone: the same layout and rest, that one row of every column.
+    pub(super) fn row(&self, i: usize) -> Option<Part> {
+        let columns = self.columns.iter().map(|c| c.get(i).map(|v| vec![v.clone()]));
+        Some(Part {
+            layout: self.layout.clone(),
+            rest: self.rest.clone(),
+            columns: columns.collect::<Option<Vec<_>>>()?,
+        })
     }
 }
 
@@ -148,11 +159,29 @@ fn embeddings(body: &mut Map<String, Value>) -> Option<Rows> {
     Some((Layout::Input, vec![vec![one]]))
 }
 
-/// One backend body carrying every caller's rows, POSTed to `path`.
+/// One backend request carrying every caller's rows ([`body`]), POSTed to `path`.
 pub(super) fn build(path: &str, parts: &[&Part]) -> Result<Request<Bytes>, Error> {
-    let first = parts
-        .first()
-        .ok_or_else(|| Error::new(Kind::BadRequest, "no requests to batch"))?;
+    if parts.is_empty() {
+        return Err(Error::new(Kind::BadRequest, "no requests to batch"));
+    }
+    let body = body(parts);
+    let mut request = Request::new(Bytes::from(Value::Object(body).to_string()));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = path
+        .parse()
+        .map_err(|_| Error::new(Kind::BadRequest, format!("{path} is not a valid path")))?;
+    request
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(request)
+}
+
+/// The body carrying every one of `parts`' rows, in order: the first part's rest, and
+/// its layout's key holding the rows (empty without parts).
+pub(super) fn body(parts: &[&Part]) -> Map<String, Value> {
+    let Some(first) = parts.first() else {
+        return Map::new();
+    };
     let mut body = first.rest.clone();
     let merged = |column: usize| -> Vec<Value> {
         parts
@@ -173,15 +202,78 @@ pub(super) fn build(path: &str, parts: &[&Part]) -> Result<Request<Bytes>, Error
         Layout::Input => ("input", Value::Array(merged(0))),
     };
     body.insert(key.into(), value);
-    let mut request = Request::new(Bytes::from(Value::Object(body).to_string()));
-    *request.method_mut() = http::Method::POST;
-    *request.uri_mut() = path
-        .parse()
-        .map_err(|_| Error::new(Kind::BadRequest, format!("{path} is not a valid path")))?;
-    request
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(request)
+    body
+}
+
+/// One caller's answer joined from its rows' answers, in order, each an answer to one
+/// row as [`scatter`] cuts them (or as a one-row request got it): the first row's
+/// answer with every row's predictions or outputs (TF-Serving) or embeddings, indexed
+/// afresh, and their usage summed (OpenAI).
+pub(super) fn join(adapter: JsonAdapter, rows: Vec<Map<String, Value>>) -> Result<Map<String, Value>, String> {
+    let mut rows = rows.into_iter();
+    let Some(mut first) = rows.next() else {
+        return Err("no rows to join".into());
+    };
+    match adapter {
+        JsonAdapter::TfServing => {
+            let key = if first.contains_key("predictions") {
+                "predictions"
+            } else {
+                "outputs"
+            };
+            let mut joined = first
+                .remove(key)
+                .ok_or("a row's answer has neither \"predictions\" nor \"outputs\"")?;
+            for mut row in rows {
+                match (&mut joined, row.remove(key)) {
+                    (Value::Array(all), Some(Value::Array(more))) => all.extend(more),
+                    (Value::Object(all), Some(Value::Object(more))) if all.len() == more.len() => {
+                        for (name, column) in more {
+                            match (all.get_mut(&name), column) {
+                                (Some(Value::Array(all)), Value::Array(more)) => all.extend(more),
+                                _ => return Err(format!("output \"{name}\" differs between rows")),
+                            }
+                        }
+                    }
+                    _ => return Err(format!("\"{key}\" differs in form between rows")),
+                }
+            }
+            first.insert(key.into(), joined);
+        }
+        JsonAdapter::OpenaiEmbeddings => {
+            let mut data = match first.remove("data") {
+                Some(Value::Array(data)) => data,
+                _ => return Err("a row's answer has no \"data\" array".into()),
+            };
+            let mut usage = first.remove("usage");
+            for mut row in rows {
+                match row.remove("data") {
+                    Some(Value::Array(more)) => data.extend(more),
+                    _ => return Err("a row's answer has no \"data\" array".into()),
+                }
+                usage = match (usage, row.remove("usage")) {
+                    (Some(Value::Object(mut sum)), Some(Value::Object(more))) => {
+                        for (k, v) in more {
+                            let total = sum.get(&k).and_then(Value::as_u64).zip(v.as_u64()).map(|(a, b)| a + b);
+                            sum.insert(k, total.map_or(v, Value::from));
+                        }
+                        Some(Value::Object(sum))
+                    }
+                    (usage, _) => usage,
+                };
+            }
+            for (i, item) in data.iter_mut().enumerate() {
+                if let Some(obj) = item.as_object_mut() {
+                    obj.insert("index".into(), Value::from(i));
+                }
+            }
+            first.insert("data".into(), Value::Array(data));
+            if let Some(usage) = usage {
+                first.insert("usage".into(), usage);
+            }
+        }
+    }
+    Ok(first)
 }
 
 /// The backend's answer to a batch, cut into one answer per caller.
@@ -325,131 +417,4 @@ fn share(usage: &Value, rows: usize, total: usize) -> Value {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn part(adapter: JsonAdapter, body: Value) -> (String, Part, u64) {
-        parse(adapter, &Bytes::from(body.to_string())).unwrap().unwrap()
-    }
-
-    fn reply(body: Value) -> Reply {
-        Response::new(Bytes::from(body.to_string()))
-    }
-
-    fn json_of(reply: &Reply) -> Value {
-        serde_json::from_slice(reply.body()).unwrap()
-    }
-
-    #[test]
-    fn tf_serving_instances_merge_and_split_by_rows() {
-        let (sa, a, ra) = part(
-            JsonAdapter::TfServing,
-            json!({"signature_name": "s", "instances": [[1], [2]]}),
-        );
-        let (sb, b, rb) = part(
-            JsonAdapter::TfServing,
-            json!({"instances": [[3]], "signature_name": "s"}),
-        );
-        assert_eq!((sa.clone(), ra, rb), (sb, 2, 1), "key order does not matter");
-        let (sc, _, _) = part(
-            JsonAdapter::TfServing,
-            json!({"instances": [[3]], "signature_name": "t"}),
-        );
-        assert_ne!(sa, sc, "another signature_name never shares a batch");
-        let request = build("/v1/models/m:predict", &[&a, &b]).unwrap();
-        let sent: Value = serde_json::from_slice(request.body()).unwrap();
-        assert_eq!(sent, json!({"signature_name": "s", "instances": [[1], [2], [3]]}));
-        let answers = scatter(
-            JsonAdapter::TfServing,
-            &reply(json!({"predictions": [10, 20, 30]})),
-            &[&a, &b],
-        )
-        .unwrap();
-        assert_eq!(json_of(&answers[0]), json!({"predictions": [10, 20]}));
-        assert_eq!(json_of(&answers[1]), json!({"predictions": [30]}));
-    }
-
-    #[test]
-    fn tf_serving_named_columns_merge_per_column() {
-        let (_, a, _) = part(
-            JsonAdapter::TfServing,
-            json!({"inputs": {"x": [1, 2], "y": ["a", "b"]}}),
-        );
-        let (_, b, _) = part(JsonAdapter::TfServing, json!({"inputs": {"y": ["c"], "x": [3]}}));
-        let request = build("/p", &[&a, &b]).unwrap();
-        let sent: Value = serde_json::from_slice(request.body()).unwrap();
-        assert_eq!(sent, json!({"inputs": {"x": [1, 2, 3], "y": ["a", "b", "c"]}}));
-        let answer = json!({"outputs": {"s": [1, 2, 3], "t": [[0], [1], [2]]}});
-        let answers = scatter(JsonAdapter::TfServing, &reply(answer), &[&a, &b]).unwrap();
-        assert_eq!(json_of(&answers[1]), json!({"outputs": {"s": [3], "t": [[2]]}}));
-    }
-
-    #[test]
-    fn what_cannot_be_cut_by_rows_is_served_alone_or_refused() {
-        for body in [
-            json!({"instances": []}),
-            json!({"inputs": {"x": [1, 2], "y": [1]}}),
-            json!({"inputs": {"x": 1}}),
-            json!({"instances": [1], "inputs": [1]}),
-        ] {
-            let parsed = parse(JsonAdapter::TfServing, &Bytes::from(body.to_string())).unwrap();
-            assert!(parsed.is_err(), "{body} is unbatched");
-        }
-        let err = parse(JsonAdapter::TfServing, &Bytes::from_static(b"[1]")).unwrap_err();
-        assert_eq!(err.kind, Kind::BadRequest);
-        assert!(err.message.contains("\"instances\""), "{err}");
-    }
-
-    #[test]
-    fn a_backend_answer_with_the_wrong_row_count_is_its_fault() {
-        let (_, a, _) = part(JsonAdapter::TfServing, json!({"instances": [1, 2]}));
-        let err = scatter(JsonAdapter::TfServing, &reply(json!({"predictions": [1]})), &[&a]).unwrap_err();
-        assert_eq!(err.kind, Kind::Backend);
-        assert!(err.message.contains("1 rows but the batch has 2"), "{err}");
-    }
-
-    #[test]
-    fn embeddings_renumber_each_callers_items_and_keep_single_inputs_single() {
-        let (s1, one, r1) = part(JsonAdapter::OpenaiEmbeddings, json!({"model": "e", "input": "hello"}));
-        let (s2, many, r2) = part(
-            JsonAdapter::OpenaiEmbeddings,
-            json!({"model": "e", "input": ["a", "b"]}),
-        );
-        let (s3, tokens, r3) = part(JsonAdapter::OpenaiEmbeddings, json!({"model": "e", "input": [1, 2, 3]}));
-        assert_eq!((r1, r2, r3), (1, 2, 1), "a list of token ids is one input");
-        assert!(s1 == s2 && s2 == s3);
-        let request = build("/v1/embeddings", &[&one, &many, &tokens]).unwrap();
-        let sent: Value = serde_json::from_slice(request.body()).unwrap();
-        assert_eq!(sent, json!({"model": "e", "input": ["hello", "a", "b", [1, 2, 3]]}));
-        // The backend may list items in any order; index says which is which.
-        let answer = json!({"object": "list", "model": "e", "usage": {"prompt_tokens": 8, "total_tokens": 8},
-            "data": [{"index": 3, "embedding": [3.0]}, {"index": 0, "embedding": [0.0]},
-                     {"index": 2, "embedding": [2.0]}, {"index": 1, "embedding": [1.0]}]});
-        let answers = scatter(JsonAdapter::OpenaiEmbeddings, &reply(answer), &[&one, &many, &tokens]).unwrap();
-        assert_eq!(json_of(&answers[0])["data"], json!([{"index": 0, "embedding": [0.0]}]));
-        assert_eq!(
-            json_of(&answers[1])["data"],
-            json!([{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [2.0]}])
-        );
-        assert_eq!(json_of(&answers[2])["data"], json!([{"index": 0, "embedding": [3.0]}]));
-        assert_eq!(json_of(&answers[1])["usage"]["prompt_tokens"], json!(4));
-        assert_eq!(json_of(&answers[1])["model"], json!("e"));
-    }
-
-    #[test]
-    fn embedding_answers_with_bad_indexes_are_refused() {
-        let (_, a, _) = part(JsonAdapter::OpenaiEmbeddings, json!({"input": ["a", "b"]}));
-        for data in [
-            json!([{"index": 0}, {"index": 0}]),
-            json!([{"index": 0}, {"index": 2}]),
-            json!([{"index": 0}]),
-            json!([{"index": 0}, {}]),
-        ] {
-            let err = scatter(JsonAdapter::OpenaiEmbeddings, &reply(json!({"data": data})), &[&a]).unwrap_err();
-            assert_eq!(err.kind, Kind::Backend, "{data}");
-        }
-    }
-}
+mod tests;

@@ -499,9 +499,7 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
     }
     let queue = lanes.lane(key, spec)?;
     let part = Part {
-        cache: matches!(part, Rows::Kserve(_))
-            .then(|| lanes.cache.as_ref().and_then(|cache| rowed(cache, &call)))
-            .flatten(),
+        cache: lanes.cache.as_ref().and_then(|cache| rowed(cache, &call)),
         rows: part,
         span: tracing::Span::current(),
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),

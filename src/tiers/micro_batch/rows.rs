@@ -1,10 +1,11 @@
 //! Rows on a route with its cache on (`[routes.NAME.cache] rows`, the default): before a
-//! KServe v2 batch goes out, each caller's rows are looked up in the route's cache one
-//! by one and the rows identical across the batch's callers are kept once, so the
-//! backend call carries only unique rows the cache does not hold. Each caller's answer
-//! is then put together from kept and fresh rows, in its own order, and the fresh rows
-//! are kept (a row's key is the key of a one-row request asking it, so a one-row caller
-//! at the front finds a row a batch kept, and the other way round).
+//! batch goes out, each caller's rows are looked up in the route's cache one by one and
+//! the rows identical across the batch's callers are kept once, so the backend call
+//! carries only unique rows the cache does not hold. Each caller's answer is then put
+//! together from kept and fresh rows, in its own order, and the fresh rows are kept. A
+//! row's key is the key of a one-row request asking it (a KServe v2 request with that
+//! row of every input; a JSON body with that one row), so a one-row caller at the front
+//! finds a row a batch kept, and the other way round.
 //!
 //! Rows are independent in a micro-batch (that is what lets callers share a batch), so
 //! a row's answer does not depend on the rows beside it; a route whose model breaks that
@@ -13,9 +14,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::HeaderValue;
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use serde_json::{Map, Value};
 
-use super::Rows;
+use super::{json, Form, Rows};
 use crate::cache::{entry, Entry, Key, RouteCache, Scope};
 use crate::error::{Error, Kind};
 use crate::headers;
@@ -34,6 +37,13 @@ pub(super) struct Rowed {
     /// The caller asked for a fresh answer (`no-cache`): its rows are not looked up,
     /// only kept.
     pub fresh: bool,
+}
+
+/// One row, as a one-row request of its lane's form.
+#[derive(Debug)]
+enum Row {
+    Kserve(InferRequest),
+    Json(json::Part),
 }
 
 /// Where one row's answer comes from.
@@ -55,9 +65,32 @@ pub(super) struct Plan {
     /// Per caller, where each of its rows comes from.
     callers: Vec<Vec<Source>>,
     /// The rows to send, in order, each with the key and store to keep its answer in.
-    sent: Vec<(InferRequest, Keep)>,
+    sent: Vec<(Row, Keep)>,
     /// Per caller with its cache on: its store, and its rows hit, deduped and sent.
     counts: Vec<(Arc<RouteCache>, [u64; 3])>,
+}
+
+/// A caller's rows as one-row requests, each with its key in `scope`.
+fn cut(part: &super::Part, scope: Option<&Scope>) -> Result<Vec<(Row, Option<Key>)>, Error> {
+    match &part.rows {
+        Rows::Kserve(req) => {
+            let rows = rows::cut(req).map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
+            Ok(rows
+                .into_iter()
+                .map(|row| {
+                    let key = scope.map(|s| s.kserve(&row));
+                    (Row::Kserve(row), key)
+                })
+                .collect())
+        }
+        Rows::Json(part) => Ok((0..part.rows())
+            .filter_map(|i| part.row(i))
+            .map(|row| {
+                let key = scope.map(|s| s.json(&json::body(&[&row])));
+                (Row::Json(row), key)
+            })
+            .collect()),
+    }
 }
 
 impl Plan {
@@ -74,25 +107,21 @@ impl Plan {
         };
         let mut seen: HashMap<Key, usize> = HashMap::new();
         for (i, caller) in callers.iter().enumerate() {
-            let Rows::Kserve(req) = &caller.payload.rows else {
-                let e = Error::new(Kind::Unavailable, "internal error: a JSON request in a KServe v2 batch");
-                return Some(Err((i, e)));
-            };
-            let rows = match rows::cut(req) {
+            let rowed = caller.payload.cache.as_deref();
+            let rows = match cut(&caller.payload, rowed.map(|r| &r.scope)) {
                 Ok(rows) => rows,
-                Err(e) => return Some(Err((i, Error::new(Kind::BadRequest, e.to_string())))),
+                Err(e) => return Some(Err((i, e))),
             };
             let mut sources = Vec::with_capacity(rows.len());
             let (mut hit, mut deduped, mut sent) = (0, 0, 0);
-            for row in rows {
-                let Some(rowed) = &caller.payload.cache else {
+            for (row, key) in rows {
+                let (Some(rowed), Some(key)) = (rowed, key) else {
+                    sources.push(Source::Sent(plan.sent.len()));
                     plan.sent.push((row, None));
-                    sources.push(Source::Sent(plan.sent.len() - 1));
                     continue;
                 };
-                let key = rowed.scope.kserve(&row);
                 let kept = (!rowed.fresh).then(|| rowed.store.get(&key)).flatten();
-                if let Some(kept) = kept.filter(|e| e.kserve().is_some()) {
+                if let Some(kept) = kept.filter(|e| answers(e, &row)) {
                     hit += 1;
                     sources.push(Source::Kept(kept));
                 } else if let Some(&j) = seen.get(&key) {
@@ -105,7 +134,7 @@ impl Plan {
                     plan.sent.push((row, Some((key, rowed.store.clone()))));
                 }
             }
-            if let Some(rowed) = &caller.payload.cache {
+            if let Some(rowed) = rowed {
                 plan.counts.push((rowed.store.clone(), [hit, deduped, sent]));
             }
             plan.callers.push(sources);
@@ -122,47 +151,57 @@ impl Plan {
         }
     }
 
-    /// The rows to send, in order (none when the cache holds every row).
-    pub fn sent(&self) -> Vec<&InferRequest> {
-        self.sent.iter().map(|(row, _)| row).collect()
+    /// Whether there is nothing to send (the cache holds every row).
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_empty()
     }
 
-    /// Each caller's answer from the backend's `reply` to [`Plan::sent`] (none when
+    /// How many rows are sent.
+    pub fn sent(&self) -> usize {
+        self.sent.len()
+    }
+
+    /// The KServe v2 rows to send, in order.
+    pub fn kserve_rows(&self) -> Vec<&InferRequest> {
+        let rows = self.sent.iter().filter_map(|(row, _)| match row {
+            Row::Kserve(req) => Some(req),
+            Row::Json(_) => None,
+        });
+        rows.collect()
+    }
+
+    /// The JSON rows to send, in order.
+    pub fn json_rows(&self) -> Vec<&json::Part> {
+        let rows = self.sent.iter().filter_map(|(row, _)| match row {
+            Row::Json(part) => Some(part),
+            Row::Kserve(_) => None,
+        });
+        rows.collect()
+    }
+
+    /// Each caller's answer from the backend's `reply` to the rows sent (none when
     /// nothing was sent) and the kept rows; the fresh rows are kept, unless the backend
     /// said `no-store`. An error for all when the reply cannot be cut into its rows; for
     /// one caller when its rows cannot be joined.
     pub fn answers<R>(
         &self,
+        form: Form,
         reply: Option<&Reply>,
         callers: &Batch<super::Part, R>,
     ) -> Result<Vec<Result<Reply, Error>>, Error> {
         let fresh = match reply {
-            Some(reply) => self.fresh(reply)?,
+            Some(reply) => self.fresh(form, reply)?,
             None => Vec::new(),
         };
         Ok(callers
             .iter()
             .zip(&self.callers)
             .map(|(caller, sources)| {
-                let Rows::Kserve(req) = &caller.payload.rows else {
-                    return Err(Error::new(
-                        Kind::Unavailable,
-                        "internal error: a JSON request in a KServe v2 batch",
-                    ));
+                let mut reply = match (form, &caller.payload.rows) {
+                    (Form::Kserve, Rows::Kserve(req)) => kserve_answer(req, sources, &fresh)?,
+                    (Form::Json(adapter), Rows::Json(_)) => json_answer(adapter, sources, &fresh)?,
+                    _ => return Err(Error::new(Kind::Unavailable, "internal error: a batch mixed its forms")),
                 };
-                let parts: Option<Vec<&InferResponse>> = sources
-                    .iter()
-                    .map(|s| match s {
-                        Source::Kept(kept) => kept.kserve(),
-                        Source::Sent(j) => fresh.get(*j),
-                    })
-                    .collect();
-                let broke = |why: String| Error::new(Kind::Backend, format!("the batch's rows do not join: {why}"));
-                let parts = parts.ok_or_else(|| broke("a row is missing".into()))?;
-                let mut answer = rows::join(&parts).map_err(|e| broke(e.to_string()))?;
-                // The caller's own id; one that sent none gets the backend's batch id.
-                answer.id = req.id.clone().or_else(|| fresh.first().and_then(|f| f.id.clone()));
-                let mut reply = bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name));
                 let kept = sources.iter().filter(|s| matches!(s, Source::Kept(_))).count();
                 reply
                     .headers_mut()
@@ -173,21 +212,91 @@ impl Plan {
     }
 
     /// The backend's answer cut into one answer per sent row, each kept under its key.
-    fn fresh(&self, reply: &Reply) -> Result<Vec<InferResponse>, Error> {
-        let broke = |why: String| Error::new(Kind::Backend, format!("the batch's backend broke the protocol: {why}"));
-        let header_len = protocol::header_len(reply.headers()).map_err(|e| broke(e.to_string()))?;
-        let decoded = protocol::decode_response(reply.body(), header_len).map_err(|e| broke(e.to_string()))?;
-        let ones = vec![1; self.sent.len()];
-        let rows = batch::split(&decoded, &ones).map_err(|e| Error::new(Kind::Backend, e.to_string()))?;
-        if !entry::forbids_storing(reply.headers()) {
-            for (row, (_, keep)) in rows.iter().zip(&self.sent) {
-                if let Some((key, store)) = keep {
-                    let mut kept = row.clone();
-                    kept.id = None;
-                    store.put(*key, Arc::new(Entry::Kserve(kept)));
-                }
+    fn fresh(&self, form: Form, reply: &Reply) -> Result<Vec<Arc<Entry>>, Error> {
+        let rows: Vec<Entry> = match form {
+            Form::Kserve => {
+                let broke =
+                    |why: String| Error::new(Kind::Backend, format!("the batch's backend broke the protocol: {why}"));
+                let header_len = protocol::header_len(reply.headers()).map_err(|e| broke(e.to_string()))?;
+                let decoded = protocol::decode_response(reply.body(), header_len).map_err(|e| broke(e.to_string()))?;
+                let ones = vec![1; self.sent.len()];
+                let rows = batch::split(&decoded, &ones).map_err(|e| Error::new(Kind::Backend, e.to_string()))?;
+                rows.into_iter()
+                    .map(|mut row| {
+                        row.id = None;
+                        Entry::Kserve(row)
+                    })
+                    .collect()
             }
-        }
-        Ok(rows)
+            Form::Json(adapter) => json::scatter(adapter, reply, &self.json_rows())?
+                .into_iter()
+                .map(|row| Entry::Raw {
+                    status: StatusCode::OK,
+                    content_type: row.headers().get(http::header::CONTENT_TYPE).cloned(),
+                    body: row.into_body(),
+                })
+                .collect(),
+        };
+        let keep = !entry::forbids_storing(reply.headers());
+        Ok(rows
+            .into_iter()
+            .zip(&self.sent)
+            .map(|(row, (_, key))| {
+                let row = Arc::new(row);
+                if let (true, Some((key, store))) = (keep, key) {
+                    store.put(*key, row.clone());
+                }
+                row
+            })
+            .collect())
     }
+}
+
+/// Whether a kept entry can answer `row` (a KServe v2 answer for a KServe v2 row, a raw
+/// answer for a JSON one).
+fn answers(entry: &Entry, row: &Row) -> bool {
+    matches!(
+        (entry, row),
+        (Entry::Kserve(_), Row::Kserve(_)) | (Entry::Raw { .. }, Row::Json(_))
+    )
+}
+
+/// A KServe v2 caller's answer joined from its rows, with its own id (one that sent
+/// none gets the backend's batch id) and its own choice of JSON or binary outputs.
+fn kserve_answer(req: &InferRequest, sources: &[Source], fresh: &[Arc<Entry>]) -> Result<Reply, Error> {
+    let broke = |why: String| Error::new(Kind::Backend, format!("the batch's rows do not join: {why}"));
+    let parts: Option<Vec<&InferResponse>> = sources
+        .iter()
+        .map(|s| match s {
+            Source::Kept(kept) => kept.kserve(),
+            Source::Sent(j) => fresh.get(*j).and_then(|e| e.kserve()),
+        })
+        .collect();
+    let parts = parts.ok_or_else(|| broke("a row is missing".into()))?;
+    let mut answer = rows::join(&parts).map_err(|e| broke(e.to_string()))?;
+    answer.id = req.id.clone().or_else(|| parts.first().and_then(|f| f.id.clone()));
+    Ok(bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)))
+}
+
+/// A JSON caller's answer joined from its rows' one-row answers.
+fn json_answer(adapter: crate::policy::JsonAdapter, sources: &[Source], fresh: &[Arc<Entry>]) -> Result<Reply, Error> {
+    let broke = |why: String| Error::new(Kind::Backend, format!("the batch's rows do not join: {why}"));
+    let body = |entry: &Entry| match entry {
+        Entry::Raw { body, .. } => serde_json::from_slice::<Map<String, Value>>(body).ok(),
+        Entry::Kserve(_) => None,
+    };
+    let rows: Option<Vec<Map<String, Value>>> = sources
+        .iter()
+        .map(|s| match s {
+            Source::Kept(kept) => body(kept),
+            Source::Sent(j) => fresh.get(*j).and_then(|e| body(e)),
+        })
+        .collect();
+    let rows = rows.ok_or_else(|| broke("a row's answer is missing or not a JSON object".into()))?;
+    let joined = json::join(adapter, rows).map_err(broke)?;
+    let mut reply = Reply::new(Bytes::from(Value::Object(joined).to_string()));
+    reply
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(reply)
 }

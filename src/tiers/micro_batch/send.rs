@@ -61,10 +61,10 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
         let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
         let Some(mut request) = request else {
             // The cache held every row: no backend call.
-            let replies = plan.as_ref().map(|p| p.answers(None, &callers));
+            let replies = plan.as_ref().map(|p| p.answers(lane.form, None, &callers));
             return scattered(callers, replies, 0, sent);
         };
-        let total = plan.as_ref().map_or(rows.iter().sum(), |p| p.sent().len() as u64);
+        let total = plan.as_ref().map_or(rows.iter().sum(), |p| p.sent() as u64);
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
         let span = batch_span(&callers, total, &mut request);
         // A share of batches go to the route's shadow candidate too, as the same batch.
@@ -88,7 +88,7 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
                 lane.cost.observe(total, started.elapsed());
                 lane.metrics.learned(&lane.cost);
                 let replies = match &plan {
-                    Some(plan) => plan.answers(Some(&reply), &callers),
+                    Some(plan) => plan.answers(lane.form, Some(&reply), &callers),
                     None => scatter(lane, &reply, &callers, &rows).map(|r| r.into_iter().map(Ok).collect()),
                 };
                 scattered(callers, Some(replies), total, sent);
@@ -138,17 +138,24 @@ fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, E
                 return Ok((Some(kserve::build(&lane.path, &reqs, lane.binary)?), None));
             };
             let plan = plan.map_err(|(index, e)| (Some(index), e))?;
-            let rows = plan.sent();
-            if rows.is_empty() {
+            if plan.is_empty() {
                 return Ok((None, Some(plan)));
             }
             // The rows were checked against their shapes when the plan cut them.
-            let request = kserve::build(&lane.path, &rows, lane.binary).map_err(|(_, e)| (None, e))?;
+            let request = kserve::build(&lane.path, &plan.kserve_rows(), lane.binary).map_err(|(_, e)| (None, e))?;
             Ok((Some(request), Some(plan)))
         }
         Form::Json(_) => {
-            let parts = json_parts(callers).map_err(|e| (None, e))?;
-            Ok((Some(json::build(&lane.path, &parts).map_err(|e| (None, e))?), None))
+            let Some(plan) = Plan::of(callers) else {
+                let parts = json_parts(callers).map_err(|e| (None, e))?;
+                return Ok((Some(json::build(&lane.path, &parts).map_err(|e| (None, e))?), None));
+            };
+            let plan = plan.map_err(|(index, e)| (Some(index), e))?;
+            if plan.is_empty() {
+                return Ok((None, Some(plan)));
+            }
+            let request = json::build(&lane.path, &plan.json_rows()).map_err(|e| (None, e))?;
+            Ok((Some(request), Some(plan)))
         }
     }
 }

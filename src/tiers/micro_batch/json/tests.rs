@@ -1,0 +1,178 @@
+//! The JSON adapters: bodies merged and split by rows, rows cut one by one and joined back.
+#![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+
+use serde_json::json;
+
+use super::*;
+
+fn part(adapter: JsonAdapter, body: Value) -> (String, Part, u64) {
+    parse(adapter, &Bytes::from(body.to_string())).unwrap().unwrap()
+}
+
+fn reply(body: Value) -> Reply {
+    Response::new(Bytes::from(body.to_string()))
+}
+
+fn json_of(reply: &Reply) -> Value {
+    serde_json::from_slice(reply.body()).unwrap()
+}
+
+#[test]
+fn tf_serving_instances_merge_and_split_by_rows() {
+    let (sa, a, ra) = part(
+        JsonAdapter::TfServing,
+        json!({"signature_name": "s", "instances": [[1], [2]]}),
+    );
+    let (sb, b, rb) = part(
+        JsonAdapter::TfServing,
+        json!({"instances": [[3]], "signature_name": "s"}),
+    );
+    assert_eq!((sa.clone(), ra, rb), (sb, 2, 1), "key order does not matter");
+    let (sc, _, _) = part(
+        JsonAdapter::TfServing,
+        json!({"instances": [[3]], "signature_name": "t"}),
+    );
+    assert_ne!(sa, sc, "another signature_name never shares a batch");
+    let request = build("/v1/models/m:predict", &[&a, &b]).unwrap();
+    let sent: Value = serde_json::from_slice(request.body()).unwrap();
+    assert_eq!(sent, json!({"signature_name": "s", "instances": [[1], [2], [3]]}));
+    let answers = scatter(
+        JsonAdapter::TfServing,
+        &reply(json!({"predictions": [10, 20, 30]})),
+        &[&a, &b],
+    )
+    .unwrap();
+    assert_eq!(json_of(&answers[0]), json!({"predictions": [10, 20]}));
+    assert_eq!(json_of(&answers[1]), json!({"predictions": [30]}));
+}
+
+#[test]
+fn tf_serving_named_columns_merge_per_column() {
+    let (_, a, _) = part(
+        JsonAdapter::TfServing,
+        json!({"inputs": {"x": [1, 2], "y": ["a", "b"]}}),
+    );
+    let (_, b, _) = part(JsonAdapter::TfServing, json!({"inputs": {"y": ["c"], "x": [3]}}));
+    let request = build("/p", &[&a, &b]).unwrap();
+    let sent: Value = serde_json::from_slice(request.body()).unwrap();
+    assert_eq!(sent, json!({"inputs": {"x": [1, 2, 3], "y": ["a", "b", "c"]}}));
+    let answer = json!({"outputs": {"s": [1, 2, 3], "t": [[0], [1], [2]]}});
+    let answers = scatter(JsonAdapter::TfServing, &reply(answer), &[&a, &b]).unwrap();
+    assert_eq!(json_of(&answers[1]), json!({"outputs": {"s": [3], "t": [[2]]}}));
+}
+
+#[test]
+fn what_cannot_be_cut_by_rows_is_served_alone_or_refused() {
+    for body in [
+        json!({"instances": []}),
+        json!({"inputs": {"x": [1, 2], "y": [1]}}),
+        json!({"inputs": {"x": 1}}),
+        json!({"instances": [1], "inputs": [1]}),
+    ] {
+        let parsed = parse(JsonAdapter::TfServing, &Bytes::from(body.to_string())).unwrap();
+        assert!(parsed.is_err(), "{body} is unbatched");
+    }
+    let err = parse(JsonAdapter::TfServing, &Bytes::from_static(b"[1]")).unwrap_err();
+    assert_eq!(err.kind, Kind::BadRequest);
+    assert!(err.message.contains("\"instances\""), "{err}");
+}
+
+#[test]
+fn a_backend_answer_with_the_wrong_row_count_is_its_fault() {
+    let (_, a, _) = part(JsonAdapter::TfServing, json!({"instances": [1, 2]}));
+    let err = scatter(JsonAdapter::TfServing, &reply(json!({"predictions": [1]})), &[&a]).unwrap_err();
+    assert_eq!(err.kind, Kind::Backend);
+    assert!(err.message.contains("1 rows but the batch has 2"), "{err}");
+}
+
+#[test]
+fn embeddings_renumber_each_callers_items_and_keep_single_inputs_single() {
+    let (s1, one, r1) = part(JsonAdapter::OpenaiEmbeddings, json!({"model": "e", "input": "hello"}));
+    let (s2, many, r2) = part(
+        JsonAdapter::OpenaiEmbeddings,
+        json!({"model": "e", "input": ["a", "b"]}),
+    );
+    let (s3, tokens, r3) = part(JsonAdapter::OpenaiEmbeddings, json!({"model": "e", "input": [1, 2, 3]}));
+    assert_eq!((r1, r2, r3), (1, 2, 1), "a list of token ids is one input");
+    assert!(s1 == s2 && s2 == s3);
+    let request = build("/v1/embeddings", &[&one, &many, &tokens]).unwrap();
+    let sent: Value = serde_json::from_slice(request.body()).unwrap();
+    assert_eq!(sent, json!({"model": "e", "input": ["hello", "a", "b", [1, 2, 3]]}));
+    // The backend may list items in any order; index says which is which.
+    let answer = json!({"object": "list", "model": "e", "usage": {"prompt_tokens": 8, "total_tokens": 8},
+        "data": [{"index": 3, "embedding": [3.0]}, {"index": 0, "embedding": [0.0]},
+                 {"index": 2, "embedding": [2.0]}, {"index": 1, "embedding": [1.0]}]});
+    let answers = scatter(JsonAdapter::OpenaiEmbeddings, &reply(answer), &[&one, &many, &tokens]).unwrap();
+    assert_eq!(json_of(&answers[0])["data"], json!([{"index": 0, "embedding": [0.0]}]));
+    assert_eq!(
+        json_of(&answers[1])["data"],
+        json!([{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [2.0]}])
+    );
+    assert_eq!(json_of(&answers[2])["data"], json!([{"index": 0, "embedding": [3.0]}]));
+    assert_eq!(json_of(&answers[1])["usage"]["prompt_tokens"], json!(4));
+    assert_eq!(json_of(&answers[1])["model"], json!("e"));
+}
+
+#[test]
+fn embedding_answers_with_bad_indexes_are_refused() {
+    let (_, a, _) = part(JsonAdapter::OpenaiEmbeddings, json!({"input": ["a", "b"]}));
+    for data in [
+        json!([{"index": 0}, {"index": 0}]),
+        json!([{"index": 0}, {"index": 2}]),
+        json!([{"index": 0}]),
+        json!([{"index": 0}, {}]),
+    ] {
+        let err = scatter(JsonAdapter::OpenaiEmbeddings, &reply(json!({"data": data})), &[&a]).unwrap_err();
+        assert_eq!(err.kind, Kind::Backend, "{data}");
+    }
+}
+#[test]
+fn rows_cut_one_by_one_join_back_into_the_callers_answer() {
+    let obj = |v: Value| match v {
+        Value::Object(m) => m,
+        _ => panic!("an object"),
+    };
+    let (_, a, _) = part(
+        JsonAdapter::TfServing,
+        json!({"signature_name": "s", "instances": [[1], [2]]}),
+    );
+    let one = a.row(1).unwrap();
+    assert_eq!(
+        Value::Object(body(&[&one])),
+        json!({"signature_name": "s", "instances": [[2]]})
+    );
+    assert!(a.row(2).is_none());
+    let tf = [
+        json!({"predictions": [10], "model_version": "3"}),
+        json!({"predictions": [20]}),
+    ];
+    let joined = join(JsonAdapter::TfServing, tf.map(obj).to_vec()).unwrap();
+    assert_eq!(
+        Value::Object(joined),
+        json!({"predictions": [10, 20], "model_version": "3"})
+    );
+    let named = [
+        json!({"outputs": {"s": [1], "t": [[0]]}}),
+        json!({"outputs": {"s": [2], "t": [[1]]}}),
+    ];
+    let joined = join(JsonAdapter::TfServing, named.map(obj).to_vec()).unwrap();
+    assert_eq!(
+        Value::Object(joined),
+        json!({"outputs": {"s": [1, 2], "t": [[0], [1]]}})
+    );
+    let emb = [
+        json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [1.0]}], "usage": {"prompt_tokens": 2, "total_tokens": 2}}),
+        json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [2.0]}], "usage": {"prompt_tokens": 3, "total_tokens": 3}}),
+    ];
+    let joined = Value::Object(join(JsonAdapter::OpenaiEmbeddings, emb.map(obj).to_vec()).unwrap());
+    assert_eq!(
+        joined["data"][1],
+        json!({"object": "embedding", "index": 1, "embedding": [2.0]})
+    );
+    assert_eq!(joined["usage"], json!({"prompt_tokens": 5, "total_tokens": 5}));
+    let mixed = [json!({"predictions": [1]}), json!({"outputs": {"s": [2]}})];
+    assert!(
+        join(JsonAdapter::TfServing, mixed.map(obj).to_vec()).is_err(),
+        "rows of another form never join"
+    );
+}
