@@ -20,6 +20,9 @@ pub const REASON: HeaderName = HeaderName::from_static("x-tiergate-reason");
 pub const POLICY_VERSION: HeaderName = HeaderName::from_static("x-tiergate-policy-version");
 /// Answer (micro-batch): rows in the backend call that carried the request.
 pub const BATCH_SIZE: HeaderName = HeaderName::from_static("x-tiergate-batch-size");
+/// Answer (micro-batch), and the backend call that carried it: the id of that batch,
+/// also in the batch's log line (`tiergate::lineage`) and offline results.
+pub const BATCH_ID: HeaderName = HeaderName::from_static("x-tiergate-batch-id");
 /// Answer (micro-batch): how long the request waited for its batch, in milliseconds.
 pub const QUEUE_MS: HeaderName = HeaderName::from_static("x-tiergate-queue-ms");
 /// Answer (real-time, a route with a canary): `primary` or `candidate`, which served it.

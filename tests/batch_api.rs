@@ -103,9 +103,15 @@ async fn a_file_of_thousands_of_requests_is_answered_exactly_once_each() {
     assert!(done["error_file_id"].is_null());
     let out = results(&gw, &done["output_file_id"]).await;
     assert_eq!(out.len(), n);
+    let mut batch_ids = std::collections::HashSet::new();
     for i in 0..n {
         let r = &out[&format!("req-{i}")];
         assert_eq!(r["response"]["status_code"], 200);
+        let id = r["response"]["batch_id"]
+            .as_str()
+            .expect("the micro-batch that answered it");
+        assert!(id.starts_with("mb_"), "{id}");
+        batch_ids.insert(id.to_owned());
         assert_eq!(
             r["response"]["body"]["outputs"][0]["data"],
             json!([i as f64, (i + 1) as f64]),
@@ -114,6 +120,7 @@ async fn a_file_of_thousands_of_requests_is_answered_exactly_once_each() {
     }
     let stats = batch.sim.stats("m").expect("stats");
     assert_eq!(stats.rows, n as u64, "every request ran exactly once");
+    assert_eq!(batch_ids.len() as u64, stats.batches, "one id per backend batch");
     assert!(
         stats.batches <= (n as u64).div_ceil(64) + 5,
         "in large batches: {} calls",

@@ -186,6 +186,8 @@ async fn infer_with_raw_and_typed_contents_and_the_decision_in_metadata() {
         Some("micro_batch")
     );
     assert_eq!(tier(batched.metadata(), "x-tiergate-batch-size").as_deref(), Some("1"));
+    let batch = tier(batched.metadata(), "x-tiergate-batch-id").expect("the batch's id as metadata");
+    assert!(batch.starts_with("mb_"), "{batch}");
     assert!(tier(batched.metadata(), "x-tiergate-queue-ms").is_some());
     let out = batched.into_inner();
     assert_eq!(out.id, "g2");

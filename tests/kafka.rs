@@ -102,6 +102,14 @@ async fn a_topic_of_requests_becomes_a_topic_of_answers_with_none_missing() {
             .and_then(|h| h.value)
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .expect("a status header");
+        let batch = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "tiergate-batch-id"))
+            .and_then(|h| h.value);
+        assert!(
+            batch.is_some_and(|b| b.starts_with(b"mb_")),
+            "every answer names its batch"
+        );
         let body: serde_json::Value = serde_json::from_slice(message.payload().expect("a body")).expect("JSON answer");
         answers.insert(key, (status, body));
     }

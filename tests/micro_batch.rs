@@ -119,10 +119,18 @@ async fn concurrent_callers_share_one_batch_and_each_gets_its_own_rows() {
         queued(&gw, "share", rows_total).await; // arrival order is queue order
     }
     batch.sim.release();
-    assert_eq!(busy.await.expect("task").status, 200);
+    let busy = busy.await.expect("task");
+    assert_eq!(busy.status, 200);
+    let first_batch = busy.header("x-tiergate-batch-id").expect("a batch id").to_owned();
+    assert!(
+        first_batch.starts_with("mb_") && first_batch.len() == 19,
+        "{first_batch}"
+    );
+    let mut batch_ids = std::collections::BTreeSet::new();
     for (i, data, call) in callers {
         let answer = call.await.expect("task");
         assert_eq!(answer.status, 200, "{}", answer.text());
+        batch_ids.insert(answer.header("x-tiergate-batch-id").expect("a batch id").to_owned());
         assert_eq!(answer.tier(), (Some("micro_batch"), Some("budget_micro_batch")));
         assert_eq!(
             answer.header("x-tiergate-batch-size"),
@@ -154,6 +162,8 @@ async fn concurrent_callers_share_one_batch_and_each_gets_its_own_rows() {
         [(1, 1), (rows_total, 1)].into(),
         "one batch of every waiting caller"
     );
+    assert_eq!(batch_ids.len(), 1, "one batch id for the callers of one batch");
+    assert!(!batch_ids.contains(&first_batch), "another for the batch before");
     let scrape = get(gw.metrics_addr(), "/metrics").await.text();
     for family in [
         "tiergate_batch_rows_bucket{route=\"share\"",

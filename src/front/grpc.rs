@@ -219,7 +219,12 @@ fn render(served: Served) -> Rendered {
     );
     if let Ok(reply) = &served.result {
         // How a batched request was batched, and how the cache took part, as on HTTP.
-        for key in [headers::BATCH_SIZE, headers::QUEUE_MS, headers::CACHE] {
+        for key in [
+            headers::BATCH_SIZE,
+            headers::BATCH_ID,
+            headers::QUEUE_MS,
+            headers::CACHE,
+        ] {
             let value = reply.headers().get(&key).and_then(|v| v.to_str().ok());
             if let Some(value) = value.and_then(|v| v.parse().ok()) {
                 metadata.insert(bridge::metadata_key(&key), value);

@@ -34,6 +34,7 @@ use super::dispatch::Dispatch;
 use crate::config::{Kafka, KafkaSource};
 use crate::decision::{BudgetSource, Decision, Door, Reason, Tier};
 use crate::error::{Error, Kind};
+use crate::headers;
 use crate::metrics;
 use crate::policy::Policy;
 use crate::tenant::Tenant;
@@ -49,11 +50,15 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 pub const STATUS_HEADER: &str = "tiergate-status";
 /// Header on every answer: where the request was read (`topic/partition/offset`).
 pub const SOURCE_HEADER: &str = "tiergate-source";
+/// Header on an answer a micro-batch produced: that batch's id (`x-tiergate-batch-id`).
+pub const BATCH_HEADER: &str = "tiergate-batch-id";
 
 /// One answer, ready to produce.
 struct Answer {
     status: u16,
     content_type: Option<HeaderValue>,
+    /// The micro-batch that produced it (none for a refusal or a cached answer).
+    batch_id: Option<String>,
     body: Bytes,
 }
 
@@ -297,9 +302,15 @@ async fn served(
         dispatch.cache().precompute(&kept_for, asked, &reply, ttl);
     }
     let content_type = reply.headers().get(http::header::CONTENT_TYPE).cloned();
+    let batch_id = reply
+        .headers()
+        .get(headers::BATCH_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     Ok(Answer {
         status: reply.status().as_u16(),
         content_type,
+        batch_id,
         body: reply.into_body(),
     })
 }
@@ -308,6 +319,7 @@ fn failure(e: &Error) -> Answer {
     Answer {
         status: e.kind.status().as_u16(),
         content_type: Some(HeaderValue::from_static("application/json")),
+        batch_id: None,
         body: crate::protocol::error_body(&e.message),
     }
 }
@@ -337,6 +349,12 @@ async fn produce(
             headers = headers.insert(Header {
                 key: "content-type",
                 value: Some(content_type.as_bytes()),
+            });
+        }
+        if let Some(batch) = &answer.batch_id {
+            headers = headers.insert(Header {
+                key: BATCH_HEADER,
+                value: Some(batch.as_bytes()),
             });
         }
         let mut backoff = Duration::from_millis(100);

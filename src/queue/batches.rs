@@ -579,8 +579,8 @@ struct Results {
 /// its comparison JSONL (every line, compared or with why not) and summary too.
 fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, custom_id, state, status, answer_body, error, comparison FROM jobs WHERE batch_id = ?1
-         ORDER BY line",
+        "SELECT id, custom_id, state, status, answer_body, error, comparison, answer_headers FROM jobs
+         WHERE batch_id = ?1 ORDER BY line",
     )?;
     let mut rows = stmt.query([batch])?;
     let mut out = Results::default();
@@ -595,7 +595,13 @@ fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, Stor
             let body = body.unwrap_or_default();
             let body = serde_json::from_slice::<Value>(&body)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-            json!({"status_code": status, "request_id": id, "body": body})
+            let mut response = json!({"status_code": status, "request_id": id, "body": body});
+            // Which micro-batch (and backend call) produced the answer, when one did.
+            let headers = super::jobs::headers_from(r.get(7).ok().flatten());
+            if let Some((_, batch)) = headers.iter().find(|(k, _)| k == crate::headers::BATCH_ID.as_str()) {
+                response["batch_id"] = Value::from(batch.as_str());
+            }
+            response
         });
         let failure = match (state, &response) {
             (State::Succeeded, _) => None,

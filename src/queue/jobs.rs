@@ -303,7 +303,7 @@ fn headers_json(headers: &[(String, String)]) -> String {
     serde_json::to_string(headers).unwrap_or_else(|_| "[]".into())
 }
 
-fn headers_from(text: Option<String>) -> Vec<(String, String)> {
+pub(super) fn headers_from(text: Option<String>) -> Vec<(String, String)> {
     text.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
 }
 

@@ -135,7 +135,8 @@ impl State {
 pub struct Answer {
     /// HTTP status.
     pub status: u16,
-    /// The headers that describe the body (content type, binary header length).
+    /// The headers that describe the body (content type, binary header length) and
+    /// where it came from (the micro-batch's `x-tiergate-batch-id`).
     pub headers: Vec<(String, String)>,
     /// The body, byte for byte.
     pub body: Bytes,

@@ -35,11 +35,21 @@ pub(super) async fn send(lane: Arc<Lane>, batch: Callers, flush: Flush) {
             .queue_seconds
             .record(sent.saturating_duration_since(entry.queued_at).as_secs_f64());
     }
-    run(&lane, batch, sent).await;
+    run(&lane, batch, (sent, flush)).await;
+}
+
+/// A new batch id: `mb_` and 16 hex digits, random (unique enough to find one batch's
+/// log line, answers and backend call among a day's).
+fn batch_id() -> String {
+    format!("mb_{:016x}", rand::random::<u64>())
 }
 
 /// One backend call for `callers`, split and re-sent on a refusal (boxed: it recurses).
-fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+fn run<'a>(
+    lane: &'a Lane,
+    mut callers: Callers,
+    (sent, flush): (Instant, Flush),
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
     Box::pin(async move {
         callers.retain(|e| !e.reply.is_closed());
         let (request, plan) = loop {
@@ -62,10 +72,14 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
         let Some(mut request) = request else {
             // The cache held every row: no backend call.
             let replies = plan.as_ref().map(|p| p.answers(lane.form, None, &callers));
-            return scattered(callers, replies, 0, sent);
+            return scattered(callers, replies, (0, None), sent);
         };
         let total = plan.as_ref().map_or(rows.iter().sum(), |p| p.sent() as u64);
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
+        let id = batch_id();
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            request.headers_mut().insert(headers::BATCH_ID, value);
+        }
         let span = batch_span(&callers, total, &mut request);
         // A share of batches go to the route's shadow candidate too, as the same batch.
         let mirror = lane
@@ -74,46 +88,61 @@ fn run<'a>(lane: &'a Lane, mut callers: Callers, sent: Instant) -> Pin<Box<dyn F
             .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
             .map(|(shadow, spec)| (shadow, spec, crate::backend::copy(&request)));
         let started = Instant::now();
+        let learned = lane.cost.predict(total);
         let called = lane.pool.forward(request, deadline).instrument(span).await;
+        let took = started.elapsed();
+        tracing::info!(
+            target: "tiergate::lineage",
+            batch = %id,
+            route = %lane.route,
+            path = %lane.path,
+            rows = total,
+            callers = callers.len(),
+            flush = flush.as_str(),
+            learned_ms = learned.map(|t| t.as_secs_f64() * 1e3),
+            took_ms = took.as_secs_f64() * 1e3,
+            status = called.as_ref().map_or(0, |r| r.status().as_u16()),
+            "batch"
+        );
         if let (Some((shadow, spec, copy)), Ok(primary)) = (mirror, &called) {
             let primary = Primary {
                 answer: primary,
-                took: started.elapsed(),
+                took,
                 pool: &lane.pool_spec,
             };
             shadow.mirror(&lane.route, spec, Tier::MicroBatch, copy, primary);
         }
         match called {
             Ok(reply) if reply.status().is_success() => {
-                lane.cost.observe(total, started.elapsed());
+                lane.cost.observe(total, took);
                 lane.metrics.learned(&lane.cost);
                 let replies = match &plan {
                     Some(plan) => plan.answers(lane.form, Some(&reply), &callers),
                     None => scatter(lane, &reply, &callers, &rows).map(|r| r.into_iter().map(Ok).collect()),
                 };
-                scattered(callers, Some(replies), total, sent);
+                scattered(callers, Some(replies), (total, Some(&id)), sent);
             }
             Ok(reply) if refused(reply.status()) && callers.len() > 1 => {
                 lane.metrics.isolations.increment(1);
                 let second = callers.split_off(callers.len() / 2);
-                run(lane, callers, sent).await;
-                run(lane, second, sent).await;
+                run(lane, callers, (sent, flush)).await;
+                run(lane, second, (sent, flush)).await;
             }
             Ok(reply) if callers.len() == 1 => {
                 for caller in callers {
-                    answer(caller, reply.clone(), total, sent);
+                    answer(caller, reply.clone(), (total, Some(&id)), sent);
                 }
             }
             Ok(reply) => {
                 let shared = batch_failure(&reply, callers.len(), total);
                 for caller in callers {
-                    answer(caller, shared.clone(), total, sent);
+                    answer(caller, shared.clone(), (total, Some(&id)), sent);
                 }
             }
             Err(e) => {
                 let e = Error::new(
                     e.kind,
-                    format!("{} (a batch of {} requests, {total} rows)", e.message, callers.len()),
+                    format!("{} (batch {id}: {} requests, {total} rows)", e.message, callers.len()),
                 );
                 fail(callers, &e);
             }
@@ -161,12 +190,17 @@ fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, E
 }
 
 /// Answers every caller with its share of a batch's answer, or all with one error.
-fn scattered(callers: Callers, replies: Option<Result<Vec<Result<Reply, Error>>, Error>>, rows: u64, sent: Instant) {
+fn scattered(
+    callers: Callers,
+    replies: Option<Result<Vec<Result<Reply, Error>>, Error>>,
+    batch: (u64, Option<&str>),
+    sent: Instant,
+) {
     match replies {
         Some(Ok(replies)) => {
             for (caller, reply) in callers.into_iter().zip(replies) {
                 match reply {
-                    Ok(reply) => answer(caller, reply, rows, sent),
+                    Ok(reply) => answer(caller, reply, batch, sent),
                     Err(e) => {
                         let _ = caller.reply.send(Err(e));
                     }
@@ -252,10 +286,15 @@ fn batch_failure(reply: &Reply, requests: usize, rows: u64) -> Reply {
     failure
 }
 
-fn answer(caller: Entry<Part, Reply>, mut reply: Reply, rows: u64, sent: Instant) {
+/// Answers `caller` with `reply`, saying the batch's rows and id (none when the cache
+/// held every row) and how long the caller waited.
+fn answer(caller: Entry<Part, Reply>, mut reply: Reply, (rows, id): (u64, Option<&str>), sent: Instant) {
     let waited = sent.saturating_duration_since(caller.queued_at);
     let headers = reply.headers_mut();
     headers.insert(headers::BATCH_SIZE, HeaderValue::from(rows));
+    if let Some(id) = id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        headers.insert(headers::BATCH_ID, id);
+    }
     if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
         headers.insert(headers::QUEUE_MS, ms);
     }

@@ -373,15 +373,19 @@ fn outcome(job: &Job, answer: Result<Reply, crate::error::Error>, settings: &con
 /// The parts of a backend answer kept for the client.
 fn kept(reply: Reply) -> Answer {
     let (head, body) = reply.into_parts();
-    let headers = [http::header::CONTENT_TYPE, crate::protocol::HEADER_LEN]
-        .iter()
-        .filter_map(|k| {
-            head.headers
-                .get(k)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| (k.as_str().to_owned(), v.to_owned()))
-        })
-        .collect();
+    let headers = [
+        http::header::CONTENT_TYPE,
+        crate::protocol::HEADER_LEN,
+        crate::headers::BATCH_ID,
+    ]
+    .iter()
+    .filter_map(|k| {
+        head.headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| (k.as_str().to_owned(), v.to_owned()))
+    })
+    .collect();
     Answer {
         status: head.status.as_u16(),
         headers,
