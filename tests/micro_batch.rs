@@ -163,6 +163,14 @@ async fn concurrent_callers_share_one_batch_and_each_gets_its_own_rows() {
         "one batch of every waiting caller"
     );
     assert_eq!(batch_ids.len(), 1, "one batch id for the callers of one batch");
+    // The backend hears how long the batch is still useful for, in microseconds.
+    let timeout = last_batch(&stats).parameters["timeout"]
+        .as_u64()
+        .expect("a timeout parameter");
+    assert!(
+        timeout > 0 && timeout <= 5_000_000,
+        "within the callers' 5 s budget: {timeout} µs"
+    );
     assert!(!batch_ids.contains(&first_batch), "another for the batch before");
     let scrape = get(gw.metrics_addr(), "/metrics").await.text();
     for family in [
@@ -623,6 +631,15 @@ async fn a_sequence_stays_in_the_tier_of_its_first_step() {
     gw.stop().await.expect("stops");
 }
 
+/// The last batch the simulator saw, in Triton's binary form: its JSON header, then the
+/// tensors' bytes.
+fn last_batch(stats: &tiergate::sim::Stats) -> protocol::InferRequest {
+    let mut header = serde_json::Deserializer::from_slice(&stats.last_request).into_iter::<Value>();
+    let _ = header.next();
+    let header_len = header.byte_offset();
+    protocol::decode_request(&stats.last_request, Some(header_len)).expect("the batch the simulator saw")
+}
+
 /// A body whose rows are `rows`, two FP32 values each.
 fn rows_body(id: &str, rows: &[[f32; 2]]) -> (String, Vec<f32>) {
     let data: Vec<f32> = rows.iter().flatten().copied().collect();
@@ -675,11 +692,7 @@ async fn a_batch_sends_only_the_unique_rows_its_cache_does_not_hold() {
         sent_before + 1 + 2,
         "the busy row, then b0 and c0 once each"
     );
-    // The batch went in Triton's binary form: its JSON header, then the tensors' bytes.
-    let mut header = serde_json::Deserializer::from_slice(&stats.last_request).into_iter::<Value>();
-    let _ = header.next();
-    let header_len = header.byte_offset();
-    let last = protocol::decode_request(&stats.last_request, Some(header_len)).expect("the batch the simulator saw");
+    let last = last_batch(&stats);
     let seen: Vec<f32> = last.inputs[0]
         .data
         .chunks_exact(4)

@@ -25,17 +25,23 @@ pub(super) fn parse(request: &Request<Bytes>) -> Result<Result<(Signature, Infer
 }
 
 /// One backend request carrying every caller's rows, on `path`; outputs come back in
-/// binary when the pool's backends read the binary extension. A caller whose tensors do
-/// not match their shapes is named by its index so it alone can be refused.
+/// binary when the pool's backends read the binary extension, and its `timeout`
+/// parameter (microseconds, as Triton reads it) is `left`, the time the batch's callers
+/// have left, so a backend drops work that can no longer be useful. A caller whose
+/// tensors do not match their shapes is named by its index so it alone can be refused.
 pub(super) fn build(
     path: &str,
     reqs: &[&InferRequest],
-    binary: bool,
+    (binary, left): (bool, std::time::Duration),
 ) -> Result<Request<Bytes>, (Option<usize>, Error)> {
     let mut merged = batch::concat(reqs).map_err(|e| match e {
         BatchError::BadInput { index, .. } => (Some(index), Error::new(Kind::BadRequest, e.to_string())),
         other => (None, Error::new(Kind::BadRequest, other.to_string())),
     })?;
+    let micros = u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1);
+    merged
+        .parameters
+        .insert("timeout".into(), serde_json::Value::from(micros));
     if binary {
         bridge::ask_binary_outputs(&mut merged); // concat() left every output's choice unset
     }

@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
@@ -160,18 +161,25 @@ fn refused(status: StatusCode) -> bool {
 type Prepared = (Option<http::Request<Bytes>>, Option<Plan>);
 
 fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, Error)> {
+    // The time the batch is still useful for: until its last caller's deadline.
+    let left = callers
+        .iter()
+        .map(|e| e.deadline)
+        .max()
+        .map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
     match &lane.form {
         Form::Kserve => {
             let Some(plan) = Plan::of(callers) else {
                 let reqs = kserve_parts(callers).map_err(|e| (None, e))?;
-                return Ok((Some(kserve::build(&lane.path, &reqs, lane.binary)?), None));
+                return Ok((Some(kserve::build(&lane.path, &reqs, (lane.binary, left))?), None));
             };
             let plan = plan.map_err(|(index, e)| (Some(index), e))?;
             if plan.is_empty() {
                 return Ok((None, Some(plan)));
             }
             // The rows were checked against their shapes when the plan cut them.
-            let request = kserve::build(&lane.path, &plan.kserve_rows(), lane.binary).map_err(|(_, e)| (None, e))?;
+            let rows = plan.kserve_rows();
+            let request = kserve::build(&lane.path, &rows, (lane.binary, left)).map_err(|(_, e)| (None, e))?;
             Ok((Some(request), Some(plan)))
         }
         Form::Json(_) => {
