@@ -162,6 +162,10 @@ pub const CACHE_ENTRIES: &str = "tiergate_cache_entries";
 /// What they weigh, in bytes, by `route`.
 pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
 
+/// A route's batch pool's progressive batch size: most rows a batch carries now, by
+/// `route` (`max_batch` until a batch fails, times out or runs far over its learned cost).
+pub const BATCH_SIZE_LIMIT: &str = "tiergate_batch_size_limit";
+
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

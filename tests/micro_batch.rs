@@ -806,3 +806,53 @@ async fn an_embeddings_batch_sends_only_the_inputs_its_cache_does_not_hold() {
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn batches_shrink_after_failures_and_grow_back_as_they_succeed() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    // The endpoint stays in (its breaker is the pool's other guard, tested apart).
+    let health = "[routes.shrink.micro_batch.health]\neject_after = 1000";
+    let gw = gateway(&policy("shrink", &rt.url(), &batch.url(), "", health)).await;
+    let limit = || metric(&gw, "tiergate_batch_size_limit{route=\"shrink\"}");
+    let (b, _) = body("first", 0, 1, false);
+    assert_eq!(infer(gw.http_addr(), "m", &BATCH, &b).await.status, 200);
+    assert_eq!(limit().await, 64.0, "max_batch to start with");
+    // Five failed batches halve it five times.
+    batch.sim.fail(true);
+    for i in 0..5 {
+        let (b, _) = body(&format!("f{i}"), i, 1, false);
+        assert_eq!(infer(gw.http_addr(), "m", &BATCH, &b).await.status, 500);
+    }
+    assert_eq!(limit().await, 2.0);
+    // Four callers queue behind a busy slot: they go in batches of two.
+    let busy = occupy(&gw, &batch).await;
+    batch.sim.fail(false);
+    let mut callers = Vec::new();
+    for i in 0..4u32 {
+        let (b, data) = body(&format!("c{i}"), 10 + i, 1, false);
+        callers.push((data, spawn_infer(gw.http_addr(), b)));
+        queued(&gw, "shrink", u64::from(i) + 1).await;
+    }
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    for (data, call) in callers {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(fp32(&decode(&answer), "OUTPUT0"), data);
+    }
+    let sizes = batch.sim.stats("m").expect("stats").batch_sizes;
+    assert_eq!(
+        sizes,
+        [(1, 2), (2, 2)].into(),
+        "the first and the busy one, then two of two"
+    );
+    // Each good batch adds back a sixteenth of max_batch: 64 again within 16 of them.
+    let mut good = 3;
+    while limit().await < 64.0 {
+        let (b, _) = body(&format!("g{good}"), 100 + good, 1, false);
+        assert_eq!(infer(gw.http_addr(), "m", &BATCH, &b).await.status, 200);
+        good += 1;
+        assert!(good <= 16, "grown back within 16 good batches");
+    }
+    gw.stop().await.expect("stops");
+}

@@ -156,6 +156,7 @@ pub fn explain(
         let cost = state.and_then(|s| s.cost);
         json!({
             "max_batch": spec.max_batch.get(),
+            "batch_limit": state.map_or(u64::from(spec.max_batch.get()), |s| s.batch_limit),
             "max_wait_ms": ms(spec.max_wait),
             "queued_rows": state.map_or(0, |s| s.queued_rows),
             "free_slots": state.map(|s| s.free_slots),

@@ -309,6 +309,12 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             ),
             None => println!("  batch pool: {} rows queued; cost not learned yet", batch["queued_rows"]),
         }
+        if batch["batch_limit"] != batch["max_batch"] {
+            println!(
+                "  batch size: at most {} of max_batch {} rows, after batches that went wrong (grows back as batches succeed)",
+                batch["batch_limit"], batch["max_batch"]
+            );
+        }
     }
     if let Some(cache) = answer["cache"].as_object() {
         println!("  cache: would {}", text(&cache["would"]));

@@ -36,6 +36,8 @@ pub(crate) struct Gate {
 struct GateState {
     held: bool,
     closed: bool,
+    /// Every batch fails with an injected fault (see `Simulator::fail`).
+    failing: bool,
 }
 
 /// What one instance thread needs.
@@ -57,6 +59,14 @@ impl Gate {
     pub(crate) fn set_held(&self, held: bool) {
         lock(&self.state).held = held;
         self.changed.notify_all();
+    }
+
+    pub(crate) fn set_failing(&self, failing: bool) {
+        lock(&self.state).failing = failing;
+    }
+
+    fn failing(&self) -> bool {
+        lock(&self.state).failing
     }
 
     pub(crate) fn close(&self) {
@@ -119,7 +129,7 @@ impl Instance {
 
     fn execute(&self, rows: u64) -> Outcome {
         let mut rng = rand::rng();
-        if rng.random::<f64>() < self.faults.error_rate {
+        if self.gate.failing() || rng.random::<f64>() < self.faults.error_rate {
             self.stats.send_modify(|s| s.errors += 1);
             return Outcome::Fault;
         }

@@ -142,6 +142,12 @@ impl Simulator {
         self.inner.gate.set_held(true);
     }
 
+    /// Test hook: from now on every batch fails at once with 500 `injected fault`
+    /// (`true`), or runs as its model says again (`false`).
+    pub fn fail(&self, failing: bool) {
+        self.inner.gate.set_failing(failing);
+    }
+
     /// Lets instances start batches again, in queue order.
     pub fn release(&self) {
         self.inner.gate.set_held(false);

@@ -63,6 +63,46 @@ pub struct Shared {
     pub last_caller: Arc<AtomicU64>,
     /// The zero of `last_caller`.
     pub epoch: Instant,
+    /// The pool's progressive batch size: most rows a batch carries now.
+    pub limit: Arc<Limit>,
+}
+
+/// A batch pool's progressive batch size: after a batch fails, times out or takes far
+/// more than its learned cost, the most rows a batch may carry halve (down to 1); each
+/// batch that goes well adds back a sixteenth of `max_batch` (at least one row), up to
+/// `max_batch`. A struggling backend is sent less at once, and recovers in 16 good
+/// batches from the smallest size.
+#[derive(Debug)]
+pub struct Limit(AtomicU64);
+
+impl Limit {
+    /// A limit starting at `max_batch` (no limit below the configured one).
+    pub fn new(max_batch: u64) -> Self {
+        Limit(AtomicU64::new(max_batch.max(1)))
+    }
+
+    /// Most rows a batch may carry now, under a configured `max_batch`.
+    pub fn now(&self, max_batch: u64) -> u64 {
+        self.0.load(Ordering::Acquire).clamp(1, max_batch.max(1))
+    }
+
+    /// A batch went wrong: halves the limit; returns the new one.
+    pub fn shrink(&self, max_batch: u64) -> u64 {
+        let next = (self.now(max_batch) / 2).max(1);
+        self.0.store(next, Ordering::Release);
+        next
+    }
+
+    /// A batch went well: grows the limit by a sixteenth of `max_batch`; returns the new one.
+    pub fn grow(&self, max_batch: u64) -> u64 {
+        let max_batch = max_batch.max(1);
+        let next = self
+            .now(max_batch)
+            .saturating_add(max_batch.div_ceil(16))
+            .min(max_batch);
+        self.0.store(next, Ordering::Release);
+        next
+    }
 }
 
 impl Shared {
@@ -75,7 +115,13 @@ impl Shared {
             depth: metrics::Gauge::noop(),
             last_caller: Arc::default(),
             epoch: Instant::now(),
+            limit: Arc::new(Limit::new(settings.max_batch)),
         }
+    }
+
+    /// Most rows a batch may carry now (the progressive limit, at most `max_batch`).
+    fn max_batch(&self, max_batch: u64) -> u64 {
+        self.limit.now(max_batch)
     }
 
     fn since_epoch(&self) -> u64 {
@@ -383,7 +429,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
                 },
             };
             let rows = batch.rows.saturating_add(entry.rows);
-            let within = rows <= self.settings.max_batch
+            let within = rows <= self.shared.max_batch(self.settings.max_batch)
                 && ceiling.is_none_or(|c| self.shared.cost.predict(rows).is_some_and(|t| t <= c));
             if !within {
                 self.filler_carry = Some(entry);
@@ -410,7 +456,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
             earliest: first.deadline,
             entries: vec![first],
         };
-        let mut sealed = (batch.rows >= self.settings.max_batch).then_some(Flush::Full);
+        let mut sealed = (batch.rows >= self.shared.max_batch(self.settings.max_batch)).then_some(Flush::Full);
         let mut carry = None;
         let mut open = true; // the channel still has senders
         let (slot, flush) = loop {
@@ -459,7 +505,8 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
     /// batch. Returns why the batch is sealed, if it now is.
     fn offer(&self, batch: &mut Filling<T, R>, e: Entry<T, R>, carry: &mut Option<Entry<T, R>>) -> Option<Flush> {
         let rows = batch.rows.saturating_add(e.rows);
-        if rows > self.settings.max_batch {
+        let max_batch = self.shared.max_batch(self.settings.max_batch);
+        if rows > max_batch {
             *carry = Some(e);
             return Some(Flush::Full);
         }
@@ -475,7 +522,7 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
         batch.rows = rows;
         batch.earliest = batch.earliest.min(e.deadline);
         batch.entries.push(e);
-        (rows >= self.settings.max_batch).then_some(Flush::Full)
+        (rows >= max_batch).then_some(Flush::Full)
     }
 
     async fn slot(&self) -> OwnedSemaphorePermit {

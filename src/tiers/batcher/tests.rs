@@ -260,3 +260,16 @@ async fn filler_alone_waits_for_an_idle_pool_then_fills_a_batch() {
     );
     assert_eq!(batches[2], vec![108, 109]);
 }
+
+#[test]
+fn the_progressive_batch_size_halves_on_trouble_and_grows_back_by_a_sixteenth() {
+    let limit = super::Limit::new(64);
+    assert_eq!(limit.now(64), 64);
+    let shrunk: Vec<u64> = (0..8).map(|_| limit.shrink(64)).collect();
+    assert_eq!(shrunk, [32, 16, 8, 4, 2, 1, 1, 1], "halved, never below one row");
+    let grown: Vec<u64> = (0..17).map(|_| limit.grow(64)).collect();
+    assert_eq!(grown[0], 5);
+    assert_eq!(grown[15], 64, "back to max_batch within 16 good batches");
+    assert_eq!(grown[16], 64, "never above it");
+    assert_eq!(limit.now(8), 8, "a smaller max_batch caps it");
+}

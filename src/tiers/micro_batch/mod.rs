@@ -145,6 +145,8 @@ struct Lane {
     binary: bool,
     cost: Arc<Cost>,
     max_batch: u64,
+    /// The pool's progressive batch size.
+    limit: Arc<batcher::Limit>,
     metrics: Arc<BatchMetrics>,
 }
 
@@ -157,6 +159,8 @@ struct BatchMetrics {
     isolations: ::metrics::Counter,
     cost_fixed: ::metrics::Gauge,
     cost_per_row: ::metrics::Gauge,
+    /// The pool's progressive batch size.
+    limit: ::metrics::Gauge,
     route: String,
 }
 
@@ -182,6 +186,7 @@ impl BatchMetrics {
             isolations: ::metrics::counter!(metrics::BATCH_ISOLATIONS, &label()),
             cost_fixed: ::metrics::gauge!(metrics::BATCH_COST_FIXED, &label()),
             cost_per_row: ::metrics::gauge!(metrics::BATCH_COST_PER_ROW, &label()),
+            limit: ::metrics::gauge!(metrics::BATCH_SIZE_LIMIT, &label()),
             route: route.to_owned(),
         }
     }
@@ -205,11 +210,12 @@ impl BatchMetrics {
         }
     }
 
-    /// The same instruments without the learned cost's gauges (a canary's lanes learn the
-    /// candidate's cost, which is not the route's).
+    /// The same instruments without the learned cost's and batch size's gauges (a
+    /// canary's lanes learn the candidate's, which are not the route's).
     fn without_cost(mut self) -> Self {
         self.cost_fixed = ::metrics::Gauge::noop();
         self.cost_per_row = ::metrics::Gauge::noop();
+        self.limit = ::metrics::Gauge::noop();
         self
     }
 
@@ -270,6 +276,9 @@ pub struct PoolState {
     pub free_slots: usize,
     /// The learned cost, once enough batches were seen.
     pub cost: Option<super::cost::Estimate>,
+    /// The progressive batch size: most rows a batch carries now (below `max_batch`
+    /// after failed, timed-out or over-cost batches).
+    pub batch_limit: u64,
 }
 
 impl MicroBatch {
@@ -280,6 +289,7 @@ impl MicroBatch {
             queued_rows: lanes.shared.queued.load(std::sync::atomic::Ordering::Relaxed),
             free_slots: lanes.shared.slots.available_permits(),
             cost: lanes.shared.cost.estimate(),
+            batch_limit: lanes.shared.limit.now(lanes.settings.max_batch),
         })
     }
 
@@ -449,13 +459,15 @@ impl Inner {
                 ..Shared::new(&settings)
             },
         };
+        let metrics = BatchMetrics::new(route);
+        metrics.limit.set(shared.limit.now(settings.max_batch) as f64);
         RouteLanes {
             route: route.to_owned(),
             spec: spec.clone(),
             pool,
             settings,
             shared,
-            metrics: Arc::new(BatchMetrics::new(route)),
+            metrics: Arc::new(metrics),
             lanes: Mutex::new(HashMap::new()),
             shutdown: self.shutdown.clone(),
             shadow: self.shadow.clone(),
@@ -556,7 +568,7 @@ impl RouteLanes {
             return Ok(()); // still learning: nobody is refused on a guess
         };
         let queued = self.shared.queued.load(std::sync::atomic::Ordering::Acquire) + rows;
-        let max_batch = self.settings.max_batch.max(1);
+        let max_batch = self.shared.limit.now(self.settings.max_batch);
         let waves = queued.div_ceil(max_batch).div_ceil(self.settings.slots.max(1) as u64);
         let batch = cost.predict(queued.min(max_batch));
         let mut expected = batch.saturating_mul(u32::try_from(waves).unwrap_or(u32::MAX));
@@ -633,6 +645,7 @@ impl RouteLanes {
             binary: spec.pool.binary_tensors,
             cost: self.shared.cost.clone(),
             max_batch: self.settings.max_batch,
+            limit: self.shared.limit.clone(),
             metrics: self.metrics.clone(),
         });
         let (queue, worker) = batcher::pair_sharing(self.settings, self.shared.clone());

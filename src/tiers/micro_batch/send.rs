@@ -92,6 +92,7 @@ fn run<'a>(
         let learned = lane.cost.predict(total);
         let called = lane.pool.forward(request, deadline).instrument(span).await;
         let took = started.elapsed();
+        lane.went(&called, learned, took);
         tracing::info!(
             target: "tiergate::lineage",
             batch = %id,
@@ -149,6 +150,33 @@ fn run<'a>(
             }
         }
     })
+}
+
+impl Lane {
+    /// Moves the pool's progressive batch size by how a batch went: halved after a
+    /// failure (an error, a 5xx, a timeout) or a batch that took more than three times
+    /// its learned cost and 10 ms more; grown after one that went well; left alone after a
+    /// refusal (the input's fault, not the pool's).
+    fn went(&self, called: &Result<Reply, Error>, learned: Option<Duration>, took: Duration) {
+        let ok = match called {
+            Ok(reply) if refused(reply.status()) => return,
+            Ok(reply) if reply.status().is_success() => {
+                learned.is_none_or(|t| took <= t.saturating_mul(3) + Duration::from_millis(10))
+            }
+            Ok(_) | Err(_) => false,
+        };
+        let before = self.limit.now(self.max_batch);
+        let now = match ok {
+            true => self.limit.grow(self.max_batch),
+            false => self.limit.shrink(self.max_batch),
+        };
+        if now != before {
+            self.metrics.limit.set(now as f64);
+            if !ok {
+                tracing::info!(route = %self.route, rows = now, "a batch went wrong: batches now carry at most {now} rows");
+            }
+        }
+    }
 }
 
 /// Statuses that mean "this input is wrong": the batch is split to find whose.
