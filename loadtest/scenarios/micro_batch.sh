@@ -51,7 +51,11 @@ max_wait = "250ms"
 max_in_flight = $IN_FLIGHT
 queue_capacity = 4096
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+# Every request comes from one address (the load generator's), as from behind a load
+# balancer: no per-client connection limit (its default, 1,000, would close the
+# connections of the overload's queued callers instead of answering them 429).
+TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 \
+  "$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 
