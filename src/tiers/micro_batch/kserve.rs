@@ -10,7 +10,7 @@ use super::Unbatched;
 use crate::error::{Error, Kind};
 use crate::protocol::batch::{self, BatchError, Signature};
 use crate::protocol::grpc::bridge;
-use crate::protocol::{self, InferRequest};
+use crate::protocol::{self, InferRequest, InferResponse};
 use crate::tiers::Reply;
 
 /// A caller's request, decoded, with its signature and rows; or why it cannot share a batch.
@@ -58,13 +58,18 @@ pub(super) fn build(
     Ok(request)
 }
 
-/// The backend's answer to a batch, cut into one answer per caller by `rows`.
-pub(super) fn scatter(reply: &Reply, reqs: &[&InferRequest], rows: &[u64]) -> Result<Vec<Reply>, Error> {
+/// The backend's answer to a batch, decoded and cut by `rows` (decoded answers, each
+/// with the batch's id).
+pub(super) fn split(reply: &Reply, rows: &[u64]) -> Result<Vec<InferResponse>, Error> {
     let broke = |why: String| Error::new(Kind::Backend, format!("the batch's backend broke the protocol: {why}"));
     let header_len = protocol::header_len(reply.headers()).map_err(|e| broke(e.to_string()))?;
     let decoded = protocol::decode_response(reply.body(), header_len).map_err(|e| broke(e.to_string()))?;
-    let answers = batch::split(&decoded, rows).map_err(|e| Error::new(Kind::Backend, e.to_string()))?;
-    Ok(answers
+    batch::split(&decoded, rows).map_err(|e| Error::new(Kind::Backend, e.to_string()))
+}
+
+/// The backend's answer to a batch, cut into one answer per caller by `rows`.
+pub(super) fn scatter(reply: &Reply, reqs: &[&InferRequest], rows: &[u64]) -> Result<Vec<Reply>, Error> {
+    Ok(split(reply, rows)?
         .into_iter()
         .zip(reqs)
         .map(|(mut answer, req)| {

@@ -18,12 +18,12 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde_json::{Map, Value};
 
-use super::{json, Form, Rows};
+use super::{json, kserve, Form, Rows};
 use crate::cache::{entry, Entry, Key, RouteCache, Scope};
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol::grpc::bridge;
-use crate::protocol::{self, batch, rows, InferRequest, InferResponse};
+use crate::protocol::{rows, InferRequest, InferResponse};
 use crate::tiers::batcher::Batch;
 use crate::tiers::Reply;
 
@@ -215,13 +215,9 @@ impl Plan {
     fn fresh(&self, form: Form, reply: &Reply) -> Result<Vec<Arc<Entry>>, Error> {
         let rows: Vec<Entry> = match form {
             Form::Kserve => {
-                let broke =
-                    |why: String| Error::new(Kind::Backend, format!("the batch's backend broke the protocol: {why}"));
-                let header_len = protocol::header_len(reply.headers()).map_err(|e| broke(e.to_string()))?;
-                let decoded = protocol::decode_response(reply.body(), header_len).map_err(|e| broke(e.to_string()))?;
                 let ones = vec![1; self.sent.len()];
-                let rows = batch::split(&decoded, &ones).map_err(|e| Error::new(Kind::Backend, e.to_string()))?;
-                rows.into_iter()
+                kserve::split(reply, &ones)?
+                    .into_iter()
                     .map(|mut row| {
                         row.id = None;
                         Entry::Kserve(row)
