@@ -7,6 +7,9 @@ use http::HeaderName;
 
 /// Request: the client's budget in milliseconds (first in the budget's order).
 pub const BUDGET: HeaderName = HeaderName::from_static("x-tiergate-budget-ms");
+/// Request (micro-batch): the caller's priority band, `critical`, `standard` or
+/// `sheddable` (the route's `priority` when absent).
+pub const PRIORITY: HeaderName = HeaderName::from_static("x-tiergate-priority");
 /// Request: makes an offline submission idempotent (for its tenant and body).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Request to the admin API: who makes a change, for the audit log.

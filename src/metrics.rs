@@ -49,7 +49,8 @@ pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
 pub const UNMATCHED: &str = "tiergate_unmatched_requests_total";
 /// Rows waiting in a route's micro-batch queues, by `route`.
 pub const BATCH_QUEUE_ROWS: &str = "tiergate_batch_queue_rows";
-/// Time a request waited in the micro-batch queue before its batch went out, by `route` (histogram, seconds).
+/// Time a request waited in the micro-batch queue before its batch went out, by `route`
+/// and `priority` (histogram, seconds).
 pub const BATCH_QUEUE_SECONDS: &str = "tiergate_batch_queue_duration_seconds";
 /// Rows per batch sent, by `route` (histogram).
 pub const BATCH_ROWS: &str = "tiergate_batch_rows";
@@ -60,6 +61,11 @@ pub const BATCH_FLUSHES: &str = "tiergate_batch_flushes_total";
 /// Requests the micro-batch tier refused before queueing, by `route` and `reason`
 /// (queue_full, deadline_unmeetable, too_many_signatures).
 pub const BATCH_REJECTIONS: &str = "tiergate_batch_rejections_total";
+/// Micro-batch requests by `route`, `priority` (critical, standard, sheddable) and
+/// `outcome`: queued, or shed (a sheddable request refused under pressure, or a queued
+/// request evicted from a full queue: sheddable for a higher band, or of a tenant
+/// holding more than its share).
+pub const BATCH_PRIORITY: &str = "tiergate_batch_priority_requests_total";
 /// Failed batches split in two to isolate a request the backend refused, by `route`.
 pub const BATCH_ISOLATIONS: &str = "tiergate_batch_isolations_total";
 /// Learned fixed cost `a` of a batch on the route's batch pool, by `route` (seconds).

@@ -106,7 +106,23 @@ def cache(text):
         "≥ 9× fewer calls, p99 falls, a hit faster than a pass-through")
 
 
-for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache):
+def fairness(text):
+    rounds = re.findall(
+        r"round \d+: B's p99 flood / alone ([\d.]+), flood / A at its share ([\d.]+); "
+        r"B's attainment flood / alone ([\d.]+); as one tenant ([\d.]+)", text)
+    p99 = re.findall(r"^(alone|at_share|flood) +\d+ +[\d.]+ +([\d.]+)", text, re.M)
+    if not rounds:
+        raise ValueError("no rounds")
+    per = lambda i: ", ".join(r[i] for r in rounds)
+    alone = "/".join(v for k, v in p99 if k == "alone")
+    flood = "/".join(v for k, v in p99 if k == "flood")
+    return ("fairness: tenant B's deadline attainment and p99 with tenant A flooding at 10× its share ÷ B alone",
+        f"attainment {per(2)} (rounds); p99 {per(0)} ({alone} → {flood} ms), {per(1)} against A at its share; "
+        f"the same flood as B's own tenant: attainment {per(3)}",
+        "attainment and p99 within 10% of alone")
+
+
+for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

@@ -33,5 +33,6 @@ if [ "${1:-}" != "--table" ]; then
   run offline_backlog offline_backlog.sh
   run shadow shadow.sh
   run cache cache.sh
+  run fairness fairness.sh
 fi
 python3 loadtest/scenarios/current.py "$OUT" docs/performance.md

@@ -75,6 +75,11 @@ fn effective(route: &Route) -> Value {
             "max_wait_ms": ms(s.max_wait),
             "max_in_flight": s.max_in_flight.get(),
             "queue_capacity": s.queue_capacity.get(),
+            "priority": s.scheduling.priority.as_str(),
+            "max_priority": s.scheduling.max_priority.as_str(),
+            "shed_at_rows": s.scheduling.shed_at,
+            "tenant_header": s.scheduling.tenant_header.as_str(),
+            "tenant_weights": s.scheduling.tenant_weights.iter().map(|(t, w)| (t.clone(), w.get())).collect::<std::collections::BTreeMap<_, _>>(),
             "json_adapter": s.json_adapter.map(|a| match a {
                 JsonAdapter::TfServing => "tf_serving",
                 JsonAdapter::OpenaiEmbeddings => "openai_embeddings",

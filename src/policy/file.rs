@@ -274,6 +274,17 @@ pub struct BatchFile {
     pub queue_capacity: Option<i64>,
     /// How requests on the route's JSON `paths` are merged and split.
     pub json_adapter: Option<JsonAdapterFile>,
+    /// The band of requests that name none: `critical`, `standard` or `sheddable`.
+    pub priority: Option<String>,
+    /// The highest band a request may ask for with `x-tiergate-priority`.
+    pub max_priority: Option<String>,
+    /// The share of `queue_capacity` beyond which sheddable requests are refused.
+    pub shed_above: Option<f64>,
+    /// The header naming the tenant for fair shares (default `x-api-key`).
+    pub tenant_header: Option<String>,
+    /// Tenants' weights in the pool's fair share (default 1 each).
+    #[serde(default)]
+    pub tenant_weights: std::collections::BTreeMap<String, i64>,
 }
 
 /// `json_adapter` values.

@@ -21,8 +21,8 @@ use arc_swap::ArcSwap;
 pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
-    Abort, BatchSpec, Borrow, Budgets, CacheSpec, Flags, Gate, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate,
-    RateLimits, Route, ShadowSpec, Tolerance, WhenUnmet,
+    Abort, BatchSpec, Borrow, Budgets, CacheSpec, Flags, Gate, HealthSpec, JsonAdapter, Policy, PoolSpec, Priority,
+    Rate, RateLimits, Route, Scheduling, ShadowSpec, Tolerance, WhenUnmet,
 };
 pub(crate) use problems::one_a_line;
 pub use problems::{Problem, Problems};

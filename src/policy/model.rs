@@ -258,6 +258,63 @@ pub struct BatchSpec {
     /// How requests on the route's JSON paths are merged and split; without one they
     /// are served one per backend call on the batch pool.
     pub json_adapter: Option<JsonAdapter>,
+    /// Who waits first when the pool is contended: bands, tenants' shares.
+    pub scheduling: Scheduling,
+}
+
+/// How a batch pool orders its waiting callers: priority bands first, then weighted
+/// fair shares between tenants within a band, then earliest deadline first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduling {
+    /// The band of a request that names none (`x-tiergate-priority`).
+    pub priority: Priority,
+    /// The highest band a request may name; higher asks are served in this band.
+    pub max_priority: Priority,
+    /// Rows waiting beyond which sheddable requests are refused (429).
+    pub shed_at: u32,
+    /// The header naming the tenant when the data plane does not authenticate.
+    pub tenant_header: http::HeaderName,
+    /// Tenants' weights in the fair share (1 for every tenant not named).
+    pub tenant_weights: std::collections::BTreeMap<String, NonZeroU32>,
+}
+
+/// A priority band of the micro-batch tier's queue: a higher band is always served
+/// first; the lowest is sheddable (refused first, and evicted for higher bands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    /// Refused once the queue is past `shed_above`, and evicted to make room.
+    Sheddable,
+    /// The default band.
+    #[default]
+    Standard,
+    /// Served before every other band.
+    Critical,
+}
+
+impl Priority {
+    /// Every band, highest first (the serving order).
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    /// The name in policies, headers and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Sheddable => "sheddable",
+            Priority::Standard => "standard",
+            Priority::Critical => "critical",
+        }
+    }
+
+    /// The band called `name` (case-insensitive).
+    pub fn parse(name: &str) -> Option<Priority> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(name.trim()))
+    }
+
+    /// 0 for sheddable, 1 standard, 2 critical.
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// A JSON batching protocol for routes whose backends do not speak KServe v2.

@@ -273,3 +273,70 @@ endpoints = ["http://127.0.0.1:1"]
         "the defaults once, and a route only for what it sets itself"
     );
 }
+
+#[test]
+fn a_batch_pools_bands_and_tenant_weights_are_checked() {
+    let text = r#"
+[routes.r]
+models = ["m"]
+[routes.r.flags]
+realtime = false
+micro_batch = true
+[routes.r.micro_batch]
+endpoints = ["http://b:1"]
+queue_capacity = 100
+priority = "sheddable"
+shed_above = 0.3
+tenant_weights = { gold = 4 }
+"#;
+    let policy = load(&[("ok.toml", text)]).expect("valid");
+    let s = &policy
+        .route("r")
+        .expect("route")
+        .micro_batch
+        .as_ref()
+        .expect("pool")
+        .scheduling;
+    assert_eq!(
+        (s.priority, s.max_priority, s.shed_at),
+        (Priority::Sheddable, Priority::Critical, 30)
+    );
+    assert_eq!(s.tenant_weights["gold"].get(), 4);
+    assert_eq!(s.tenant_header.as_str(), "x-api-key");
+
+    let bad = text
+        .replace(
+            "priority = \"sheddable\"",
+            "priority = \"critical\"\nmax_priority = \"urgent\"",
+        )
+        .replace("shed_above = 0.3", "shed_above = 1.5\ntenant_header = \"bad header\"")
+        .replace("gold = 4", "gold = 0");
+    let lines: Vec<String> = load(&[("bad.toml", &bad)])
+        .expect_err("invalid")
+        .0
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    for expect in [
+        "bad.toml: routes.r.micro_batch.max_priority: \"urgent\" is not a band",
+        "bad.toml: routes.r.micro_batch.shed_above: must be a share of queue_capacity",
+        "bad.toml: routes.r.micro_batch.tenant_header: \"bad header\" is not a valid header name",
+        "bad.toml: routes.r.micro_batch.tenant_weights.gold: must be between 1 and 1000, got 0",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(expect)),
+            "missing {expect:?} in {lines:#?}"
+        );
+    }
+    let above = text.replace(
+        "priority = \"sheddable\"",
+        "priority = \"critical\"\nmax_priority = \"standard\"",
+    );
+    let lines = load(&[("above.toml", &above)]).expect_err("invalid").0;
+    assert!(
+        lines[0]
+            .to_string()
+            .contains("priority: critical is above max_priority (standard)"),
+        "{lines:?}"
+    );
+}

@@ -16,8 +16,8 @@ use super::file::{
     WhenUnmetFile,
 };
 use super::model::{
-    BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Rate, RateLimits, Route,
-    WhenUnmet,
+    BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Priority, Rate,
+    RateLimits, Route, Scheduling, WhenUnmet,
 };
 use super::problems::{Check, Problem, Problems};
 
@@ -34,6 +34,10 @@ const MAX_BATCH: u32 = 64;
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const MAX_IN_FLIGHT: u32 = 2;
 const QUEUE_CAPACITY: u32 = 4096;
+/// The share of a queue beyond which sheddable requests are refused.
+const SHED_ABOVE: f64 = 0.5;
+/// The largest weight a tenant may have in a fair share.
+const MAX_WEIGHT: u32 = 1000;
 /// A batcher may hold a request at most this long: the micro-batch SLO.
 const MAX_WAIT_CEILING: Duration = Duration::from_secs(5);
 
@@ -242,16 +246,21 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
     }
 }
 
-/// Rate limits, or `None` when the table sets no rate.
-fn limits(check: &mut Check<'_>, at: &str, file: &LimitsFile) -> Option<Arc<RateLimits>> {
-    let header = file.tenant_header.as_deref().unwrap_or("x-api-key");
-    let tenant_header = http::HeaderName::try_from(header).unwrap_or_else(|_| {
+/// The header naming a tenant at `{at}.tenant_header` (default `x-api-key`).
+fn tenant_header(check: &mut Check<'_>, at: &str, value: Option<&str>) -> http::HeaderName {
+    let header = value.unwrap_or("x-api-key");
+    http::HeaderName::try_from(header).unwrap_or_else(|_| {
         check.fail(
             format!("{at}.tenant_header"),
             format!("{header:?} is not a valid header name"),
         );
         http::HeaderName::from_static("x-api-key")
-    });
+    })
+}
+
+/// Rate limits, or `None` when the table sets no rate.
+fn limits(check: &mut Check<'_>, at: &str, file: &LimitsFile) -> Option<Arc<RateLimits>> {
+    let tenant_header = tenant_header(check, at, file.tenant_header.as_deref());
     let route = rate(check, at, "rate", file.rate, "burst", file.burst);
     let tenant = rate(
         check,
@@ -491,6 +500,61 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
             JsonAdapterFile::TfServing => JsonAdapter::TfServing,
             JsonAdapterFile::OpenaiEmbeddings => JsonAdapter::OpenaiEmbeddings,
         }),
+        scheduling: scheduling(check, at, file, queue_capacity),
+    }
+}
+
+/// The batch pool's bands and fair shares.
+fn scheduling(check: &mut Check<'_>, at: &str, file: &BatchFile, capacity: NonZeroU32) -> Scheduling {
+    let mut band = |key: &str, value: Option<&str>, default: Priority| match value {
+        None => default,
+        Some(name) => Priority::parse(name).unwrap_or_else(|| {
+            check.fail(
+                format!("{at}.{key}"),
+                format!("{name:?} is not a band; use \"critical\", \"standard\" or \"sheddable\""),
+            );
+            default
+        }),
+    };
+    let priority = band("priority", file.priority.as_deref(), Priority::Standard);
+    let max_priority = band("max_priority", file.max_priority.as_deref(), Priority::Critical);
+    if priority > max_priority {
+        check.fail(
+            format!("{at}.priority"),
+            format!(
+                "{} is above max_priority ({})",
+                priority.as_str(),
+                max_priority.as_str()
+            ),
+        );
+    }
+    let shed_above = file.shed_above.unwrap_or(SHED_ABOVE);
+    if !(shed_above > 0.0 && shed_above <= 1.0) {
+        check.fail(
+            format!("{at}.shed_above"),
+            format!("must be a share of queue_capacity, more than 0 and at most 1, got {shed_above}"),
+        );
+    }
+    let shed_at = (f64::from(capacity.get()) * shed_above.clamp(0.0, 1.0)).ceil() as u32;
+    let tenant_header = tenant_header(check, at, file.tenant_header.as_deref());
+    let mut tenant_weights = std::collections::BTreeMap::new();
+    for (tenant, &weight) in &file.tenant_weights {
+        match u32::try_from(weight).ok().filter(|w| (1..=MAX_WEIGHT).contains(w)) {
+            Some(w) => {
+                tenant_weights.insert(tenant.clone(), NonZeroU32::new(w).expect("at least 1"));
+            }
+            None => check.fail(
+                format!("{at}.tenant_weights.{tenant}"),
+                format!("must be between 1 and {MAX_WEIGHT}, got {weight}"),
+            ),
+        }
+    }
+    Scheduling {
+        priority,
+        max_priority,
+        shed_at,
+        tenant_header,
+        tenant_weights,
     }
 }
 

@@ -1,28 +1,38 @@
 //! The batcher: the micro-batch tier's queue and its flush policy.
 //!
 //! Between the tier's door-facing service and the batch pool. Callers [`Queue::submit`]
-//! a payload with its row count and deadline; one [`Worker`] per queue forms batches and
-//! hands each to the `send` function with the callers' reply channels, which answers
-//! every caller. The policy is work-conserving: a batch goes out as soon as a backend
-//! slot is free, or when it is full (`max_batch` rows); while every slot is busy it keeps
-//! filling, unless one more caller would make the batch's earliest deadline miss under
-//! the pool's learned cost (see [`super::cost`]). `max_wait` is a ceiling on waiting for
-//! a slot to fill a batch, never a floor, so a lone request at low load is sent at once.
-//! The queues in front of one pool share its slots, its cost and one capacity in rows
-//! ([`Shared`]; a full queue refuses at once); a caller whose deadline passed or who went
+//! a payload to a *lane* (the requests that can share a backend call) with its row
+//! count, deadline and [`Class`] (band and tenant); one [`Worker`] per pool forms
+//! batches and hands each, with its lane, to the `send` function, which answers every
+//! caller. The policy is work-conserving: whenever a backend slot is free and anyone
+//! waits, a batch goes out at once, formed then from what waits. Which lane and which
+//! callers is `order`'s: the highest band first, then the tenant with the least
+//! weighted service, then earliest deadline first across the lanes. A batch takes its
+//! lane's callers in that order up to the batch size, unless one more would make the
+//! batch's earliest deadline miss under the pool's learned cost (see [`super::cost`]) or
+//! came more than `max_wait` after the batch opened; so a lone request at low load is
+//! sent at once, and `max_wait` is a ceiling, never a floor. The queues in front of one
+//! pool share its slots, its cost and one capacity in rows ([`Shared`]; a full queue
+//! refuses at once, after evicting sheddable callers for a higher band); a caller whose
+//! deadline passed, whom the learned cost says cannot be answered in time, or who went
 //! away is answered or dropped before its batch is sent, never sent to the backend.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cost::Cost;
 use crate::error::{Error, Kind};
+use crate::policy::Priority;
+pub use order::{Class, Entry, Flush};
+use order::{Rule, Waiting};
+
+mod order;
 
 /// How much longer (as a fraction of the callers' own learned cost) a batch may take
 /// once topped up with filler: the price callers pay for offline work riding along.
@@ -44,6 +54,8 @@ pub struct Settings {
     pub slots: usize,
     /// Rows that may wait in the queue; beyond, submissions are refused.
     pub capacity: u64,
+    /// Rows waiting beyond which sheddable callers are refused.
+    pub shed_at: u64,
 }
 
 /// What every queue in front of one batch pool shares: the pool's backend slots, the
@@ -138,156 +150,137 @@ impl Shared {
         self.queued.fetch_sub(rows, Ordering::AcqRel);
         self.depth.decrement(rows as f64);
     }
+}
 
-    /// Releases `entry`'s rows from the queue count unless it is filler (never counted).
-    fn release_entry<T, R>(&self, entry: &Entry<T, R>) {
-        if !entry.filler {
-            self.release(entry.rows);
-        }
+/// The waiting line of one batch pool's lanes, shared by its [`Queue`]s and its [`Worker`].
+struct Line<L, T, R> {
+    waiting: Mutex<Waiting<L, T, R>>,
+    /// Rung on every submission and every dropped [`Queue`].
+    wake: Notify,
+    /// Set once the worker has stopped: nothing submitted afterwards would be served.
+    stopped: AtomicBool,
+}
+
+impl<L, T, R> Line<L, T, R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting<L, T, R>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// Why a batch stopped growing and went out (the `reason` label of the flush metric).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flush {
-    /// It reached `max_batch` rows, or the next caller would not fit.
-    Full,
-    /// A backend slot was free: nothing is gained by waiting.
-    IdleBackend,
-    /// One more caller would make the batch's earliest deadline miss under the learned cost.
-    Deadline,
-    /// It waited `max_wait` for a slot.
-    MaxWait,
-}
-
-impl Flush {
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Flush::Full => "full",
-            Flush::IdleBackend => "idle_backend",
-            Flush::Deadline => "deadline",
-            Flush::MaxWait => "max_wait",
-        }
+impl<L, T, R> std::fmt::Debug for Line<L, T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Line").field("rows", &self.lock().rows()).finish()
     }
 }
 
-/// One caller's place in a batch: its payload, rows, deadline and reply channel.
+/// The submitting side of a pool's queue; cheap to clone.
 #[derive(Debug)]
-pub struct Entry<T, R> {
-    /// What the caller sent.
-    pub payload: T,
-    /// Its rows (dimension 0).
-    pub rows: u64,
-    /// When its budget runs out.
-    pub deadline: Instant,
-    /// When it was queued.
-    pub queued_at: Instant,
-    /// Offline work riding on spare room: never counted in the queue, never delays a
-    /// caller (see [`Queue::submit_filler`]).
-    pub filler: bool,
-    /// Where its answer goes; answered exactly once.
-    pub reply: oneshot::Sender<Result<R, Error>>,
-}
-
-impl<T, R> Entry<T, R> {
-    /// An entry queued now, and where its answer will come.
-    fn new(payload: T, rows: u64, deadline: Instant, filler: bool) -> (Self, oneshot::Receiver<Result<R, Error>>) {
-        let (reply, answer) = oneshot::channel();
-        let entry = Entry {
-            payload,
-            rows,
-            deadline,
-            queued_at: Instant::now(),
-            filler,
-            reply,
-        };
-        (entry, answer)
-    }
-}
-
-/// The submitting side of a queue; cheap to clone.
-#[derive(Debug)]
-pub struct Queue<T, R> {
-    tx: mpsc::UnboundedSender<Entry<T, R>>,
-    filler_tx: mpsc::UnboundedSender<Entry<T, R>>,
+pub struct Queue<L, T, R> {
+    line: Arc<Line<L, T, R>>,
     shared: Shared,
-    capacity: u64,
+    settings: Settings,
 }
 
-/// The batching side of a queue: run it with [`Worker::run`].
+/// The batching side of a pool's queue: run it with [`Worker::run`].
 #[derive(Debug)]
-pub struct Worker<T, R> {
-    rx: mpsc::UnboundedReceiver<Entry<T, R>>,
-    filler_rx: mpsc::UnboundedReceiver<Entry<T, R>>,
-    /// A filler entry that did not fit the last batch; it goes first in a later one.
-    filler_carry: Option<Entry<T, R>>,
+pub struct Worker<L, T, R> {
+    line: Arc<Line<L, T, R>>,
     settings: Settings,
     shared: Shared,
 }
 
-/// A batch: the callers, in arrival order.
+/// A batch: the callers, in the order they were chosen.
 pub type Batch<T, R> = Vec<Entry<T, R>>;
 
 /// A queue and its worker, with slots, counter and cost of their own.
-pub fn pair<T, R>(settings: Settings) -> (Queue<T, R>, Worker<T, R>) {
+pub fn pair<L, T, R>(settings: Settings) -> (Queue<L, T, R>, Worker<L, T, R>) {
     let shared = Shared::new(&settings);
     pair_sharing(settings, shared)
 }
 
 /// A queue and its worker over `shared` slots, queued rows and cost (one batch pool).
-pub fn pair_sharing<T, R>(settings: Settings, shared: Shared) -> (Queue<T, R>, Worker<T, R>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let (filler_tx, filler_rx) = mpsc::unbounded_channel();
+pub fn pair_sharing<L, T, R>(settings: Settings, shared: Shared) -> (Queue<L, T, R>, Worker<L, T, R>) {
+    let line = Arc::new(Line {
+        waiting: Mutex::new(Waiting::default()),
+        wake: Notify::new(),
+        stopped: AtomicBool::new(false),
+    });
     let queue = Queue {
-        tx,
-        filler_tx,
+        line: line.clone(),
         shared: shared.clone(),
-        capacity: settings.capacity,
-    };
-    let worker = Worker {
-        rx,
-        filler_rx,
-        filler_carry: None,
         settings,
-        shared,
     };
-    (queue, worker)
+    (queue, Worker { line, settings, shared })
 }
 
-impl<T, R> Clone for Queue<T, R> {
+impl<L, T, R> Clone for Queue<L, T, R> {
     fn clone(&self) -> Self {
         Queue {
-            tx: self.tx.clone(),
-            filler_tx: self.filler_tx.clone(),
+            line: self.line.clone(),
             shared: self.shared.clone(),
-            capacity: self.capacity,
+            settings: self.settings,
         }
     }
 }
 
-impl<T, R> Queue<T, R> {
-    /// Queues `payload` (`rows` rows, answered by `deadline`) and returns where its
-    /// answer will come; refuses at once with [`Kind::QueueFull`] when the rows would not fit.
+impl<L, T, R> Drop for Queue<L, T, R> {
+    fn drop(&mut self) {
+        self.line.wake.notify_one(); // the worker ends once the last queue is gone
+    }
+}
+
+impl<L, T, R> Queue<L, T, R> {
+    /// Queues `payload` (`rows` rows, answered by `deadline`) in `lane`, charged as
+    /// `class`, and returns where its answer will come. Refuses at once with
+    /// [`Kind::QueueFull`] when the rows would not fit, or when the caller is sheddable
+    /// and more than `shed_at` rows wait. A caller that would not fit first makes room:
+    /// a higher band's evicts sheddable callers, then any evicts from the tenant of its
+    /// band holding the most beyond its share (longest queue drop); the evicted are
+    /// answered [`Kind::QueueFull`].
     pub fn submit(
         &self,
+        lane: &Arc<L>,
         payload: T,
-        rows: u64,
-        deadline: Instant,
+        (rows, deadline): (u64, Instant),
+        class: Class,
     ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
-        let after = self
-            .shared
-            .queued
-            .fetch_add(rows, Ordering::AcqRel)
-            .saturating_add(rows);
-        if after > self.capacity {
-            self.shared.queued.fetch_sub(rows, Ordering::AcqRel);
+        if self.is_closed() {
+            return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
+        }
+        let mut waiting = self.line.lock();
+        let queued = &self.shared.queued;
+        let after = queued.fetch_add(rows, Ordering::AcqRel).saturating_add(rows);
+        if class.priority == Priority::Sheddable && after > self.settings.shed_at {
+            queued.fetch_sub(rows, Ordering::AcqRel);
+            return Err(Error::new(
+                Kind::QueueFull,
+                format!(
+                    "the micro-batch queue is under pressure ({} rows waiting; sheddable requests are refused past \
+                     {}); retry later or send a higher x-tiergate-priority",
+                    after.saturating_sub(rows),
+                    self.settings.shed_at
+                ),
+            ));
+        }
+        let mut over = after.saturating_sub(self.settings.capacity);
+        if over > 0 && class.priority > Priority::Sheddable {
+            let (shed, freed) = waiting.shed(over);
+            self.refuse_evicted(shed, freed, "this sheddable request made room for a higher band");
+            over = over.saturating_sub(freed);
+        }
+        if over > 0 {
+            let (evicted, freed) = waiting.push_out(&class, rows, over);
+            self.refuse_evicted(evicted, freed, "its tenant held more than its share of it");
+            over = over.saturating_sub(freed);
+        }
+        if over > 0 {
+            queued.fetch_sub(rows, Ordering::AcqRel);
             return Err(Error::new(
                 Kind::QueueFull,
                 format!(
                     "the micro-batch queue is full ({} rows waiting, capacity {})",
                     after.saturating_sub(rows),
-                    self.capacity
+                    self.settings.capacity
                 ),
             ));
         }
@@ -295,30 +288,47 @@ impl<T, R> Queue<T, R> {
         self.shared
             .last_caller
             .store(self.shared.since_epoch().max(1), Ordering::Release);
-        let (entry, answer) = Entry::new(payload, rows, deadline, false);
-        if self.tx.send(entry).is_err() {
-            self.shared.release(rows);
-            return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
-        }
+        let (entry, answer) = Entry::new(payload, rows, deadline, (false, class.priority));
+        waiting.push(lane, class, entry);
+        drop(waiting);
+        self.line.wake.notify_one();
         Ok(answer)
     }
 
-    /// Queues offline work as filler: it rides in callers' batches only while that keeps
-    /// the batch's learned cost within [`FILL_SLACK`] of what the callers alone cost (and
-    /// within `max_batch`), and has batches of its own only when a slot is free and no
-    /// caller waits. It is not counted against the capacity. The submitter bounds how
-    /// much filler it queues.
+    /// Answers callers evicted from a full queue with [`Kind::QueueFull`] saying `why`.
+    fn refuse_evicted(&self, evicted: Vec<Entry<T, R>>, rows: u64, why: &str) {
+        self.shared.release(rows);
+        let message = format!("the micro-batch queue was full and {why}; retry later");
+        for entry in evicted {
+            entry.refuse(Kind::QueueFull, &message);
+        }
+    }
+
+    /// Queues offline work in `lane` as filler: it rides in callers' batches only while
+    /// that keeps the batch's learned cost within [`FILL_SLACK`] of what the callers
+    /// alone cost (and within the batch size), and has batches of its own only when a
+    /// slot is free and no caller waits. It is not counted against the capacity. The
+    /// submitter bounds how much filler it queues.
     pub fn submit_filler(
         &self,
+        lane: &Arc<L>,
         payload: T,
         rows: u64,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
-        let (entry, answer) = Entry::new(payload, rows, deadline, true);
-        self.filler_tx
-            .send(entry)
-            .map_err(|_| Error::new(Kind::Unavailable, "the micro-batch worker has stopped"))?;
+        if self.is_closed() {
+            return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
+        }
+        let (entry, answer) = Entry::new(payload, rows, deadline, (true, Priority::Sheddable));
+        self.line.lock().push(lane, Class::default(), entry);
+        self.line.wake.notify_one();
         Ok(answer)
+    }
+
+    /// Rows that would be served before a new caller of `class` with `rows` rows due by
+    /// `deadline` (its own included), in the pool's order.
+    pub fn ahead(&self, class: &Class, rows: u64, deadline: Instant) -> u64 {
+        self.line.lock().ahead(class, rows, deadline)
     }
 
     /// Rows waiting now, across every queue sharing this one's pool.
@@ -328,201 +338,109 @@ impl<T, R> Queue<T, R> {
 
     /// Whether the worker has stopped (shutdown), so nothing submitted would be served.
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.line.stopped.load(Ordering::Acquire)
     }
 }
 
-/// A batch being filled.
-struct Filling<T, R> {
-    entries: Batch<T, R>,
-    rows: u64,
-    earliest: Instant,
-}
-
-impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
+impl<L: Send + Sync + 'static, T: Send + 'static, R: Send + 'static> Worker<L, T, R> {
     /// Forms batches until `shutdown` fires (then answers what is still queued with
     /// [`Kind::Unavailable`]) or every [`Queue`] is dropped (then it drains the queue
-    /// first), and hands each batch to `send` with why it went, which must answer every
-    /// entry. The batch holds its backend slot until `send` completes.
-    pub async fn run<F, Fut>(mut self, send: F, shutdown: CancellationToken)
+    /// first), and hands each batch to `send` with its lane and why it went, which must
+    /// answer every entry. The batch holds its backend slot until `send` completes.
+    pub async fn run<F, Fut>(self, send: F, shutdown: CancellationToken)
     where
-        F: Fn(Batch<T, R>, Flush) -> Fut + Send + Sync + 'static,
+        F: Fn(Arc<L>, Batch<T, R>, Flush) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let send = Arc::new(send);
-        let mut carry: Option<Entry<T, R>> = None;
         loop {
             if shutdown.is_cancelled() {
                 break; // once shutdown fires, nothing new is batched
             }
-            // Callers first; filler starts a batch only when no caller is waiting.
-            let first = match carry.take().or_else(|| self.rx.try_recv().ok()) {
-                Some(entry) => entry,
-                None => match self.filler_carry.take() {
-                    Some(entry) => entry,
-                    None => tokio::select! {
+            let (callers, filler, gone) = {
+                let waiting = self.line.lock();
+                let gone = waiting.is_empty() && Arc::strong_count(&self.line) == 1;
+                (waiting.rows() > 0, waiting.has_filler(), gone)
+            };
+            if gone {
+                self.line.stopped.store(true, Ordering::Release);
+                return;
+            }
+            if callers {
+                let slot = match self.shared.slots.clone().try_acquire_owned() {
+                    Ok(slot) => slot,
+                    Err(_) => tokio::select! {
                         biased;
                         _ = shutdown.cancelled() => break,
-                        entry = self.rx.recv() => match entry { Some(e) => e, None => return },
-                        entry = self.filler_rx.recv() => match entry { Some(e) => e, None => return },
+                        slot = self.slot() => slot,
                     },
-                },
-            };
-            let idle =
-                self.shared.slots.available_permits() > 0 && !self.queued_elsewhere() && self.shared.callers_quiet();
-            if first.filler && !idle {
-                // Filler alone never waits in line for a slot: it waits for a caller to
-                // ride with, or for the pool to be idle (checked every millisecond).
-                self.filler_carry = Some(first);
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    entry = self.rx.recv() => match entry { Some(e) => carry = Some(e), None => return },
-                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                };
+                if let Some(formed) = self.form() {
+                    spawn_send(&send, formed, slot);
                 }
                 continue;
             }
-            let (batch, next) = self.fill(first, &shutdown).await;
-            carry = next;
-            if let Some((batch, slot, flush)) = batch {
-                let send = send.clone();
-                tokio::spawn(async move {
-                    send(batch, flush).await;
-                    drop(slot); // the backend slot frees only once the batch is answered
-                });
+            if filler && self.shared.callers_quiet() && !self.queued_elsewhere() {
+                // Filler alone has a batch only while the pool is idle.
+                if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+                    let limit = self.shared.max_batch(self.settings.max_batch);
+                    let formed = {
+                        let mut waiting = self.line.lock();
+                        waiting.filler_lane().and_then(|lane| waiting.form_filler(lane, limit))
+                    };
+                    if let Some(formed) = formed {
+                        spawn_send(&send, (formed.lane, formed.entries, Flush::IdleBackend), slot);
+                    }
+                    continue;
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = self.line.wake.notified() => {}
+                // Filler waits for a caller to ride with, or for the pool to be idle.
+                _ = tokio::time::sleep(Duration::from_millis(1)), if filler => {}
             }
         }
-        self.rx.close();
-        while let Ok(entry) = self.rx.try_recv() {
-            self.shared.release(entry.rows);
-            answer(entry, Kind::Unavailable, "the gateway is shutting down");
+        self.line.stopped.store(true, Ordering::Release);
+        let (all, rows) = self.line.lock().drain();
+        self.shared.release(rows);
+        for entry in all {
+            entry.refuse(Kind::Unavailable, "the gateway is shutting down");
         }
-        self.filler_rx.close();
-        let fillers = std::iter::from_fn(|| self.filler_rx.try_recv().ok());
-        for entry in self.filler_carry.take().into_iter().chain(fillers.collect::<Vec<_>>()) {
-            answer(entry, Kind::Unavailable, "the gateway is shutting down");
+    }
+
+    /// The next batch, for a slot that is free now: from the lane of the caller served
+    /// next, topped up with that lane's filler within [`FILL_SLACK`] of the callers' cost.
+    fn form(&self) -> Option<(Arc<L>, Batch<T, R>, Flush)> {
+        let rule = Rule {
+            now: Instant::now(),
+            limit: self.shared.max_batch(self.settings.max_batch),
+            cost: self.shared.cost.estimate(),
+            max_wait: self.settings.max_wait,
+        };
+        let mut waiting = self.line.lock();
+        loop {
+            let lane = waiting.next_lane(&rule)?;
+            let (formed, released) = waiting.form(lane, &rule);
+            self.shared.release(released);
+            let Some(mut formed) = formed else {
+                continue; // everyone in that lane was answered or gone: the next lane
+            };
+            if let Some(cost) = rule.cost {
+                let callers: u64 = formed.entries.iter().map(|e| e.rows).sum();
+                let ceiling = cost.predict(callers).mul_f64(1.0 + FILL_SLACK);
+                waiting.top_up(lane, &mut formed.entries, |rows| {
+                    rows <= rule.limit && cost.predict(rows) <= ceiling
+                });
+            }
+            return Some((formed.lane, formed.entries, formed.sealed.unwrap_or(Flush::IdleBackend)));
         }
     }
 
     /// Whether callers wait in another queue of the same pool.
     fn queued_elsewhere(&self) -> bool {
         self.shared.queued.load(Ordering::Acquire) > 0
-    }
-
-    /// Tops a batch that has a slot up with filler: to `max_batch` when it holds no
-    /// caller, else while the learned cost stays within [`FILL_SLACK`] of the callers'.
-    fn top_up(&mut self, batch: &mut Filling<T, R>) {
-        let callers: u64 = batch.entries.iter().filter(|e| !e.filler).map(|e| e.rows).sum();
-        let ceiling = match callers {
-            0 => None,
-            n => match self.shared.cost.predict(n) {
-                Some(t) => Some(t.mul_f64(1.0 + FILL_SLACK)),
-                None => return, // nothing known of the cost: callers' batches stay theirs
-            },
-        };
-        loop {
-            let entry = match self.filler_carry.take() {
-                Some(e) => e,
-                None => match self.filler_rx.try_recv() {
-                    Ok(e) => e,
-                    Err(_) => return,
-                },
-            };
-            let rows = batch.rows.saturating_add(entry.rows);
-            let within = rows <= self.shared.max_batch(self.settings.max_batch)
-                && ceiling.is_none_or(|c| self.shared.cost.predict(rows).is_some_and(|t| t <= c));
-            if !within {
-                self.filler_carry = Some(entry);
-                return;
-            }
-            batch.rows = rows;
-            batch.entries.push(entry);
-        }
-    }
-
-    /// Grows a batch from `first` until a slot frees (or it is sealed: full, at the
-    /// deadline limit, or past `max_wait`; then it waits for a slot); returns the batch
-    /// (none when every caller dropped out) and an entry that did not fit, which starts
-    /// the next batch. When `shutdown` fires while it waits for a slot, every entry it
-    /// holds is answered [`Kind::Unavailable`] and it returns neither.
-    async fn fill(
-        &mut self,
-        first: Entry<T, R>,
-        shutdown: &CancellationToken,
-    ) -> (Option<(Batch<T, R>, OwnedSemaphorePermit, Flush)>, Option<Entry<T, R>>) {
-        let opened = Instant::now();
-        let mut batch = Filling {
-            rows: first.rows,
-            earliest: first.deadline,
-            entries: vec![first],
-        };
-        let mut sealed = (batch.rows >= self.shared.max_batch(self.settings.max_batch)).then_some(Flush::Full);
-        let mut carry = None;
-        let mut open = true; // the channel still has senders
-        let (slot, flush) = loop {
-            while sealed.is_none() {
-                match self.rx.try_recv() {
-                    Ok(e) => sealed = self.offer(&mut batch, e, &mut carry),
-                    Err(_) => break,
-                }
-            }
-            let ready = || sealed.unwrap_or(Flush::IdleBackend);
-            if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
-                break (slot, ready());
-            }
-            if let Some(flush) = sealed {
-                tokio::select! {
-                    slot = self.slot() => break (slot, flush),
-                    () = shutdown.cancelled() => {
-                        self.stopped(batch.entries.into_iter().chain(carry));
-                        return (None, None);
-                    }
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => {
-                    self.stopped(batch.entries.into_iter().chain(carry));
-                    return (None, None);
-                }
-                slot = self.shared.slots.clone().acquire_owned() => {
-                    break (slot.expect("the semaphore is never closed"), ready());
-                }
-                entry = self.rx.recv(), if open => match entry {
-                    Some(e) => sealed = self.offer(&mut batch, e, &mut carry),
-                    None => open = false,
-                },
-                _ = tokio::time::sleep_until(opened + self.settings.max_wait) => sealed = Some(Flush::MaxWait),
-            }
-        };
-        self.top_up(&mut batch);
-        let entries = self.prune(batch.entries);
-        let batch = (!entries.is_empty()).then_some((entries, slot, flush));
-        (batch, carry)
-    }
-
-    /// Adds `e` to the batch unless it would overflow `max_batch` or, under the learned
-    /// cost, make the batch's earliest deadline miss; then `e` is carried to the next
-    /// batch. Returns why the batch is sealed, if it now is.
-    fn offer(&self, batch: &mut Filling<T, R>, e: Entry<T, R>, carry: &mut Option<Entry<T, R>>) -> Option<Flush> {
-        let rows = batch.rows.saturating_add(e.rows);
-        let max_batch = self.shared.max_batch(self.settings.max_batch);
-        if rows > max_batch {
-            *carry = Some(e);
-            return Some(Flush::Full);
-        }
-        let cost = &self.shared.cost;
-        if let (Some(now), Some(then)) = (cost.predict(batch.rows), cost.predict(rows)) {
-            // Seal only if the batch can still make its earliest deadline without `e`.
-            let start = Instant::now();
-            if start + now <= batch.earliest && start + then > batch.earliest {
-                *carry = Some(e);
-                return Some(Flush::Deadline);
-            }
-        }
-        batch.rows = rows;
-        batch.earliest = batch.earliest.min(e.deadline);
-        batch.entries.push(e);
-        (rows >= max_batch).then_some(Flush::Full)
     }
 
     async fn slot(&self) -> OwnedSemaphorePermit {
@@ -533,42 +451,29 @@ impl<T: Send + 'static, R: Send + 'static> Worker<T, R> {
             .await
             .expect("the semaphore is never closed")
     }
-
-    /// Answers `entries` (held while the gateway shut down) with [`Kind::Unavailable`].
-    fn stopped(&self, entries: impl Iterator<Item = Entry<T, R>>) {
-        for entry in entries {
-            self.shared.release_entry(&entry);
-            answer(entry, Kind::Unavailable, "the gateway is shutting down");
-        }
-    }
-
-    /// Leaves out callers who went away and answers those whose deadline has passed.
-    fn prune(&self, entries: Vec<Entry<T, R>>) -> Vec<Entry<T, R>> {
-        let now = Instant::now();
-        let mut kept = Vec::with_capacity(entries.len());
-        for entry in entries {
-            self.shared.release_entry(&entry);
-            if entry.reply.is_closed() {
-                continue; // the caller went away: nothing to answer, nothing to send
-            }
-            if entry.deadline <= now {
-                answer(
-                    entry,
-                    Kind::Deadline,
-                    "the budget ran out while the request waited for its batch",
-                );
-                continue;
-            }
-            kept.push(entry);
-        }
-        kept
-    }
 }
 
-fn answer<T, R>(entry: Entry<T, R>, kind: Kind, message: &str) {
-    let _ = entry.reply.send(Err(Error::new(kind, message)));
+/// Sends `batch` to its lane on its own task, holding `slot` until it is answered.
+fn spawn_send<L, T, R, F, Fut>(
+    send: &Arc<F>,
+    (lane, batch, flush): (Arc<L>, Batch<T, R>, Flush),
+    slot: OwnedSemaphorePermit,
+) where
+    L: Send + Sync + 'static,
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(Arc<L>, Batch<T, R>, Flush) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let send = send.clone();
+    tokio::spawn(async move {
+        send(lane, batch, flush).await;
+        drop(slot); // the backend slot frees only once the batch is answered
+    });
 }
 
+#[cfg(test)]
+mod fairness;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

@@ -467,3 +467,20 @@ pub async fn sequence_steps_in_order(gw: &Gateway, (one, two): (&Backend, &Backe
     let order: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
     assert_eq!(pinned.ids, order, "in the order they came");
 }
+
+/// Resolves once the gateway's metrics show `route` with `rows` rows queued.
+pub async fn queued(gw: &Gateway, route: &str, rows: u64) {
+    let line = format!("tiergate_batch_queue_rows{{route=\"{route}\"}} {rows}");
+    let wait = async {
+        loop {
+            let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+            if scrape.lines().any(|l| l == line) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{rows} rows were never queued on {route}"));
+}

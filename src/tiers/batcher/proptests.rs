@@ -1,9 +1,9 @@
-//! Property test: for random arrivals, row counts, signatures (one queue per signature,
-//! sharing the pool's slots), deadlines, backend times and failing batches, every
-//! caller is answered exactly once with its own result; no batch mixes signatures or
-//! exceeds `max_batch` rows; nothing is sent past its deadline; and a batch is only
-//! ever sent at an event (a caller's arrival, a slot freeing, or `max_wait` running out),
-//! never after an idle wait.
+//! Property test: for random arrivals, row counts, signatures (one lane per signature,
+//! sharing the pool's slots), bands, tenants, deadlines, backend times and failing
+//! batches, every caller is answered exactly once with its own result; no batch mixes
+//! signatures or exceeds `max_batch` rows; nothing is sent past its deadline; and a
+//! batch is only ever sent at an event (a caller's arrival, a slot freeing, or
+//! `max_wait` running out), never after an idle wait.
 #![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use super::*;
 
 /// One caller: milliseconds after the previous one, its signature, rows, budget in ms,
-/// and whether its presence makes the backend fail the batch.
-type Arrival = (u64, usize, u64, u64, bool);
+/// whether its presence makes the backend fail the batch, and its band and tenant.
+type Arrival = (u64, usize, u64, u64, bool, (usize, u64));
 
 /// What the backend saw: when a batch went out, when it was answered, and its callers
 /// as (signature, id, rows, queued_at, deadline).
@@ -31,7 +31,14 @@ const SIGNATURES: usize = 3;
 
 fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
     prop::collection::vec(
-        (0u64..15, 0..SIGNATURES, 1u64..6, 1u64..200, prop::bool::weighted(0.1)),
+        (
+            0u64..15,
+            0..SIGNATURES,
+            1u64..6,
+            1u64..200,
+            prop::bool::weighted(0.1),
+            (0usize..3, 0u64..3),
+        ),
         1..60,
     )
 }
@@ -51,12 +58,13 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
             }
         }
         let log: Arc<Mutex<Vec<Sent>>> = Arc::default();
-        let mut queues = Vec::new();
-        for lane in 0..SIGNATURES {
-            let (queue, worker) = pair_sharing::<(usize, bool), usize>(settings, shared.clone());
+        let lanes: Vec<Arc<usize>> = (0..SIGNATURES).map(Arc::new).collect();
+        let (queue, worker) = pair_sharing::<usize, (usize, bool), usize>(settings, shared.clone());
+        {
             let log = log.clone();
-            let send = move |batch: Batch<(usize, bool), usize>, _flush: Flush| {
+            let send = move |lane: Arc<usize>, batch: Batch<(usize, bool), usize>, _flush: Flush| {
                 let log = log.clone();
+                let lane = *lane;
                 async move {
                     let at = Instant::now();
                     tokio::time::sleep(Duration::from_millis(backend_ms)).await;
@@ -81,15 +89,21 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
                 }
             };
             tokio::spawn(worker.run(send, CancellationToken::new()));
-            queues.push(queue);
         }
         let mut answers = Vec::new();
         let mut arrived = BTreeSet::new();
-        for (id, &(gap, lane, rows, budget, poison)) in arrivals.iter().enumerate() {
+        for (id, &(gap, lane, rows, budget, poison, (band, tenant))) in arrivals.iter().enumerate() {
             tokio::time::sleep(Duration::from_millis(gap)).await;
             arrived.insert(Instant::now());
             let deadline = Instant::now() + Duration::from_millis(budget);
-            let answer = queues[lane].submit((id, poison), rows, deadline).unwrap();
+            let class = Class {
+                priority: crate::policy::Priority::ALL[band],
+                flow: tenant,
+                weight: 1 + tenant as u32,
+            };
+            let answer = queue
+                .submit(&lanes[lane], (id, poison), (rows, deadline), class)
+                .unwrap();
             answers.push(tokio::spawn(answer));
         }
         let mut results = Vec::new();
@@ -110,7 +124,12 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
             match result {
                 Ok(v) => prop_assert!(sent && *v == id * 10, "caller {} got {}", id, v),
                 Err(e) if e.kind == Kind::Backend => prop_assert!(sent),
-                Err(e) => prop_assert!(!sent && e.kind == Kind::Deadline, "caller {}: {:?}", id, e),
+                Err(e) => prop_assert!(
+                    !sent && matches!(e.kind, Kind::Deadline | Kind::DeadlineUnmeetable),
+                    "caller {}: {:?}",
+                    id,
+                    e
+                ),
             }
         }
 
@@ -158,6 +177,7 @@ proptest! {
             max_wait: Duration::from_millis(max_wait_ms),
             slots,
             capacity: 10_000,
+            shed_at: 10_000,
         };
         run(settings, backend_ms, learned, arrivals)?;
     }

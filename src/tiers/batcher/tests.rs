@@ -12,17 +12,49 @@ fn settings(max_batch: u64, slots: usize, capacity: u64) -> Settings {
         max_wait: Duration::from_millis(20),
         slots,
         capacity,
+        shed_at: capacity,
+    }
+}
+
+/// A pool's queue with lanes named by numbers; `submit` queues in lane 0 as the
+/// anonymous tenant in the standard band.
+struct Lanes {
+    queue: Queue<u8, u32, u32>,
+    lanes: Vec<Arc<u8>>,
+}
+
+type Answer = oneshot::Receiver<Result<u32, Error>>;
+
+impl Lanes {
+    fn submit(&self, payload: u32, rows: u64, deadline: Instant) -> Result<Answer, Error> {
+        self.submit_as(0, Class::default(), payload, (rows, deadline))
+    }
+
+    fn submit_as(&self, lane: usize, class: Class, payload: u32, at: (u64, Instant)) -> Result<Answer, Error> {
+        self.queue.submit(&self.lanes[lane], payload, at, class)
+    }
+
+    fn submit_filler(&self, payload: u32, rows: u64, deadline: Instant) -> Result<Answer, Error> {
+        self.queue.submit_filler(&self.lanes[0], payload, rows, deadline)
+    }
+
+    fn queued_rows(&self) -> u64 {
+        self.queue.queued_rows()
     }
 }
 
 /// Starts a worker whose backend echoes each payload and records every batch; while
 /// `gate` is set, each batch waits for a `notify_one` before answering.
-fn start(settings: Settings, gate: Option<Arc<Notify>>) -> (Queue<u32, u32>, Log, CancellationToken) {
-    let (queue, worker) = pair::<u32, u32>(settings);
+fn start(settings: Settings, gate: Option<Arc<Notify>>) -> (Lanes, Log, CancellationToken) {
+    let (queue, worker) = pair::<u8, u32, u32>(settings);
+    let queue = Lanes {
+        queue,
+        lanes: (0..4).map(Arc::new).collect(),
+    };
     let log: Log = Arc::default();
     let shutdown = CancellationToken::new();
     let seen = log.clone();
-    let send = move |batch: Batch<u32, u32>, _flush: Flush| {
+    let send = move |_lane: Arc<u8>, batch: Batch<u32, u32>, _flush: Flush| {
         let (seen, gate) = (seen.clone(), gate.clone());
         async move {
             seen.lock()
@@ -193,6 +225,7 @@ async fn filler_rides_only_within_the_cost_slack_and_never_before_callers() {
     // slack lets 5 filler rows ride (10.9 ms).
     for rows in 1..=8 {
         queue
+            .queue
             .shared
             .cost
             .observe(rows, Duration::from_micros(10_000 + 100 * rows));

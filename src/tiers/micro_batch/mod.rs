@@ -38,7 +38,7 @@ use http::HeaderValue;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::batcher::{self, Flush, Queue, Settings, Shared};
+use super::batcher::{self, Class, Flush, Queue, Settings, Shared};
 use super::cost::Cost;
 use super::{Call, Reply};
 use crate::backend::{Pool, Pools, Role};
@@ -47,7 +47,7 @@ use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::metrics;
-use crate::policy::{BatchSpec, JsonAdapter};
+use crate::policy::{BatchSpec, JsonAdapter, Priority};
 use crate::protocol::batch::Signature;
 use crate::shadow::Shadow;
 
@@ -86,8 +86,9 @@ struct RouteLanes {
     settings: Settings,
     shared: Shared,
     metrics: Arc<BatchMetrics>,
-    lanes: Mutex<HashMap<LaneKey, Queue<Part, Reply>>>,
-    shutdown: CancellationToken,
+    /// The pool's queue, in front of one worker forming every lane's batches.
+    queue: Queue<Lane, Part, Reply>,
+    lanes: Mutex<HashMap<LaneKey, Arc<Lane>>>,
     shadow: Option<Shadow>,
     /// The caches its callers' rows are looked up in (none on a canary's lanes: the
     /// candidate's answers are never kept).
@@ -155,7 +156,10 @@ struct BatchMetrics {
     flushes: [::metrics::Counter; 4],
     rows: ::metrics::Histogram,
     fill: ::metrics::Histogram,
-    queue_seconds: ::metrics::Histogram,
+    /// By [`Priority::index`].
+    queue_seconds: [::metrics::Histogram; 3],
+    /// Queued and shed, by [`Priority::index`].
+    bands: [[::metrics::Counter; 2]; 3],
     isolations: ::metrics::Counter,
     cost_fixed: ::metrics::Gauge,
     cost_per_row: ::metrics::Gauge,
@@ -182,7 +186,17 @@ impl BatchMetrics {
             flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline, Flush::MaxWait].map(flush),
             rows: ::metrics::histogram!(metrics::BATCH_ROWS, &label()),
             fill: ::metrics::histogram!(metrics::BATCH_FILL_RATIO, &label()),
-            queue_seconds: ::metrics::histogram!(metrics::BATCH_QUEUE_SECONDS, &label()),
+            queue_seconds: [Priority::Sheddable, Priority::Standard, Priority::Critical].map(|p| {
+                ::metrics::histogram!(metrics::BATCH_QUEUE_SECONDS, "route" => route.to_owned(), "priority" => p.as_str())
+            }),
+            bands: [Priority::Sheddable, Priority::Standard, Priority::Critical].map(|p| {
+                ["queued", "shed"].map(|outcome| {
+                    let labels = [("route", route.to_owned()), ("priority", p.as_str().to_owned()), ("outcome", outcome.to_owned())];
+                    let counter = ::metrics::counter!(metrics::BATCH_PRIORITY, &labels);
+                    counter.absolute(0); // exported from the start (never lowers a count)
+                    counter
+                })
+            }),
             isolations: ::metrics::counter!(metrics::BATCH_ISOLATIONS, &label()),
             cost_fixed: ::metrics::gauge!(metrics::BATCH_COST_FIXED, &label()),
             cost_per_row: ::metrics::gauge!(metrics::BATCH_COST_PER_ROW, &label()),
@@ -219,6 +233,11 @@ impl BatchMetrics {
         self
     }
 
+    /// Counts a request of `priority` queued, or shed (refused under pressure or evicted).
+    fn band(&self, priority: Priority, shed: bool) {
+        self.bands[priority.index()][usize::from(shed)].increment(1);
+    }
+
     fn rejected(&self, reason: &'static str) {
         ::metrics::counter!(metrics::BATCH_REJECTIONS, "route" => self.route.clone(), "reason" => reason).increment(1);
     }
@@ -228,9 +247,9 @@ impl BatchMetrics {
 enum Pending {
     Queued {
         answer: tokio::sync::oneshot::Receiver<Result<Reply, Error>>,
-        queue: Queue<Part, Reply>,
-        route: String,
+        lanes: Arc<RouteLanes>,
         deadline: Instant,
+        priority: Priority,
     },
     /// Sent alone: the lanes, the call, why, and whether it is offline filler (which
     /// waits for spare capacity rather than any slot).
@@ -249,17 +268,23 @@ impl Pending {
             }
             Pending::Queued {
                 answer,
-                queue,
-                route,
+                lanes,
                 deadline,
+                priority,
             } => match tokio::time::timeout_at(deadline, answer).await {
-                Ok(Ok(answer)) => answer,
+                Ok(Ok(answer)) => {
+                    if answer.as_ref().is_err_and(|e| e.kind == Kind::QueueFull) {
+                        lanes.metrics.band(priority, true); // evicted for a higher band
+                    }
+                    answer
+                }
                 Ok(Err(_)) => Err(Error::new(Kind::Unavailable, "the micro-batch worker stopped")),
                 Err(_) => Err(Error::new(
                     Kind::Deadline,
                     format!(
-                        "the budget ran out in the micro-batch tier (route {route}; {} rows queued)",
-                        queue.queued_rows()
+                        "the budget ran out in the micro-batch tier (route {}; {} rows queued)",
+                        lanes.route,
+                        lanes.queue.queued_rows()
                     ),
                 )),
             },
@@ -450,6 +475,7 @@ impl Inner {
             max_wait: spec.max_wait,
             slots: spec.pool.max_concurrency.get() as usize,
             capacity: u64::from(spec.queue_capacity.get()),
+            shed_at: u64::from(spec.scheduling.shed_at),
         };
         let shared = match previous.filter(|p| p.spec.pool == spec.pool) {
             Some(p) => p.shared.clone(),
@@ -461,6 +487,8 @@ impl Inner {
         };
         let metrics = BatchMetrics::new(route);
         metrics.limit.set(shared.limit.now(settings.max_batch) as f64);
+        let (queue, worker) = batcher::pair_sharing(settings, shared.clone());
+        tokio::spawn(worker.run(send::send, self.shutdown.clone()));
         RouteLanes {
             route: route.to_owned(),
             spec: spec.clone(),
@@ -468,8 +496,8 @@ impl Inner {
             settings,
             shared,
             metrics: Arc::new(metrics),
+            queue,
             lanes: Mutex::new(HashMap::new()),
-            shutdown: self.shutdown.clone(),
             shadow: self.shadow.clone(),
             cache: Some(self.cache.clone()),
         }
@@ -506,10 +534,11 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         }
         Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
     };
+    let class = class(spec, &call)?;
     if !filler {
-        lanes.admit(rows, call.deadline)?;
+        lanes.admit(&class, rows, call.deadline)?;
     }
-    let queue = lanes.lane(key, spec)?;
+    let lane = lanes.lane(key, spec)?;
     let part = Part {
         cache: lanes.cache.as_ref().and_then(|cache| rowed(cache, &call)),
         rows: part,
@@ -517,20 +546,76 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
     };
     let submitted = match filler {
-        true => queue.submit_filler(part, rows, call.deadline),
-        false => queue.submit(part, rows, call.deadline),
+        true => lanes.queue.submit_filler(&lane, part, rows, call.deadline),
+        false => lanes.queue.submit(&lane, part, (rows, call.deadline), class),
     };
     let answer = submitted.inspect_err(|e| {
         if e.kind == Kind::QueueFull {
-            lanes.metrics.rejected("queue_full");
+            match class.priority {
+                Priority::Sheddable => lanes.metrics.band(class.priority, true),
+                _ => lanes.metrics.rejected("queue_full"),
+            }
         }
     })?;
+    if !filler {
+        lanes.metrics.band(class.priority, false);
+    }
     Ok(Pending::Queued {
         answer,
-        queue,
-        route: call.route.name.clone(),
+        lanes,
         deadline: call.deadline,
+        priority: class.priority,
     })
+}
+
+/// `call`'s band (its `x-tiergate-priority`, at most the route's `max_priority`, else
+/// the route's `priority`) and tenant (its credential's, else the route's tenant
+/// header's value) with the tenant's weight.
+fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
+    let scheduling = &spec.scheduling;
+    let headers = call.request.headers();
+    let priority = match headers.get(headers::PRIORITY) {
+        None => scheduling.priority,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(Priority::parse)
+            .ok_or_else(|| {
+                Error::new(
+                    Kind::BadRequest,
+                    format!(
+                        "{} must be \"critical\", \"standard\" or \"sheddable\", got {:?}",
+                        headers::PRIORITY,
+                        String::from_utf8_lossy(value.as_bytes())
+                    ),
+                )
+            })?
+            .min(scheduling.max_priority),
+    };
+    let credential = crate::tenant::Tenant::of(&call.request);
+    let tenant = match credential.is_authenticated() {
+        true => credential.as_str(),
+        false => headers
+            .get(&scheduling.tenant_header)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default(),
+    };
+    let weight = scheduling.tenant_weights.get(tenant).map_or(1, |w| w.get());
+    Ok(Class {
+        priority,
+        flow: flow_of(tenant),
+        weight,
+    })
+}
+
+/// A tenant's flow: a hash of its name, stable for the process (0 for the anonymous one).
+fn flow_of(tenant: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    match tenant {
+        "" => 0,
+        name => KEYS.get_or_init(Default::default).hash_one(name),
+    }
 }
 
 /// How `call`'s rows meet its route's cache: `None` unless the route's cache is on and
@@ -552,9 +637,10 @@ fn rowed(cache: &Cache, call: &Call) -> Option<Box<rows::Rowed>> {
 
 impl RouteLanes {
     /// Refuses a request of `rows` rows at once when the learned cost says it cannot be
-    /// answered by `deadline`: the rows queued ahead (its own included) go out in full
-    /// batches over the pool's slots, after the batches now in flight.
-    fn admit(&self, rows: u64, deadline: Instant) -> Result<(), Error> {
+    /// answered by `deadline`: the rows that would be served before it in the pool's
+    /// order (its own included; see [`Queue::ahead`]) go out in full batches over the
+    /// pool's slots, after the batches now in flight.
+    fn admit(&self, class: &Class, rows: u64, deadline: Instant) -> Result<(), Error> {
         if deadline <= Instant::now() {
             return Err(Error::new(
                 Kind::Deadline,
@@ -567,7 +653,7 @@ impl RouteLanes {
         let Some(cost) = self.shared.cost.estimate() else {
             return Ok(()); // still learning: nobody is refused on a guess
         };
-        let queued = self.shared.queued.load(std::sync::atomic::Ordering::Acquire) + rows;
+        let queued = self.queue.ahead(class, rows, deadline);
         let max_batch = self.shared.limit.now(self.settings.max_batch);
         let waves = queued.div_ceil(max_batch).div_ceil(self.settings.slots.max(1) as u64);
         let batch = cost.predict(queued.min(max_batch));
@@ -607,16 +693,15 @@ impl RouteLanes {
         }
     }
 
-    /// The queue of the lane for `key`, started on first use.
-    fn lane(&self, key: LaneKey, spec: &BatchSpec) -> Result<Queue<Part, Reply>, Error> {
+    /// The lane for `key`, made on first use.
+    fn lane(&self, key: LaneKey, spec: &BatchSpec) -> Result<Arc<Lane>, Error> {
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        lanes.retain(|_, queue| !queue.is_closed());
-        if let Some(queue) = lanes.get(&key) {
-            return Ok(queue.clone());
+        if let Some(lane) = lanes.get(&key) {
+            return Ok(lane.clone());
         }
         if lanes.len() >= MAX_LANES {
-            // Let idle lanes go (their workers end once their queues are dropped).
-            lanes.retain(|_, queue| queue.queued_rows() > 0);
+            // Let idle lanes go: those nobody waits in and no batch is using.
+            lanes.retain(|_, lane| Arc::strong_count(lane) > 1);
             if lanes.len() >= MAX_LANES {
                 self.metrics.rejected("too_many_signatures");
                 return Err(Error::new(
@@ -648,11 +733,8 @@ impl RouteLanes {
             limit: self.shared.limit.clone(),
             metrics: self.metrics.clone(),
         });
-        let (queue, worker) = batcher::pair_sharing(self.settings, self.shared.clone());
-        let batches = move |batch, flush| send::send(lane.clone(), batch, flush);
-        tokio::spawn(worker.run(batches, self.shutdown.clone()));
-        lanes.insert(key, queue.clone());
-        Ok(queue)
+        lanes.insert(key, lane.clone());
+        Ok(lane)
     }
 
     /// Sends a request that cannot share a batch on its own, on a batch slot.

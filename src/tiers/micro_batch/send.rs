@@ -31,10 +31,9 @@ pub(super) async fn send(lane: Arc<Lane>, batch: Callers, flush: Flush) {
     let sent = Instant::now();
     let rows: u64 = batch.iter().map(|e| e.rows).sum();
     lane.metrics.flushed(flush, rows, lane.max_batch);
-    for entry in &batch {
-        lane.metrics
-            .queue_seconds
-            .record(sent.saturating_duration_since(entry.queued_at).as_secs_f64());
+    for entry in batch.iter().filter(|e| !e.filler) {
+        let waited = sent.saturating_duration_since(entry.queued_at);
+        lane.metrics.queue_seconds[entry.priority.index()].record(waited.as_secs_f64());
     }
     run(&lane, batch, (sent, flush)).await;
 }
