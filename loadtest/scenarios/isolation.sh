@@ -12,11 +12,14 @@
 #             both instances; the offline backlog drains through the same pool.
 #
 # Real-time: RT_RATE/s, one row, budget 100 ms. Flood: FLOOD_RATE/s, one row, budget
-# 1 s. Backlog: a Batch API file of BACKLOG requests. Each phase is measured for
-# DURATION; the setups alternate for ROUNDS rounds. The result is real-time p99 with the
-# flood divided by real-time p99 alone, per setup.
+# 1 s. Backlog: a Batch API file of BACKLOG requests (default 20,000), which must still
+# be draining when the phase ends: a phase whose backlog ran out is measured again with
+# twice as many (and so every later phase), so a faster machine gets a bigger backlog
+# rather than a quiet end of phase. Each phase is measured for DURATION; the setups
+# alternate for ROUNDS rounds. The result is real-time p99 with the flood divided by
+# real-time p99 alone, per setup and round, with its mean, spread and worst round.
 #
-#   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 2)
+#   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 5)
 #
 # On a real deployment the flood's callers and the batch pool's GPUs are other machines.
 # Here they share the machine with the gateway. CPUS says how they are kept apart:
@@ -40,7 +43,7 @@ cd "$(dirname "$0")/../.."
 RT_RATE=${1:-300}
 FLOOD_RATE=${2:-1500}
 DURATION=${3:-15s}
-ROUNDS=${4:-2}
+ROUNDS=${4:-5}
 BACKLOG=${BACKLOG:-20000}
 CPUS=${CPUS:-split}
 FLOOD_DOOR=${FLOOD_DOOR:-bulk}
@@ -93,7 +96,7 @@ max_wait = "50ms"
 max_in_flight = 2
 queue_capacity = 8192
 TOML
-  TIERGATE_OFFLINE__MAX_FILE_LINES=$((BACKLOG + 1)) \
+  TIERGATE_OFFLINE__MAX_FILE_LINES=1000000 \
     "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
     --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" "$@" 2>"$WORK/$name/gw.log" &
   PIDS+=($!)
@@ -118,37 +121,45 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     echo "round $ROUND, $SETUP: real-time alone" >&2
     "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
       --label "${SETUP}_alone_$ROUND" --json "$OUT/${SETUP}_alone_$ROUND.json" --plot "$OUT/${SETUP}_alone_$ROUND" > /dev/null
-    echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
-    FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$BULK_URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    B=$(curl -fs -H 'content-type: application/json' "$BULK_URL/v1/batches" \
-      -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
-      | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    # The flood starts first and ends last, so it covers the whole measured window.
-    "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$BULK_URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
-      --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
-    FLOOD=$!
-    sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
-    "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
-      --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
-    wait "$FLOOD"
-    DONE=$(curl -fs "$BULK_URL/v1/batches/$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["request_counts"]["completed"])')
-    curl -fs -X POST "$BULK_URL/v1/batches/$B/cancel" > /dev/null
-    echo "$SETUP $ROUND $DONE" >> "$WORK/phases"
-    for _ in $(seq 1 600); do
-      curl -fs "$BULK_URL/v1/batches/$B" | grep -q '"status": *"cancelled"' && break
-      sleep 0.1
+    while true; do
+      echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
+      FILE=$(curl -fs -F purpose=batch -F "file=@$WORK/backlog.jsonl" "$BULK_URL/v1/files" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+      B=$(curl -fs -H 'content-type: application/json' "$BULK_URL/v1/batches" \
+        -d "{\"input_file_id\":\"$FILE\",\"endpoint\":\"/v2/models/resnet50/infer\",\"completion_window\":\"24h\"}" \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+      # The flood starts first and ends last, so it covers the whole measured window.
+      "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" "$BIN/loadtest" run --url "$BULK_URL" "${COMMON[@]}" --rate "$FLOOD_RATE" --budget-ms 1000 \
+        --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
+      FLOOD=$!
+      sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
+      "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
+        --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
+      wait "$FLOOD"
+      # Ended (completed or failed) when the flood, which outlasts the window, ended.
+      DONE=$(curl -fs "$BULK_URL/v1/batches/$B" | python3 -c 'import json,sys; c = json.load(sys.stdin)["request_counts"]; print(c["completed"] + c["failed"])')
+      curl -fs -X POST "$BULK_URL/v1/batches/$B/cancel" > /dev/null
+      for _ in $(seq 1 600); do
+        curl -fs "$BULK_URL/v1/batches/$B" | grep -q '"status": *"cancelled"' && break
+        sleep 0.1
+      done
+      [ "$DONE" -lt "$BACKLOG" ] && break
+      BACKLOG=$((BACKLOG * 2))
+      echo "round $ROUND, $SETUP: the backlog ran out during the phase; measured again with $BACKLOG" >&2
+      backlog_file "$WORK/backlog.jsonl" "$BACKLOG"
     done
+    echo "$SETUP $ROUND $DONE $BACKLOG" >> "$WORK/phases"
   done
 done
 
-python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$BACKLOG" "$SECS" "$CPUS" "$FLOOD_DOOR" <<'PY' | tee "$OUT/summary.txt"
-import json, sys
-out, phases, rt, flood, backlog, secs, cpus, door = sys.argv[1:9]
-print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog of {backlog}; CPUS={cpus} FLOOD_DOOR={door}")
-print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>12}")
+python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$SECS" "$CPUS" "$FLOOD_DOOR" <<'PY' | tee "$OUT/summary.txt"
+import json, statistics, sys
+out, phases, rt, flood, secs, cpus, door = sys.argv[1:8]
+print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog still draining at the end of every phase; CPUS={cpus} FLOOD_DOOR={door}")
+print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>17}")
 results = {}
 for line in open(phases):
-    setup, rnd, done = line.split()
+    setup, rnd, done, backlog = line.split()
+    p99 = {}
     for phase in ("alone", "flood"):
         s = json.load(open(f"{out}/{setup}_{phase}_{rnd}.json"))
         lat = s["latency_ms"]
@@ -158,13 +169,21 @@ for line in open(phases):
             f = json.load(open(f"{out}/{setup}_floodload_{rnd}.json"))
             fl = f"{f['achieved_rps'] * f['status_counts'].get('200', 0) / max(f['completed'], 1):.0f}"
             fp99 = f"{f['latency_ms']['p99']:.1f}"
-            od = done
-        print(f"{setup:<9} {rnd:>5} {phase:<6} {lat['p50']:>7.2f} {lat['p99']:>7.2f} {lat['p999']:>8.2f} {bad:>10} {fl:>10} {fp99:>9} {od:>12}")
-        results.setdefault(setup, {}).setdefault(phase, []).append(lat["p99"])
+            od = f"{done} of {backlog}"
+        print(f"{setup:<9} {rnd:>5} {phase:<6} {lat['p50']:>7.2f} {lat['p99']:>7.2f} {lat['p999']:>8.2f} {bad:>10} {fl:>10} {fp99:>9} {od:>17}")
+        p99[phase] = lat["p99"]
+    results.setdefault(setup, []).append((p99["alone"], p99["flood"]))
 summary = {}
 for setup, r in results.items():
-    alone, flooded = sum(r["alone"]) / len(r["alone"]), sum(r["flood"]) / len(r["flood"])
-    summary[setup] = {"rt_p99_alone_ms": alone, "rt_p99_flood_ms": flooded, "ratio": flooded / alone}
-    print(f"{setup}: real-time p99 alone {alone:.2f} ms, with the flood {flooded:.2f} ms: ratio {flooded / alone:.2f}")
+    ratios = [f / a for a, f in r]
+    alone, flooded = statistics.mean(a for a, _ in r), statistics.mean(f for _, f in r)
+    spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+    summary[setup] = {
+        "rt_p99_alone_ms": alone, "rt_p99_flood_ms": flooded, "ratio": flooded / alone,
+        "round_ratios": ratios, "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_stdev": spread,
+    }
+    print(f"{setup}: real-time p99 alone {alone:.2f} ms, with the flood {flooded:.2f} ms: ratio {flooded / alone:.2f}; "
+          f"per round {', '.join(f'{x:.2f}' for x in ratios)} (min {min(ratios):.2f}, max {max(ratios):.2f}, "
+          f"stdev {spread:.2f}); every round <= 1.10: {'yes' if max(ratios) <= 1.10 else 'no'}")
 json.dump(summary, open(f"{out}/results.json", "w"), indent=2)
 PY
