@@ -31,6 +31,21 @@ impl Tenant {
         self.0.is_some()
     }
 
+    /// Whose `request` is, by name: its credential's tenant when the data plane
+    /// authenticates, else the value of `header` (which any client can set), else ""
+    /// (the anonymous tenant).
+    pub fn name_of<B>(request: &http::Request<B>, header: Option<&http::HeaderName>) -> String {
+        let tenant = Tenant::of(request);
+        if tenant.is_authenticated() {
+            return tenant.as_str().to_owned();
+        }
+        header
+            .and_then(|h| request.headers().get(h))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The tenant `request` was admitted as (anonymous when no door set one).
     pub fn of<B>(request: &http::Request<B>) -> Tenant {
         request.extensions().get::<Tenant>().cloned().unwrap_or_default()

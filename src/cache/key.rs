@@ -114,17 +114,8 @@ impl Scope {
 /// Whose entries a request reads: its authenticated tenant, else the value of the
 /// route's tenant header when it has one.
 pub fn tenant<B>(route: &Route, request: &http::Request<B>) -> String {
-    let tenant = crate::tenant::Tenant::of(request);
-    if tenant.is_authenticated() {
-        return tenant.as_str().to_owned();
-    }
-    route
-        .limits
-        .as_ref()
-        .and_then(|l| request.headers().get(&l.tenant_header))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
+    let header = route.limits.as_ref().map(|l| &l.tenant_header);
+    crate::tenant::Tenant::name_of(request, header)
 }
 
 /// A hash fed length-prefixed parts.

@@ -311,6 +311,9 @@ impl Priority {
             .find(|p| p.as_str().eq_ignore_ascii_case(name.trim()))
     }
 
+    /// Every band in [`Priority::index`] order, lowest first.
+    pub const BY_INDEX: [Priority; 3] = [Priority::Sheddable, Priority::Standard, Priority::Critical];
+
     /// 0 for sheddable, 1 standard, 2 critical.
     pub fn index(self) -> usize {
         self as usize

@@ -186,10 +186,10 @@ impl BatchMetrics {
             flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline, Flush::MaxWait].map(flush),
             rows: ::metrics::histogram!(metrics::BATCH_ROWS, &label()),
             fill: ::metrics::histogram!(metrics::BATCH_FILL_RATIO, &label()),
-            queue_seconds: [Priority::Sheddable, Priority::Standard, Priority::Critical].map(|p| {
+            queue_seconds: Priority::BY_INDEX.map(|p| {
                 ::metrics::histogram!(metrics::BATCH_QUEUE_SECONDS, "route" => route.to_owned(), "priority" => p.as_str())
             }),
-            bands: [Priority::Sheddable, Priority::Standard, Priority::Critical].map(|p| {
+            bands: Priority::BY_INDEX.map(|p| {
                 ["queued", "shed"].map(|outcome| {
                     let labels = [("route", route.to_owned()), ("priority", p.as_str().to_owned()), ("outcome", outcome.to_owned())];
                     let counter = ::metrics::counter!(metrics::BATCH_PRIORITY, &labels);
@@ -592,18 +592,11 @@ fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
             })?
             .min(scheduling.max_priority),
     };
-    let credential = crate::tenant::Tenant::of(&call.request);
-    let tenant = match credential.is_authenticated() {
-        true => credential.as_str(),
-        false => headers
-            .get(&scheduling.tenant_header)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default(),
-    };
-    let weight = scheduling.tenant_weights.get(tenant).map_or(1, |w| w.get());
+    let tenant = crate::tenant::Tenant::name_of(&call.request, Some(&scheduling.tenant_header));
+    let weight = scheduling.tenant_weights.get(&tenant).map_or(1, |w| w.get());
     Ok(Class {
         priority,
-        flow: flow_of(tenant),
+        flow: flow_of(&tenant),
         weight,
     })
 }
