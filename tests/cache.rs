@@ -340,6 +340,11 @@ async fn redis_killed_or_frozen_mid_run_changes_nothing_for_callers() {
         assert_eq!(ask(&gw, &question(100 + i, "k"), &[]).await.status, 200);
     }
     assert_eq!(metric(&gw, &up).await, 1.0);
+    // Written behind: wait for all ten, so the first failure is a lookup, not a late write.
+    eventually(Duration::from_secs(5), "the ten entries reach Redis", || async {
+        (redis.keys().await == 10).then_some(())
+    })
+    .await;
     redis.kill();
     // Kept questions are still hits (this gateway's memory); new ones go to the backend.
     for i in 0..20 {
