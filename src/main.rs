@@ -172,7 +172,8 @@ struct SimArgs {
     #[arg(long)]
     grpc: Option<SocketAddr>,
     /// A model as NAME:PROFILE (profiles: resnet50-trt, resnet50-eager, bert-base-trt,
-    /// instant); repeat for several models.
+    /// instant), or a combined model as NAME:PROFILE:HEAD,HEAD,... (outputs HEAD_OUTPUT0
+    /// and HEAD_OUTPUT1 per head); repeat for several models.
     #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
     models: Vec<String>,
     /// Instances per model (batches run one at a time on each, FIFO).
@@ -446,6 +447,8 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         let (name, profile) = text
             .split_once(':')
             .with_context(|| format!("--model {text:?}: write it as NAME:PROFILE"))?;
+        let (profile, heads) = profile.split_once(':').unwrap_or((profile, ""));
+        let heads: Vec<String> = heads.split(',').filter(|h| !h.is_empty()).map(str::to_owned).collect();
         let profile = Profile::named(profile).with_context(|| {
             format!(
                 "--model {text:?}: unknown profile; known: {}",
@@ -457,6 +460,7 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         }
         let mut spec = ModelSpec::new(name, profile.scaled(args.slowdown));
         spec.instances = args.instances.max(1);
+        spec.heads = heads;
         spec.drift = args.drift;
         spec.jitter = args.jitter;
         spec.faults = Faults {

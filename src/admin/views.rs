@@ -84,6 +84,10 @@ fn effective(route: &Route) -> Value {
                 JsonAdapter::TfServing => "tf_serving",
                 JsonAdapter::OpenaiEmbeddings => "openai_embeddings",
             }),
+            "combined": s.combined.iter().map(|(member, m)| (member.clone(), json!({
+                "model": m.combined,
+                "outputs": m.outputs.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            }))).collect::<serde_json::Map<_, _>>(),
         })),
     })
 }

@@ -285,7 +285,15 @@ pub struct BatchFile {
     /// Tenants' weights in the pool's fair share (default 1 each).
     #[serde(default)]
     pub tenant_weights: std::collections::BTreeMap<String, i64>,
+    /// Models the pool's backends serve as one combined model (a Triton ensemble, a
+    /// multi-head model): combined model → member model → { the member's output = the
+    /// combined model's output }.
+    #[serde(default)]
+    pub combined: std::collections::BTreeMap<String, std::collections::BTreeMap<String, OutputsFile>>,
 }
+
+/// A member model's outputs: its own output name = the combined model's output name.
+pub type OutputsFile = std::collections::BTreeMap<String, String>;
 
 /// `json_adapter` values.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

@@ -260,6 +260,21 @@ pub struct BatchSpec {
     pub json_adapter: Option<JsonAdapter>,
     /// Who waits first when the pool is contended: bands, tenants' shares.
     pub scheduling: Scheduling,
+    /// Models the pool's backends compute in one pass as part of a combined model, by
+    /// the member's name: their callers share batches sent to the combined model.
+    pub combined: std::collections::BTreeMap<String, Arc<Member>>,
+}
+
+/// A model its callers ask for by its own name (`/v2/models/NAME/infer`) that the batch
+/// pool's backends compute as part of a combined model (a Triton ensemble, a multi-head
+/// model taking the same inputs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The combined model the backends serve.
+    pub combined: String,
+    /// The member's outputs, in order, each as (its own name, the combined model's name
+    /// for it).
+    pub outputs: Vec<(String, String)>,
 }
 
 /// How a batch pool orders its waiting callers: priority bands first, then weighted

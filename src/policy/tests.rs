@@ -12,6 +12,22 @@ fn load(files: &[(&str, &str)]) -> Result<Policy, Problems> {
     )
 }
 
+/// Checks that loading `text` as `name` reports a problem starting with each of `expect`.
+fn reports(name: &str, text: &str, expect: &[&str]) {
+    let lines: Vec<String> = load(&[(name, text)])
+        .expect_err("invalid")
+        .0
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    for expect in expect {
+        assert!(
+            lines.iter().any(|l| l.starts_with(expect)),
+            "missing {expect:?} in {lines:#?}"
+        );
+    }
+}
+
 const GOOD: &str = r#"
 [defaults]
 default_budget = "150ms"
@@ -311,23 +327,16 @@ tenant_weights = { gold = 4 }
         )
         .replace("shed_above = 0.3", "shed_above = 1.5\ntenant_header = \"bad header\"")
         .replace("gold = 4", "gold = 0");
-    let lines: Vec<String> = load(&[("bad.toml", &bad)])
-        .expect_err("invalid")
-        .0
-        .iter()
-        .map(|p| p.to_string())
-        .collect();
-    for expect in [
-        "bad.toml: routes.r.micro_batch.max_priority: \"urgent\" is not a band",
-        "bad.toml: routes.r.micro_batch.shed_above: must be a share of queue_capacity",
-        "bad.toml: routes.r.micro_batch.tenant_header: \"bad header\" is not a valid header name",
-        "bad.toml: routes.r.micro_batch.tenant_weights.gold: must be between 1 and 1000, got 0",
-    ] {
-        assert!(
-            lines.iter().any(|l| l.starts_with(expect)),
-            "missing {expect:?} in {lines:#?}"
-        );
-    }
+    reports(
+        "bad.toml",
+        &bad,
+        &[
+            "bad.toml: routes.r.micro_batch.max_priority: \"urgent\" is not a band",
+            "bad.toml: routes.r.micro_batch.shed_above: must be a share of queue_capacity",
+            "bad.toml: routes.r.micro_batch.tenant_header: \"bad header\" is not a valid header name",
+            "bad.toml: routes.r.micro_batch.tenant_weights.gold: must be between 1 and 1000, got 0",
+        ],
+    );
     let above = text.replace(
         "priority = \"sheddable\"",
         "priority = \"critical\"\nmax_priority = \"standard\"",
@@ -338,5 +347,50 @@ tenant_weights = { gold = 4 }
             .to_string()
             .contains("priority: critical is above max_priority (standard)"),
         "{lines:?}"
+    );
+}
+
+#[test]
+fn combined_models_are_checked() {
+    let text = r#"
+[routes.r]
+models = ["ctr", "cvr"]
+[routes.r.flags]
+realtime = false
+micro_batch = true
+[routes.r.micro_batch]
+endpoints = ["http://b:1"]
+[routes.r.micro_batch.combined.heads]
+ctr = { prob = "ctr_prob", logit = "ctr_logit" }
+cvr = { prob = "cvr_prob" }
+"#;
+    let policy = load(&[("ok.toml", text)]).expect("valid");
+    let spec = policy.route("r").expect("route").micro_batch.clone().expect("pool");
+    let ctr = &spec.combined["ctr"];
+    assert_eq!(ctr.combined, "heads");
+    assert_eq!(
+        ctr.outputs,
+        [
+            ("logit".to_owned(), "ctr_logit".to_owned()),
+            ("prob".to_owned(), "ctr_prob".to_owned())
+        ]
+    );
+    assert_eq!(spec.combined["cvr"].outputs.len(), 1);
+
+    let bad = text
+        .replace("models = [\"ctr\", \"cvr\"]", "models = [\"ctr\"]")
+        .replace("cvr = { prob = \"cvr_prob\" }", "cvr = {}\n\"a/b\" = { x = \"\" }")
+        + "[routes.r.micro_batch.combined.other]\nctr = { p = \"q\" }\n[routes.r.micro_batch.combined.empty]\n";
+    reports(
+        "bad.toml",
+        &bad,
+        &[
+            "bad.toml: routes.r.micro_batch.combined.heads.cvr: names no output",
+            "bad.toml: routes.r.micro_batch.combined.heads.a/b: the member's name \"a/b\" is not a model name",
+            "bad.toml: routes.r.micro_batch.combined.heads.a/b.x: \"\" is not an output name",
+            "bad.toml: routes.r.micro_batch.combined.other.ctr: ctr is already a member of heads",
+            "bad.toml: routes.r.micro_batch.combined.empty: names no member",
+            "bad.toml: routes.r.micro_batch.combined.heads.cvr: cvr is not one of the route's models",
+        ],
     );
 }

@@ -166,6 +166,9 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             );
         }
     }
+    if let Some(b) = &micro_batch {
+        super::combined::reachable(check, &format!("{at}.micro_batch.combined"), &b.combined, &file.models);
+    }
     if flags.realtime && realtime.is_none() {
         check.fail(
             format!("{at}.flags.realtime"),
@@ -501,6 +504,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
             JsonAdapterFile::OpenaiEmbeddings => JsonAdapter::OpenaiEmbeddings,
         }),
         scheduling: scheduling(check, at, file, queue_capacity),
+        combined: super::combined::members(check, &format!("{at}.combined"), &file.combined),
     }
 }
 

@@ -87,8 +87,8 @@ impl GrpcInferenceService for SimGrpc {
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let req = req.into_inner();
-        self.model(&req.name, &req.version)?;
-        let json = server::model_metadata(&req.name).to_string();
+        let model = self.model(&req.name, &req.version)?;
+        let json = server::model_metadata(&req.name, model).to_string();
         Ok(Response::new(bridge::metadata_from_json(json.as_bytes())?))
     }
 
@@ -128,8 +128,8 @@ impl GrpcInferenceService for SimGrpc {
         req: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let req = req.into_inner();
-        self.model(&req.name, &req.version)?;
-        let json = server::model_config(&req.name).to_string();
+        let model = self.model(&req.name, &req.version)?;
+        let json = server::model_config(&req.name, model).to_string();
         let config = config::config_from_json(json.as_bytes()).map_err(Status::internal)?;
         Ok(Response::new(pb::ModelConfigResponse { config }))
     }

@@ -20,7 +20,7 @@ const OUTPUTS: [&str; 2] = ["OUTPUT0", "OUTPUT1"];
 struct Queued {
     request: InferRequest,
     /// The outputs to send, each with whether it goes binary.
-    outputs: Vec<(&'static str, bool)>,
+    outputs: Vec<(Output, bool)>,
     done: oneshot::Receiver<Outcome>,
 }
 
@@ -94,7 +94,7 @@ fn queue(m: &Model, model: &str, body: &Bytes, header_len: Option<usize>) -> Res
     let request = protocol::decode_request(body, header_len).map_err(Refusal::bad)?;
     let rows = batch_rows(&request).map_err(Refusal::bad)?;
     refuse_poison(&request).map_err(Refusal::bad)?;
-    let outputs = select_outputs(model, &request).map_err(Refusal::bad)?;
+    let outputs = select_outputs(model, &m.heads, &request).map_err(Refusal::bad)?;
     let (reply, done) = oneshot::channel();
     m.jobs
         .send(Job { rows, reply })
@@ -139,45 +139,94 @@ fn refuse_poison(request: &InferRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// One output the model has: its name and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Output {
+    name: String,
+    /// `None`: a copy of the first input; `Some(k)`: each row's sum plus `k`.
+    sums: Option<f64>,
+}
+
+impl Output {
+    /// Its name.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether it is a copy of the first input (else FP64 row sums).
+    pub(super) fn is_copy(&self) -> bool {
+        self.sums.is_none()
+    }
+}
+
+/// The outputs `heads` give a model: `OUTPUT0` and `OUTPUT1` for a plain one; per head
+/// `h` at position `i`, `h_OUTPUT0` and `h_OUTPUT1` (sums plus `i + 1`).
+pub(super) fn outputs_of(heads: &[String]) -> Vec<Output> {
+    if heads.is_empty() {
+        return OUTPUTS
+            .iter()
+            .zip([None, Some(0.0)])
+            .map(|(name, sums)| Output {
+                name: (*name).into(),
+                sums,
+            })
+            .collect();
+    }
+    let per_head = heads.iter().zip(1u32..).flat_map(|(head, k)| {
+        [
+            (format!("{head}_OUTPUT0"), None),
+            (format!("{head}_OUTPUT1"), Some(f64::from(k))),
+        ]
+        .map(|(name, sums)| Output { name, sums })
+    });
+    per_head.collect()
+}
+
 /// The outputs to send, each with whether it goes binary: per-output
 /// `binary_data`, else the request's `binary_data_output`, else JSON.
-fn select_outputs(model: &str, request: &InferRequest) -> Result<Vec<(&'static str, bool)>, String> {
+fn select_outputs(model: &str, heads: &[String], request: &InferRequest) -> Result<Vec<(Output, bool)>, String> {
     let default = request
         .parameters
         .get("binary_data_output")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
+    let known = outputs_of(heads);
     if request.outputs.is_empty() {
-        return Ok(OUTPUTS.iter().map(|name| (*name, default)).collect());
+        return Ok(known.into_iter().map(|o| (o, default)).collect());
     }
-    let mut selected: Vec<(&'static str, bool)> = Vec::new();
+    let mut selected: Vec<(Output, bool)> = Vec::new();
     for (i, out) in request.outputs.iter().enumerate() {
-        let Some(name) = OUTPUTS.iter().find(|n| **n == out.name) else {
+        let Some(output) = known.iter().find(|o| o.name == out.name) else {
+            let names: Vec<&str> = known.iter().map(|o| o.name.as_str()).collect();
             return Err(format!(
-                "outputs[{i}].name '{}' is not an output of model '{model}' (OUTPUT0, OUTPUT1)",
-                out.name
+                "outputs[{i}].name '{}' is not an output of model '{model}' ({})",
+                out.name,
+                names.join(", ")
             ));
         };
-        if selected.iter().any(|(n, _)| n == name) {
-            return Err(format!("outputs[{i}].name '{name}' is requested twice"));
+        if selected.iter().any(|(o, _)| o.name == output.name) {
+            return Err(format!("outputs[{i}].name '{}' is requested twice", output.name));
         }
-        selected.push((name, out.binary_data.unwrap_or(default)));
+        selected.push((output.clone(), out.binary_data.unwrap_or(default)));
     }
     Ok(selected)
 }
 
-fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], off: (f64, f64)) -> Reply {
+fn respond(model: &str, request: InferRequest, selected: &[(Output, bool)], off: (f64, f64)) -> Reply {
     let Some(first) = request.inputs.first() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no inputs"); // checked by batch_rows
     };
-    let outputs = binary
+    let outputs = selected
         .iter()
-        .map(|(name, _)| match *name {
-            "OUTPUT0" => Tensor {
-                name: (*name).into(),
+        .map(|(output, _)| match output.sums {
+            None => Tensor {
+                name: output.name.clone(),
                 ..first.clone()
             },
-            _ => row_sums(first, off),
+            Some(k) => Tensor {
+                name: output.name.clone(),
+                ..row_sums(first, off, k)
+            },
         })
         .collect();
     let response = InferResponse {
@@ -188,7 +237,7 @@ fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], 
         outputs,
         output_parameters: Default::default(),
     };
-    let is_binary = |t: &Tensor| binary.iter().any(|(n, b)| *b && *n == t.name);
+    let is_binary = |t: &Tensor| selected.iter().any(|(o, b)| *b && o.name == t.name);
     let (body, header_len) = protocol::encode_response(&response, &is_binary);
     let Some(len) = header_len else {
         return reply(StatusCode::OK, "application/json", body);
@@ -198,9 +247,10 @@ fn respond(model: &str, request: InferRequest, binary: &[(&'static str, bool)], 
     answer
 }
 
-/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input`; when the sum is
-/// negative, plus `drift` and a random amount below `noise` (`off` is the two).
-fn row_sums(input: &Tensor, (drift, noise): (f64, f64)) -> Tensor {
+/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input` plus `head` (a
+/// combined model's head's offset, else 0); when the sum is negative, plus `drift` and a
+/// random amount below `noise` (`off` is the two).
+fn row_sums(input: &Tensor, (drift, noise): (f64, f64), head: f64) -> Tensor {
     let rows = input.rows();
     let per_row = input.shape.iter().skip(1).product::<u64>();
     let mut sums = vec![0f64; usize::try_from(rows).unwrap_or(0)];
@@ -218,6 +268,9 @@ fn row_sums(input: &Tensor, (drift, noise): (f64, f64)) -> Tensor {
             } else {
                 0.0
             };
+    }
+    for sum in sums.iter_mut() {
+        *sum += head;
     }
     Tensor {
         name: "OUTPUT1".into(),
@@ -311,7 +364,7 @@ mod tests {
             shape: vec![2, 3],
             data: data.into(),
         };
-        let out = row_sums(&t, (0.0, 0.0));
+        let out = row_sums(&t, (0.0, 0.0), 0.0);
         assert_eq!(out.shape, vec![2]);
         assert_eq!(&out.data[..], &[6f64.to_le_bytes(), 7f64.to_le_bytes()].concat()[..]);
         let empty = Tensor {
@@ -319,6 +372,6 @@ mod tests {
             data: Bytes::new(),
             ..t
         };
-        assert_eq!(&row_sums(&empty, (0.0, 0.0)).data[..], &[0u8; 24][..]);
+        assert_eq!(&row_sums(&empty, (0.0, 0.0), 0.0).data[..], &[0u8; 24][..]);
     }
 }

@@ -45,7 +45,8 @@ use instance::{Gate, Job};
 /// Each infer request is one batch of `B` rows (`B` = `shape[0]` of the inputs, which
 /// must agree). `OUTPUT0` is an exact copy of the first input; `OUTPUT1` is FP64 of
 /// shape `[B]` whose element `r` sums the elements of the first input's row `r` (BOOL:
-/// count of true; BYTES: sum of element lengths).
+/// count of true; BYTES: sum of element lengths). A combined model answers both per head
+/// instead ([`ModelSpec::heads`]).
 #[derive(Clone)]
 pub struct Simulator {
     inner: Arc<Inner>,
@@ -97,6 +98,8 @@ struct Model {
     stats: Arc<watch::Sender<Stats>>,
     /// What `OUTPUT1` of rows with a negative sum is off by: (drift, noise).
     off: (f64, f64),
+    /// A combined model's heads (see [`ModelSpec::heads`]).
+    heads: Vec<String>,
 }
 
 impl Simulator {
@@ -110,7 +113,16 @@ impl Simulator {
                 let stats = Arc::new(watch::Sender::new(Stats::default()));
                 let jobs = instance::spawn(&spec, &gate, &stats);
                 let off = (spec.drift, spec.noise);
-                (spec.name, Model { jobs, stats, off })
+                let heads = spec.heads;
+                (
+                    spec.name,
+                    Model {
+                        jobs,
+                        stats,
+                        off,
+                        heads,
+                    },
+                )
             })
             .collect();
         Simulator {

@@ -45,6 +45,11 @@ pub struct ModelSpec {
     /// `[0, noise)`, drawn afresh for every answer (a model that does not give the same
     /// answer twice); 0 for none.
     pub noise: f64,
+    /// A combined model's heads (a multi-head model, or a Triton ensemble of models
+    /// taking the same inputs): head `h` at position `i` answers `h_OUTPUT0` (the first
+    /// input) and `h_OUTPUT1` (each row's sum plus `i + 1`) instead of `OUTPUT0` and
+    /// `OUTPUT1`, so a caller can tell whose head it got; empty for a plain model.
+    pub heads: Vec<String>,
 }
 
 const fn us(micros: u64) -> Duration {
@@ -97,6 +102,7 @@ impl ModelSpec {
             faults: Faults::default(),
             drift: 0.0,
             noise: 0.0,
+            heads: Vec::new(),
         }
     }
 }

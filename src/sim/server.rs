@@ -102,7 +102,7 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
         Endpoint::Live | Endpoint::Ready => empty(StatusCode::OK),
         Endpoint::Server => json_reply(StatusCode::OK, &server_metadata()),
         Endpoint::Model(m, v) => match lookup(sim, m, v) {
-            Ok(_) => json_reply(StatusCode::OK, &model_metadata(m)),
+            Ok(model) => json_reply(StatusCode::OK, &model_metadata(m, model)),
             Err(unknown) => *unknown,
         },
         Endpoint::ModelReady(m, v) => lookup(sim, m, v).map_or_else(|unknown| *unknown, |_| empty(StatusCode::OK)),
@@ -111,7 +111,7 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             Err(unknown) => *unknown,
         },
         Endpoint::Config(m, v) => match lookup(sim, m, v) {
-            Ok(_) => json_reply(StatusCode::OK, &model_config(m)),
+            Ok(model) => json_reply(StatusCode::OK, &model_config(m, model)),
             Err(unknown) => *unknown,
         },
         Endpoint::Infer(m, v) => match lookup(sim, m, v) {
@@ -163,32 +163,40 @@ fn server_metadata() -> serde_json::Value {
     })
 }
 
-pub(crate) fn model_metadata(model: &str) -> serde_json::Value {
+pub(crate) fn model_metadata(name: &str, model: &Model) -> serde_json::Value {
+    let outputs: Vec<serde_json::Value> = infer::outputs_of(&model.heads)
+        .iter()
+        .map(|o| match o.is_copy() {
+            true => json!({"name": o.name(), "datatype": "FP32", "shape": [-1, -1]}),
+            false => json!({"name": o.name(), "datatype": "FP64", "shape": [-1]}),
+        })
+        .collect();
     json!({
-        "name": model,
+        "name": name,
         "versions": ["1"],
         "platform": "tiergate_sim",
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-        "outputs": [
-            {"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]},
-            {"name": "OUTPUT1", "datatype": "FP64", "shape": [-1]},
-        ],
+        "outputs": outputs,
     })
 }
 
 /// The model's config as Triton's HTTP endpoint writes it (the gRPC side sends the same,
 /// converted): no batch dimension of Triton's own (`max_batch_size` 0), so the dims are
 /// the metadata's whole shapes.
-pub(crate) fn model_config(model: &str) -> serde_json::Value {
+pub(crate) fn model_config(name: &str, model: &Model) -> serde_json::Value {
+    let outputs: Vec<serde_json::Value> = infer::outputs_of(&model.heads)
+        .iter()
+        .map(|o| match o.is_copy() {
+            true => json!({"name": o.name(), "data_type": "TYPE_FP32", "dims": [-1, -1]}),
+            false => json!({"name": o.name(), "data_type": "TYPE_FP64", "dims": [-1]}),
+        })
+        .collect();
     json!({
-        "name": model,
+        "name": name,
         "platform": "tiergate_sim",
         "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]}],
-        "output": [
-            {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]},
-            {"name": "OUTPUT1", "data_type": "TYPE_FP64", "dims": [-1]},
-        ],
+        "output": outputs,
         "instance_group": [{"kind": "KIND_CPU", "count": 1}],
     })
 }

@@ -417,3 +417,56 @@ async fn oversized_bodies_get_413_and_shutdown_stops_accepting() {
         "the listener is closed after serve returns"
     );
 }
+
+#[tokio::test]
+async fn a_combined_model_answers_per_head_and_says_so() {
+    let mut heads = instant("heads");
+    heads.heads = vec!["ctr".into(), "cvr".into()];
+    let h = start(vec![heads]).await;
+    let c = &h.caller;
+    let body = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]}]});
+    let all = c
+        .send(
+            Method::POST,
+            "/v2/models/heads/infer",
+            Bytes::from(body.to_string()),
+            None,
+        )
+        .await
+        .json();
+    let names: Vec<&str> = all["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ctr_OUTPUT0", "ctr_OUTPUT1", "cvr_OUTPUT0", "cvr_OUTPUT1"]);
+    assert_eq!(all["outputs"][1]["data"], json!([4.0, 8.0]), "each row's sum plus 1");
+    assert_eq!(all["outputs"][3]["data"], json!([5.0, 9.0]), "each row's sum plus 2");
+    assert_eq!(
+        all["outputs"][2]["data"],
+        json!([1.0, 2.0, 3.0, 4.0]),
+        "the first input"
+    );
+    let mut one = body.clone();
+    one["outputs"] = json!([{"name": "OUTPUT1"}]);
+    let refused = c
+        .send(
+            Method::POST,
+            "/v2/models/heads/infer",
+            Bytes::from(one.to_string()),
+            None,
+        )
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "a plain output name is not a head's"
+    );
+    let meta = c.get("/v2/models/heads").await.json();
+    assert_eq!(
+        meta["outputs"][3],
+        json!({"name": "cvr_OUTPUT1", "datatype": "FP64", "shape": [-1]})
+    );
+    h.stop().await;
+}

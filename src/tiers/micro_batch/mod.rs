@@ -15,12 +15,15 @@
 //!
 //! # Layout
 //!
-//! `kserve` (tensors: decode, concat, split) · `json` (TF-Serving and OpenAI adapters) ·
+//! `kserve` (tensors: decode, concat, split) · `combined` (members of a combined model
+//! sharing its calls, each answered with its own outputs) · `json` (TF-Serving and
+//! OpenAI adapters) ·
 //! `rows` (each row looked up in the route's cache, identical rows sent once) · `send`
 //! (one batch: build, call, scatter, isolate) · `canary` (a canary's share of
 //! calls, batched on the candidate's pool).
 
 mod canary;
+mod combined;
 mod json;
 mod kserve;
 mod rows;
@@ -98,8 +101,20 @@ struct RouteLanes {
 /// What must agree for requests to share a batch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum LaneKey {
-    Kserve { path: String, signature: Signature },
-    Json { path: String, signature: String },
+    Kserve {
+        path: String,
+        signature: Signature,
+    },
+    /// Callers of a combined model's members, on the combined model's path: their
+    /// signature leaves out the outputs they asked for.
+    Combined {
+        path: String,
+        signature: Signature,
+    },
+    Json {
+        path: String,
+        signature: String,
+    },
 }
 
 /// How a lane's requests are merged and split.
@@ -120,6 +135,8 @@ struct Part {
     ids: Option<crate::trace::Ids>,
     /// On a route with its cache on: how the caller's rows meet it.
     cache: Option<Box<rows::Rowed>>,
+    /// A caller of a combined model's member: what it asked of the combined answer.
+    asked: Option<Arc<combined::Asked>>,
 }
 
 /// A caller's rows, in its lane's form.
@@ -520,13 +537,22 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
     let path = call.request.uri().path().to_owned();
     let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
     let parsed = match (kserve, spec.json_adapter) {
-        (true, _) => kserve::parse(&call.request)?
-            .map(|(signature, req, rows)| (LaneKey::Kserve { path, signature }, Rows::Kserve(Box::new(req)), rows)),
+        (true, _) => {
+            let member = combined::member(spec, &path);
+            let asking = member.as_ref().map(|(model, member, _)| (*model, *member));
+            kserve::parse(&call.request, asking)?.map(|(signature, req, rows, asked)| {
+                let key = match member {
+                    Some((_, _, path)) => LaneKey::Combined { path, signature },
+                    None => LaneKey::Kserve { path, signature },
+                };
+                (key, Rows::Kserve(Box::new(req)), rows, asked.map(Arc::new))
+            })
+        }
         (false, Some(adapter)) => json::parse(adapter, call.request.body())?
-            .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows)),
+            .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows, None)),
         (false, None) => Err(Unbatched("the route has no json_adapter".into())),
     };
-    let (key, part, rows) = match parsed {
+    let (key, part, rows, asked) = match parsed {
         Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
         Ok(_) => {
             let why = "it has more rows than max_batch".into();
@@ -544,6 +570,7 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         rows: part,
         span: tracing::Span::current(),
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
+        asked,
     };
     let submitted = match filler {
         true => lanes.queue.submit_filler(&lane, part, rows, call.deadline),
@@ -707,7 +734,7 @@ impl RouteLanes {
             }
         }
         let (path, form) = match &key {
-            LaneKey::Kserve { path, .. } => (path.clone(), Form::Kserve),
+            LaneKey::Kserve { path, .. } | LaneKey::Combined { path, .. } => (path.clone(), Form::Kserve),
             LaneKey::Json { path, .. } => (
                 path.clone(),
                 Form::Json(spec.json_adapter.unwrap_or(JsonAdapter::TfServing)),

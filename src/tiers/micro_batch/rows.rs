@@ -18,6 +18,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde_json::{Map, Value};
 
+use super::combined::Asked;
 use super::{json, kserve, Form, Rows};
 use crate::cache::{entry, Entry, Key, RouteCache, Scope};
 use crate::error::{Error, Kind};
@@ -59,13 +60,21 @@ enum Source {
 /// whose cache is off).
 type Keep = Option<(Key, Arc<RouteCache>)>;
 
+/// A sent row: itself, where its answer is kept, and, for a combined model's member,
+/// which member's view of the answer is its own.
+type Sent = (Row, Keep, Option<Arc<Asked>>);
+
+/// A sent row's answer, or why it has none (a combined model's answer without one of
+/// the member's outputs).
+type Fresh = Result<Arc<Entry>, Error>;
+
 /// A batch's rows, looked up and deduped.
 #[derive(Debug)]
 pub(super) struct Plan {
     /// Per caller, where each of its rows comes from.
     callers: Vec<Vec<Source>>,
     /// The rows to send, in order, each with the key and store to keep its answer in.
-    sent: Vec<(Row, Keep)>,
+    sent: Vec<Sent>,
     /// Per caller with its cache on: its store, and its rows hit, deduped and sent.
     counts: Vec<(Arc<RouteCache>, [u64; 3])>,
 }
@@ -115,9 +124,10 @@ impl Plan {
             let mut sources = Vec::with_capacity(rows.len());
             let (mut hit, mut deduped, mut sent) = (0, 0, 0);
             for (row, key) in rows {
+                let asked = caller.payload.asked.clone();
                 let (Some(rowed), Some(key)) = (rowed, key) else {
                     sources.push(Source::Sent(plan.sent.len()));
-                    plan.sent.push((row, None));
+                    plan.sent.push((row, None, asked));
                     continue;
                 };
                 let kept = (!rowed.fresh).then(|| rowed.store.get(&key)).flatten();
@@ -131,7 +141,7 @@ impl Plan {
                     sent += 1;
                     seen.insert(key, plan.sent.len());
                     sources.push(Source::Sent(plan.sent.len()));
-                    plan.sent.push((row, Some((key, rowed.store.clone()))));
+                    plan.sent.push((row, Some((key, rowed.store.clone())), asked));
                 }
             }
             if let Some(rowed) = rowed {
@@ -163,7 +173,7 @@ impl Plan {
 
     /// The KServe v2 rows to send, in order.
     pub fn kserve_rows(&self) -> Vec<&InferRequest> {
-        let rows = self.sent.iter().filter_map(|(row, _)| match row {
+        let rows = self.sent.iter().filter_map(|(row, ..)| match row {
             Row::Kserve(req) => Some(req),
             Row::Json(_) => None,
         });
@@ -172,7 +182,7 @@ impl Plan {
 
     /// The JSON rows to send, in order.
     pub fn json_rows(&self) -> Vec<&json::Part> {
-        let rows = self.sent.iter().filter_map(|(row, _)| match row {
+        let rows = self.sent.iter().filter_map(|(row, ..)| match row {
             Row::Json(part) => Some(part),
             Row::Kserve(_) => None,
         });
@@ -198,7 +208,9 @@ impl Plan {
             .zip(&self.callers)
             .map(|(caller, sources)| {
                 let mut reply = match (form, &caller.payload.rows) {
-                    (Form::Kserve, Rows::Kserve(req)) => kserve_answer(req, sources, &fresh)?,
+                    (Form::Kserve, Rows::Kserve(req)) => {
+                        kserve_answer((req, caller.payload.asked.as_deref()), sources, &fresh)?
+                    }
                     (Form::Json(adapter), Rows::Json(_)) => json_answer(adapter, sources, &fresh)?,
                     _ => return Err(Error::new(Kind::Unavailable, "internal error: a batch mixed its forms")),
                 };
@@ -211,25 +223,32 @@ impl Plan {
             .collect())
     }
 
-    /// The backend's answer cut into one answer per sent row, each kept under its key.
-    fn fresh(&self, form: Form, reply: &Reply) -> Result<Vec<Arc<Entry>>, Error> {
-        let rows: Vec<Entry> = match form {
+    /// The backend's answer cut into one answer per sent row (a combined model's
+    /// member's row: the member's view of it), each kept under its key.
+    fn fresh(&self, form: Form, reply: &Reply) -> Result<Vec<Fresh>, Error> {
+        let rows: Vec<Result<Entry, Error>> = match form {
             Form::Kserve => {
                 let ones = vec![1; self.sent.len()];
                 kserve::split(reply, &ones)?
                     .into_iter()
-                    .map(|mut row| {
+                    .zip(&self.sent)
+                    .map(|(mut row, (_, _, asked))| {
                         row.id = None;
-                        Entry::Kserve(row)
+                        match asked {
+                            Some(asked) => asked.view(row).map(Entry::Kserve),
+                            None => Ok(Entry::Kserve(row)),
+                        }
                     })
                     .collect()
             }
             Form::Json(adapter) => json::scatter(adapter, reply, &self.json_rows())?
                 .into_iter()
-                .map(|row| Entry::Raw {
-                    status: StatusCode::OK,
-                    content_type: row.headers().get(http::header::CONTENT_TYPE).cloned(),
-                    body: row.into_body(),
+                .map(|row| {
+                    Ok(Entry::Raw {
+                        status: StatusCode::OK,
+                        content_type: row.headers().get(http::header::CONTENT_TYPE).cloned(),
+                        body: row.into_body(),
+                    })
                 })
                 .collect(),
         };
@@ -237,12 +256,12 @@ impl Plan {
         Ok(rows
             .into_iter()
             .zip(&self.sent)
-            .map(|(row, (_, key))| {
-                let row = Arc::new(row);
+            .map(|(row, (_, key, _))| {
+                let row = Arc::new(row?);
                 if let (true, Some((key, store))) = (keep, key) {
                     store.put(*key, row.clone());
                 }
-                row
+                Ok(row)
             })
             .collect())
     }
@@ -258,24 +277,39 @@ fn answers(entry: &Entry, row: &Row) -> bool {
 }
 
 /// A KServe v2 caller's answer joined from its rows, with its own id (one that sent
-/// none gets the backend's batch id) and its own choice of JSON or binary outputs.
-fn kserve_answer(req: &InferRequest, sources: &[Source], fresh: &[Arc<Entry>]) -> Result<Reply, Error> {
+/// none gets the backend's batch id) and its own choice of JSON or binary outputs (a
+/// combined model's member's caller: the outputs it named, in its order).
+fn kserve_answer(
+    (req, asked): (&InferRequest, Option<&Asked>),
+    sources: &[Source],
+    fresh: &[Fresh],
+) -> Result<Reply, Error> {
     let broke = |why: String| Error::new(Kind::Backend, format!("the batch's rows do not join: {why}"));
-    let parts: Option<Vec<&InferResponse>> = sources
-        .iter()
-        .map(|s| match s {
+    let mut parts: Vec<&InferResponse> = Vec::with_capacity(sources.len());
+    for source in sources {
+        let part = match source {
             Source::Kept(kept) => kept.kserve(),
-            Source::Sent(j) => fresh.get(*j).and_then(|e| e.kserve()),
-        })
-        .collect();
-    let parts = parts.ok_or_else(|| broke("a row is missing".into()))?;
+            Source::Sent(j) => match fresh.get(*j) {
+                Some(Err(e)) => return Err(e.clone()),
+                Some(Ok(e)) => e.kserve(),
+                None => None,
+            },
+        };
+        parts.push(part.ok_or_else(|| broke("a row is missing".into()))?);
+    }
     let mut answer = rows::join(&parts).map_err(|e| broke(e.to_string()))?;
     answer.id = req.id.clone().or_else(|| parts.first().and_then(|f| f.id.clone()));
-    Ok(bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)))
+    Ok(match asked {
+        Some(asked) => {
+            let answer = asked.pick(answer);
+            bridge::infer_response_to_http(&answer, &|t| asked.wants_binary(&t.name))
+        }
+        None => bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)),
+    })
 }
 
 /// A JSON caller's answer joined from its rows' one-row answers.
-fn json_answer(adapter: crate::policy::JsonAdapter, sources: &[Source], fresh: &[Arc<Entry>]) -> Result<Reply, Error> {
+fn json_answer(adapter: crate::policy::JsonAdapter, sources: &[Source], fresh: &[Fresh]) -> Result<Reply, Error> {
     let broke = |why: String| Error::new(Kind::Backend, format!("the batch's rows do not join: {why}"));
     let body = |entry: &Entry| match entry {
         Entry::Raw { body, .. } => serde_json::from_slice::<Map<String, Value>>(body).ok(),
@@ -285,7 +319,7 @@ fn json_answer(adapter: crate::policy::JsonAdapter, sources: &[Source], fresh: &
         .iter()
         .map(|s| match s {
             Source::Kept(kept) => body(kept),
-            Source::Sent(j) => fresh.get(*j).and_then(|e| body(e)),
+            Source::Sent(j) => fresh.get(*j).and_then(|e| e.as_ref().ok()).and_then(|e| body(e)),
         })
         .collect();
     let rows = rows.ok_or_else(|| broke("a row's answer is missing or not a JSON object".into()))?;

@@ -14,7 +14,7 @@ use http::{HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::rows::Plan;
-use super::{json, kserve, Form, Lane, Part, Rows};
+use super::{combined, json, kserve, Form, Lane, Part, Rows};
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
@@ -119,7 +119,7 @@ fn run<'a>(
                 lane.metrics.learned(&lane.cost);
                 let replies = match &plan {
                     Some(plan) => plan.answers(lane.form, Some(&reply), &callers),
-                    None => scatter(lane, &reply, &callers, &rows).map(|r| r.into_iter().map(Ok).collect()),
+                    None => scatter(lane, &reply, &callers, &rows),
                 };
                 scattered(callers, Some(replies), (total, Some(&id)), sent);
             }
@@ -196,9 +196,14 @@ fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, E
         .map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
     match &lane.form {
         Form::Kserve => {
+            // A combined model's batch asks for every output of the members in it.
+            let outputs = combined::outputs(callers.iter().filter_map(|c| c.payload.asked.as_deref()));
             let Some(plan) = Plan::of(callers) else {
                 let reqs = kserve_parts(callers).map_err(|e| (None, e))?;
-                return Ok((Some(kserve::build(&lane.path, &reqs, (lane.binary, left))?), None));
+                return Ok((
+                    Some(kserve::build(&lane.path, &reqs, (lane.binary, left), outputs)?),
+                    None,
+                ));
             };
             let plan = plan.map_err(|(index, e)| (Some(index), e))?;
             if plan.is_empty() {
@@ -206,7 +211,7 @@ fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, E
             }
             // The rows were checked against their shapes when the plan cut them.
             let rows = plan.kserve_rows();
-            let request = kserve::build(&lane.path, &rows, (lane.binary, left)).map_err(|(_, e)| (None, e))?;
+            let request = kserve::build(&lane.path, &rows, (lane.binary, left), outputs).map_err(|(_, e)| (None, e))?;
             Ok((Some(request), Some(plan)))
         }
         Form::Json(_) => {
@@ -250,10 +255,16 @@ fn scattered(
     }
 }
 
-fn scatter(lane: &Lane, reply: &Reply, callers: &Callers, rows: &[u64]) -> Result<Vec<Reply>, Error> {
+fn scatter(lane: &Lane, reply: &Reply, callers: &Callers, rows: &[u64]) -> Result<Vec<Result<Reply, Error>>, Error> {
     match &lane.form {
-        Form::Kserve => kserve::scatter(reply, &kserve_parts(callers)?, rows),
-        Form::Json(adapter) => json::scatter(*adapter, reply, &json_parts(callers)?),
+        Form::Kserve => {
+            let asked: Vec<_> = callers.iter().map(|c| c.payload.asked.as_deref()).collect();
+            kserve::scatter(reply, &kserve_parts(callers)?, &asked, rows)
+        }
+        Form::Json(adapter) => Ok(json::scatter(*adapter, reply, &json_parts(callers)?)?
+            .into_iter()
+            .map(Ok)
+            .collect()),
     }
 }
 
