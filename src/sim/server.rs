@@ -164,13 +164,10 @@ fn server_metadata() -> serde_json::Value {
 }
 
 pub(crate) fn model_metadata(name: &str, model: &Model) -> serde_json::Value {
-    let outputs: Vec<serde_json::Value> = infer::outputs_of(&model.heads)
-        .iter()
-        .map(|o| match o.is_copy() {
-            true => json!({"name": o.name(), "datatype": "FP32", "shape": [-1, -1]}),
-            false => json!({"name": o.name(), "datatype": "FP64", "shape": [-1]}),
-        })
-        .collect();
+    let outputs = described(model, |name, copy| match copy {
+        true => json!({"name": name, "datatype": "FP32", "shape": [-1, -1]}),
+        false => json!({"name": name, "datatype": "FP64", "shape": [-1]}),
+    });
     json!({
         "name": name,
         "versions": ["1"],
@@ -184,13 +181,10 @@ pub(crate) fn model_metadata(name: &str, model: &Model) -> serde_json::Value {
 /// converted): no batch dimension of Triton's own (`max_batch_size` 0), so the dims are
 /// the metadata's whole shapes.
 pub(crate) fn model_config(name: &str, model: &Model) -> serde_json::Value {
-    let outputs: Vec<serde_json::Value> = infer::outputs_of(&model.heads)
-        .iter()
-        .map(|o| match o.is_copy() {
-            true => json!({"name": o.name(), "data_type": "TYPE_FP32", "dims": [-1, -1]}),
-            false => json!({"name": o.name(), "data_type": "TYPE_FP64", "dims": [-1]}),
-        })
-        .collect();
+    let outputs = described(model, |name, copy| match copy {
+        true => json!({"name": name, "data_type": "TYPE_FP32", "dims": [-1, -1]}),
+        false => json!({"name": name, "data_type": "TYPE_FP64", "dims": [-1]}),
+    });
     json!({
         "name": name,
         "platform": "tiergate_sim",
@@ -199,6 +193,13 @@ pub(crate) fn model_config(name: &str, model: &Model) -> serde_json::Value {
         "output": outputs,
         "instance_group": [{"kind": "KIND_CPU", "count": 1}],
     })
+}
+
+/// Each of the model's outputs as `describe` writes it, given its name and whether it is
+/// a copy of the first input (FP32, two dimensions) rather than row sums (FP64, one).
+fn described(model: &Model, describe: impl Fn(&str, bool) -> serde_json::Value) -> Vec<serde_json::Value> {
+    let outputs = infer::outputs_of(&model.heads);
+    outputs.iter().map(|o| describe(o.name(), o.is_copy())).collect()
 }
 
 /// The model's statistics as Triton's HTTP endpoint writes them (the gRPC side sends

@@ -112,12 +112,19 @@ pub(super) fn scatter(
                 answer.id.clone_from(&req.id);
             }
             Ok(match asked {
-                Some(asked) => {
-                    let answer = asked.pick(asked.view(answer)?);
-                    bridge::infer_response_to_http(&answer, &|t| asked.wants_binary(&t.name))
-                }
-                None => bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)),
+                Some(asked) => respond(asked.view(answer)?, req, Some(asked)),
+                None => respond(answer, req, None),
             })
         })
         .collect())
+}
+
+/// A caller's answer in its own form: JSON or binary outputs as `req` asked (a
+/// combined model's member's caller: of its member's outputs, those it named, in its
+/// order, as `asked` says).
+pub(super) fn respond(answer: InferResponse, req: &InferRequest, asked: Option<&Asked>) -> Reply {
+    match asked {
+        Some(asked) => bridge::infer_response_to_http(&asked.pick(answer), &|t| asked.wants_binary(&t.name)),
+        None => bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)),
+    }
 }

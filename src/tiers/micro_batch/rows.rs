@@ -23,7 +23,6 @@ use super::{json, kserve, Form, Rows};
 use crate::cache::{entry, Entry, Key, RouteCache, Scope};
 use crate::error::{Error, Kind};
 use crate::headers;
-use crate::protocol::grpc::bridge;
 use crate::protocol::{rows, InferRequest, InferResponse};
 use crate::tiers::batcher::Batch;
 use crate::tiers::Reply;
@@ -299,13 +298,7 @@ fn kserve_answer(
     }
     let mut answer = rows::join(&parts).map_err(|e| broke(e.to_string()))?;
     answer.id = req.id.clone().or_else(|| parts.first().and_then(|f| f.id.clone()));
-    Ok(match asked {
-        Some(asked) => {
-            let answer = asked.pick(answer);
-            bridge::infer_response_to_http(&answer, &|t| asked.wants_binary(&t.name))
-        }
-        None => bridge::infer_response_to_http(&answer, &|t| req.wants_binary(&t.name)),
-    })
+    Ok(kserve::respond(answer, req, asked))
 }
 
 /// A JSON caller's answer joined from its rows' one-row answers.
