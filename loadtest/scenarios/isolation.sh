@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Isolation: real-time latency alone, then with a micro-batch flood and an offline
-# backlog running against the same gateway, for two setups on the same simulated GPUs
+# backlog running against the same gateway, for three setups on the same simulated GPUs
 # (resnet50-trt, two instances in all):
 #
 #   separate  tiergate with its tiers on separate pools: real-time on one simulator
@@ -9,17 +9,30 @@
 #             unless FLOOD_DOOR=main sends them to the HTTP door with the real-time calls;
 #   shared    one pool serving everything (as a one-pool gateway, or nginx, would):
 #             tiergate with micro-batching off, every request on one simulator with
-#             both instances; the offline backlog drains through the same pool.
+#             both instances; the offline backlog drains through the same pool;
+#   direct    the control: the real-time calls go straight to the separate setup's
+#             real-time simulator, no gateway in their path, while the same flood and
+#             backlog go through the separate setup's batch side. What the flood does
+#             to these calls is what it does to the machine; separate ÷ direct is what
+#             tiergate's real-time side adds to that.
 #
 # Real-time: RT_RATE/s, one row, budget 100 ms. Flood: FLOOD_RATE/s, one row, budget
 # 1 s. Backlog: a Batch API file of BACKLOG requests (default 20,000), which must still
 # be draining when the phase ends: a phase whose backlog ran out is measured again with
 # twice as many (and so every later phase), so a faster machine gets a bigger backlog
 # rather than a quiet end of phase. Each phase is measured for DURATION; the setups
-# alternate for ROUNDS rounds. The result is real-time p99 with the flood divided by
+# take turns for ROUNDS rounds, each round starting one setup later. The result is real-time p99 with the flood divided by
 # real-time p99 alone, per setup and round, with its mean, spread and worst round.
 #
 #   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 5)
+#
+# The machine's own floor, measured in every round beside the gateways: how late a thread
+# on the real-time side wakes from a 1 ms sleep (wakeup_probe, PROBE seconds, default
+# 10) with the batch side idle, then with one busy loop on the batch side and nothing
+# else running. A virtual machine whose vCPUs share host cores loses time on one vCPU
+# when the other is busy (the hypervisor's steal time, reported beside every real-time
+# phase); no process inside the machine can keep that out, so the gateways' ratios are
+# read beside the machine's own.
 #
 # On a real deployment the flood's callers and the batch pool's GPUs are other machines.
 # Here they share the machine with the gateway. CPUS says how they are kept apart:
@@ -45,17 +58,18 @@ FLOOD_RATE=${2:-1500}
 DURATION=${3:-15s}
 ROUNDS=${4:-5}
 BACKLOG=${BACKLOG:-20000}
+PROBE=${PROBE:-10}
 CPUS=${CPUS:-split}
 FLOOD_DOOR=${FLOOD_DOOR:-bulk}
 case $FLOOD_DOOR in bulk|main) ;; *) echo "FLOOD_DOOR is bulk or main, not $FLOOD_DOOR" >&2; exit 2 ;; esac
 case $CPUS in
   split)
     [ "$(nproc)" -ge 2 ] || { echo "CPUS=split needs 2 CPUs; run with CPUS=nice" >&2; exit 2; }
-    RT_SIDE=(taskset -c 0); BATCH_SIDE=(taskset -c 1); STANDIN_NICE=${STANDIN_NICE:-0}
+    RT_SIDE=(taskset -c 0); BATCH_SIDE=(taskset -c 1); STANDIN_NICE=${STANDIN_NICE:-0}; RT_CPU=0
     export TIERGATE_THREADS__REALTIME_CPUS=0 TIERGATE_THREADS__BATCH_CPUS=1 TIERGATE_THREADS__WORKERS=1
     export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-0} ;;
   nice)
-    RT_SIDE=(); BATCH_SIDE=(); STANDIN_NICE=${STANDIN_NICE:-10}
+    RT_SIDE=(); BATCH_SIDE=(); STANDIN_NICE=${STANDIN_NICE:-10}; RT_CPU=all
     export TIERGATE_THREADS__BATCH_NICE=${BATCH_NICE:-10} ;;
   *) echo "CPUS is split or nice, not $CPUS" >&2; exit 2 ;;
 esac
@@ -112,14 +126,32 @@ SECS=${DURATION%s}
 COMMON=(--model resnet50 --rows 1 --cols 16 --binary --timeout 30s)
 mkdir -p "$OUT"
 : > "$WORK/phases"
+: > "$WORK/steal"
+# measured NAME COMMAND...: runs it, then notes the steal time on the real-time side.
+measured() {
+  local name=$1 ticks start
+  shift
+  ticks=$(steal_ticks "$RT_CPU"); start=$(date +%s.%N)
+  "$@"
+  echo "$name $(( $(steal_ticks "$RT_CPU") - ticks )) $start $(date +%s.%N)" >> "$WORK/steal"
+}
 for ROUND in $(seq 1 "$ROUNDS"); do
-  ORDER="separate shared"; [ $((ROUND % 2)) -eq 0 ] && ORDER="shared separate"
-  for SETUP in $ORDER; do
-    PORT=$SEPARATE; [ "$SETUP" = shared ] && PORT=$ONE
-    URL="http://127.0.0.1:$PORT"
-    BULK_URL=$URL; [ "$SETUP" = separate ] && [ "$FLOOD_DOOR" = bulk ] && BULK_URL="http://127.0.0.1:$BULK"
+  echo "round $ROUND, the machine: a 1 ms sleep on the real-time side, the batch side idle, then busy" >&2
+  measured "machine_idle_$ROUND" wakeup_probe "$PROBE" "$OUT/machine_idle_$ROUND.json" "${RT_SIDE[@]}"
+  "${BATCH_SIDE[@]}" nice -n "$STANDIN_NICE" sh -c 'while :; do :; done' & BUSY=$!
+  measured "machine_busy_$ROUND" wakeup_probe "$PROBE" "$OUT/machine_busy_$ROUND.json" "${RT_SIDE[@]}"
+  kill "$BUSY"; wait "$BUSY" 2>/dev/null || true
+  SETUPS=(separate shared direct)
+  for I in 0 1 2; do
+    SETUP=${SETUPS[$(( (ROUND - 1 + I) % 3 ))]} # each round starts one setup later
+    case $SETUP in
+      separate) URL="http://127.0.0.1:$SEPARATE"; BULK_URL=$URL ;;
+      shared) URL="http://127.0.0.1:$ONE"; BULK_URL=$URL ;;
+      direct) URL="http://127.0.0.1:$RT"; BULK_URL="http://127.0.0.1:$SEPARATE" ;;
+    esac
+    [ "$SETUP" != shared ] && [ "$FLOOD_DOOR" = bulk ] && BULK_URL="http://127.0.0.1:$BULK"
     echo "round $ROUND, $SETUP: real-time alone" >&2
-    "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
+    measured "${SETUP}_alone_$ROUND" "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 2s \
       --label "${SETUP}_alone_$ROUND" --json "$OUT/${SETUP}_alone_$ROUND.json" --plot "$OUT/${SETUP}_alone_$ROUND" > /dev/null
     while true; do
       echo "round $ROUND, $SETUP: real-time with a flood of $FLOOD_RATE/s and a backlog of $BACKLOG" >&2
@@ -132,7 +164,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         --duration "$((SECS + 4))s" --warmup 1s --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_floodload_$ROUND.json" > /dev/null &
       FLOOD=$!
       sleep 2 # the flood and the backlog reach a steady state (load shaping, not synchronisation)
-      "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
+      measured "${SETUP}_flood_$ROUND" "${RT_SIDE[@]}" "$BIN/loadtest" run --url "$URL" "${COMMON[@]}" --rate "$RT_RATE" --budget-ms 100 --duration "$DURATION" --warmup 1s \
         --label "${SETUP}_flood_$ROUND" --json "$OUT/${SETUP}_flood_$ROUND.json" --plot "$OUT/${SETUP}_flood_$ROUND" > /dev/null
       wait "$FLOOD"
       # Ended (completed or failed) when the flood, which outlasts the window, ended.
@@ -151,11 +183,24 @@ for ROUND in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$SECS" "$CPUS" "$FLOOD_DOOR" <<'PY' | tee "$OUT/summary.txt"
-import json, statistics, sys
-out, phases, rt, flood, secs, cpus, door = sys.argv[1:8]
+python3 - "$OUT" "$WORK/phases" "$RT_RATE" "$FLOOD_RATE" "$SECS" "$CPUS" "$FLOOD_DOOR" "$WORK/steal" "$RT_CPU" <<'PY' | tee "$OUT/summary.txt"
+import json, os, statistics, sys
+out, phases, rt, flood, secs, cpus, door, steal_file, rt_cpu = sys.argv[1:10]
+tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+steal = {}  # phase name -> ms the hypervisor kept from the real-time side per second
+for line in open(steal_file):
+    name, ticks, start, end = line.split()
+    steal[name] = int(ticks) * tick_ms / (float(end) - float(start))
 print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog still draining at the end of every phase; CPUS={cpus} FLOOD_DOOR={door}")
-print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>17}")
+print(f"steal: ms per second the hypervisor kept from the real-time side (CPU {rt_cpu}) during the phase")
+print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>17} {'steal':>6}")
+machine = []
+for rnd in sorted({int(line.split()[1]) for line in open(phases)}):
+    m = {phase: json.load(open(f"{out}/machine_{phase}_{rnd}.json")) for phase in ("idle", "busy")}
+    for phase in ("idle", "busy"):
+        w = m[phase]
+        print(f"{'machine':<9} {rnd:>5} {phase:<6} {w['p50_ms']:>7.2f} {w['p99_ms']:>7.2f} {w['p999_ms']:>8.2f} {'-':>10} {'-':>10} {'-':>9} {'-':>17} {steal[f'machine_{phase}_{rnd}']:>6.1f}")
+    machine.append(m["busy"]["p99_ms"] / m["idle"]["p99_ms"])
 results = {}
 for line in open(phases):
     setup, rnd, done, backlog = line.split()
@@ -170,7 +215,7 @@ for line in open(phases):
             fl = f"{f['achieved_rps'] * f['status_counts'].get('200', 0) / max(f['completed'], 1):.0f}"
             fp99 = f"{f['latency_ms']['p99']:.1f}"
             od = f"{done} of {backlog}"
-        print(f"{setup:<9} {rnd:>5} {phase:<6} {lat['p50']:>7.2f} {lat['p99']:>7.2f} {lat['p999']:>8.2f} {bad:>10} {fl:>10} {fp99:>9} {od:>17}")
+        print(f"{setup:<9} {rnd:>5} {phase:<6} {lat['p50']:>7.2f} {lat['p99']:>7.2f} {lat['p999']:>8.2f} {bad:>10} {fl:>10} {fp99:>9} {od:>17} {steal[f'{setup}_{phase}_{rnd}']:>6.1f}")
         p99[phase] = lat["p99"]
     results.setdefault(setup, []).append((p99["alone"], p99["flood"]))
 summary = {}
@@ -185,5 +230,13 @@ for setup, r in results.items():
     print(f"{setup}: real-time p99 alone {alone:.2f} ms, with the flood {flooded:.2f} ms: ratio {flooded / alone:.2f}; "
           f"per round {', '.join(f'{x:.2f}' for x in ratios)} (min {min(ratios):.2f}, max {max(ratios):.2f}, "
           f"stdev {spread:.2f}); every round <= 1.10: {'yes' if max(ratios) <= 1.10 else 'no'}")
+summary["machine"] = {"round_ratios": machine, "ratio_min": min(machine), "ratio_max": max(machine)}
+if "direct" in summary and "separate" in summary:
+    over = [t / d for t, d in zip(summary["separate"]["round_ratios"], summary["direct"]["round_ratios"])]
+    summary["separate_over_direct"] = over
+    print(f"separate ÷ direct (what tiergate's real-time side adds to what the flood does to the machine): "
+          f"per round {', '.join(f'{x:.2f}' for x in over)} (min {min(over):.2f}, max {max(over):.2f})")
+print(f"the machine itself (a 1 ms sleep's lateness, p99, with a busy loop on the batch side ÷ idle): "
+      f"per round {', '.join(f'{x:.2f}' for x in machine)} (min {min(machine):.2f}, max {max(machine):.2f})")
 json.dump(summary, open(f"{out}/results.json", "w"), indent=2)
 PY

@@ -102,3 +102,31 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v2/models/resnet50/infer", "body": body}) + "\n")
 PY
 }
+
+# steal_ticks CPU|all: the time the hypervisor has kept from that CPU (or from every CPU)
+# since boot, in USER_HZ ticks (/proc/stat's steal column; 0 on bare metal).
+steal_ticks() {
+  local row=cpu$1; [ "$1" = all ] && row=cpu
+  awk -v row="$row" '$1 == row { print $9 }' /proc/stat
+}
+
+# wakeup_probe SECONDS JSON [COMMAND PREFIX...]: how late a thread wakes from a 1 ms
+# sleep, again and again for SECONDS, under the prefix (e.g. taskset -c 0): the
+# machine's own scheduling noise, with no gateway in it. Writes p50/p99/p99.9 lateness
+# in ms to JSON.
+wakeup_probe() {
+  local secs=$1 json=$2
+  shift 2
+  "$@" python3 - "$secs" "$json" <<'PY'
+import json, sys, time
+secs, out = float(sys.argv[1]), sys.argv[2]
+late, end = [], time.monotonic() + secs
+while time.monotonic() < end:
+    t = time.perf_counter()
+    time.sleep(0.001)
+    late.append((time.perf_counter() - t - 0.001) * 1000)
+late.sort()
+at = lambda q: late[min(len(late) - 1, int(q * len(late)))]
+json.dump({"samples": len(late), "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999)}, open(out, "w"))
+PY
+}
