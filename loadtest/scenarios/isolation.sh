@@ -21,8 +21,9 @@
 # be draining when the phase ends: a phase whose backlog ran out is measured again with
 # twice as many (and so every later phase), so a faster machine gets a bigger backlog
 # rather than a quiet end of phase. Each phase is measured for DURATION; the setups
-# take turns for ROUNDS rounds, each round starting one setup later. The result is real-time p99 with the flood divided by
-# real-time p99 alone, per setup and round, with its mean, spread and worst round.
+# take turns for ROUNDS rounds, each round starting one setup later. The result is
+# real-time p99 with the flood divided by real-time p99 alone, per setup and round, with
+# its mean, spread and worst round.
 #
 #   loadtest/scenarios/isolation.sh [RT_RATE] [FLOOD_RATE] [DURATION] [ROUNDS]   (defaults: 300 1500 15s 5)
 #
@@ -192,7 +193,8 @@ for line in open(steal_file):
     name, ticks, start, end = line.split()
     steal[name] = int(ticks) * tick_ms / (float(end) - float(start))
 print(f"real-time {rt}/s (budget 100 ms) alone, then with a micro-batch flood of {flood}/s (budget 1 s) and an offline backlog still draining at the end of every phase; CPUS={cpus} FLOOD_DOOR={door}")
-print(f"steal: ms per second the hypervisor kept from the real-time side (CPU {rt_cpu}) during the phase")
+print(f"steal: ms per second the hypervisor kept from the real-time side (CPU {rt_cpu}) during the phase; "
+      "the machine's rows give a 1 ms sleep's lateness, not a request's latency")
 print(f"{'setup':<9} {'round':>5} {'phase':<6} {'rt p50':>7} {'rt p99':>7} {'rt p99.9':>8} {'rt non-200':>10} {'flood ok/s':>10} {'flood p99':>9} {'offline done':>17} {'steal':>6}")
 machine = []
 for rnd in sorted({int(line.split()[1]) for line in open(phases)}):
