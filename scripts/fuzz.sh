@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes every parser of untrusted input (fuzz/fuzz_targets: KServe JSON, the binary
 # tensor extension, gRPC messages, request headers, Batch API lines and uploads, policy
-# TOML) with libFuzzer, each for SECONDS (default 20), starting from the committed seed
+# TOML, cache keys and tenants) with libFuzzer, each for SECONDS (default 20), starting from the committed seed
 # corpus in fuzz/corpus. Installs cargo-fuzz (for the nightly toolchain, which these
 # machines have) into /var/tmp/tiergate-fuzz the first time and builds there, outside
 # the clone; what a run learns (new inputs) stays there too, and a crash's input is
@@ -17,7 +17,7 @@ shift || true
 CACHE=${TIERGATE_FUZZ_CACHE:-/var/tmp/tiergate-fuzz}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kserve_json binary_tensors grpc_message headers batch_lines multipart policy_toml)
+  TARGETS=(kserve_json binary_tensors grpc_message headers batch_lines multipart policy_toml cache_key)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

@@ -12,6 +12,8 @@ pub const BUDGET: HeaderName = HeaderName::from_static("x-tiergate-budget-ms");
 pub const PRIORITY: HeaderName = HeaderName::from_static("x-tiergate-priority");
 /// Request: makes an offline submission idempotent (for its tenant and body).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Request: RFC 7240 preferences; `respond-async` asks for the offline tier.
+pub const PREFER: HeaderName = HeaderName::from_static("prefer");
 /// Request to the admin API: who makes a change, for the audit log.
 pub const ACTOR: HeaderName = HeaderName::from_static("x-tiergate-actor");
 
@@ -40,3 +42,16 @@ pub const CACHED_ROWS: HeaderName = HeaderName::from_static("x-tiergate-cached-r
 pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
 /// Answer (`/v1/jobs/{id}`): the job's state.
 pub const JOB_STATUS: HeaderName = HeaderName::from_static("x-tiergate-job-status");
+
+/// True when a `Prefer` header asks for `respond-async` (RFC 7240).
+pub fn prefers_async(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(PREFER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            let token = p.split(';').next().unwrap_or("").trim();
+            token.eq_ignore_ascii_case("respond-async")
+        })
+}

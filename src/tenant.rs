@@ -33,17 +33,23 @@ impl Tenant {
 
     /// Whose `request` is, by name: its credential's tenant when the data plane
     /// authenticates, else the value of `header` (which any client can set), else ""
-    /// (the anonymous tenant).
-    pub fn name_of<B>(request: &http::Request<B>, header: Option<&http::HeaderName>) -> String {
-        let tenant = Tenant::of(request);
-        if tenant.is_authenticated() {
-            return tenant.as_str().to_owned();
+    /// (the anonymous tenant). Callers on a route pass its `tenant_header`
+    /// (`policy::Route::tenant` is the same rule for a request's parts).
+    pub fn name_of<B>(request: &http::Request<B>, header: &http::HeaderName) -> String {
+        match request.extensions().get::<Tenant>() {
+            Some(tenant) => tenant.name_in(request.headers(), header).to_owned(),
+            None => Tenant::anonymous().name_in(request.headers(), header).to_owned(),
         }
-        header
-            .and_then(|h| request.headers().get(h))
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
+    }
+
+    /// As [`Tenant::name_of`], for a request admitted as this tenant with `headers`: its
+    /// own name when authenticated, else the value of `header`, else "". A header value
+    /// that is not visible ASCII names no tenant.
+    pub fn name_in<'a>(&'a self, headers: &'a http::HeaderMap, header: &http::HeaderName) -> &'a str {
+        match &self.0 {
+            Some(name) => name,
+            None => headers.get(header).and_then(|v| v.to_str().ok()).unwrap_or_default(),
+        }
     }
 
     /// The tenant `request` was admitted as (anonymous when no door set one).

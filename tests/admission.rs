@@ -165,7 +165,7 @@ async fn above_the_memory_limit_new_work_is_shed() {
 }
 
 #[tokio::test]
-async fn connections_past_the_limit_are_closed() {
+async fn past_the_connection_limit_an_idle_one_makes_room_and_else_the_newcomer_is_closed() {
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_connections = 2;
@@ -179,7 +179,7 @@ async fn connections_past_the_limit_are_closed() {
     for _ in 0..2 {
         let mut s = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connects");
         s.write_all(request).await.expect("writes");
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 1024];
         let n = s.read(&mut buf).await.expect("reads");
         assert!(
             buf[..n].starts_with(b"HTTP/1.1 200"),
@@ -188,17 +188,57 @@ async fn connections_past_the_limit_are_closed() {
         );
         open.push(s);
     }
-    let mut third = tokio::net::TcpStream::connect(gw.http_addr())
+    // Both are idle between requests: the longest idle closes for the newcomer.
+    let mut third = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connects");
+    third.write_all(request).await.expect("writes");
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("answered, not hung")
+        .expect("reads");
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // The one closed gave its place back, so it was closed before the newcomer's answer.
+    let mut closed = 0;
+    for s in &mut open {
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "one idle connection made room");
+    drop((open, third));
+
+    // Two connections with a request in flight each: none may close, so a third is.
+    rt.sim.hold();
+    let body = format!(
+        "POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-tiergate-budget-ms: 5000\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let mut busy = Vec::new();
+    for i in 1..=2u64 {
+        let connected = eventually(Duration::from_secs(5), "a place for a busy connection", || async {
+            let mut s = tokio::net::TcpStream::connect(gw.http_addr()).await.ok()?;
+            s.write_all(body.as_bytes()).await.ok()?;
+            Some(s)
+        })
+        .await;
+        busy.push(connected);
+        wait_for(&rt, |s| s.requests == i).await;
+    }
+    let mut fourth = tokio::net::TcpStream::connect(gw.http_addr())
         .await
         .expect("the kernel accepts");
-    let _ = third.write_all(request).await;
+    let _ = fourth.write_all(request).await;
     let mut buf = [0u8; 64];
-    let read = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+    let read = tokio::time::timeout(Duration::from_secs(5), fourth.read(&mut buf))
         .await
         .expect("closed, not hung");
-    assert!(
-        matches!(read, Ok(0) | Err(_)),
-        "the third connection is closed: {read:?}"
-    );
-    drop(open);
+    assert!(matches!(read, Ok(0) | Err(_)), "the newcomer is closed: {read:?}");
+    rt.sim.release();
+    drop(busy);
 }

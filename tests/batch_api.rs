@@ -375,3 +375,90 @@ async fn a_precomputing_batch_makes_later_real_time_calls_hits() {
     );
     gw.stop().await.expect("stops");
 }
+
+/// A multipart upload's body around `content`, and its content type.
+fn form(content: &[u8]) -> (Vec<u8>, String) {
+    let boundary = "tiergate-test-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (body, format!("multipart/form-data; boundary={boundary}"))
+}
+
+#[tokio::test]
+async fn uploads_are_held_to_the_doors_memory_budget() {
+    use tokio::io::AsyncWriteExt;
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.max_in_flight_body_bytes = 8 << 20;
+    let gw = gateway_with(cfg, &policy("budget", &be.url(), &be.url())).await;
+    // One 3 MiB upload on its way (held twice over: its body and its file) takes 6 of
+    // the 8 MiB; a second one is refused at once, as any door's body past the budget is.
+    let (body, content_type) = form(&vec![b'x'; 3 << 20]);
+    let mut first = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    first.write_all(head.as_bytes()).await.expect("head");
+    first.write_all(&body[..1024]).await.expect("a first part");
+    let (addr, headers) = (gw.http_addr(), [("content-type", content_type.as_str())]);
+    let second = eventually(Duration::from_secs(10), "the first upload holds the budget", || {
+        let body = body.clone();
+        async move {
+            let answer = send("POST", addr, "/v1/files", &headers, body).await;
+            (answer.status == 503).then_some(answer)
+        }
+    })
+    .await;
+    assert!(second.header("retry-after").is_some());
+    assert!(second.text().contains("max_in_flight_body_bytes"), "{}", second.text());
+    first.write_all(&body[1024..]).await.expect("the rest");
+    drop(first);
+    let small = upload(&gw, &line(1)).await;
+    assert_eq!(small.status, 200, "{}", small.text());
+}
+
+#[tokio::test]
+async fn a_files_content_is_streamed_and_a_reader_that_stops_reading_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.min_send_rate = 1 << 20;
+    let gw = gateway_with(cfg, &policy("stream", &be.url(), &be.url())).await;
+    let content: Vec<u8> = (0..(6u32 << 20)).map(|i| b"abcdefghij\n"[(i % 11) as usize]).collect();
+    let (body, content_type) = form(&content);
+    let uploaded = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/files",
+        &[("content-type", &content_type)],
+        body,
+    )
+    .await;
+    assert_eq!(uploaded.status, 200, "{}", uploaded.text());
+    let id = uploaded.json()["id"].as_str().expect("an id").to_owned();
+    let path = format!("/v1/files/{id}/content");
+    let whole = get(gw.http_addr(), &path).await;
+    assert_eq!(whole.status, 200);
+    assert_eq!(whole.header("content-length"), Some(content.len().to_string().as_str()));
+    assert!(whole.body == content, "the same bytes, in order");
+    // A client that asks and then reads nothing: cut off once it is below 1 MiB/s
+    // over a window (10 s), instead of holding the answer and the connection.
+    let mut stalled = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let ask = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+    stalled.write_all(ask.as_bytes()).await.expect("ask");
+    eventually(Duration::from_secs(30), "the stalled reader is cut off", || async {
+        let cut = metric(&gw, "tiergate_connections_closed_total{reason=\"slow_reader\"}").await;
+        (cut >= 1.0).then_some(())
+    })
+    .await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    assert!(rest.len() < content.len(), "the client never got the whole file");
+}

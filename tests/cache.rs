@@ -380,3 +380,143 @@ async fn redis_killed_or_frozen_mid_run_changes_nothing_for_callers() {
     redis.thaw();
     gw.stop().await.expect("stops");
 }
+
+/// `question(i)` with the first input's own parameters `own`.
+fn question_with(i: usize, own: Value) -> String {
+    json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "parameters": own, "data": [i, i + 1]}]})
+        .to_string()
+}
+
+#[tokio::test]
+async fn nothing_the_key_leaves_out_reaches_the_backend_so_no_caller_can_poison_an_entry() {
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached_as("poison", &sim.url(), "vary = [\"x-scale\"]", "")).await;
+    let sum = |a: &Answer| a.json()["outputs"][1]["data"][0].as_f64();
+    let honest = ask(&gw, &question_with(1, json!({})), &[]).await;
+    assert_eq!(
+        (honest.header("x-tiergate-cache"), sum(&honest)),
+        (Some("miss"), Some(3.0))
+    );
+    // An input's own parameters change what the backend computes (the simulator scales
+    // by them): a refresh asking otherwise is another question, and the entry stays.
+    let attack = ask(
+        &gw,
+        &question_with(1, json!({"scale": 1000})),
+        &[("cache-control", "no-cache")],
+    )
+    .await;
+    assert_eq!(sum(&attack), Some(3000.0), "{}", attack.text());
+    let next = ask(&gw, &question_with(1, json!({})), &[]).await;
+    assert_eq!((next.header("x-tiergate-cache"), sum(&next)), (Some("hit"), Some(3.0)));
+    let scaled = ask(&gw, &question_with(1, json!({"scale": 1000})), &[]).await;
+    assert_eq!(
+        (scaled.header("x-tiergate-cache"), sum(&scaled)),
+        (Some("hit"), Some(3000.0))
+    );
+    // A header the key does not cover is not cached at all; one in `vary` is keyed.
+    for _ in 0..2 {
+        let unknown = ask(&gw, &question_with(1, json!({})), &[("x-model-variant", "b")]).await;
+        assert_eq!(unknown.header("x-tiergate-cache"), Some("bypass"));
+    }
+    let before = requests(&sim);
+    for (value, want) in [("2", "miss"), ("2", "hit"), ("3", "miss")] {
+        let varied = ask(&gw, &question_with(1, json!({})), &[("x-scale", value)]).await;
+        assert_eq!(varied.header("x-tiergate-cache"), Some(want), "x-scale: {value}");
+    }
+    assert_eq!(requests(&sim) - before, 2, "one call for each value of x-scale");
+    // Neither does the query string.
+    let path = |q: &str| format!("/v2/models/m/infer{q}");
+    for (q, want) in [("?v=1", "miss"), ("?v=1", "hit"), ("?v=2", "miss"), ("", "hit")] {
+        let headers = [("x-tiergate-budget-ms", "200"), ("content-type", "application/json")];
+        let answer = send("POST", gw.http_addr(), &path(q), &headers, question_with(1, json!({}))).await;
+        assert_eq!(answer.header("x-tiergate-cache"), Some(want), "query {q:?}");
+    }
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn header_tenants_never_share_entries_even_without_rate_limits() {
+    let sim = backend(&["m"]).await;
+    let gw = gateway(&cached_as("header_tenants", &sim.url(), "", "")).await;
+    let anonymous = ask(&gw, &question(7, "a"), &[]).await;
+    assert_eq!(anonymous.header("x-tiergate-cache"), Some("miss"));
+    for tenant in ["tenant-a", "tenant-b"] {
+        let answer = ask(&gw, &question(7, "a"), &[("x-api-key", tenant)]).await;
+        assert_eq!(
+            answer.header("x-tiergate-cache"),
+            Some("miss"),
+            "{tenant} reads its own entries only"
+        );
+    }
+    let again = ask(&gw, &question(7, "a"), &[("x-api-key", "tenant-a")]).await;
+    assert_eq!(again.header("x-tiergate-cache"), Some("hit"));
+    assert_eq!(requests(&sim), 3);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn json_integers_beyond_64_bits_never_share_a_key() {
+    let sim = backend(&["m"]).await;
+    let toml = format!(
+        "[routes.j]\npaths = [\"/v1/models/m:predict\"]\n[routes.j.flags]\ncache = true\n\
+         [routes.j.realtime]\nendpoints = [\"{}\"]\n[routes.j.cache]\n",
+        sim.url()
+    );
+    let gw = gateway(&toml).await;
+    let predict = |body: String| {
+        let addr = gw.http_addr();
+        async move {
+            let headers = [("x-tiergate-budget-ms", "200"), ("content-type", "application/json")];
+            send("POST", addr, "/v1/models/m:predict", &headers, body).await
+        }
+    };
+    let (a, b) = ("18446744073709551616", "18446744073709551617");
+    for n in [a, b, a] {
+        let answer = predict(format!("{{\"instances\": [[{n}]]}}")).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-tiergate-cache"), Some("bypass"), "{n}");
+    }
+    for want in ["miss", "hit"] {
+        let answer = predict("{\"instances\": [[18446744073709551615]]}".to_owned()).await;
+        assert_eq!(
+            answer.header("x-tiergate-cache"),
+            Some(want),
+            "64-bit integers are keyed exactly"
+        );
+    }
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn async_and_idempotent_requests_are_never_answered_from_the_cache() {
+    let sim = backend(&["m"]).await;
+    let extra = "[routes.r.micro_batch]\nendpoints = [\"BATCH\"]";
+    let toml = cached_as("async", &sim.url(), "", "").replace("cache = true\n", "cache = true\noffline = true\n")
+        + &extra.replace("routes.r", "routes.async").replace("BATCH", &sim.url());
+    let gw = gateway(&toml).await;
+    let kept = ask(&gw, &question(5, "a"), &[]).await;
+    assert_eq!(kept.header("x-tiergate-cache"), Some("miss"));
+    // Asked for later, it is a job; with an idempotency key, the key is bound to it.
+    let job = ask(
+        &gw,
+        &question(5, "a"),
+        &[("prefer", "respond-async"), ("idempotency-key", "k1")],
+    )
+    .await;
+    assert_eq!(job.status, 202, "{}", job.text());
+    let other = ask(
+        &gw,
+        &question(6, "a"),
+        &[("prefer", "respond-async"), ("idempotency-key", "k1")],
+    )
+    .await;
+    assert_eq!(
+        other.status,
+        422,
+        "the key was bound to the first request: {}",
+        other.text()
+    );
+    let reused = ask(&gw, &question(5, "b"), &[("idempotency-key", "k2")]).await;
+    assert_eq!(reused.header("x-tiergate-cache"), Some("bypass"));
+    gw.stop().await.expect("stops");
+}

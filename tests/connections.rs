@@ -198,3 +198,86 @@ async fn a_client_past_its_connection_limit_is_refused_and_others_are_served() {
     .await;
     assert!(refused >= 2.0, "refusals are counted, got {refused}");
 }
+
+/// Sends a health check on `stream` (kept alive) and reads its whole answer.
+async fn live_on(stream: &mut TcpStream) -> Option<String> {
+    stream
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(BOUND, stream.read(&mut buf)).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+#[tokio::test]
+async fn a_full_table_makes_room_for_a_newcomer_however_many_silent_sockets_are_reopened() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.max_connections = 32;
+    cfg.limits.max_connections_per_client = 0;
+    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    // Silent sockets from 16 addresses take every place, and are reopened as they close.
+    let mut silent = Vec::new();
+    for i in 0..32 {
+        silent.push(connect_from(&format!("127.0.0.{}", 10 + i % 16), gw.http_addr()).await);
+    }
+    let mut served = 0;
+    for round in 0..10 {
+        for i in 0..8 {
+            silent.push(connect_from(&format!("127.0.0.{}", 10 + (round + i) % 16), gw.http_addr()).await);
+        }
+        let mut newcomer = connect_from("127.0.0.100", gw.http_addr()).await;
+        match live_on(&mut newcomer).await {
+            Some(answer) if answer.starts_with("HTTP/1.1 200") => served += 1,
+            other => panic!("round {round}: a newcomer was kept out: {other:?}"),
+        }
+    }
+    assert_eq!(served, 10);
+    let evicted = metric(&gw, "tiergate_connections_closed_total{reason=\"evicted\"}").await;
+    assert!(evicted >= 10.0, "places were made by closing silent sockets: {evicted}");
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_lives_to_its_idle_timeout_not_the_header_read_timeout() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.header_read_timeout = Duration::from_millis(200);
+    cfg.limits.idle_timeout = Duration::from_secs(30);
+    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let mut stream = TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let first = live_on(&mut stream).await.expect("answered");
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // Three header read timeouts between two requests: a load balancer's pool keeps
+    // connections far longer, and the next request must find this one open.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let second = live_on(&mut stream).await.expect("still open");
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_sent_goaway_before_it_closes() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.idle_timeout = Duration::from_millis(200);
+    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    for addr in [gw.http_addr(), gw.grpc_addr()] {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        // h2c with prior knowledge: the preface and an empty SETTINGS frame, then nothing.
+        let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        opening.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+        stream.write_all(&opening).await.expect("write");
+        let got = closed_by_gateway(stream, "an idle HTTP/2 connection").await;
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at + 9 <= got.len() {
+            let len = usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
+            frames.push(got[at + 3]);
+            at += 9 + len;
+        }
+        assert!(
+            frames.contains(&0x7),
+            "{addr}: a GOAWAY frame (type 7) among {frames:?}"
+        );
+    }
+}

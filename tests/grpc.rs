@@ -319,6 +319,18 @@ async fn malformed_and_oversized_messages_are_refused_without_harm() {
     // A malformed protobuf body: a length-delimited field whose length runs past the end.
     let raw = raw_grpc_call(gw.grpc_addr(), &[0x0a, 0xff, 0x01, b'x']).await;
     assert_eq!(raw, "3", "a malformed message is INVALID_ARGUMENT: the client sent it");
+    // So is a message the framing cannot read (tonic says INTERNAL).
+    let mut cut = frame(0, &[0x0a, 0x01, b'm']);
+    cut.truncate(6);
+    let unreadable = [
+        ("compressed, no coding", frame(1, &[1, 2, 3]), None),
+        ("gzip that does not inflate", frame(1, &[1, 2, 3]), Some("gzip")),
+        ("a flag neither 0 nor 1", frame(7, &[0x0a, 0x01, b'm']), None),
+        ("cut short", cut, None),
+    ];
+    for (what, bytes, encoding) in unreadable {
+        assert_eq!(raw_grpc_frame(gw.grpc_addr(), &bytes, encoding).await, "3", "{what}");
+    }
     assert_eq!(
         rt.sim.stats("m").expect("stats").requests,
         0,
@@ -335,18 +347,31 @@ async fn malformed_and_oversized_messages_are_refused_without_harm() {
 
 /// Sends `payload` as one gRPC message to ModelInfer over h2c and returns `grpc-status`.
 async fn raw_grpc_call(addr: std::net::SocketAddr, payload: &[u8]) -> String {
-    use http_body_util::{BodyExt, Full};
-    let mut frame = vec![0u8];
+    raw_grpc_frame(addr, &frame(0, payload), None).await
+}
+
+/// A gRPC message frame: its compressed flag, length and `payload`.
+fn frame(flag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![flag];
     frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     frame.extend_from_slice(payload);
+    frame
+}
+
+/// Sends `frame` (whatever its bytes) to ModelInfer over h2c, with `grpc-encoding`
+/// when given, and returns `grpc-status`.
+async fn raw_grpc_frame(addr: std::net::SocketAddr, frame: &[u8], encoding: Option<&str>) -> String {
+    use http_body_util::{BodyExt, Full};
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<Bytes>>();
-    let request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
+    let mut request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(Bytes::from(frame)))
-        .expect("request");
+        .header("te", "trailers");
+    if let Some(encoding) = encoding {
+        request = request.header("grpc-encoding", encoding);
+    }
+    let request = request.body(Full::new(Bytes::copy_from_slice(frame))).expect("request");
     let response = client.request(request).await.expect("exchange");
     let headers = response.headers().clone();
     let collected = response.into_body().collect().await.expect("body");

@@ -377,3 +377,39 @@ async fn statistics_of_every_model_and_shared_memory_refused() {
     assert_eq!(unregister.status, 200);
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn json_nested_past_the_depth_limit_never_reaches_a_backend() {
+    let rt = backend(&["m"]).await;
+    let toml = format!(
+        "[routes.j]\npaths = [\"/v1/models/m:predict\"]\n[routes.j.realtime]\nendpoints = [\"{}\"]\n\
+         [routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n",
+        rt.url(),
+        rt.url()
+    );
+    let gw = gateway(&toml).await;
+    let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+    let headers = [("content-type", "application/json")];
+    let json_route = send("POST", gw.http_addr(), "/v1/models/m:predict", &headers, deep.clone()).await;
+    assert_eq!(json_route.status, 400, "{}", json_route.text());
+    assert!(json_route.text().contains("nests 100000"), "{}", json_route.text());
+    let parameters = format!(
+        r#"{{"parameters":{{"x":{deep}}},"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]}}]}}"#
+    );
+    let kserve = infer(gw.http_addr(), "m", &[], &parameters).await;
+    assert_eq!(kserve.status, 400, "{}", kserve.text());
+    let shallow = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/models/m:predict",
+        &headers,
+        r#"{"instances":[[1,2]]}"#,
+    )
+    .await;
+    assert_eq!(shallow.status, 200, "{}", shallow.text());
+    assert_eq!(
+        rt.sim.stats("m").map_or(0, |s| s.requests),
+        1,
+        "only the shallow one was sent"
+    );
+}

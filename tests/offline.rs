@@ -246,3 +246,27 @@ async fn accepted_jobs_survive_a_restart_and_run_once() {
     }
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn an_inputs_own_parameters_reach_the_backend_on_every_tier() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let gw = gateway(&policy("own", &rt.url(), &batch.url())).await;
+    // The simulator multiplies OUTPUT1 by the first input's own `scale`.
+    let body =
+        r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,3],"parameters":{"scale":1000},"data":[1,1,1]}]}"#;
+    let scaled = |answer: &Answer| answer.json()["outputs"][1]["data"][0].as_f64();
+    let realtime = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], body).await;
+    assert_eq!(realtime.tier().0, Some("realtime"));
+    let batched = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "5000")], body).await;
+    assert_eq!(batched.tier().0, Some("micro_batch"));
+    let location = submit(&gw, &ASYNC, body).await;
+    let offline = outcome(&gw, &location).await;
+    for (tier, answer) in [
+        ("realtime", &realtime),
+        ("micro_batch", &batched),
+        ("offline", &offline),
+    ] {
+        assert_eq!(answer.status, 200, "{tier}: {}", answer.text());
+        assert_eq!(scaled(answer), Some(3000.0), "{tier}: {}", answer.text());
+    }
+}

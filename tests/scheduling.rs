@@ -34,6 +34,7 @@ max_batch = 2
 max_in_flight = 1
 queue_capacity = 8
 shed_above = 0.25
+max_priority = "critical"
 "#
     )
 }
@@ -118,6 +119,52 @@ async fn a_contended_pool_serves_bands_in_order_and_sheds_the_lowest() {
     ] {
         let line = format!(
             "tiergate_batch_priority_requests_total{{route=\"bands\",priority=\"{priority}\",outcome=\"{outcome}\"}} {n}"
+        );
+        assert!(scrape.lines().any(|l| l == line), "no {line} in\n{scrape}");
+    }
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn nobody_claims_a_band_above_standard_unless_the_operator_gives_it_to_their_key() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let mut cfg = config();
+    std::fs::create_dir_all(&cfg.data_dir).expect("data dir");
+    let keys = cfg.data_dir.with_extension("keys");
+    let lines = [
+        tiergate::front::auth::line("gold", "key-of-gold"),
+        tiergate::front::auth::line("plain", "key-of-plain"),
+    ];
+    std::fs::write(&keys, lines.join("\n")).expect("keys file");
+    cfg.auth.keys_file = Some(keys);
+    // The route's ceiling is left at its default; only gold's key is given critical.
+    let toml = policy("ceilings", &rt.url(), &batch.url()).replace(
+        "max_priority = \"critical\"\n",
+        "tenant_max_priority = { gold = \"critical\" }\n",
+    );
+    let gw = gateway_with(cfg, &toml).await;
+    let ask = |key: &'static str| {
+        let addr = gw.http_addr();
+        async move {
+            let bearer = format!("Bearer {key}");
+            let headers = [
+                ("x-tiergate-budget-ms", "5000"),
+                ("x-tiergate-priority", "critical"),
+                ("authorization", bearer.as_str()),
+                // A header tenant is nobody's credential: it changes nothing here.
+                ("x-api-key", "gold"),
+            ];
+            infer(addr, "m", &headers, &body("c")).await
+        }
+    };
+    for key in ["key-of-plain", "key-of-plain", "key-of-gold"] {
+        let answer = ask(key).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    for (priority, n) in [("critical", 1), ("standard", 2)] {
+        let line = format!(
+            "tiergate_batch_priority_requests_total{{route=\"ceilings\",priority=\"{priority}\",outcome=\"queued\"}} {n}"
         );
         assert!(scrape.lines().any(|l| l == line), "no {line} in\n{scrape}");
     }

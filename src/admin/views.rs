@@ -67,6 +67,7 @@ fn effective(route: &Route) -> Value {
         "offline_from_ms": ms(b.offline_from),
         "when_unmet": match route.when_unmet { WhenUnmet::Reject => "reject", WhenUnmet::BestEffort => "best_effort" },
         "rollout_key_header": route.rollout_key_header.as_str(),
+        "tenant_header": route.tenant_header.as_str(),
         "flags": flags(route),
         "realtime": route.realtime.as_deref().map(pool),
         "micro_batch": route.micro_batch.as_ref().map(|s| json!({
@@ -78,8 +79,8 @@ fn effective(route: &Route) -> Value {
             "priority": s.scheduling.priority.as_str(),
             "max_priority": s.scheduling.max_priority.as_str(),
             "shed_at_rows": s.scheduling.shed_at,
-            "tenant_header": s.scheduling.tenant_header.as_str(),
             "tenant_weights": s.scheduling.tenant_weights.iter().map(|(t, w)| (t.clone(), w.get())).collect::<std::collections::BTreeMap<_, _>>(),
+            "tenant_max_priority": s.scheduling.tenant_max_priority.iter().map(|(t, p)| (t.clone(), p.as_str())).collect::<std::collections::BTreeMap<_, _>>(),
             "json_adapter": s.json_adapter.map(|a| match a {
                 JsonAdapter::TfServing => "tf_serving",
                 JsonAdapter::OpenaiEmbeddings => "openai_embeddings",

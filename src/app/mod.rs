@@ -475,9 +475,9 @@ fn http_door(
     }
 }
 
-/// The gRPC door's loop for a listener: closing ends its incoming stream once the
-/// backlog is taken, and the server lets open calls finish (GOAWAY; tonic's own signal
-/// never fires); ending drops the rest.
+/// The gRPC door's loop for a listener: the same connection loop as the HTTP doors'
+/// (limits, deadlines, GOAWAY when idle, the drain), each request answered by the tonic
+/// service with tonic's own refusals given the gateway's codes.
 fn grpc_door(
     service: GrpcInferenceServiceServer<GrpcDoor>,
     allow: crate::front::Connections,
@@ -486,24 +486,16 @@ fn grpc_door(
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
-        Box::pin(async move {
-            let server = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                .max_concurrent_streams(1024)
-                .layer(crate::front::TrackCalls)
-                .layer(tower::util::MapResponseLayer::new(
-                    crate::front::grpc::too_large_exhausted,
-                ))
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    crate::front::limited_incoming(listener, allow, closing),
-                    std::future::pending::<()>(),
-                );
-            tokio::select! {
-                served = server => served.map_err(std::io::Error::other),
-                () = ending.cancelled() => Ok(()),
+        let answer = move |req: http::Request<hyper::body::Incoming>| {
+            let service = service.clone();
+            async move {
+                match tower::ServiceExt::oneshot(service, req).await {
+                    Ok(answer) => crate::front::grpc::client_codes(answer),
+                    Err(never) => match never {},
+                }
             }
-        })
+        };
+        Box::pin(crate::front::listen(listener, allow, closing, ending, answer))
     }
 }
 

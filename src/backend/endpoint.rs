@@ -32,6 +32,8 @@ pub(super) enum Failure {
     Other(String),
     /// The response body was unreadable or too large.
     Body(String),
+    /// A successful answer that is not one (see `protocol::answer_envelope`).
+    Garbled(&'static str),
     /// The deadline passed.
     Deadline,
 }

@@ -47,8 +47,10 @@ pub(super) fn end_to_end(mut response: Response<Bytes>) -> Response<Bytes> {
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
-/// `host` (the client sets it for the backend) and `content-length` (recomputed).
-const HOP_BY_HOP: [HeaderName; 11] = [
+/// `host` (the client sets it for the backend), `content-length` (recomputed) and
+/// `cookie` (the client's session with whatever site set it, nothing a model server
+/// needs, and not the gateway's to pass on).
+const HOP_BY_HOP: [HeaderName; 12] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -60,6 +62,7 @@ const HOP_BY_HOP: [HeaderName; 11] = [
     header::UPGRADE,
     header::HOST,
     header::CONTENT_LENGTH,
+    header::COOKIE,
 ];
 
 /// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
@@ -108,6 +111,7 @@ mod tests {
             ("content-length", "3"),
             ("transfer-encoding", "chunked"),
             ("content-type", "application/json"),
+            ("cookie", "session=secret"),
             ("inference-header-content-length", "42"),
         ] {
             from.append(k, v.parse().expect("valid"));

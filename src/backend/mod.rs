@@ -16,6 +16,7 @@ mod grpc;
 mod h1;
 mod h2;
 pub mod health;
+mod latency;
 mod message;
 pub use message::copy;
 mod pool;

@@ -41,6 +41,8 @@ pub struct Pool {
     instruments: Instruments,
     /// Triton sequences in flight: each kept to its endpoint, one step at a time.
     sequences: super::sequences::Sequences<usize>,
+    /// What the pool's answered calls took (see [`super::latency`]).
+    latency: super::latency::Latency,
 }
 
 /// How the pool talks to its endpoints.
@@ -135,6 +137,7 @@ impl Pool {
             max_response_bytes,
             instruments: tier.map_or_else(Instruments::unexported, |tier| Instruments::new(route, tier)),
             sequences: super::sequences::Sequences::default(),
+            latency: super::latency::Latency::default(),
         }
     }
 
@@ -151,16 +154,20 @@ impl Pool {
     /// Sends `request` (its path and query on a chosen endpoint) and returns the
     /// backend's answer, or an error that says who failed.
     ///
-    /// Sheds with [`Kind::Shed`] at the concurrency limit and with
-    /// [`Kind::Deadline`] when `deadline` has already passed; a connect
-    /// failure is retried once on another endpoint while time remains.
+    /// Sheds with [`Kind::Shed`] at the concurrency limit, with [`Kind::Deadline`] when
+    /// `deadline` has already passed, and with [`Kind::DeadlineUnmeetable`] when the
+    /// time left is below what the pool's calls take (its learned floor, see
+    /// [`super::latency`]); a connect failure is retried once on another endpoint while
+    /// time remains.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(Error::new(
                 Kind::Deadline,
                 "the budget was spent before the request reached a backend",
             ));
         }
+        self.meetable(deadline - now)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
             let sequence = sequence.clone();
             return Box::pin(self.forward_step(request, deadline, sequence)).await;
@@ -261,6 +268,7 @@ impl Pool {
                 ),
             ));
         };
+        self.meetable(deadline.saturating_duration_since(Instant::now()))?;
         let (_permit, parts, body, span) = self.take_slot(request)?;
         let at = pinned.to;
         let result = self
@@ -291,6 +299,32 @@ impl Pool {
             }
             other => other.map_err(|f| self.error(first.0, f)),
         }
+    }
+
+    /// `Ok` unless `left` is below the time nine calls of the pool in ten take: such a
+    /// call is refused before it is sent, so a budget too short for the backend neither
+    /// loads it nor, cut short, counts against it.
+    #[inline(always)]
+    fn meetable(&self, left: Duration) -> Result<(), Error> {
+        match self.latency.floor() {
+            Some(floor) if left < floor => Err(self.unmeetable(left, floor)),
+            _ => Ok(()),
+        }
+    }
+
+    #[cold]
+    fn unmeetable(&self, left: Duration, floor: Duration) -> Error {
+        Error::new(
+            Kind::DeadlineUnmeetable,
+            format!(
+                "deadline unmeetable: {:.1} ms of the budget is left, and route {}'s {} pool takes at least {:.1} ms \
+                 for nine calls in ten; send a longer budget",
+                left.as_secs_f64() * 1e3,
+                self.route,
+                self.role.as_str(),
+                floor.as_secs_f64() * 1e3
+            ),
+        )
     }
 
     /// Fits an infer request to what the pool's HTTP backends read: JSON bodies get the
@@ -432,14 +466,37 @@ impl Pool {
             },
             None => call.await,
         };
-        let result = result.unwrap_or(Err(Failure::Deadline));
-        self.instruments.backend_seconds.record(started.elapsed().as_secs_f64());
+        let mut result = result.unwrap_or(Err(Failure::Deadline));
+        if let Ok(answer) = &result {
+            // A pass-through answer is read by the client only: look at it here, so an
+            // endpoint answering 200 with something else is caught and set aside.
+            let http = !matches!(self.transport, Transport::Grpc(_));
+            if http && answer.status().is_success() && parts.method == http::Method::POST {
+                let kserve = parts.uri.path().starts_with("/v2/");
+                if let Err(why) = protocol::answer_envelope(answer.headers(), answer.body(), kserve) {
+                    result = Err(Failure::Garbled(why));
+                }
+            }
+        }
+        let took = started.elapsed();
+        self.instruments.backend_seconds.record(took.as_secs_f64());
         match &result {
             Ok(r) if r.status().is_server_error() => verdict.fail("status_5xx"),
-            Ok(_) => verdict.pass(),
+            Ok(_) => {
+                verdict.pass();
+                self.latency.answered(took);
+            }
             Err(Failure::Connect(_)) => verdict.fail("unreachable"),
-            Err(Failure::Deadline) => verdict.fail("timeout"),
-            Err(Failure::Other(_) | Failure::Body(_)) => verdict.fail("broken_answer"),
+            // Cut by the caller's deadline: the endpoint's fault only when it took longer
+            // than the pool's own limit (`slow_call`, else its learned p99); a budget the
+            // caller made too short says nothing about the endpoint.
+            Err(Failure::Deadline) => {
+                let limit = endpoint.health.spec().slow_call.or_else(|| self.latency.p99());
+                if limit.is_some_and(|limit| took > limit) {
+                    verdict.fail("timeout");
+                }
+            }
+            Err(Failure::Other(_) | Failure::Body(_) | Failure::Garbled(_)) => verdict.fail("broken_answer"),
         }
         result
     }
@@ -455,6 +512,10 @@ impl Pool {
                     "backend {backend} response could not be read (limit {} bytes): {why}",
                     self.max_response_bytes
                 ),
+            ),
+            Failure::Garbled(why) => Error::new(
+                Kind::Backend,
+                format!("backend {backend} answered with success but not with an answer: {why}"),
             ),
             Failure::Deadline => Error::new(
                 Kind::Deadline,

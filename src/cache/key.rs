@@ -2,18 +2,26 @@
 //! canonical form, so two requests asking the same thing share an entry however they
 //! were written, and two asking anything different never do.
 //!
-//! In the key: the route; the endpoints of its pools (a change of backends is a new
-//! key, so their answers are never mixed); the path (model and version); the tenant,
-//! unless the route shares entries across tenants; and the question. For a KServe v2
-//! infer request the question is its inputs by name (datatype, shape and the values'
-//! raw bytes, so a JSON caller and a binary caller asking the same thing share an
-//! entry), its requested outputs by name with their parameters (`binary_data` aside:
-//! only how the answer is written), and its parameters but `timeout` and
-//! `binary_data_output`. For a route's JSON path it is the body as canonical JSON (keys
-//! sorted). Each part is length-prefixed, so no two questions hash alike by running
-//! into each other.
+//! In the key is everything the gateway forwards that can change the answer: the
+//! route; the endpoints of its pools (a change of backends is a new key, so their
+//! answers are never mixed); the path (model and version) and the query; the tenant,
+//! unless the route shares entries across tenants; the values of the route's `vary`
+//! headers; and the question. For a KServe v2 infer request the question is its inputs
+//! by name (datatype, shape, the values' raw bytes, so a JSON caller and a binary
+//! caller asking the same thing share an entry, and the input's own parameters), its
+//! requested outputs by name with their parameters (`binary_data` aside: only how the
+//! answer is written), and its parameters but `timeout` and `binary_data_output`. For
+//! a route's JSON path it is the body as canonical JSON (keys sorted). Each part is
+//! length-prefixed, so no two questions hash alike by running into each other.
+//!
+//! What cannot be keyed is not cached: a request carrying a header that is neither in
+//! `vary`, nor in `ignore_headers`, nor one that never changes an answer (framing,
+//! credentials, tracing, tiergate's own: [`neutral`]); JSON holding an integer beyond
+//! 64 bits (read as the nearest `f64`, two of them could share a key); a step of a Triton
+//! sequence; a body that does not decode.
 
 use bytes::Bytes;
+use http::HeaderName;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -44,20 +52,79 @@ pub fn key(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Reques
         return None;
     }
     let path = request.uri().path();
-    let scope = Scope::new(route, spec, tenant, path);
+    let scope = Scope::of(route, spec, tenant, request)?;
+    let body = request.body();
     if path.starts_with("/v2/models/") && path.ends_with("/infer") {
         let header_len = protocol::header_len(request.headers()).ok()?;
-        let req = protocol::decode_request(request.body(), header_len).ok()?;
+        let json = header_len.and_then(|n| body.get(..n)).unwrap_or(body);
+        if protocol::scan::scan(json).wide_integer {
+            return None;
+        }
+        let req = protocol::decode_request(body, header_len).ok()?;
         if matches!(protocol::sequence(&req.parameters), Ok(Some(_)) | Err(_)) {
             return None;
         }
         Some((scope.kserve(&req), Question::Kserve(Box::new(req))))
     } else {
-        let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(request.body()) else {
+        if protocol::scan::scan(body).wide_integer {
+            return None;
+        }
+        let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(body) else {
             return None;
         };
         Some((scope.json(&body), Question::Json))
     }
+}
+
+/// Whether request header `name` never changes what a backend answers on `route`: how
+/// the message travels (framing, coding, the connection), what the gateway reads for
+/// itself (credentials, the route's tenant and rollout headers, budgets and priorities,
+/// trace context, request ids) and caching directives.
+pub fn neutral(route: &Route, name: &HeaderName) -> bool {
+    use http::header;
+    const STANDARD: [HeaderName; 19] = [
+        header::ACCEPT,
+        header::ACCEPT_ENCODING,
+        header::ACCEPT_LANGUAGE,
+        header::USER_AGENT,
+        header::HOST,
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_ENCODING,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::TE,
+        header::CACHE_CONTROL,
+        header::PRAGMA,
+        header::AUTHORIZATION,
+        header::ORIGIN,
+        header::REFERER,
+        header::FORWARDED,
+        header::VIA,
+        header::COOKIE,
+    ];
+    const OTHERS: [&str; 13] = [
+        "keep-alive",
+        "x-api-key",
+        "x-request-id",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "b3",
+        "x-real-ip",
+        "x-amzn-trace-id",
+        "x-cloud-trace-context",
+        "uber-trace-id",
+        "inference-header-content-length",
+        "prefer",
+    ];
+    const PREFIXES: [&str; 6] = ["x-tiergate-", "grpc-", "x-b3-", "x-forwarded-", "x-datadog-", "sec-"];
+    let text = name.as_str();
+    STANDARD.contains(name)
+        || OTHERS.contains(&text)
+        || PREFIXES.iter().any(|p| text.starts_with(p))
+        || *name == route.tenant_header
+        || *name == route.rollout_key_header
 }
 
 /// Everything in a key but the question: the route, its pools' endpoints, the tenant
@@ -73,10 +140,36 @@ impl std::fmt::Debug for Scope {
 }
 
 impl Scope {
-    /// The scope of a request on `path` of `route` for `tenant`.
+    /// The scope of a request on `path` of `route` for `tenant` that sends the backend
+    /// nothing else (no query, no headers): a micro-batch caller's rows.
     pub fn new(route: &Route, spec: &CacheSpec, tenant: &str, path: &str) -> Self {
+        Self::with(route, spec, tenant, (path, None), &|_| None)
+    }
+
+    /// The scope of `request` on `route` for `tenant`, with its query and its `vary`
+    /// headers; `None` when it carries a header the key cannot cover (see the module's
+    /// docs).
+    pub fn of<B>(route: &Route, spec: &CacheSpec, tenant: &str, request: &http::Request<B>) -> Option<Self> {
+        let headers = request.headers();
+        let keyable = |name: &HeaderName| spec.vary.contains(name) || spec.ignore_headers.contains(name);
+        if headers.keys().any(|name| !keyable(name) && !neutral(route, name)) {
+            return None;
+        }
+        let uri = request.uri();
+        let vary = |name: &HeaderName| Some(headers.get_all(name));
+        Some(Self::with(route, spec, tenant, (uri.path(), uri.query()), &vary))
+    }
+
+    /// The scope: `vary` gives the values a `vary` header has (none: absent).
+    fn with<'a>(
+        route: &Route,
+        spec: &CacheSpec,
+        tenant: &str,
+        (path, query): (&str, Option<&str>),
+        vary: &dyn Fn(&HeaderName) -> Option<http::header::GetAll<'a, http::HeaderValue>>,
+    ) -> Self {
         let mut hash = Parts(Sha256::new());
-        hash.part(b"tiergate-cache/1");
+        hash.part(b"tiergate-cache/2");
         hash.part(route.name.as_bytes());
         let pools = [
             route.realtime.as_deref(),
@@ -93,6 +186,14 @@ impl Scope {
             tenant.as_bytes()
         });
         hash.part(path.as_bytes());
+        hash.part(query.unwrap_or_default().as_bytes());
+        for name in &spec.vary {
+            let values: Vec<&[u8]> = vary(name).map_or(Vec::new(), |all| all.iter().map(|v| v.as_bytes()).collect());
+            hash.part(&(values.len() as u64).to_le_bytes());
+            for value in values {
+                hash.part(value);
+            }
+        }
         Scope(hash)
     }
 
@@ -111,11 +212,10 @@ impl Scope {
     }
 }
 
-/// Whose entries a request reads: its authenticated tenant, else the value of the
-/// route's tenant header when it has one.
+/// Whose entries a request reads: the route's tenant of it ([`Route::tenant`]: its
+/// authenticated tenant, else the value of the route's tenant header).
 pub fn tenant<B>(route: &Route, request: &http::Request<B>) -> String {
-    let header = route.limits.as_ref().map(|l| &l.tenant_header);
-    crate::tenant::Tenant::name_of(request, header)
+    crate::tenant::Tenant::name_of(request, &route.tenant_header)
 }
 
 /// A hash fed length-prefixed parts.
@@ -139,6 +239,8 @@ impl Parts {
             let shape: Vec<u8> = t.shape.iter().flat_map(|d| d.to_le_bytes()).collect();
             self.part(&shape);
             self.part(&t.data);
+            let own = req.input_parameters.get(&t.name);
+            self.part(own.map(|p| batch::canonical(p, &[])).unwrap_or_default().as_bytes());
         }
         let mut outputs: Vec<_> = req.outputs.iter().collect();
         outputs.sort_by(|a, b| a.name.cmp(&b.name));

@@ -33,10 +33,16 @@ pub use key::{Key, Question, Scope};
 pub use second::SecondLevel;
 
 /// The key and question of `request` on `route` when the cache may answer it: `None`
-/// when the request keeps away (`Cache-Control: no-store`) or is not cacheable (see
-/// [`key::key`]).
+/// when the request keeps away (`Cache-Control: no-store`), asks for something an
+/// answer from the cache would not give (`Prefer: respond-async`: a job to ask about
+/// later; an `Idempotency-Key`: its binding to this request, so a reuse is refused), or
+/// is not cacheable (see [`key::key`]).
 pub fn asked(route: &Route, spec: &CacheSpec, request: &http::Request<bytes::Bytes>) -> Option<(Key, Question)> {
-    if entry::forbids_storing(request.headers()) {
+    let headers = request.headers();
+    if entry::forbids_storing(headers)
+        || crate::headers::prefers_async(headers)
+        || headers.contains_key(crate::headers::IDEMPOTENCY_KEY)
+    {
         return None;
     }
     key::key(route, spec, &key::tenant(route, request), request)

@@ -347,8 +347,9 @@ pub struct Limits {
     /// largest gRPC message the gateway sends.
     pub max_response_bytes: usize,
     /// How long a client may take, from connecting, to send its first complete request
-    /// head (HTTP/2: the preface and first frame), and any later request head once it
-    /// has begun (slow or silent clients are cut).
+    /// head (HTTP/2: the preface and first frame); less once the connection table is
+    /// more than half full. A later request on a kept-alive connection is held to
+    /// `idle_timeout` instead.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// How long a client may take to send its request body (408 past it).
@@ -358,7 +359,9 @@ pub struct Limits {
     pub max_in_flight_requests: usize,
     /// Request body bytes held across the gateway; past it new requests get 503.
     pub max_in_flight_body_bytes: usize,
-    /// Resident memory past which new requests get 503 until it falls; 0 is off.
+    /// Resident memory past which new requests get 503 until it falls; 0 is off. By
+    /// default 80% of the memory the process may use (its cgroup's limit when it has
+    /// one, else the machine's), so a flood is shed before the kernel kills the process.
     pub max_rss_bytes: u64,
     /// Open client connections per door; past it new ones are closed at once.
     pub max_connections: usize,
@@ -366,6 +369,10 @@ pub struct Limits {
     /// ones are closed at once. 0 is no limit (behind a load balancer or a NAT every
     /// client may share one address: raise it or set 0 there).
     pub max_connections_per_client: usize,
+    /// Bytes a second a client must take of an answer waiting to be written, measured
+    /// over 10 s windows; a slower reader's connection is closed, so it cannot hold an
+    /// answer (a Batch API file, say) and its connection for as long as it likes. 0 is off.
+    pub min_send_rate: u64,
     /// How long a connection may have no request in flight before it is closed (an idle
     /// keep-alive HTTP/1.1 connection, an HTTP/2 connection with no open stream); it is
     /// looked at four times per `idle_timeout`, so closed within 1.25 × of it.
@@ -490,14 +497,33 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             max_in_flight_requests: 10_000,
             max_in_flight_body_bytes: 1 << 30,
-            max_rss_bytes: 0,
+            max_rss_bytes: default_max_rss(),
             max_connections: 10_000,
             max_connections_per_client: 1_000,
+            min_send_rate: 4096,
             idle_timeout: Duration::from_secs(120),
             listen_backlog: 4096,
             budget_reserve: 0.0,
         }
     }
+}
+
+/// 80% of the memory this process may use: its cgroup's `memory.max` when set, else
+/// the machine's memory (`/proc/meminfo`); 0 (off) where neither can be read.
+fn default_max_rss() -> u64 {
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib.saturating_mul(1024))
+    });
+    let usable = match (cgroup, machine) {
+        (Some(c), Some(m)) => c.min(m),
+        (c, m) => c.or(m).unwrap_or(0),
+    };
+    usable / 5 * 4
 }
 
 impl Default for Log {

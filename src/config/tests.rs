@@ -157,3 +157,19 @@ fn the_admin_api_may_not_share_a_data_port() {
     assert_eq!(problems[0].key, "listen.admin");
     assert!(problems[0].message.contains("a port of its own"), "{problems:?}");
 }
+
+#[test]
+fn the_memory_limit_defaults_to_most_of_what_the_process_may_use() {
+    let limit = Limits::default().max_rss_bytes;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("Linux");
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("MemTotal");
+    assert!(limit > 0, "on by default");
+    assert!(
+        limit <= kib * 1024 / 5 * 4,
+        "at most 80% of the machine's memory: {limit}"
+    );
+}

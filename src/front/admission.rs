@@ -93,6 +93,16 @@ impl Admission {
 
     /// Admits a request on `route` with `headers`, or says why not.
     pub fn admit(self: &Arc<Self>, route: &Route, headers: &HeaderMap, tenant: &Tenant) -> Result<Ticket, Error> {
+        let ticket = self.admit_any()?;
+        if let Some(spec) = &route.limits {
+            self.limiter(&route.name, spec).check(route, headers, tenant)?;
+        }
+        Ok(ticket)
+    }
+
+    /// Admits a request within the global limits alone (one of no route: the Batch
+    /// API's), or says why not.
+    pub fn admit_any(self: &Arc<Self>) -> Result<Ticket, Error> {
         if self.over_memory.load(Ordering::Relaxed) {
             return Err(shed(
                 "rss",
@@ -106,9 +116,6 @@ impl Admission {
             );
             return Err(shed("requests", &message));
         };
-        if let Some(spec) = &route.limits {
-            self.limiter(&route.name, spec).check(&route.name, headers, tenant)?;
-        }
         Ok(Ticket {
             _request: request,
             bytes: Vec::new(),
@@ -157,9 +164,10 @@ impl Ticket {
 }
 
 impl RouteLimiter {
-    /// The tenant's bucket is its authenticated name when it has one, else the route's
-    /// `tenant_header` (which any client can set).
-    fn check(&self, route: &str, headers: &HeaderMap, tenant: &Tenant) -> Result<(), Error> {
+    /// The tenant's bucket is the one [`Route::tenant`] names: its authenticated name
+    /// when it has one, else the route's `tenant_header` (which any client can set).
+    fn check(&self, route: &Route, headers: &HeaderMap, tenant: &Tenant) -> Result<(), Error> {
+        let (name, route) = (route.tenant(tenant, headers), &route.name);
         if let (Some(limiter), Some(rate)) = (&self.route, self.spec.route) {
             if let Err(not_until) = limiter.check() {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
@@ -168,10 +176,9 @@ impl RouteLimiter {
             }
         }
         if let (Some(tenants), Some(rate)) = (&self.tenants, self.spec.tenant) {
-            let name = &self.spec.tenant_header;
-            let key = match tenant.is_authenticated() {
-                true => key_hash(tenant.as_str().as_bytes()),
-                false => headers.get(name).map_or(0, |v| key_hash(v.as_bytes())),
+            let key = match name {
+                "" => 0,
+                name => key_hash(name.as_bytes()),
             };
             if tenants.len() >= MAX_TENANTS {
                 tenants.retain_recent();
@@ -180,7 +187,7 @@ impl RouteLimiter {
             if let Err(not_until) = tenants.check_key(&key) {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
                 let message = format!(
-                    "your tenant ({name}) is at its rate limit on route {route} ({})",
+                    "your tenant ({name:?}) is at its rate limit on route {route} ({})",
                     describe(rate)
                 );
                 return Err(limited("tenant", &message, wait, rate));

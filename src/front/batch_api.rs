@@ -28,7 +28,9 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
+use super::admission::Ticket;
 use super::batch_lines::{lines, Within};
+use super::body::Answered;
 use crate::config;
 use crate::error::{Error, Kind};
 use crate::policy::Store;
@@ -36,6 +38,9 @@ use crate::queue::batches::NewBatch;
 use crate::queue::{self, Queue};
 use crate::tenant::Tenant;
 use crate::tiers::offline::{idempotency_key, reused, store_error};
+
+/// How much of a file's content is read from the store at a time.
+const CONTENT_CHUNK: u64 = 256 << 10;
 
 /// The offline tier's HTTP API: jobs and the Batch API.
 #[derive(Debug, Clone)]
@@ -69,8 +74,24 @@ pub struct Asked<'a> {
 }
 
 impl OfflineApi {
-    /// Answers `asked` with `body`.
-    pub async fn answer(&self, asked: Asked<'_>, body: Bytes) -> Result<Response<Bytes>, Error> {
+    /// Answers `asked` with `body`, holding in `ticket` (the door's global budget) what
+    /// it reads into memory on the way (a batch's input file).
+    pub async fn answer(
+        &self,
+        asked: Asked<'_>,
+        body: Bytes,
+        ticket: &mut Ticket,
+    ) -> Result<Response<Answered>, Error> {
+        if let (&Method::GET, Some(id)) = (asked.method, content_of(asked.path)) {
+            return self.content(id, asked.tenant.as_str()).await;
+        }
+        self.answer_whole(asked, body, ticket)
+            .await
+            .map(|r| r.map(Answered::from))
+    }
+
+    /// [`OfflineApi::answer`] for every answer but a file's content.
+    async fn answer_whole(&self, asked: Asked<'_>, body: Bytes, ticket: &mut Ticket) -> Result<Response<Bytes>, Error> {
         let Asked {
             method,
             path,
@@ -96,17 +117,7 @@ impl OfflineApi {
                 let file = file.ok_or_else(|| not_found("file", id))?;
                 Ok(json_response(StatusCode::OK, &file.to_json()))
             }
-            (&Method::GET, ["v1", "files", id, "content"]) => {
-                let content = self.store.content(id, tenant).await.map_err(store_error)?;
-                let content = content.ok_or_else(|| not_found("file", id))?;
-                let mut reply = Response::new(Bytes::from(content));
-                reply.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/jsonl"),
-                );
-                Ok(reply)
-            }
-            (&Method::POST, ["v1", "batches"]) => self.create(headers, &body, tenant).await,
+            (&Method::POST, ["v1", "batches"]) => self.create(headers, &body, tenant, ticket).await,
             (&Method::GET, ["v1", "batches"]) => self.list(query, tenant).await,
             (&Method::GET, ["v1", "batches", id]) => {
                 let batch = self.store.batch(id, tenant).await.map_err(store_error)?;
@@ -128,6 +139,40 @@ impl OfflineApi {
         }
     }
 
+    /// `GET /v1/files/{id}/content`: the content, streamed from the store a chunk at a
+    /// time, each read once the client has taken the one before, so a slow reader holds
+    /// one chunk, never the file.
+    async fn content(&self, id: &str, tenant: &str) -> Result<Response<Answered>, Error> {
+        let file = self.store.file(id, tenant).await.map_err(store_error)?;
+        let len = file.ok_or_else(|| not_found("file", id))?.bytes;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let (store, id, tenant) = (self.store.clone(), id.to_owned(), tenant.to_owned());
+        tokio::spawn(async move {
+            let mut at = 0;
+            while at < len {
+                let want = CONTENT_CHUNK.min(len - at);
+                let chunk = match store.content_range(&id, &tenant, at, want).await {
+                    Ok(Some(chunk)) if chunk.len() as u64 == want => Ok(Bytes::from(chunk)),
+                    Ok(_) => Err(std::io::Error::other(format!(
+                        "file {id} was deleted while it was read"
+                    ))),
+                    Err(e) => Err(std::io::Error::other(e.to_string())),
+                };
+                let failed = chunk.is_err();
+                if tx.send(chunk).await.is_err() || failed {
+                    return;
+                }
+                at += want;
+            }
+        });
+        let mut reply = Response::new(Answered::streamed(rx, len));
+        reply.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/jsonl"),
+        );
+        Ok(reply)
+    }
+
     /// `POST /v1/files`: a multipart form with `purpose` and `file`.
     async fn upload(&self, headers: &HeaderMap, body: Bytes, tenant: &str) -> Result<Response<Bytes>, Error> {
         let content_type = headers
@@ -144,7 +189,13 @@ impl OfflineApi {
     }
 
     /// `POST /v1/batches`.
-    async fn create(&self, headers: &HeaderMap, body: &Bytes, tenant: &str) -> Result<Response<Bytes>, Error> {
+    async fn create(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+        tenant: &str,
+        ticket: &mut Ticket,
+    ) -> Result<Response<Bytes>, Error> {
         let bad = |why: String| Error::new(Kind::BadRequest, why);
         let Ok(Value::Object(req)) = serde_json::from_slice::<Value>(body) else {
             return Err(bad(
@@ -191,6 +242,10 @@ impl OfflineApi {
         }
         let precompute = precompute(req.get("precompute"), &route)?;
         let idempotency_key = idempotency_key(headers, tenant, "/v1/batches", &[body])?;
+        // The file and the jobs made of its lines are in memory at once: held first.
+        let file = self.store.file(&input_file_id, tenant).await.map_err(store_error)?;
+        let file = file.ok_or_else(|| not_found("file", &input_file_id))?;
+        ticket.hold(usize::try_from(file.bytes).unwrap_or(usize::MAX).saturating_mul(2))?;
         let content = self.store.content(&input_file_id, tenant).await.map_err(store_error)?;
         let content = content.ok_or_else(|| not_found("file", &input_file_id))?;
         let expires_at = queue::after(window);
@@ -378,6 +433,12 @@ pub async fn read_upload(content_type: &str, body: Bytes) -> Result<(String, Byt
         None => return Err(bad("the form has no `purpose` field (use purpose=batch)".into())),
     }
     file.ok_or_else(|| bad("the form has no `file` field".into()))
+}
+
+/// The file whose content `path` asks for (`/v1/files/{id}/content`).
+fn content_of(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/files/")?.strip_suffix("/content")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
 fn not_found(what: &str, id: &str) -> Error {

@@ -101,6 +101,8 @@ impl GrpcDoor {
                 Err(status(&unmatched_model("grpc", &msg.model_name))),
             );
         };
+        // Read from the request by the tiers, as they read an HTTP request's headers.
+        let carried = [route.tenant_header.clone(), headers::PRIORITY];
         let mut admitted = match self.dispatch.admit(Door::Grpc, route, (headers, tenant), ids, received) {
             Ok(admitted) => admitted,
             Err(refused) => return render(*refused),
@@ -118,6 +120,11 @@ impl GrpcDoor {
                 let sequence = crate::protocol::sequence(&req.parameters)
                     .map_err(|e| Error::new(Kind::BadRequest, e.to_string()))?;
                 let mut request = bridge::http_infer_request(&model, version.as_deref(), req, true);
+                for name in carried {
+                    if let Some(value) = headers.get(&name) {
+                        request.headers_mut().insert(name, value.clone());
+                    }
+                }
                 if let Some(sequence) = sequence {
                     request.extensions_mut().insert(sequence);
                 }
@@ -243,18 +250,20 @@ fn render(served: Served) -> Rendered {
     (metadata, result)
 }
 
-/// `response` with tonic's OUT_OF_RANGE for a message over the size limit (a unary
-/// call's trailers-only answer) made RESOURCE_EXHAUSTED, as Triton answers; for the
-/// gRPC door's server, in `tower::util::MapResponseLayer`.
-pub fn too_large_exhausted<B>(mut response: http::Response<B>) -> http::Response<B> {
+/// `response` (a unary call's trailers-only answer) with the code of a refusal of
+/// tonic's made the gateway's ([`bridge::client_code`]: RESOURCE_EXHAUSTED for a message
+/// over the size limit, as Triton answers; INVALID_ARGUMENT for one its framing could
+/// not read); for the gRPC door's server, in `tower::util::MapResponseLayer`.
+pub fn client_codes<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers();
     let code = headers.get("grpc-status").and_then(|v| v.to_str().ok());
     let message = headers.get("grpc-message").and_then(|v| v.to_str().ok());
     if let (Some(code), Some(message)) = (code, message) {
         // The message is percent-encoded; its first words are plain text.
-        if bridge::is_too_large(code, &message.replace("%20", " ")) {
-            let exhausted = HeaderValue::from_static("8");
-            response.headers_mut().insert("grpc-status", exhausted);
+        if let Some(ours) = bridge::client_code(code, &message.replace("%20", " ")) {
+            response
+                .headers_mut()
+                .insert("grpc-status", HeaderValue::from_static(ours));
         }
     }
     response

@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::time::Instant;
 
 use super::batch_api::OfflineApi;
+pub use super::body::Answered;
 use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door as DoorKind;
@@ -85,7 +86,7 @@ impl Door {
     /// state of the path it took.
     /// While the gateway drains, an HTTP/1.1 answer asks the client to close its
     /// connection, so its next request opens one to a replica that is not stopping.
-    pub async fn answer<B: RequestBody>(self: Arc<Self>, mut req: Request<B>) -> Response<Full<Bytes>> {
+    pub async fn answer<B: RequestBody>(self: Arc<Self>, mut req: Request<B>) -> Response<Answered> {
         let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
         let mut response = match self.let_in(&mut req) {
             Ok(()) => self.route(req).await,
@@ -119,7 +120,7 @@ impl Door {
         Ok(())
     }
 
-    async fn route<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>> {
+    async fn route<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Answered> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
         match (target(&path), &method) {
@@ -135,7 +136,7 @@ impl Door {
             (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => {
                 let (parts, _) = req.into_parts();
                 match Box::pin(self.dispatch.control(name, Request::from_parts(parts, Bytes::new()))).await {
-                    Ok(reply) => reply.map(Full::new),
+                    Ok(reply) => reply.map(Answered::from),
                     Err(e) => failure(&e),
                 }
             }
@@ -159,7 +160,7 @@ impl Door {
     /// `GET /v2/models/stats`: every model's statistics, from the route serving each, as
     /// one `model_stats` list (a model its backend does not know is left out, as Triton
     /// lists only the models it has).
-    async fn all_stats(&self) -> Response<Full<Bytes>> {
+    async fn all_stats(&self) -> Response<Answered> {
         let mut all = Vec::new();
         for model in self.dispatch.models() {
             let mut request = Request::new(Bytes::new());
@@ -181,7 +182,7 @@ impl Door {
                     }
                 }
                 Ok(reply) if reply.status() == StatusCode::NOT_FOUND => {}
-                Ok(reply) => return reply.map(Full::new),
+                Ok(reply) => return reply.map(Answered::from),
                 Err(e) => return failure(&e),
             }
         }
@@ -190,7 +191,7 @@ impl Door {
     }
 
     /// Answers the offline tier's API (`/v1/jobs/`, `/v1/files`, `/v1/batches`).
-    async fn offline<B: RequestBody>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+    async fn offline<B: RequestBody>(&self, req: Request<B>) -> Response<Answered> {
         let Some(api) = self.offline.as_ref() else {
             return failure(&Error::new(Kind::NotFound, "the offline tier is not running"));
         };
@@ -199,13 +200,21 @@ impl Door {
         let path = parts.uri.path();
         let answered = async {
             if let Some(id) = path.strip_prefix(JOBS) {
-                return super::job_status::answer(&api.store, &parts.method, id, &tenant).await;
+                return super::job_status::answer(&api.store, &parts.method, id, &tenant)
+                    .await
+                    .map(|r| r.map(Answered::from));
             }
             let max = match path.starts_with(FILES) {
                 true => api.settings.max_file_bytes,
                 false => self.limits.max_body_bytes,
             };
+            // Within the same budget as every door's bodies: an upload is held twice
+            // (the body read, and the file taken out of its form) until it is stored.
+            let mut ticket = self.dispatch.admission().admit_any()?;
+            let declared = content_length(&parts.headers).unwrap_or(0).min(max);
+            ticket.hold(declared.saturating_mul(2))?;
             let body = self.read_body(&parts.headers, body, max).await?;
+            ticket.hold(body.len().saturating_sub(declared).saturating_mul(2))?;
             let asked = super::batch_api::Asked {
                 method: &parts.method,
                 path,
@@ -213,16 +222,16 @@ impl Door {
                 headers: &parts.headers,
                 tenant: &tenant,
             };
-            api.answer(asked, body).await
+            api.answer(asked, body, &mut ticket).await
         };
         match answered.await {
-            Ok(reply) => reply.map(Full::new),
+            Ok(reply) => reply,
             Err(e) => failure(&e),
         }
     }
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
-    async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Full<Bytes>> {
+    async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Answered> {
         let mut ids = trace::Ids::read(req.headers());
         let span = ids.span(DoorKind::Http);
         let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
@@ -238,7 +247,7 @@ impl Door {
         req: Request<B>,
         kind: Body,
         ids: &trace::Ids,
-    ) -> Response<Full<Bytes>> {
+    ) -> Response<Answered> {
         let received = Instant::now();
         let tenant = Tenant::of(&req);
         let (mut parts, body) = req.into_parts();
@@ -280,6 +289,17 @@ impl Door {
                 Body::Json => {
                     serde_json::from_slice::<serde::de::IgnoredAny>(&body)
                         .map_err(|e| Error::new(Kind::BadRequest, format!("request body is not JSON: {e}")))?;
+                    // serde_json ignores a value without its recursion limit.
+                    let depth = protocol::scan::scan(&body).depth;
+                    if depth > protocol::scan::MAX_DEPTH {
+                        return Err(Error::new(
+                            Kind::BadRequest,
+                            format!(
+                                "request body nests {depth} arrays and objects deep; at most {} are accepted",
+                                protocol::scan::MAX_DEPTH
+                            ),
+                        ));
+                    }
                     (None, None, None)
                 }
             };
@@ -347,9 +367,9 @@ fn bad_request(e: protocol::Error) -> Error {
 
 /// Renders a served request: the backend's answer or the error, with the decision's
 /// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only).
-fn render(served: Served) -> Response<Full<Bytes>> {
+fn render(served: Served) -> Response<Answered> {
     let mut response = match served.result {
-        Ok(reply) => reply.map(Full::new),
+        Ok(reply) => reply.map(Answered::from),
         Err(e) => failure(&e),
     };
     let headers = response.headers_mut();
@@ -364,14 +384,14 @@ fn render(served: Served) -> Response<Full<Bytes>> {
     response
 }
 
-fn not_found(method: &Method, path: &str) -> Response<Full<Bytes>> {
+fn not_found(method: &Method, path: &str) -> Response<Answered> {
     ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
     failure(&Error::new(Kind::NotFound, format!("no route serves {method} {path}")))
 }
 
 /// The protocol's error shape with the status (and `Retry-After`) from the error table.
-pub fn failure(e: &Error) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(protocol::error_body(&e.message)));
+pub fn failure(e: &Error) -> Response<Answered> {
+    let mut response = Response::new(Answered::from(protocol::error_body(&e.message)));
     *response.status_mut() = e.kind.status();
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -417,7 +437,7 @@ fn unsupported_coding(headers: &http::HeaderMap) -> Option<Error> {
 /// regions are on its own host, and the model servers are on others. Nothing is ever
 /// registered: the status lists none, unregistering succeeds, registering is refused
 /// saying why (as Triton refuses a region it cannot use).
-fn shared_memory(method: &Method, region: Option<&str>, action: &str) -> Response<Full<Bytes>> {
+fn shared_memory(method: &Method, region: Option<&str>, action: &str) -> Response<Answered> {
     const WHY: &str = "tiergate cannot use shared memory (the client's regions are on another host than the \
                        model servers it forwards to); send tensors' data in the request instead";
     match (method, region, action) {
@@ -447,8 +467,8 @@ fn server_metadata() -> Bytes {
     Bytes::from(body.to_string())
 }
 
-fn json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body));
+fn json(status: StatusCode, body: Bytes) -> Response<Answered> {
+    let mut response = Response::new(Answered::from(body));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -457,7 +477,7 @@ fn json(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
 }
 
 /// `/v2/health/ready`: 200 with no body when ready, else 503 with every reason.
-fn not_ready(reasons: &[super::ready::NotReady]) -> Response<Full<Bytes>> {
+fn not_ready(reasons: &[super::ready::NotReady]) -> Response<Answered> {
     if reasons.is_empty() {
         return empty(StatusCode::OK);
     }
@@ -469,8 +489,8 @@ fn not_ready(reasons: &[super::ready::NotReady]) -> Response<Full<Bytes>> {
     json(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(body.to_string()))
 }
 
-fn empty(status: StatusCode) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::new()));
+fn empty(status: StatusCode) -> Response<Answered> {
+    let mut response = Response::new(Answered::from(Bytes::new()));
     *response.status_mut() = status;
     response
 }

@@ -18,7 +18,6 @@ use crate::headers;
 use crate::policy::Route;
 
 /// The header asking for an asynchronous answer (RFC 7240 `respond-async`).
-const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
 /// The gRPC deadline header, also honoured on HTTP.
 pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
@@ -100,18 +99,7 @@ pub fn read(
     })
 }
 
-/// True when a `Prefer` header asks for `respond-async` (RFC 7240).
-pub fn prefers_async(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(PREFER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| {
-            let token = p.split(';').next().unwrap_or("").trim();
-            token.eq_ignore_ascii_case("respond-async")
-        })
-}
+pub use crate::headers::prefers_async;
 
 /// Parses a gRPC `grpc-timeout` value: 1–8 ASCII digits and a unit.
 pub fn grpc_timeout(value: &str) -> Option<Duration> {

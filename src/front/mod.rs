@@ -14,6 +14,7 @@ pub mod admission;
 pub mod auth;
 pub mod batch_api;
 pub mod batch_lines;
+pub mod body;
 mod cached;
 pub mod dispatch;
 mod encoding;
@@ -35,7 +36,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -44,9 +44,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use listen::{
-    limited_incoming, Activity, ConnectInfo, Connections, Counted, InFlight, TrackCalls, Tracked, TrackedBody,
-};
+pub use listen::{Activity, Connections, Counted, InFlight, TrackedBody};
 
 /// Largest request head (HTTP/1.1 buffer, HTTP/2 header list) a client may send.
 const MAX_HEADER_BYTES: usize = 64 << 10;
@@ -66,7 +64,7 @@ pub const FLUSH: Duration = Duration::from_millis(500);
 /// `closing` fires; then stops accepting and lets open exchanges finish (idle
 /// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
 /// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
-pub async fn listen<F, Fut>(
+pub async fn listen<F, Fut, B>(
     listener: TcpListener,
     allow: Connections,
     closing: CancellationToken,
@@ -75,13 +73,19 @@ pub async fn listen<F, Fut>(
 ) -> std::io::Result<()>
 where
     F: Fn(::http::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ::http::Response<Full<Bytes>>> + Send + 'static,
+    Fut: Future<Output = ::http::Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // No header read timeout of hyper's: it also times the wait for a kept-alive
+    // connection's next request, so it would close idle connections long before
+    // `idle_timeout`. The first request's head is held to `first_request` on the socket
+    // (listen::counted), and a later one that never completes to `idle_timeout`.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(allow.first_request)
+        .header_read_timeout(None)
         .max_buf_size(MAX_HEADER_BYTES)
         .keep_alive(true);
     builder
@@ -103,8 +107,9 @@ where
             let in_flight = told.begin();
             let answer = answer.clone();
             async move {
-                let _in_flight = in_flight; // until the answer is built
-                Ok::<_, Infallible>(answer(req).await)
+                let answer = answer(req).await;
+                // In flight until the answer's body is written (a gRPC stream, a file).
+                Ok::<_, Infallible>(answer.map(|body| TrackedBody::new(body, in_flight)))
             }
         });
         let peer = stream.peer();
@@ -115,6 +120,13 @@ where
             let ended = tokio::select! {
                 ended = connection.as_mut() => Some(ended),
                 () = closing.cancelled() => None,
+                // Idle, or closed to make room: an HTTP/1.1 connection between requests
+                // closes at once, an HTTP/2 one is sent GOAWAY and closes once its
+                // streams end (its socket closes on its own if it lingers).
+                () = activity.closing() => {
+                    connection.as_mut().graceful_shutdown();
+                    Some(connection.as_mut().await)
+                }
             };
             let ended = match ended {
                 Some(ended) => ended,

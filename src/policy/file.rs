@@ -76,6 +76,9 @@ pub struct RouteFile {
     pub shadow: Option<ShadowFile>,
     /// Answers kept and given again to the same question.
     pub cache: Option<CacheFile>,
+    /// The header naming the caller's tenant when the data plane does not authenticate
+    /// (default `x-api-key`): one rule for the cache, rate limits and fair shares.
+    pub tenant_header: Option<String>,
 }
 
 /// The route's prediction cache: how long an answer is kept and how many bytes of
@@ -95,6 +98,12 @@ pub struct CacheFile {
     /// Look up and keep each row of a micro-batch on its own, and send identical rows
     /// of one batch once (default on).
     pub rows: Option<bool>,
+    /// Request headers whose values change the answer, kept in the key.
+    #[serde(default)]
+    pub vary: Vec<String>,
+    /// Request headers that never change the answer, left out of the key.
+    #[serde(default)]
+    pub ignore_headers: Vec<String>,
 }
 
 /// A candidate model: its pool, what share of which tiers' calls it is sent, and how
@@ -185,7 +194,7 @@ pub struct LimitsFile {
     pub tenant_rate: Option<f64>,
     /// Requests one tenant may send at once (default: `tenant_rate`, at least 1).
     pub tenant_burst: Option<i64>,
-    /// The header naming the caller's tenant, such as an API key (default `x-api-key`).
+    /// The route's `tenant_header`, said here (it must agree with the route's).
     pub tenant_header: Option<String>,
 }
 
@@ -280,11 +289,14 @@ pub struct BatchFile {
     pub max_priority: Option<String>,
     /// The share of `queue_capacity` beyond which sheddable requests are refused.
     pub shed_above: Option<f64>,
-    /// The header naming the tenant for fair shares (default `x-api-key`).
+    /// The route's `tenant_header`, said here (it must agree with the route's).
     pub tenant_header: Option<String>,
     /// Tenants' weights in the pool's fair share (default 1 each).
     #[serde(default)]
     pub tenant_weights: std::collections::BTreeMap<String, i64>,
+    /// Authenticated tenants' own highest band, above or below `max_priority`.
+    #[serde(default)]
+    pub tenant_max_priority: std::collections::BTreeMap<String, String>,
     /// Models the pool's backends serve as one combined model (a Triton ensemble, a
     /// multi-head model): combined model → member model → { the member's output = the
     /// combined model's output }.

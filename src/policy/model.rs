@@ -43,6 +43,10 @@ pub struct Route {
     pub when_unmet: WhenUnmet,
     /// Header whose value keys the micro-batch rollout.
     pub rollout_key_header: http::HeaderName,
+    /// The header naming the caller's tenant when the data plane does not authenticate
+    /// (any client can set it): the one rule the cache, rate limits and fair shares use,
+    /// through [`Route::tenant`].
+    pub tenant_header: http::HeaderName,
     /// Per-tier switches.
     pub flags: Flags,
     /// The real-time pool; present whenever the `realtime` flag is on.
@@ -115,6 +119,12 @@ pub struct CacheSpec {
     /// The micro-batch tier looks up and keeps each row on its own, and sends identical
     /// rows of one batch once.
     pub rows: bool,
+    /// Request headers that change the backend's answer: their values are in the key.
+    pub vary: Vec<http::HeaderName>,
+    /// Request headers the operator says never change the answer: left out of the key.
+    /// A request with any other header that is neither in `vary` nor known to be
+    /// neutral (framing, credentials, tracing, tiergate's own) bypasses the cache.
+    pub ignore_headers: Vec<http::HeaderName>,
 }
 
 /// A candidate model scored on a share of a route's traffic (see `crate::shadow`).
@@ -212,10 +222,9 @@ pub struct Borrow {
 pub struct RateLimits {
     /// Across all callers.
     pub route: Option<Rate>,
-    /// For each tenant.
+    /// For each tenant (as [`Route::tenant`] names it; requests without one share one
+    /// anonymous bucket).
     pub tenant: Option<Rate>,
-    /// The header naming the tenant (requests without it share one anonymous bucket).
-    pub tenant_header: http::HeaderName,
 }
 
 /// A token bucket: one request every `period`, up to `burst` at once.
@@ -283,14 +292,30 @@ pub struct Member {
 pub struct Scheduling {
     /// The band of a request that names none (`x-tiergate-priority`).
     pub priority: Priority,
-    /// The highest band a request may name; higher asks are served in this band.
+    /// The highest band a request may name; higher asks are served in this band. An
+    /// authenticated tenant named in `tenant_max_priority` has its own instead.
     pub max_priority: Priority,
     /// Rows waiting beyond which sheddable requests are refused (429).
     pub shed_at: u32,
-    /// The header naming the tenant when the data plane does not authenticate.
-    pub tenant_header: http::HeaderName,
     /// Tenants' weights in the fair share (1 for every tenant not named).
     pub tenant_weights: std::collections::BTreeMap<String, NonZeroU32>,
+    /// Authenticated tenants' own highest band. A tenant named by a header only (no
+    /// data-plane authentication) never has one: anyone can send the header.
+    pub tenant_max_priority: std::collections::BTreeMap<String, Priority>,
+}
+
+impl Scheduling {
+    /// The highest band `tenant` may ask for.
+    pub fn ceiling(&self, tenant: &crate::tenant::Tenant) -> Priority {
+        match tenant.is_authenticated() {
+            true => self
+                .tenant_max_priority
+                .get(tenant.as_str())
+                .copied()
+                .unwrap_or(self.max_priority),
+            false => self.max_priority,
+        }
+    }
 }
 
 /// A priority band of the micro-batch tier's queue: a higher band is always served
@@ -411,6 +436,14 @@ impl Route {
     pub fn metadata_pool(&self) -> Option<&Arc<PoolSpec>> {
         self.realtime.as_ref().or(self.micro_batch.as_ref().map(|b| &b.pool))
     }
+
+    /// Whose a request with `headers`, admitted as `tenant`, is on this route: the
+    /// credential's tenant when the data plane authenticates, else the value of the
+    /// route's `tenant_header` (which any client can set), else "" (anonymous). The one
+    /// rule by which cache entries, rate-limit buckets and fair shares are kept apart.
+    pub fn tenant<'a>(&self, tenant: &'a crate::tenant::Tenant, headers: &'a http::HeaderMap) -> &'a str {
+        tenant.name_in(headers, &self.tenant_header)
+    }
 }
 
 #[cfg(test)]
@@ -429,6 +462,7 @@ impl Route {
             },
             when_unmet,
             rollout_key_header: http::HeaderName::from_static("x-request-id"),
+            tenant_header: http::HeaderName::from_static("x-api-key"),
             flags,
             realtime: None,
             micro_batch: None,

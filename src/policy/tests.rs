@@ -304,9 +304,42 @@ queue_capacity = 100
 priority = "sheddable"
 shed_above = 0.3
 tenant_weights = { gold = 4 }
+tenant_max_priority = { gold = "critical", lead = "sheddable" }
 "#;
     let policy = load(&[("ok.toml", text)]).expect("valid");
-    let s = &policy
+    let route = policy.route("r").expect("route");
+    let s = &route.micro_batch.as_ref().expect("pool").scheduling;
+    assert_eq!(
+        (s.priority, s.max_priority, s.shed_at),
+        (Priority::Sheddable, Priority::Standard, 30),
+        "nobody names a band above standard unless the operator says so"
+    );
+    assert_eq!(s.tenant_weights["gold"].get(), 4);
+    assert_eq!(route.tenant_header.as_str(), "x-api-key");
+    use crate::tenant::Tenant;
+    let ceilings = [
+        Tenant::named("gold"),
+        Tenant::named("lead"),
+        Tenant::named("other"),
+        Tenant::anonymous(),
+    ]
+    .map(|t| s.ceiling(&t));
+    assert_eq!(
+        ceilings,
+        [
+            Priority::Critical,
+            Priority::Sheddable,
+            Priority::Standard,
+            Priority::Standard
+        ],
+        "a tenant's own ceiling holds only for a tenant with a credential"
+    );
+    let critical = load(&[(
+        "c.toml",
+        &text.replace("priority = \"sheddable\"", "priority = \"critical\""),
+    )])
+    .expect("valid");
+    let c = &critical
         .route("r")
         .expect("route")
         .micro_batch
@@ -314,11 +347,10 @@ tenant_weights = { gold = 4 }
         .expect("pool")
         .scheduling;
     assert_eq!(
-        (s.priority, s.max_priority, s.shed_at),
-        (Priority::Sheddable, Priority::Critical, 30)
+        c.max_priority,
+        Priority::Critical,
+        "a route's own band is never above its ceiling"
     );
-    assert_eq!(s.tenant_weights["gold"].get(), 4);
-    assert_eq!(s.tenant_header.as_str(), "x-api-key");
 
     let bad = text
         .replace(
@@ -326,17 +358,33 @@ tenant_weights = { gold = 4 }
             "priority = \"critical\"\nmax_priority = \"urgent\"",
         )
         .replace("shed_above = 0.3", "shed_above = 1.5\ntenant_header = \"bad header\"")
-        .replace("gold = 4", "gold = 0");
+        .replace("gold = 4", "gold = 0")
+        .replace("lead = \"sheddable\"", "lead = \"top\"");
     reports(
         "bad.toml",
         &bad,
         &[
             "bad.toml: routes.r.micro_batch.max_priority: \"urgent\" is not a band",
             "bad.toml: routes.r.micro_batch.shed_above: must be a share of queue_capacity",
-            "bad.toml: routes.r.micro_batch.tenant_header: \"bad header\" is not a valid header name",
+            "bad.toml: routes.r.micro_batch.tenant_max_priority.lead: \"top\" is not a band",
             "bad.toml: routes.r.micro_batch.tenant_weights.gold: must be between 1 and 1000, got 0",
+            "bad.toml: routes.r.micro_batch.tenant_header: \"bad header\" is not a valid header name",
         ],
     );
+    // One tenant header per route: set in more than one place, they must agree.
+    let twice = text.replace("[routes.r.flags]", "tenant_header = \"x-team\"\n[routes.r.flags]")
+        + "tenant_header = \"x-api-key\"\n[routes.r.limits]\ntenant_rate = 5.0\ntenant_header = \"x-team\"\n";
+    reports(
+        "twice.toml",
+        &twice,
+        &["twice.toml: routes.r.micro_batch.tenant_header: names x-api-key but routes.r.tenant_header names x-team"],
+    );
+    let agreed = load(&[(
+        "one.toml",
+        &twice.replace("tenant_header = \"x-api-key\"", "tenant_header = \"x-team\""),
+    )])
+    .expect("valid");
+    assert_eq!(agreed.route("r").expect("route").tenant_header.as_str(), "x-team");
     let above = text.replace(
         "priority = \"sheddable\"",
         "priority = \"critical\"\nmax_priority = \"standard\"",

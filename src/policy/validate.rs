@@ -234,6 +234,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             WhenUnmetFile::BestEffort => WhenUnmet::BestEffort,
         },
         rollout_key_header: defaults.rollout_key_header.clone(),
+        tenant_header: route_tenant_header(check, &at, file),
         flags,
         realtime,
         micro_batch,
@@ -249,21 +250,45 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
     }
 }
 
-/// The header naming a tenant at `{at}.tenant_header` (default `x-api-key`).
-fn tenant_header(check: &mut Check<'_>, at: &str, value: Option<&str>) -> http::HeaderName {
-    let header = value.unwrap_or("x-api-key");
-    http::HeaderName::try_from(header).unwrap_or_else(|_| {
-        check.fail(
-            format!("{at}.tenant_header"),
-            format!("{header:?} is not a valid header name"),
-        );
-        http::HeaderName::from_static("x-api-key")
-    })
+/// The route's one tenant header: `tenant_header` of the route, or as its `limits` or
+/// `micro_batch` table says it (the places it was set before it was the route's), which
+/// must then all name the same header; `x-api-key` when none does.
+fn route_tenant_header(check: &mut Check<'_>, at: &str, file: &RouteFile) -> http::HeaderName {
+    let said = [
+        (format!("{at}.tenant_header"), file.tenant_header.as_deref()),
+        (
+            format!("{at}.limits.tenant_header"),
+            file.limits.as_ref().and_then(|l| l.tenant_header.as_deref()),
+        ),
+        (
+            format!("{at}.micro_batch.tenant_header"),
+            file.micro_batch.as_ref().and_then(|b| b.tenant_header.as_deref()),
+        ),
+    ];
+    let mut chosen: Option<(String, http::HeaderName)> = None;
+    for (path, value) in said {
+        let Some(value) = value else { continue };
+        let Ok(header) = http::HeaderName::try_from(value) else {
+            check.fail(path, format!("{value:?} is not a valid header name"));
+            continue;
+        };
+        match &chosen {
+            None => chosen = Some((path, header)),
+            Some((first, named)) if *named != header => check.fail(
+                path,
+                format!(
+                    "names {header} but {first} names {named}: a route has one tenant header, used by its cache, \
+                     rate limits and fair shares alike; set it once, as {at}.tenant_header"
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    chosen.map_or(http::HeaderName::from_static("x-api-key"), |(_, h)| h)
 }
 
 /// Rate limits, or `None` when the table sets no rate.
 fn limits(check: &mut Check<'_>, at: &str, file: &LimitsFile) -> Option<Arc<RateLimits>> {
-    let tenant_header = tenant_header(check, at, file.tenant_header.as_deref());
     let route = rate(check, at, "rate", file.rate, "burst", file.burst);
     let tenant = rate(
         check,
@@ -273,13 +298,7 @@ fn limits(check: &mut Check<'_>, at: &str, file: &LimitsFile) -> Option<Arc<Rate
         "tenant_burst",
         file.tenant_burst,
     );
-    (route.is_some() || tenant.is_some()).then(|| {
-        Arc::new(RateLimits {
-            route,
-            tenant,
-            tenant_header,
-        })
-    })
+    (route.is_some() || tenant.is_some()).then(|| Arc::new(RateLimits { route, tenant }))
 }
 
 fn rate(
@@ -395,12 +414,38 @@ fn cache(check: &mut Check<'_>, at: &str, file: &CacheFile) -> CacheSpec {
             64 << 20
         }
     };
+    let mut headers = |key: &str, names: &[String]| -> Vec<http::HeaderName> {
+        let mut out = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            match http::HeaderName::try_from(name.as_str()) {
+                Ok(header) if !out.contains(&header) => out.push(header),
+                Ok(_) => check.fail(format!("{at}.{key}[{i}]"), format!("{name:?} is named twice")),
+                Err(_) => check.fail(
+                    format!("{at}.{key}[{i}]"),
+                    format!("{name:?} is not a valid header name"),
+                ),
+            }
+        }
+        out
+    };
+    let vary = headers("vary", &file.vary);
+    let ignore_headers = headers("ignore_headers", &file.ignore_headers);
+    for (i, header) in ignore_headers.iter().enumerate() {
+        if vary.contains(header) {
+            check.fail(
+                format!("{at}.ignore_headers[{i}]"),
+                format!("{header} is in vary too: a header either changes the answer or does not"),
+            );
+        }
+    }
     CacheSpec {
         ttl,
         max_bytes,
         shared_across_tenants: file.shared_across_tenants.unwrap_or(false),
         coalesce: file.coalesce.unwrap_or(true),
         rows: file.rows.unwrap_or(true),
+        vary,
+        ignore_headers,
     }
 }
 
@@ -521,7 +566,22 @@ fn scheduling(check: &mut Check<'_>, at: &str, file: &BatchFile, capacity: NonZe
         }),
     };
     let priority = band("priority", file.priority.as_deref(), Priority::Standard);
-    let max_priority = band("max_priority", file.max_priority.as_deref(), Priority::Critical);
+    // Standard by default (or the route's own band, when that is higher): a band above
+    // it is a promise to some callers over others, which only the operator can make
+    // (tenant_max_priority, for tenants with keys).
+    let max_priority = band(
+        "max_priority",
+        file.max_priority.as_deref(),
+        priority.max(Priority::Standard),
+    );
+    let tenant_max_priority = file
+        .tenant_max_priority
+        .iter()
+        .map(|(tenant, name)| {
+            let ceiling = band(&format!("tenant_max_priority.{tenant}"), Some(name), max_priority);
+            (tenant.clone(), ceiling)
+        })
+        .collect();
     if priority > max_priority {
         check.fail(
             format!("{at}.priority"),
@@ -540,7 +600,6 @@ fn scheduling(check: &mut Check<'_>, at: &str, file: &BatchFile, capacity: NonZe
         );
     }
     let shed_at = (f64::from(capacity.get()) * shed_above.clamp(0.0, 1.0)).ceil() as u32;
-    let tenant_header = tenant_header(check, at, file.tenant_header.as_deref());
     let mut tenant_weights = std::collections::BTreeMap::new();
     for (tenant, &weight) in &file.tenant_weights {
         match u32::try_from(weight).ok().filter(|w| (1..=MAX_WEIGHT).contains(w)) {
@@ -557,8 +616,8 @@ fn scheduling(check: &mut Check<'_>, at: &str, file: &BatchFile, capacity: NonZe
         priority,
         max_priority,
         shed_at,
-        tenant_header,
         tenant_weights,
+        tenant_max_priority,
     }
 }
 

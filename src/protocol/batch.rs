@@ -19,16 +19,17 @@ mod tests;
 /// the backend: the caller's own deadline and how it wants its answer encoded.
 pub const PER_CALLER_PARAMETERS: [&str; 2] = ["timeout", "binary_data_output"];
 
-/// What must agree for requests to share one batch: input names (in order), datatypes
-/// and every dimension but the first; the requested outputs (names in order, and their
+/// What must agree for requests to share one batch: input names (in order), datatypes,
+/// every dimension but the first and each input's own parameters; the requested outputs (names in order, and their
 /// parameters other than the per-caller `binary_data`, since e.g. Triton's
 /// `classification` changes what the backend computes); and the request parameters
 /// other than [`PER_CALLER_PARAMETERS`], compared as canonical JSON (keys sorted).
 /// `Hash + Eq` so the batcher can keep one queue per signature.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Signature {
-    /// Per input: name, datatype, dimensions after the first.
-    inputs: Vec<(String, Datatype, Vec<u64>)>,
+    /// Per input: name, datatype, dimensions after the first, canonical JSON of its own
+    /// parameters.
+    inputs: Vec<(String, Datatype, Vec<u64>, String)>,
     /// Per requested output: name and canonical JSON of its parameters.
     outputs: Vec<(String, String)>,
     /// Canonical JSON of the shared request parameters.
@@ -132,7 +133,8 @@ pub fn signature(req: &InferRequest) -> Result<(Signature, u64), BatchError> {
                 rows,
             });
         }
-        inputs.push((t.name.clone(), t.datatype, trailing.to_vec()));
+        let own = req.input_parameters.get(&t.name).map(|p| canonical(p, &[]));
+        inputs.push((t.name.clone(), t.datatype, trailing.to_vec(), own.unwrap_or_default()));
     }
     let outputs = req
         .outputs
@@ -195,6 +197,7 @@ pub fn concat(reqs: &[&InferRequest]) -> Result<InferRequest, BatchError> {
         id: None,
         parameters,
         inputs: inputs.collect(),
+        input_parameters: first.input_parameters.clone(),
         outputs: outputs.collect(),
     })
 }

@@ -48,6 +48,7 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
     }
     let mut raw = raw.into_iter();
     let mut inputs: Vec<Tensor> = Vec::with_capacity(msg.inputs.len());
+    let mut input_parameters = std::collections::BTreeMap::new();
     for (i, input) in msg.inputs.into_iter().enumerate() {
         let path = format!("inputs[{i}]");
         if let Some(first) = inputs.iter().position(|t| t.name == input.name) {
@@ -58,6 +59,9 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
             });
         }
         no_shared_memory(&path, |name| input.parameters.contains_key(name))?;
+        if !input.parameters.is_empty() {
+            input_parameters.insert(input.name.clone(), params_to_json(input.parameters.clone()));
+        }
         inputs.push(input_tensor(&path, input, raw.next())?);
     }
     for (i, out) in msg.outputs.iter().enumerate() {
@@ -68,6 +72,7 @@ pub fn request_from_grpc(msg: ModelInferRequest) -> Result<InferRequest, Error> 
         id: Some(msg.id).filter(|id| !id.is_empty()),
         parameters: params_to_json(msg.parameters),
         inputs,
+        input_parameters,
         outputs,
     })
 }
@@ -86,7 +91,10 @@ pub fn request_to_grpc(model: &str, version: Option<&str>, req: &InferRequest) -
                 name: t.name.clone(),
                 datatype: t.datatype.as_str().to_owned(),
                 shape: dims(&t.shape),
-                parameters: HashMap::new(),
+                parameters: req
+                    .input_parameters
+                    .get(&t.name)
+                    .map_or_else(HashMap::new, params_to_grpc),
                 contents: None,
             })
             .collect(),

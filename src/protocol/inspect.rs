@@ -53,3 +53,83 @@ pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<Request
         sequence,
     })
 }
+
+/// A cheap look at a backend's successful answer to a call the gateway passes through
+/// (`kserve`: a KServe v2 infer answer; else a JSON route's), so an endpoint answering
+/// 200 with something else (an HTML error page, a truncated body) is caught and counted
+/// against it: a declared binary header within the body, a JSON content type when one
+/// is named, and a body whose JSON part opens and closes as an object (a JSON route's
+/// may be an array). Parsing is left to the client; this reads a few bytes.
+pub fn answer_envelope(headers: &http::HeaderMap, body: &[u8], kserve: bool) -> Result<(), &'static str> {
+    let json = match super::header_len(headers) {
+        Err(_) => return Err("its inference-header-content-length is not a number"),
+        Ok(Some(n)) if kserve => body
+            .get(..n)
+            .ok_or("its inference-header-content-length is longer than the body")?,
+        Ok(_) => {
+            let typed = headers.get(http::header::CONTENT_TYPE).map(|v| v.as_bytes());
+            if typed.is_some_and(|t| !t.windows(4).any(|w| w.eq_ignore_ascii_case(b"json"))) {
+                return Err("its content type is not JSON");
+            }
+            body
+        }
+    };
+    let trimmed = json.trim_ascii();
+    match (trimmed.first(), trimmed.last()) {
+        (Some(b'{'), Some(b'}')) => Ok(()),
+        (Some(b'['), Some(b']')) if !kserve => Ok(()),
+        (None, _) => Err("its body is empty"),
+        _ => Err("its body is not a JSON object"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (http::HeaderName::from_static(k), http::HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn whole_answers_pass_and_others_say_what_is_wrong() {
+        let json = headers(&[("content-type", "application/json")]);
+        let binary = headers(&[
+            ("content-type", "application/octet-stream"),
+            ("inference-header-content-length", "4"),
+        ]);
+        assert_eq!(answer_envelope(&json, b" {\"outputs\":[]}\n", true), Ok(()));
+        assert_eq!(answer_envelope(&binary, b"{  }\x01\x02", true), Ok(()));
+        assert_eq!(
+            answer_envelope(&headers(&[]), b"{}", true),
+            Ok(()),
+            "no content type is fine"
+        );
+        assert_eq!(
+            answer_envelope(&json, b"[1]", false),
+            Ok(()),
+            "a JSON route may answer an array"
+        );
+        let html = headers(&[("content-type", "text/html")]);
+        assert_eq!(
+            answer_envelope(&html, b"<html>oops</html>", true),
+            Err("its content type is not JSON")
+        );
+        assert_eq!(
+            answer_envelope(&json, b"{\"outputs\":[", true),
+            Err("its body is not a JSON object")
+        );
+        assert_eq!(answer_envelope(&json, b"", true), Err("its body is empty"));
+        assert_eq!(
+            answer_envelope(&json, b"[1]", true),
+            Err("its body is not a JSON object")
+        );
+        let short = headers(&[("inference-header-content-length", "99")]);
+        assert!(answer_envelope(&short, b"{}", true).is_err());
+        let bad = headers(&[("inference-header-content-length", "x")]);
+        assert!(answer_envelope(&bad, b"{}", true).is_err());
+    }
+}

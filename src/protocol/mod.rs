@@ -13,7 +13,8 @@
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
 //! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions) ·
 //! [`batch`] (batch signatures, concatenation along dimension 0 and the split back) ·
-//! [`rows`] (one request cut into its rows, rows' answers joined back).
+//! [`rows`] (one request cut into its rows, rows' answers joined back) · [`scan`] (how
+//! deep JSON text nests, and whether it holds integers beyond 64 bits).
 
 pub mod batch;
 mod binary;
@@ -25,6 +26,7 @@ mod inspect;
 mod request;
 mod response;
 pub mod rows;
+pub mod scan;
 mod tensor;
 mod wire;
 
@@ -36,7 +38,7 @@ mod tests;
 pub use binary::header_len;
 pub use datatype::{Datatype, ParseDatatypeError};
 pub use error::Error;
-pub use inspect::{inspect_request, RequestInfo};
+pub use inspect::{answer_envelope, inspect_request, RequestInfo};
 pub use request::{as_json_tensors, decode_request, encode_request, sequence, InferRequest, RequestedOutput, Sequence};
 pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;

@@ -32,9 +32,12 @@ pub struct InferRequest {
     pub id: Option<String>,
     /// Request parameters as sent (`timeout`, `binary_data_output`, custom ones).
     pub parameters: Map<String, Value>,
-    /// Input tensors, at least one, names unique. Per-input parameters other than
-    /// `binary_data_size` (which only frames the data) are not kept.
+    /// Input tensors, at least one, names unique.
     pub inputs: Vec<Tensor>,
+    /// Each input's own parameters, by input name, for the inputs that have any
+    /// (MLServer reads `content_type` there); `binary_data_size`, which only frames the
+    /// data, is not kept.
+    pub input_parameters: std::collections::BTreeMap<String, Map<String, Value>>,
     /// Requested outputs; empty means all of the model's outputs.
     pub outputs: Vec<RequestedOutput>,
 }
@@ -115,12 +118,14 @@ pub fn decode_request(body: &Bytes, header_len: Option<usize>) -> Result<InferRe
         return Err(Error::NoInputs);
     }
     let section = body.slice(start..);
+    let input_parameters = super::wire::own_parameters(&wire.inputs, &["binary_data_size"]);
     let inputs = check_tensors("inputs", wire.inputs, &section)?;
     let outputs = wire.outputs.unwrap_or_default().into_iter().enumerate();
     Ok(InferRequest {
         id: wire.id,
         parameters,
         inputs: inputs.into_iter().map(|c| into_tensor(c, &section)).collect(),
+        input_parameters,
         outputs: outputs.map(requested_output).collect::<Result<_, _>>()?,
     })
 }
@@ -196,7 +201,8 @@ fn requested_output((i, wire): (usize, WireOutput)) -> Result<RequestedOutput, E
 /// Returns the body and, when it has a binary section, the JSON header length for
 /// `inference-header-content-length`.
 pub fn encode_request(req: &InferRequest, binary_inputs: bool) -> (Bytes, Option<usize>) {
-    let (inputs, parts) = out_tensors(&req.inputs, &|_| binary_inputs);
+    let (mut inputs, parts) = out_tensors(&req.inputs, &|_| binary_inputs);
+    super::wire::add_own_parameters(&mut inputs, &req.input_parameters);
     let outputs = req.outputs.iter().map(|o| {
         let mut parameters = o.parameters.clone();
         if let Some(b) = o.binary_data {

@@ -62,15 +62,7 @@ pub fn decode_response(body: &Bytes, header_len: Option<usize>) -> Result<InferR
     let (json, start) = split(body, header_len)?;
     let wire: WireResponse<Leaves> = parse_json("response", json)?;
     let section = body.slice(start..);
-    let mut output_parameters = BTreeMap::new();
-    for out in &wire.outputs {
-        let mut own = out.parameters.clone().unwrap_or_default();
-        own.remove("binary_data_size");
-        own.remove("binary_data");
-        if !own.is_empty() {
-            output_parameters.insert(out.name.clone(), own);
-        }
-    }
+    let output_parameters = super::wire::own_parameters(&wire.outputs, &["binary_data_size", "binary_data"]);
     let outputs = check_tensors("outputs", wire.outputs, &section)?;
     Ok(InferResponse {
         model_name: wire.model_name,
@@ -88,13 +80,7 @@ pub fn decode_response(body: &Bytes, header_len: Option<usize>) -> Result<InferR
 /// binary, the JSON header length for `inference-header-content-length`.
 pub fn encode_response(resp: &InferResponse, binary: &dyn Fn(&Tensor) -> bool) -> (Bytes, Option<usize>) {
     let (mut outputs, parts) = out_tensors(&resp.outputs, binary);
-    for out in &mut outputs {
-        if let Some(own) = resp.output_parameters.get(out.name) {
-            for (key, value) in own {
-                out.parameters.entry(key.clone()).or_insert_with(|| value.clone());
-            }
-        }
-    }
+    super::wire::add_own_parameters(&mut outputs, &resp.output_parameters);
     let header = OutResponse {
         model_name: &resp.model_name,
         model_version: resp.model_version.as_deref(),

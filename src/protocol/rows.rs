@@ -42,6 +42,7 @@ pub fn cut(req: &InferRequest) -> Result<Vec<InferRequest>, BatchError> {
                 }
             })
             .collect(),
+        input_parameters: req.input_parameters.clone(),
         outputs: req.outputs.clone(),
     };
     Ok((0..ones.len()).map(row).collect())

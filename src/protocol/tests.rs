@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 
 use bytes::Bytes;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::*;
 
@@ -254,6 +254,22 @@ fn requested_outputs_keep_their_binary_flag() {
     assert_eq!((req.outputs[1].name.as_str(), req.outputs[1].binary_data), ("b", None));
     let (again, len) = encode_request(&req, false);
     assert_eq!((decode_request(&again, len).unwrap(), len), (req, None));
+}
+
+#[test]
+fn inputs_keep_their_own_parameters_json_and_binary() {
+    let header = json!({"inputs": [
+        {"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"content_type": "np", "binary_data_size": 1}},
+        input("y", "INT8", json!([1]), json!([2])),
+    ]});
+    let (body, len) = binary_body(header, &[7]);
+    let req = decode_request(&body, len).unwrap();
+    let own: Map<String, Value> = json!({"content_type": "np"}).as_object().unwrap().clone();
+    assert_eq!(req.input_parameters, [("x".to_owned(), own)].into(), "framing left out");
+    for binary in [false, true] {
+        let (again, len) = encode_request(&req, binary);
+        assert_eq!(decode_request(&again, len).unwrap(), req, "binary inputs: {binary}");
+    }
 }
 
 fn sample_response() -> InferResponse {

@@ -158,6 +158,45 @@ pub(crate) fn out_tensors<'a>(
     (out, parts)
 }
 
+/// Each tensor's own parameters by name, `framing` left out, for the tensors that have
+/// any left (requests' inputs, responses' outputs).
+pub(crate) fn own_parameters<S>(
+    wires: &[WireTensor<S>],
+    framing: &[&str],
+) -> std::collections::BTreeMap<String, Map<String, Value>> {
+    let mut own = std::collections::BTreeMap::new();
+    for wire in wires {
+        let Some(parameters) = &wire.parameters else { continue };
+        let kept: Map<String, Value> = parameters
+            .iter()
+            .filter(|(k, _)| !framing.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !kept.is_empty() {
+            own.insert(wire.name.clone(), kept);
+        }
+    }
+    own
+}
+
+/// Gives each described tensor its own parameters from `own` (by name), beside the
+/// framing ones the encoder wrote.
+pub(crate) fn add_own_parameters(
+    tensors: &mut [OutTensor<'_>],
+    own: &std::collections::BTreeMap<String, Map<String, Value>>,
+) {
+    if own.is_empty() {
+        return;
+    }
+    for t in tensors {
+        if let Some(own) = own.get(t.name) {
+            for (key, value) in own {
+                t.parameters.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+    }
+}
+
 /// Builds a tensor from checked parts; binary data is a slice of `section`.
 pub(crate) fn into_tensor(checked: Checked<Leaves>, section: &Bytes) -> Tensor {
     let data = match checked.source {

@@ -322,6 +322,34 @@ pub(super) fn content(conn: &Connection, id: &str, tenant: &str) -> Result<Optio
         .optional()?)
 }
 
+/// `len` bytes of a file's content from `offset`, when it is `tenant`'s and whole; read
+/// in place (SQLite's incremental blob I/O), so only those bytes are loaded.
+pub(super) fn content_range(
+    conn: &Connection,
+    (id, tenant): (&str, &str),
+    offset: u64,
+    len: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let row: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT rowid, bytes FROM files WHERE id = ?1 AND tenant = ?2 AND length(content) = bytes")?
+        .query_row([id, tenant], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((rowid, bytes)) = row else {
+        return Ok(None);
+    };
+    let end = offset.saturating_add(len);
+    if end > u64::try_from(bytes).unwrap_or(0) {
+        return Ok(None);
+    }
+    let blob = conn.blob_open(rusqlite::MAIN_DB, "files", "content", rowid, true)?;
+    let (Ok(at), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+        return Ok(None);
+    };
+    let mut chunk = vec![0; len];
+    blob.read_at_exact(&mut chunk, at)?;
+    Ok(Some(chunk))
+}
+
 /// Creates a batch and its jobs in the current commit (an idempotency key seen before
 /// returns the earlier batch); refuses when its jobs would pass `max` unfinished.
 pub(super) fn create(

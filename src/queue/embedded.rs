@@ -250,6 +250,19 @@ impl Embedded {
         self.call(move |conn| batches::content(conn, &id, &tenant)).await
     }
 
+    /// `len` bytes of a file's content from `offset`, when it is `tenant`'s and that long.
+    pub async fn content_range(
+        &self,
+        id: &str,
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::content_range(conn, (&id, &tenant), offset, len))
+            .await
+    }
+
     /// `tenant`'s files as `query` asks, and whether more follow.
     pub async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
         let tenant = tenant.to_owned();

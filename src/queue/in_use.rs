@@ -90,6 +90,21 @@ impl Queue {
         }
     }
 
+    /// `len` bytes of a file's content from `offset`, when it is `tenant`'s and that long.
+    pub async fn content_range(
+        &self,
+        id: &str,
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Queue::Embedded(store) => store.content_range(id, tenant, offset, len).await,
+            #[cfg(feature = "kafka")]
+            Queue::Kafka(queue) => queue.content_range(id, tenant, offset, len).await,
+        }
+    }
+
     /// `tenant`'s files as `query` asks, and whether more follow.
     pub async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
         self.local().files(tenant, query).await

@@ -216,6 +216,14 @@ fn respond(model: &str, request: InferRequest, selected: &[(Output, bool)], off:
     let Some(first) = request.inputs.first() else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "no inputs"); // checked by batch_rows
     };
+    // A backend that reads an input's own parameters (as MLServer reads content_type):
+    // `scale` on the first input multiplies OUTPUT1.
+    let scale = request
+        .input_parameters
+        .get(&first.name)
+        .and_then(|p| p.get("scale"))
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or(1.0);
     let outputs = selected
         .iter()
         .map(|(output, _)| match output.sums {
@@ -225,7 +233,7 @@ fn respond(model: &str, request: InferRequest, selected: &[(Output, bool)], off:
             },
             Some(k) => Tensor {
                 name: output.name.clone(),
-                ..row_sums(first, off, k)
+                ..row_sums(first, off, k, scale)
             },
         })
         .collect();
@@ -247,10 +255,10 @@ fn respond(model: &str, request: InferRequest, selected: &[(Output, bool)], off:
     answer
 }
 
-/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input` plus `head` (a
-/// combined model's head's offset, else 0); when the sum is negative, plus `drift` and a
-/// random amount below `noise` (`off` is the two).
-fn row_sums(input: &Tensor, (drift, noise): (f64, f64), head: f64) -> Tensor {
+/// `OUTPUT1`: FP64 `[B]`, element `r` the sum of row `r` of `input` times `scale`, plus
+/// `head` (a combined model's head's offset, else 0); when the sum is negative, plus
+/// `drift` and a random amount below `noise` (`off` is the two).
+fn row_sums(input: &Tensor, (drift, noise): (f64, f64), head: f64, scale: f64) -> Tensor {
     let rows = input.rows();
     let per_row = input.shape.iter().skip(1).product::<u64>();
     let mut sums = vec![0f64; usize::try_from(rows).unwrap_or(0)];
@@ -270,7 +278,7 @@ fn row_sums(input: &Tensor, (drift, noise): (f64, f64), head: f64) -> Tensor {
             };
     }
     for sum in sums.iter_mut() {
-        *sum += head;
+        *sum = *sum * scale + head;
     }
     Tensor {
         name: "OUTPUT1".into(),
@@ -364,7 +372,7 @@ mod tests {
             shape: vec![2, 3],
             data: data.into(),
         };
-        let out = row_sums(&t, (0.0, 0.0), 0.0);
+        let out = row_sums(&t, (0.0, 0.0), 0.0, 1.0);
         assert_eq!(out.shape, vec![2]);
         assert_eq!(&out.data[..], &[6f64.to_le_bytes(), 7f64.to_le_bytes()].concat()[..]);
         let empty = Tensor {
@@ -372,6 +380,6 @@ mod tests {
             data: Bytes::new(),
             ..t
         };
-        assert_eq!(&row_sums(&empty, (0.0, 0.0), 0.0).data[..], &[0u8; 24][..]);
+        assert_eq!(&row_sums(&empty, (0.0, 0.0), 0.0, 1.0).data[..], &[0u8; 24][..]);
     }
 }

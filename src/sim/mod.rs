@@ -45,8 +45,9 @@ use instance::{Gate, Job};
 /// Each infer request is one batch of `B` rows (`B` = `shape[0]` of the inputs, which
 /// must agree). `OUTPUT0` is an exact copy of the first input; `OUTPUT1` is FP64 of
 /// shape `[B]` whose element `r` sums the elements of the first input's row `r` (BOOL:
-/// count of true; BYTES: sum of element lengths). A combined model answers both per head
-/// instead ([`ModelSpec::heads`]).
+/// count of true; BYTES: sum of element lengths), times the first input's own `scale`
+/// parameter when it has one (as a backend that reads per-input parameters answers). A
+/// combined model answers both per head instead ([`ModelSpec::heads`]).
 #[derive(Clone)]
 pub struct Simulator {
     inner: Arc<Inner>,

@@ -181,7 +181,7 @@ pub async fn send(
 /// One exchange with a door or the admin API without a socket: `answer` is
 /// `Door::answer` or `Admin::answer` (they take any request body), as axum's tests call
 /// a router with `oneshot`.
-pub async fn oneshot<F, Fut>(
+pub async fn oneshot<F, Fut, R>(
     answer: F,
     method: &str,
     path: &str,
@@ -190,7 +190,9 @@ pub async fn oneshot<F, Fut>(
 ) -> Answer
 where
     F: FnOnce(http::Request<Full<Bytes>>) -> Fut,
-    Fut: std::future::Future<Output = http::Response<Full<Bytes>>>,
+    Fut: std::future::Future<Output = http::Response<R>>,
+    R: hyper::body::Body,
+    R::Error: std::fmt::Debug,
 {
     let mut builder = http::Request::builder().method(method).uri(path);
     for (k, v) in headers {

@@ -100,7 +100,11 @@ fn signatures() {
             r.outputs[0].binary_data = Some(true);
         }),
     ];
-    let different: [Change; 8] = [
+    let different: [Change; 9] = [
+        ("an input's own parameters", |r| {
+            r.input_parameters
+                .insert("a".into(), params(json!({"content_type": "np"})));
+        }),
         ("trailing dim", |r| {
             r.inputs[0] = tensor("a", Datatype::Fp32, &[2, 4], vec![0; 32])
         }),

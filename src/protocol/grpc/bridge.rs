@@ -194,7 +194,7 @@ where
                 Ok(Some(msg)) => msg,
                 Ok(None) => return,
                 Err(status) => {
-                    let _ = tx.send(Err(too_large_exhausted(status))).await;
+                    let _ = tx.send(Err(client_status(status))).await;
                     return;
                 }
             };
@@ -225,17 +225,36 @@ where
 /// other size limit.
 const TOO_LARGE: &str = "Error, decoded message length too large";
 
-/// Whether a call's status (its code and message) is tonic's refusal of a message over
-/// the size limit.
-pub fn is_too_large(code: &str, message: &str) -> bool {
-    code == "11" && message.starts_with(TOO_LARGE)
+/// How tonic's framing layer says that a client's message could not be read (a
+/// compressed flag without a coding, a flag that is neither 0 nor 1, a compressed
+/// message that does not decompress, a message cut short): INTERNAL from tonic, but the
+/// client's mistake, so INVALID_ARGUMENT here, as for a message that does not decode
+/// and as the HTTP door answers such a body (400).
+const UNREADABLE: [&str; 3] = [
+    "protocol error: received message with",
+    "Error decompressing",
+    "Unexpected EOF decoding stream",
+];
+
+/// The code a call's status (its code and message, as tonic wrote them) is answered
+/// with instead, when tonic's differs from the gateway's rule: RESOURCE_EXHAUSTED for
+/// its refusal of a message over the size limit (`"8"`), INVALID_ARGUMENT for a message
+/// its framing could not read (`"3"`).
+pub fn client_code(code: &str, message: &str) -> Option<&'static str> {
+    match code {
+        "11" if message.starts_with(TOO_LARGE) => Some("8"),
+        "13" if UNREADABLE.iter().any(|p| message.starts_with(p)) => Some("3"),
+        _ => None,
+    }
 }
 
-/// `status`, RESOURCE_EXHAUSTED when it is tonic's refusal of a message over the limit.
-pub fn too_large_exhausted(status: Status) -> Status {
-    match status.code() == Code::OutOfRange && status.message().starts_with(TOO_LARGE) {
-        true => Status::resource_exhausted(status.message()),
-        false => status,
+/// `status`, with its code as [`client_code`] says.
+pub fn client_status(status: Status) -> Status {
+    let code = (status.code() as i32).to_string();
+    match client_code(&code, status.message()) {
+        Some("8") => Status::resource_exhausted(status.message()),
+        Some(_) => Status::invalid_argument(status.message()),
+        None => status,
     }
 }
 

@@ -118,9 +118,14 @@ fn request(inputs: Vec<Tensor>) -> InferRequest {
     let mut parameters = Map::new();
     parameters.insert("timeout".into(), json!(5000));
     parameters.insert("tag".into(), json!("x"));
+    // An input's own parameters (MLServer reads content_type there) go across too.
+    let own: Map<String, Value> = [("content_type".to_owned(), json!("np")), ("scale".to_owned(), json!(2))]
+        .into_iter()
+        .collect();
     InferRequest {
         id: Some("r1".into()),
         parameters,
+        input_parameters: [("b".to_owned(), own)].into(),
         inputs,
         outputs: vec![RequestedOutput {
             name: "OUT".into(),

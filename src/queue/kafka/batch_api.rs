@@ -68,6 +68,18 @@ impl KafkaQueue {
         self.fresh(|| self.inner.view.store.content(id, tenant)).await
     }
 
+    /// `len` bytes of a file's content from `offset`, when it is `tenant`'s and that long.
+    pub async fn content_range(
+        &self,
+        id: &str,
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.fresh(|| self.inner.view.store.content_range(id, tenant, offset, len))
+            .await
+    }
+
     /// Deletes `tenant`'s file `id`: a deletion under each of its chunks' keys (on every
     /// state partition), so every replica's view drops it and compaction drops its
     /// content; whether there was one.

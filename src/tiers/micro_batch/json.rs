@@ -58,6 +58,13 @@ impl Part {
 /// A caller's body as rows plus the signature that callers sharing its batch must have;
 /// or why it cannot share one (then the backend answers it alone).
 pub(super) fn parse(adapter: JsonAdapter, body: &Bytes) -> Result<Result<(String, Part, u64), Unbatched>, Error> {
+    // Parsed, such an integer is the nearest f64: merged and written again, it would
+    // reach the backend changed, and two callers' could share a batch they differ in.
+    if crate::protocol::scan::scan(body).wide_integer {
+        return Ok(Err(Unbatched(
+            "its body holds an integer beyond 64 bits, which only its own call carries exactly".to_owned(),
+        )));
+    }
     let mut rest = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => map,
         Ok(_) => return Err(bad(adapter, "the body must be a JSON object")),

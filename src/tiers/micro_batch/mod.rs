@@ -595,9 +595,9 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
     })
 }
 
-/// `call`'s band (its `x-tiergate-priority`, at most the route's `max_priority`, else
-/// the route's `priority`) and tenant (its credential's, else the route's tenant
-/// header's value) with the tenant's weight.
+/// `call`'s band (its `x-tiergate-priority`, at most its tenant's ceiling, else the
+/// route's `priority`) and tenant (its credential's, else the route's tenant header's
+/// value) with the tenant's weight.
 fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
     let scheduling = &spec.scheduling;
     let headers = call.request.headers();
@@ -617,9 +617,9 @@ fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
                     ),
                 )
             })?
-            .min(scheduling.max_priority),
+            .min(scheduling.ceiling(&crate::tenant::Tenant::of(&call.request))),
     };
-    let tenant = crate::tenant::Tenant::name_of(&call.request, Some(&scheduling.tenant_header));
+    let tenant = crate::tenant::Tenant::name_of(&call.request, &call.route.tenant_header);
     let weight = scheduling.tenant_weights.get(&tenant).map_or(1, |w| w.get());
     Ok(Class {
         priority,
