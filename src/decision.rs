@@ -43,6 +43,10 @@ pub struct Meta {
     pub key: u64,
 }
 
+/// The `x-tiergate-reason` of an answer the cache gave (no tier served it, so it has no
+/// `x-tiergate-tier`); `x-tiergate-cache` says how (a hit, or a call it joined).
+pub const CACHE_REASON: &str = "cache";
+
 /// Why a request went to its tier; the value of `x-tiergate-reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reason {

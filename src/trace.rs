@@ -109,15 +109,8 @@ impl Ids {
             .get(TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(TraceParent::parse);
-        let request_id = headers
-            .get(REQUEST_ID)
-            .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.as_bytes().iter().all(u8::is_ascii_graphic))
-            .cloned()
-            .unwrap_or_else(|| {
-                HeaderValue::from_bytes(&hex::<32>(rand::random::<u128>())).expect("hex is a valid header value")
-            });
         Ids {
-            request_id,
+            request_id: request_id(headers),
             trace_id: parent.map_or_else(new_trace_id, |p| p.trace_id),
             parent: parent.map(|p| p.span_id),
             span_id: new_span_id(),
@@ -180,6 +173,18 @@ impl Ids {
         headers.insert(REQUEST_ID, self.request_id.clone());
         headers.insert(TRACERESPONSE, self.answer().header());
     }
+}
+
+/// A request's id: the client's `x-request-id` when it sent a usable one (1 to 128
+/// visible ASCII characters), else a new random one.
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.as_bytes().iter().all(u8::is_ascii_graphic))
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_bytes(&hex::<32>(rand::random::<u128>())).expect("hex is a valid header value")
+        })
 }
 
 /// The low `N / 2` bytes of `value` as `N` lowercase hex digits (ids are written on

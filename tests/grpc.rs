@@ -425,3 +425,68 @@ async fn answers_are_compressed_only_when_the_settings_and_the_client_both_say_s
     );
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn every_grpc_answer_carries_a_request_id_and_every_models_statistics_skip_a_failing_route() {
+    let rt = backend(&["m"]).await;
+    let toml = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n\
+         [routes.gone]\nmodels = [\"gone\"]\n[routes.gone.realtime]\nendpoints = [\"http://{}\"]\n",
+        rt.url(),
+        dead_addr().await
+    );
+    let gw = gateway(&toml).await;
+    let mut c = client(gw.grpc_addr()).await;
+    fn with_id<T>(msg: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(msg);
+        request
+            .metadata_mut()
+            .insert("x-request-id", "grpc-7".parse().expect("ascii"));
+        request
+    }
+    let id = |metadata: &tonic::metadata::MetadataMap| {
+        metadata
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let live = c.server_live(with_id(pb::ServerLiveRequest {})).await.expect("live");
+    assert_eq!(id(live.metadata()).as_deref(), Some("grpc-7"));
+    let meta = c
+        .model_metadata(with_id(pb::ModelMetadataRequest {
+            name: "m".into(),
+            version: String::new(),
+        }))
+        .await
+        .expect("metadata");
+    assert_eq!(id(meta.metadata()).as_deref(), Some("grpc-7"));
+    let refused = c
+        .model_metadata(with_id(pb::ModelMetadataRequest {
+            name: "gone".into(),
+            version: String::new(),
+        }))
+        .await
+        .expect_err("its backend is down");
+    assert_eq!(
+        id(refused.metadata()).as_deref(),
+        Some("grpc-7"),
+        "refusals carry it too"
+    );
+    let index = c
+        .repository_index(pb::RepositoryIndexRequest::default())
+        .await
+        .expect("index");
+    assert!(
+        id(index.metadata()).is_some_and(|id| id.len() == 32),
+        "one is made when none is sent"
+    );
+    let stats = c
+        .model_statistics(with_id(pb::ModelStatisticsRequest::default()))
+        .await
+        .expect("every model's statistics, though one route's backend is down");
+    assert_eq!(
+        stats.get_ref().model_stats.len(),
+        1,
+        "the one model whose backend answers"
+    );
+}

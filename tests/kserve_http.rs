@@ -413,3 +413,108 @@ async fn json_nested_past_the_depth_limit_never_reaches_a_backend() {
         "only the shallow one was sent"
     );
 }
+
+/// Route `r` serving `m` on `live`, and route `gone` serving model `gone` on `dead`.
+fn live_and_gone(live: &str, dead: std::net::SocketAddr) -> String {
+    format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{live}\"]\n\
+         [routes.gone]\nmodels = [\"gone\"]\n[routes.gone.realtime]\nendpoints = [\"http://{dead}\"]\n"
+    )
+}
+
+#[tokio::test]
+async fn every_answer_of_the_http_door_carries_a_request_id() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&live_and_gone(&rt.url(), dead_addr().await)).await;
+    let cases = [
+        ("GET", "/v2/health/live", 200),
+        ("GET", "/v2/health/ready", 200),
+        ("GET", "/v2", 200),
+        ("GET", "/v2/models/m", 200),
+        ("GET", "/v2/models/m/stats", 200),
+        ("GET", "/v2/models/stats", 200),
+        ("POST", "/v2/repository/index", 200),
+        ("GET", "/v2/models/gone", 502),
+        ("GET", "/nowhere", 404),
+        ("POST", "/v2/repository/models/m/load", 501),
+        ("GET", "/v1/files/file-nope", 404),
+    ];
+    for (method, path, status) in cases {
+        let given = send(
+            method,
+            gw.http_addr(),
+            path,
+            &[("x-request-id", "req-42")],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(given.status, status, "{method} {path}: {}", given.text());
+        assert_eq!(
+            given.header("x-request-id"),
+            Some("req-42"),
+            "{method} {path} echoes it"
+        );
+        let made = send(method, gw.http_addr(), path, &[], Bytes::new()).await;
+        let id = made.header("x-request-id").unwrap_or_default();
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{method} {path}: {id:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn statistics_of_every_model_answer_the_models_whose_backends_answer() {
+    let rt = backend(&["m"]).await;
+    let gw = gateway(&live_and_gone(&rt.url(), dead_addr().await)).await;
+    let all = get(gw.http_addr(), "/v2/models/stats").await;
+    assert_eq!(all.status, 200, "{}", all.text());
+    let names: Vec<String> = all.json()["model_stats"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|m| m["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        names,
+        ["m"],
+        "the model whose backend is down is left out, the rest answered"
+    );
+}
+
+#[tokio::test]
+async fn the_batch_api_answers_errors_in_openais_shape_and_tf_serving_keeps_its_own() {
+    let rt = backend(&["m"]).await;
+    let toml = format!(
+        "[routes.r]\nmodels = [\"m\"]\npaths = [\"/v1/models/m:predict\"]\n[routes.r.flags]\noffline = true\n\
+         [routes.r.realtime]\nendpoints = [\"{0}\"]\n[routes.r.micro_batch]\nendpoints = [\"{0}\"]\n",
+        rt.url()
+    );
+    let gw = gateway(&toml).await;
+    let missing = get(gw.http_addr(), "/v1/files/file-nope").await;
+    assert_eq!(missing.status, 404);
+    let error = &missing.json()["error"];
+    assert_eq!(error["type"], "invalid_request_error", "{}", missing.text());
+    assert_eq!(error["code"], "not_found");
+    assert!(error["param"].is_null());
+    assert!(
+        error["message"].as_str().is_some_and(|m| m.contains("file-nope")),
+        "{error}"
+    );
+    let bad = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/batches",
+        &[("content-type", "application/json")],
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        (bad.status, bad.json()["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
+    // TF-Serving's paths are under /v1/ too, and keep TF-Serving's {"error": "..."}.
+    let tf = send("POST", gw.http_addr(), "/v1/models/m:predict", &[], "{not json").await;
+    assert_eq!(tf.status, 400);
+    assert!(tf.json()["error"].is_string(), "{}", tf.text());
+}

@@ -7,16 +7,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use common::served::{self, Served};
 use common::*;
 use tiergate::protocol::grpc::pb;
-use tokio::time::Instant;
 
 /// Every tier on one route: budgets under 10 s are real time, from 10 s micro-batch (one
 /// batch in flight, so the rest queue in the gateway), `Prefer: respond-async` offline.
@@ -45,91 +42,15 @@ max_in_flight = 1
     )
 }
 
-/// A `tiergate serve` child process and the addresses it reported.
-struct Served {
-    child: Child,
-    http: SocketAddr,
-    grpc: SocketAddr,
-    log: mpsc::Receiver<String>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // only if a failed test left it running
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `tiergate serve` on port 0 with the policy in `dir/policies` and its data
-/// in `dir/data`, and waits for its "serving" log line.
+/// Starts `tiergate serve` (see [`served::serve`]) with the stop's settings.
 fn serve(dir: &Path, drain_delay: &str, timeout: &str) -> Served {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .arg("serve")
-        .env_clear()
-        .env("TIERGATE_POLICY_DIR", dir.join("policies"))
-        .env("TIERGATE_DATA_DIR", dir.join("data"))
-        .env("TIERGATE_LISTEN__HTTP", "127.0.0.1:0")
-        .env("TIERGATE_LISTEN__GRPC", "127.0.0.1:0")
-        .env("TIERGATE_LISTEN__METRICS", "127.0.0.1:0")
-        .env("TIERGATE_LOG__FORMAT", "json")
-        .env("TIERGATE_SHUTDOWN__DRAIN_DELAY", drain_delay)
-        .env("TIERGATE_SHUTDOWN__TIMEOUT", timeout)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tiergate starts");
-    let stderr = child.stderr.take().expect("piped");
-    let (tx, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    // Owned from here on, so a failed wait below still stops the process.
-    let mut served = Served {
-        child,
-        http: SocketAddr::from(([127, 0, 0, 1], 0)),
-        grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
-        log,
-    };
-    let limit = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let line = served
-            .log
-            .recv_timeout(limit.saturating_duration_since(std::time::Instant::now()))
-            .expect("the gateway logs that it is serving within 20 s");
-        let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if entry["fields"]["message"] == "tiergate is serving" {
-            let addr = |door: &str| {
-                let text = entry["fields"][door].as_str().expect("an address");
-                text.parse::<SocketAddr>().expect("address")
-            };
-            (served.http, served.grpc) = (addr("http"), addr("grpc"));
-            return served;
-        }
-    }
-}
-
-impl Served {
-    fn terminate(&self) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
-    }
-
-    /// Waits for the process to exit (within `limit`), returning its status and the
-    /// log lines it wrote since start-up. The test's own backends keep running meanwhile.
-    async fn exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>) {
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return (status, self.log.try_iter().collect());
-            }
-            assert!(Instant::now() < until, "the gateway did not exit within {limit:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    served::serve(
+        dir,
+        &[
+            ("TIERGATE_SHUTDOWN__DRAIN_DELAY", drain_delay),
+            ("TIERGATE_SHUTDOWN__TIMEOUT", timeout),
+        ],
+    )
 }
 
 fn write_policy(dir: &Path, text: &str) {

@@ -247,3 +247,45 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
     );
     assert!(!log.contains("\"inputs\""), "no request body is logged");
 }
+
+#[tokio::test]
+async fn every_5xx_is_logged_with_the_request_id_the_client_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("policies")).expect("dir");
+    let policy = format!(
+        "[routes.gone]\nmodels = [\"gone\"]\n[routes.gone.realtime]\nendpoints = [\"http://{}\"]\n",
+        dead_addr().await
+    );
+    std::fs::write(dir.path().join("policies/test.toml"), policy).expect("policy");
+    let gw = common::served::serve(dir.path(), &[]);
+    let asked = [
+        ("GET", "/v2/models/gone", "log-meta"),
+        ("GET", "/v2/models/gone/config", "log-config"),
+        ("POST", "/v2/models/gone/infer", "log-infer"),
+    ];
+    for (method, path, id) in asked {
+        let answer = send(method, gw.http, path, &[("x-request-id", id)], BODY.to_owned()).await;
+        assert_eq!(answer.status, 502, "{method} {path}: {}", answer.text());
+    }
+    let logged = eventually(Duration::from_secs(10), "the 502s are logged", || async {
+        let lines: Vec<serde_json::Value> = gw
+            .lines()
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|l: &serde_json::Value| {
+                l["level"] == "WARN"
+                    && l["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("answered 502"))
+            })
+            .collect();
+        (lines.len() >= asked.len()).then_some(lines)
+    })
+    .await;
+    for (_, path, id) in asked {
+        let named = logged
+            .iter()
+            .any(|l| l["fields"]["request_id"] == id || l["span"]["request_id"] == id);
+        assert!(named, "{path}: a line with request id {id} in {logged:#?}");
+    }
+}

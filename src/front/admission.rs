@@ -34,8 +34,13 @@ use crate::tenant::Tenant;
 const MAX_TENANTS: usize = 100_000;
 /// Body bytes are accounted in units of this many bytes.
 const UNIT: usize = 1024;
-/// How often resident memory is read when `max_rss_bytes` is set.
+/// How often resident memory is read when `max_rss_bytes` is set and it is past half
+/// the limit; below half, every [`RSS_EVERY_BELOW_HALF`] (memory grows by held bodies,
+/// themselves bounded, so it cannot cross the other half in one such wait unnoticed by
+/// the body budget).
 const RSS_EVERY: Duration = Duration::from_millis(100);
+/// How often resident memory is read while it is below half of `max_rss_bytes`.
+const RSS_EVERY_BELOW_HALF: Duration = Duration::from_secs(1);
 
 /// The gateway's admission control, shared by both doors.
 #[derive(Debug)]
@@ -227,21 +232,28 @@ fn shed(reason: &'static str, message: &str) -> Error {
     Error::new(Kind::Overloaded, message)
 }
 
-/// Reads resident memory every [`RSS_EVERY`] and flags when it is above `limit`.
+/// Reads resident memory (every [`RSS_EVERY`] past half of `limit`, every
+/// [`RSS_EVERY_BELOW_HALF`] below) and flags when it is above `limit`.
 fn watch_rss(limit: u64, over: Arc<AtomicBool>, shutdown: CancellationToken) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
-        let mut tick = tokio::time::interval(RSS_EVERY);
+        let gauge = ::metrics::gauge!(metrics::PROCESS_RSS);
+        let mut every = RSS_EVERY;
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(every) => {}
                 _ = shutdown.cancelled() => return,
             }
             if let Some(rss) = resident_bytes() {
-                ::metrics::gauge!(metrics::PROCESS_RSS).set(rss as f64);
+                gauge.set(rss as f64);
                 over.store(rss > limit, Ordering::Relaxed);
+                every = if rss < limit / 2 {
+                    RSS_EVERY_BELOW_HALF
+                } else {
+                    RSS_EVERY
+                };
             }
         }
     });

@@ -100,9 +100,10 @@ impl Dispatch {
         how: &'static str,
     ) -> Served {
         let mut reply = entry.answer(question);
-        reply
-            .headers_mut()
-            .insert(headers::CACHE, HeaderValue::from_static(how));
+        let headers = reply.headers_mut();
+        headers.insert(headers::CACHE, HeaderValue::from_static(how));
+        // No tier served it: its reason says where the answer came from.
+        headers.insert(headers::REASON, HeaderValue::from_static(crate::decision::CACHE_REASON));
         self.counted(route, door, Ok(reply), request.extensions().get())
     }
 }

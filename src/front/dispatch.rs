@@ -121,6 +121,17 @@ pub struct Served {
     pub policy_version: u64,
 }
 
+impl Served {
+    /// Logs it when it ended in a 5xx of the gateway's ([`super::failures`]), with the
+    /// request's ids: called by its door, which has them (the dispatch keeps them only
+    /// for its debug line, to spare the success path a copy).
+    pub fn log_failure(&self, route: &str, door: Door, ids: &trace::Ids) {
+        if let Err(e) = &self.result {
+            super::failures::log(route, door, self.decision, e, Some(ids));
+        }
+    }
+}
+
 impl Dispatch {
     /// Serves `policy` through `tiers`; model metadata calls go through pools built with
     /// `backends`; ready as `readiness` says.
@@ -459,9 +470,10 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
     Error::new(Kind::NoTier, message)
 }
 
-/// Counts the request by its outcome (the error's kind, or the backend's status class),
-/// logs a 5xx of the gateway's at warn ([`super::failures`]), and writes its `served` debug line, which carries the request's ids, route and
-/// decision as fields: the request's own span is for the exporter only.
+/// Counts the request by its outcome (the error's kind, or the backend's status class)
+/// and writes its `served` debug line, which carries the request's ids, route and
+/// decision as fields: the request's own span is for the exporter only. (A 5xx is
+/// logged by the door, [`Served::log_failure`].)
 fn count(
     route: &Route,
     door: Door,
@@ -475,10 +487,7 @@ fn count(
             400..=499 => "backend_rejected",
             _ => "backend_error",
         },
-        Err(e) => {
-            super::failures::log(&route.name, door, served.decision, e, ids);
-            e.kind.outcome()
-        }
+        Err(e) => e.kind.outcome(),
     };
     instruments.request(&route.name, served.decision.map(|d| d.tier), outcome);
     if tracing::enabled!(tracing::Level::DEBUG) {

@@ -119,7 +119,8 @@ pub fn take_accepted(headers: &mut HeaderMap) -> Option<Coding> {
     found
 }
 
-/// Compresses `answer`'s body with `coding`, unless it is empty or already encoded.
+/// Compresses `answer`'s body with `coding` (and says `Vary: Accept-Encoding`), unless
+/// it is empty or already encoded.
 pub fn encode(answer: &mut Response<Bytes>, coding: Coding) {
     if answer.body().is_empty() || answer.headers().contains_key(CONTENT_ENCODING) {
         return;
@@ -142,6 +143,8 @@ pub fn encode(answer: &mut Response<Bytes>, coding: Coding) {
         let headers = answer.headers_mut();
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.name()));
         headers.remove(CONTENT_LENGTH);
+        // Another client's `Accept-Encoding` gets another body: caches must know.
+        headers.append(http::header::VARY, HeaderValue::from_static("accept-encoding"));
     }
 }
 

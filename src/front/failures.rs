@@ -64,6 +64,38 @@ pub fn log(route: &str, door: Door, decision: Option<Decision>, error: &Error, i
     );
 }
 
+/// Logs a 5xx answer to a request on no route's infer path (metadata, readiness,
+/// config, statistics: `what` is the path or the gRPC method), with the request id it
+/// was answered with, when `what`'s lines allow.
+pub fn log_answer(door: Door, what: &str, status: u16, detail: &str, request_id: &http::HeaderValue) {
+    let (lines, key) = (lines(), what.to_owned());
+    if lines.limit.check_key(&key).is_err() {
+        *lines.left_out.entry(key).or_default() += 1;
+        return;
+    }
+    let left_out = lines.left_out.remove(&key).map_or(0, |(_, n)| n);
+    let detail: String = detail.chars().take(300).collect();
+    tracing::warn!(
+        door = door.as_str(),
+        what,
+        status,
+        request_id = request_id.to_str().unwrap_or_default(),
+        left_out,
+        "answered {status}: {detail}"
+    );
+}
+
+/// Logs a model left out of an answer of every model's statistics because its route's
+/// backend failed (the other models are answered).
+pub fn skipped_statistics(model: &str, door: &str, why: &str, request_id: &http::HeaderValue) {
+    tracing::warn!(
+        model,
+        door,
+        request_id = request_id.to_str().unwrap_or_default(),
+        "statistics of every model: {model} left out, its backend failed: {why}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,7 +90,13 @@ impl Door {
         let close = req.version() == http::Version::HTTP_11 && self.dispatch.draining();
         let mut response = match self.let_in(&mut req) {
             Ok(()) => self.route(req).await,
-            Err(e) => failure(&e),
+            Err(e) => {
+                let mut refused = failure_as(&e, Shape::of(req.uri().path()));
+                refused
+                    .headers_mut()
+                    .insert(trace::REQUEST_ID, trace::request_id(req.headers()));
+                refused
+            }
         };
         if close {
             response
@@ -123,16 +129,54 @@ impl Door {
     async fn route<B: RequestBody>(self: Arc<Self>, req: Request<B>) -> Response<Answered> {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
+        // The infer paths answer with their request's ids (its trace's too); every
+        // other answer carries the client's request id, or one made for it.
         match (target(&path), &method) {
+            (Target::Model { name, rest: "/infer" }, &Method::POST) => {
+                if let Some(route) = self.dispatch.policy().route_for_model(name).cloned() {
+                    return Box::pin(self.serve(route, req, Body::Kserve)).await;
+                }
+            }
+            (Target::Other(p), &Method::POST) if !(self.offline.is_some() && offline_path(p)) => {
+                if let Some(route) = self.dispatch.policy().route_for_path(p).cloned() {
+                    return Box::pin(self.serve(route, req, Body::Json)).await;
+                }
+            }
+            _ => {}
+        }
+        let id = trace::request_id(req.headers());
+        let mut response = Box::pin(self.other(req, &path, &method, &id)).await;
+        if response.status().is_server_error() {
+            let detail = match response.body() {
+                Answered::Whole(Some(body)) => String::from_utf8_lossy(body).into_owned(),
+                _ => String::new(),
+            };
+            super::failures::log_answer(DoorKind::Http, &path, response.status().as_u16(), &detail, &id);
+        }
+        response.headers_mut().insert(trace::REQUEST_ID, id);
+        response
+    }
+
+    /// Every answer but an infer path's.
+    async fn other<B: RequestBody>(
+        self: Arc<Self>,
+        req: Request<B>,
+        path: &str,
+        method: &Method,
+        id: &HeaderValue,
+    ) -> Response<Answered> {
+        let shape = Shape::of(path);
+        match (target(path), method) {
             (Target::Live, &Method::GET) => empty(StatusCode::OK),
             (Target::Ready, &Method::GET) => not_ready(&self.dispatch.not_ready()),
             (Target::Server, &Method::GET) => json(StatusCode::OK, server_metadata()),
-            (Target::Model { name, rest: "/infer" }, &Method::POST) => {
-                match self.dispatch.policy().route_for_model(name).cloned() {
-                    Some(route) => Box::pin(self.serve(route, req, Body::Kserve)).await,
-                    None => failure(&unmatched_model("http", name)),
-                }
-            }
+            (Target::Model { name, rest: "/infer" }, &Method::POST) => failure(&unmatched_model("http", name)),
+            (
+                Target::Model {
+                    rest: "/trace/setting", ..
+                },
+                _,
+            ) => failure(&super::extensions::settings("trace settings")),
             (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => {
                 let (parts, _) = req.into_parts();
                 match Box::pin(self.dispatch.control(name, Request::from_parts(parts, Bytes::new()))).await {
@@ -140,27 +184,42 @@ impl Door {
                     Err(e) => failure(&e),
                 }
             }
-            (Target::AllStats, &Method::GET) => Box::pin(self.all_stats()).await,
-            (Target::SharedMemory { region, action }, _) => shared_memory(&method, region, action),
-            (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => Box::pin(self.offline(req)).await,
-            (Target::Other(p), &Method::POST) => match self.dispatch.policy().route_for_path(p).cloned() {
-                Some(route) => Box::pin(self.serve(route, req, Body::Json)).await,
-                None => not_found(&method, &path),
-            },
-            (Target::Live | Target::Ready | Target::Server | Target::AllStats, _) | (Target::Model { .. }, _) => {
-                failure(&Error::new(
-                    Kind::MethodNotAllowed,
-                    format!("{method} is not allowed on {path}"),
-                ))
+            (Target::AllStats, &Method::GET) => Box::pin(self.all_stats(id)).await,
+            (Target::SharedMemory { region, action }, _) => shared_memory(method, region, action),
+            (Target::RepositoryIndex, &Method::POST) => {
+                let (parts, body) = req.into_parts();
+                match self.read_body(&parts.headers, body, REPOSITORY_BODY).await {
+                    Ok(body) => repository_index(&self.dispatch, &body),
+                    Err(e) => failure(&e),
+                }
             }
-            (Target::Other(_), _) => not_found(&method, &path),
+            (Target::ModelControl { name, action }, &Method::POST) if matches!(action, "load" | "unload") => {
+                failure(&super::extensions::model_control(action, name))
+            }
+            (Target::Settings { what }, &Method::GET | &Method::POST) => failure(&super::extensions::settings(what)),
+            (Target::Other(p), _) if self.offline.is_some() && offline_path(p) => Box::pin(self.offline(req)).await,
+            (
+                Target::Live
+                | Target::Ready
+                | Target::Server
+                | Target::AllStats
+                | Target::RepositoryIndex
+                | Target::Settings { .. },
+                _,
+            )
+            | (Target::Model { .. }, _) => failure_as(
+                &Error::new(Kind::MethodNotAllowed, format!("{method} is not allowed on {path}")),
+                shape,
+            ),
+            (Target::ModelControl { .. } | Target::Other(_), _) => not_found(method, path, shape),
         }
     }
 
     /// `GET /v2/models/stats`: every model's statistics, from the route serving each, as
-    /// one `model_stats` list (a model its backend does not know is left out, as Triton
-    /// lists only the models it has).
-    async fn all_stats(&self) -> Response<Answered> {
+    /// one `model_stats` list. A model its backend does not know is left out, as Triton
+    /// lists only the models it has; so is one whose backend fails (logged, with `id`):
+    /// the others are still answered.
+    async fn all_stats(&self, id: &HeaderValue) -> Response<Answered> {
         let mut all = Vec::new();
         for model in self.dispatch.models() {
             let mut request = Request::new(Bytes::new());
@@ -168,23 +227,22 @@ impl Door {
                 Ok(uri) => uri,
                 Err(_) => continue, // a name no path can carry has no statistics either
             };
-            match self.dispatch.control(&model, request).await {
+            let why = match self.dispatch.control(&model, request).await {
                 Ok(reply) if reply.status() == StatusCode::OK => {
                     let stats: serde_json::Value = serde_json::from_slice(reply.body()).unwrap_or_default();
                     match stats.get("model_stats").and_then(serde_json::Value::as_array) {
-                        Some(models) => all.extend(models.iter().cloned()),
-                        None => {
-                            return failure(&Error::new(
-                                Kind::Backend,
-                                format!("the statistics of model {model} are not KServe v2 statistics"),
-                            ))
+                        Some(models) => {
+                            all.extend(models.iter().cloned());
+                            continue;
                         }
+                        None => "its statistics are not KServe v2 statistics".to_owned(),
                     }
                 }
-                Ok(reply) if reply.status() == StatusCode::NOT_FOUND => {}
-                Ok(reply) => return reply.map(Answered::from),
-                Err(e) => return failure(&e),
-            }
+                Ok(reply) if reply.status() == StatusCode::NOT_FOUND => continue,
+                Ok(reply) => format!("it answered {}", reply.status()),
+                Err(e) => e.message,
+            };
+            super::failures::skipped_statistics(&model, "http", &why, id);
         }
         let body = serde_json::json!({ "model_stats": all });
         json(StatusCode::OK, Bytes::from(body.to_string()))
@@ -226,7 +284,7 @@ impl Door {
         };
         match answered.await {
             Ok(reply) => reply,
-            Err(e) => failure(&e),
+            Err(e) => failure_as(&e, Shape::Openai),
         }
     }
 
@@ -251,6 +309,10 @@ impl Door {
         let received = Instant::now();
         let tenant = Tenant::of(&req);
         let (mut parts, body) = req.into_parts();
+        let shape = match kind {
+            Body::Kserve => Shape::Kserve,
+            Body::Json => Shape::of(parts.uri.path()),
+        };
         let coded = super::encoding::named(&parts.headers);
         let answer_coding = coded
             .then(|| super::encoding::take_accepted(&mut parts.headers))
@@ -260,7 +322,7 @@ impl Door {
             .admit(DoorKind::Http, route, (&parts.headers, &tenant), ids, received)
         {
             Ok(admitted) => admitted,
-            Err(refused) => return render(*refused),
+            Err(refused) => return render(*refused, shape),
         };
         let prepared = async {
             // Hold the declared length before reading, so a flood of large bodies is
@@ -311,14 +373,16 @@ impl Door {
                 if let Some(sequence) = sequence {
                     parts.extensions.insert(sequence);
                 }
-                admitted.serve(Request::from_parts(parts, body), meta).await
+                let served = admitted.serve(Request::from_parts(parts, body), meta).await;
+                admitted.log_failure(&served);
+                served
             }
             Err(e) => admitted.failed(e),
         };
         if let (Some(coding), Ok(reply)) = (answer_coding, served.result.as_mut()) {
             super::encoding::encode(reply, coding);
         }
-        let response = render(served);
+        let response = render(served, shape);
         drop(admitted);
         response
     }
@@ -367,10 +431,10 @@ fn bad_request(e: protocol::Error) -> Error {
 
 /// Renders a served request: the backend's answer or the error, with the decision's
 /// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only).
-fn render(served: Served) -> Response<Answered> {
+fn render(served: Served, shape: Shape) -> Response<Answered> {
     let mut response = match served.result {
         Ok(reply) => reply.map(Answered::from),
-        Err(e) => failure(&e),
+        Err(e) => failure_as(&e, shape),
     };
     let headers = response.headers_mut();
     if let Some(d) = served.decision {
@@ -384,14 +448,69 @@ fn render(served: Served) -> Response<Answered> {
     response
 }
 
-fn not_found(method: &Method, path: &str) -> Response<Answered> {
+fn not_found(method: &Method, path: &str, shape: Shape) -> Response<Answered> {
     ::metrics::counter!(metrics::UNMATCHED, "door" => "http").increment(1);
-    failure(&Error::new(Kind::NotFound, format!("no route serves {method} {path}")))
+    failure_as(
+        &Error::new(Kind::NotFound, format!("no route serves {method} {path}")),
+        shape,
+    )
+}
+
+/// The largest `/v2/repository/index` body read (it says at most `{"ready": true}`).
+const REPOSITORY_BODY: usize = 4096;
+
+/// How an error answer is written: KServe v2's `{"error": "..."}`, or, under `/v1/`
+/// (the Batch API, OpenAI-style embeddings; not TF-Serving's `/v1/models/`), OpenAI's
+/// `{"error": {"message", "type", "param", "code"}}`, which its SDKs read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// KServe v2 (and TF-Serving).
+    Kserve,
+    /// OpenAI.
+    Openai,
+}
+
+impl Shape {
+    /// The shape of errors on `path`.
+    pub fn of(path: &str) -> Shape {
+        match path.starts_with("/v1/") && !path.starts_with("/v1/models/") {
+            true => Shape::Openai,
+            false => Shape::Kserve,
+        }
+    }
+}
+
+/// OpenAI's error object for `e`: its message, a type as OpenAI's SDKs know them, and
+/// the gateway's outcome as the code.
+fn openai_error_body(e: &Error) -> Bytes {
+    let status = e.kind.status();
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        429 => "rate_limit_error",
+        s if s >= 500 => "server_error",
+        _ => "invalid_request_error",
+    };
+    let body = serde_json::json!({"error": {
+        "message": e.message,
+        "type": kind,
+        "param": null,
+        "code": e.kind.outcome(),
+    }});
+    Bytes::from(body.to_string())
 }
 
 /// The protocol's error shape with the status (and `Retry-After`) from the error table.
 pub fn failure(e: &Error) -> Response<Answered> {
-    let mut response = Response::new(Answered::from(protocol::error_body(&e.message)));
+    failure_as(e, Shape::Kserve)
+}
+
+/// [`failure`], its body in `shape`.
+pub fn failure_as(e: &Error, shape: Shape) -> Response<Answered> {
+    let body = match shape {
+        Shape::Kserve => protocol::error_body(&e.message),
+        Shape::Openai => openai_error_body(e),
+    };
+    let mut response = Response::new(Answered::from(body));
     *response.status_mut() = e.kind.status();
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -438,24 +557,36 @@ fn unsupported_coding(headers: &http::HeaderMap) -> Option<Error> {
 /// registered: the status lists none, unregistering succeeds, registering is refused
 /// saying why (as Triton refuses a region it cannot use).
 fn shared_memory(method: &Method, region: Option<&str>, action: &str) -> Response<Answered> {
-    const WHY: &str = "tiergate cannot use shared memory (the client's regions are on another host than the \
-                       model servers it forwards to); send tensors' data in the request instead";
-    match (method, region, action) {
-        (&Method::GET, None, "status") => json(StatusCode::OK, Bytes::from_static(b"[]")),
-        (&Method::POST, _, "unregister") => empty(StatusCode::OK),
-        (&Method::GET, Some(region), "status") => failure(&Error::new(
-            Kind::BadRequest,
-            format!("no shared memory region {region:?} is registered: {WHY}"),
-        )),
-        (&Method::POST, _, "register") => failure(&Error::new(
-            Kind::BadRequest,
-            format!("shared memory regions cannot be registered: {WHY}"),
-        )),
-        _ => failure(&Error::new(
-            Kind::NotFound,
-            format!("no shared memory endpoint for {method} {action}: {WHY}"),
-        )),
-    }
+    use super::extensions::{shared_memory_register, shared_memory_status, shared_memory_unknown};
+    let answered = match (method, action) {
+        (&Method::GET, "status") => {
+            shared_memory_status(region).map(|()| json(StatusCode::OK, Bytes::from_static(b"[]")))
+        }
+        (&Method::POST, "unregister") => Ok(empty(StatusCode::OK)),
+        (&Method::POST, "register") => Err(shared_memory_register()),
+        _ => Err(shared_memory_unknown(method.as_str(), action)),
+    };
+    answered.unwrap_or_else(|e| failure(&e))
+}
+
+/// `POST /v2/repository/index`: the models the policy routes, as Triton lists its
+/// repository (`{"ready": true}` for the ready ones only).
+fn repository_index(dispatch: &Dispatch, body: &[u8]) -> Response<Answered> {
+    let ready = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("ready")?.as_bool())
+        .unwrap_or(false);
+    let models: Vec<serde_json::Value> = super::extensions::repository(dispatch, ready)
+        .into_iter()
+        .map(|m| {
+            let mut entry = serde_json::json!({"name": m.name, "state": m.state()});
+            if let Some(why) = m.not_ready {
+                entry["reason"] = why.into();
+            }
+            entry
+        })
+        .collect();
+    json(StatusCode::OK, Bytes::from(serde_json::Value::from(models).to_string()))
 }
 
 fn server_metadata() -> Bytes {

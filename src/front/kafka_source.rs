@@ -287,7 +287,9 @@ async fn served(
             budget: source.budget,
             source: BudgetSource::KafkaSource,
         };
-        admitted.serve_decided(decision, request).await
+        let served = admitted.serve_decided(decision, request).await;
+        admitted.log_failure(&served);
+        served
     }
     .instrument(span)
     .await;

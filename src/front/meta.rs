@@ -84,6 +84,19 @@ pub fn read(
             .filter(|&us| us > 0)
             .map(|us| (Duration::from_micros(us), BudgetSource::KserveTimeout))
     };
+    // One rule for every tier: a band only the micro-batch tier uses is still checked.
+    if let Some(v) = headers.get(headers::PRIORITY) {
+        if v.to_str().ok().and_then(crate::policy::Priority::parse).is_none() {
+            return Err(Error::new(
+                Kind::BadRequest,
+                format!(
+                    "{} must be \"critical\", \"standard\" or \"sheddable\", got {:?}",
+                    headers::PRIORITY,
+                    String::from_utf8_lossy(v.as_bytes())
+                ),
+            ));
+        }
+    }
     let key = match headers
         .get(&route.rollout_key_header)
         .map(|v| v.as_bytes())

@@ -18,6 +18,7 @@ pub mod body;
 mod cached;
 pub mod dispatch;
 mod encoding;
+mod extensions;
 mod failures;
 pub mod grpc;
 pub mod http;

@@ -39,6 +39,20 @@ pub enum Target<'a> {
         /// `status`, `register` or `unregister` (anything else: unknown).
         action: &'a str,
     },
+    /// `/v2/repository/index`: the models the policy routes.
+    RepositoryIndex,
+    /// `/v2/repository/models/{name}/load` or `/unload` (`action`; anything else too).
+    ModelControl {
+        /// The model named.
+        name: &'a str,
+        /// What was asked of it.
+        action: &'a str,
+    },
+    /// `/v2/logging`, `/v2/trace/setting` (`what`: "log settings", "trace settings").
+    Settings {
+        /// Which settings.
+        what: &'static str,
+    },
     /// Anything else: a JSON route if the policy has one for this exact path.
     Other(&'a str),
 }
@@ -60,8 +74,19 @@ pub fn route_for(policy: &Policy, path: &str) -> Option<Arc<Route>> {
     }
 }
 
-/// A path that is not a model's: Triton's shared-memory extension, or anything else.
+/// A path that is not a model's: Triton's repository, logging, trace or shared-memory
+/// extensions, or anything else.
 fn other(path: &str) -> Target<'_> {
+    match path {
+        "/v2/repository/index" => return Target::RepositoryIndex,
+        "/v2/logging" => return Target::Settings { what: "log settings" },
+        "/v2/trace/setting" => return Target::Settings { what: "trace settings" },
+        _ => {}
+    }
+    if let Some(tail) = path.strip_prefix("/v2/repository/models/") {
+        let (name, action) = tail.rsplit_once('/').unwrap_or((tail, ""));
+        return Target::ModelControl { name, action };
+    }
     let shared = ["/v2/systemsharedmemory", "/v2/cudasharedmemory"];
     let Some(tail) = shared.iter().find_map(|p| path.strip_prefix(p)) else {
         return Target::Other(path);
@@ -133,6 +158,16 @@ mod tests {
             ("/v2/models/resnet/versions/3/ready", model("resnet", "/ready")),
             ("/v2/models/resnet/config", model("resnet", "/config")),
             ("/v2/models/", Target::Other("/v2/models/")),
+            ("/v2/repository/index", Target::RepositoryIndex),
+            (
+                "/v2/repository/models/resnet/load",
+                Target::ModelControl {
+                    name: "resnet",
+                    action: "load",
+                },
+            ),
+            ("/v2/logging", Target::Settings { what: "log settings" }),
+            ("/v2/trace/setting", Target::Settings { what: "trace settings" }),
             ("/v1/embeddings", Target::Other("/v1/embeddings")),
         ];
         for (path, want) in cases {

@@ -71,7 +71,11 @@ impl Dispatch {
                 tenant: tenant.clone(),
                 ticket,
             }),
-            Err(e) => Err(Box::new(self.failed(&route, door, e, Some(ids)))),
+            Err(e) => {
+                let refused = self.failed(&route, door, e, Some(ids));
+                refused.log_failure(&route.name, door, ids);
+                Err(Box::new(refused))
+            }
         }
     }
 }
@@ -122,6 +126,14 @@ impl Admitted<'_> {
     /// A request that failed in the door's own step (a bad body, a message too large),
     /// counted like every other.
     pub fn failed(&self, error: Error) -> Served {
-        self.dispatch.failed(&self.route, self.door, error, Some(&self.ids))
+        let failed = self.dispatch.failed(&self.route, self.door, error, Some(&self.ids));
+        failed.log_failure(&self.route.name, self.door, &self.ids);
+        failed
+    }
+
+    /// Logs `served`, this request's outcome, when it is a 5xx of the gateway's (the
+    /// door calls it with what [`Admitted::serve`] gave it).
+    pub fn log_failure(&self, served: &Served) {
+        served.log_failure(&self.route.name, self.door, &self.ids);
     }
 }

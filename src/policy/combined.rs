@@ -87,6 +87,7 @@ pub(super) fn reachable(check: &mut Check<'_>, at: &str, members: &BTreeMap<Stri
 
 /// A member's outputs, as (its name, the combined model's name).
 fn member_outputs(check: &mut Check<'_>, at: &str, file: &OutputsFile) -> Vec<(String, String)> {
+    let file = &file.0;
     if file.is_empty() {
         check.fail(
             at,

@@ -304,8 +304,33 @@ pub struct BatchFile {
     pub combined: std::collections::BTreeMap<String, std::collections::BTreeMap<String, OutputsFile>>,
 }
 
-/// A member model's outputs: its own output name = the combined model's output name.
-pub type OutputsFile = std::collections::BTreeMap<String, String>;
+/// A member model's outputs: its own output name = the combined model's output name,
+/// in the order the file writes them (the order its callers get them in).
+#[derive(Debug, Default, PartialEq)]
+pub struct OutputsFile(pub Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for OutputsFile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct InOrder;
+        impl<'de> serde::de::Visitor<'de> for InOrder {
+            type Value = OutputsFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table of output names, such as { score = \"ctr_score\" }")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<OutputsFile, M::Error> {
+                let mut outputs: Vec<(String, String)> = Vec::new();
+                while let Some((own, theirs)) = map.next_entry::<String, String>()? {
+                    if outputs.iter().any(|(o, _)| *o == own) {
+                        return Err(serde::de::Error::custom(format!("output {own:?} is named twice")));
+                    }
+                    outputs.push((own, theirs));
+                }
+                Ok(OutputsFile(outputs))
+            }
+        }
+        deserializer.deserialize_map(InOrder)
+    }
+}
 
 /// `json_adapter` values.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]

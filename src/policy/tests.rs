@@ -419,9 +419,10 @@ cvr = { prob = "cvr_prob" }
     assert_eq!(
         ctr.outputs,
         [
-            ("logit".to_owned(), "ctr_logit".to_owned()),
-            ("prob".to_owned(), "ctr_prob".to_owned())
-        ]
+            ("prob".to_owned(), "ctr_prob".to_owned()),
+            ("logit".to_owned(), "ctr_logit".to_owned())
+        ],
+        "in the order the file writes them"
     );
     assert_eq!(spec.combined["cvr"].outputs.len(), 1);
 

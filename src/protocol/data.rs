@@ -135,7 +135,7 @@ impl Summary {
                 found.extend(kind(self.first_bool, "expected a string, got a boolean"));
                 found.extend(kind(self.first_long_str, "string is longer than 4 GiB"));
             }
-            Datatype::Fp16 | Datatype::Fp32 | Datatype::Fp64 => {
+            Datatype::Fp16 | Datatype::Bf16 | Datatype::Fp32 | Datatype::Fp64 => {
                 found.extend(kind(self.first_bool, "expected a number, got a boolean"));
                 found.extend(kind(self.first_str, "expected a number, got a string"));
                 let too_big = self.max_abs_float.filter(|(_, v)| (*v as f32).is_infinite());
@@ -241,8 +241,8 @@ impl Leaves {
             Datatype::Int32 => out.extend_from_slice(&(int as i32).to_le_bytes()),
             Datatype::Uint64 => out.extend_from_slice(&(int as u64).to_le_bytes()),
             Datatype::Int64 => out.extend_from_slice(&(int as i64).to_le_bytes()),
-            // Never reached: JSON FP16 is refused before conversion.
-            Datatype::Fp16 => out.extend_from_slice(&[0, 0]),
+            // Never reached: JSON FP16 and BF16 are refused before conversion.
+            Datatype::Fp16 | Datatype::Bf16 => out.extend_from_slice(&[0, 0]),
             Datatype::Fp32 => out.extend_from_slice(&(float as f32).to_le_bytes()),
             Datatype::Fp64 => out.extend_from_slice(&float.to_le_bytes()),
             Datatype::Bytes => {

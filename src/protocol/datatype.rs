@@ -26,6 +26,8 @@ pub enum Datatype {
     Int64,
     /// `FP16`: IEEE half precision, binary only (Triton refuses it in JSON).
     Fp16,
+    /// `BF16`: bfloat16 (the high half of an `FP32`), binary only as `FP16` is.
+    Bf16,
     /// `FP32`.
     Fp32,
     /// `FP64`.
@@ -41,7 +43,7 @@ pub struct ParseDatatypeError(pub String);
 
 impl Datatype {
     /// Every datatype, in the protocol's table order.
-    pub const ALL: [Datatype; 13] = [
+    pub const ALL: [Datatype; 14] = [
         Datatype::Bool,
         Datatype::Uint8,
         Datatype::Uint16,
@@ -52,6 +54,7 @@ impl Datatype {
         Datatype::Int32,
         Datatype::Int64,
         Datatype::Fp16,
+        Datatype::Bf16,
         Datatype::Fp32,
         Datatype::Fp64,
         Datatype::Bytes,
@@ -70,6 +73,7 @@ impl Datatype {
             Datatype::Int32 => "INT32",
             Datatype::Int64 => "INT64",
             Datatype::Fp16 => "FP16",
+            Datatype::Bf16 => "BF16",
             Datatype::Fp32 => "FP32",
             Datatype::Fp64 => "FP64",
             Datatype::Bytes => "BYTES",
@@ -80,7 +84,7 @@ impl Datatype {
     pub fn element_size(&self) -> Option<usize> {
         match self {
             Datatype::Bool | Datatype::Uint8 | Datatype::Int8 => Some(1),
-            Datatype::Uint16 | Datatype::Int16 | Datatype::Fp16 => Some(2),
+            Datatype::Uint16 | Datatype::Int16 | Datatype::Fp16 | Datatype::Bf16 => Some(2),
             Datatype::Uint32 | Datatype::Int32 | Datatype::Fp32 => Some(4),
             Datatype::Uint64 | Datatype::Int64 | Datatype::Fp64 => Some(8),
             Datatype::Bytes => None,
@@ -148,6 +152,7 @@ mod tests {
             (Datatype::Bool, Some(1)),
             (Datatype::Int16, Some(2)),
             (Datatype::Fp16, Some(2)),
+            (Datatype::Bf16, Some(2)),
             (Datatype::Uint32, Some(4)),
             (Datatype::Fp64, Some(8)),
             (Datatype::Bytes, None),

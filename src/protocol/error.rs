@@ -108,11 +108,13 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
-    /// FP16 data sent as JSON, which Triton does not allow.
-    #[error("{path}.data: FP16 cannot be sent as JSON; send this tensor with the binary tensor extension")]
-    JsonFp16 {
+    /// FP16 or BF16 data sent as JSON, which Triton does not allow.
+    #[error("{path}.data: {datatype} cannot be sent as JSON; send this tensor with the binary tensor extension")]
+    JsonBinaryOnly {
         /// The tensor.
         path: String,
+        /// Its datatype.
+        datatype: super::Datatype,
     },
     /// A tensor with neither `data` nor `parameters.binary_data_size`.
     #[error("{path} has neither data nor parameters.binary_data_size")]

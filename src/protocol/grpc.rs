@@ -254,10 +254,10 @@ fn typed_to_raw(path: &str, datatype: Datatype, count: u64, c: InferTensorConten
             }
             c.bytes_contents.len()
         }
-        Datatype::Fp16 => {
+        Datatype::Fp16 | Datatype::Bf16 => {
             return Err(grpc(
                 path,
-                "FP16 has no typed contents; send it in raw_input_contents".into(),
+                format!("{datatype} has no typed contents; send it in raw_input_contents"),
             ))
         }
     };

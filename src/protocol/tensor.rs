@@ -49,12 +49,12 @@ impl Tensor {
         BytesElements(&self.data)
     }
 
-    /// Whether JSON can carry this tensor exactly: not FP16, no NaN or infinity,
+    /// Whether JSON can carry this tensor exactly: not FP16 or BF16, no NaN or infinity,
     /// BYTES only when every element is UTF-8, and data that tiles into whole elements.
     pub(crate) fn json_representable(&self) -> bool {
         let data = &self.data[..];
         match self.datatype {
-            Datatype::Fp16 => false,
+            Datatype::Fp16 | Datatype::Bf16 => false,
             Datatype::Fp32 => {
                 data.len() % 4 == 0 && data.chunks_exact(4).all(|c| f32::from_le_bytes(le(c)).is_finite())
             }
@@ -121,8 +121,8 @@ impl Serialize for JsonData<'_> {
             Datatype::Int64 => le_seq!(s, data, i64),
             Datatype::Fp32 => le_seq!(s, data, f32),
             Datatype::Fp64 => le_seq!(s, data, f64),
-            // Encoders send FP16 binary; an empty array keeps this total.
-            Datatype::Fp16 => s.collect_seq(std::iter::empty::<u8>()),
+            // Encoders send FP16 and BF16 binary; an empty array keeps this total.
+            Datatype::Fp16 | Datatype::Bf16 => s.collect_seq(std::iter::empty::<u8>()),
             Datatype::Bytes => s.collect_seq(BytesElements(data).map(|e| std::str::from_utf8(e).unwrap_or_default())),
         }
     }
@@ -155,8 +155,9 @@ mod tests {
     #[test]
     fn representable_in_json() {
         let nan = f32::NAN.to_le_bytes();
-        let table: [(Datatype, &[u8], bool); 7] = [
+        let table: [(Datatype, &[u8], bool); 8] = [
             (Datatype::Fp16, &[0, 0], false),
+            (Datatype::Bf16, &[0x80, 0x3f], false),
             (Datatype::Fp32, &1.5f32.to_le_bytes(), true),
             (Datatype::Fp32, &nan, false),
             (Datatype::Int32, &[1, 2, 3], false),

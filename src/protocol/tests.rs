@@ -61,6 +61,7 @@ fn error_cases() -> Vec<(&'static str, Bytes, Option<usize>, String)> {
         ("object element", f(input("x", "FP32", json!([2]), json!([1, {"a": 1}]))), "inputs[0].data[1]: expected a number, boolean or string, got an object"),
         ("data not array", fp32(json!(1.0)), "inputs[0].data must be an array (flat or nested)"),
         ("json fp16", f(input("x", "FP16", json!([1]), json!([1.0]))), "inputs[0].data: FP16 cannot be sent as JSON; send this tensor with the binary tensor extension"),
+        ("json bf16", f(input("x", "BF16", json!([1]), json!([1.0]))), "inputs[0].data: BF16 cannot be sent as JSON; send this tensor with the binary tensor extension"),
         ("no data", f(json!({"name": "x", "datatype": "FP32", "shape": [1]})), "inputs[0] has neither data nor parameters.binary_data_size"),
         ("both", f(json!({"name": "x", "datatype": "FP32", "shape": [1], "data": [1], "parameters": {"binary_data_size": 4}})), "inputs[0] has both data and parameters.binary_data_size; send one of them"),
         ("size param", binary_body(one(bin_input("x", "FP32", json!([1]), json!("4"))), &[0; 4]), "inputs[0].parameters.binary_data_size must be a non-negative integer (bytes), got \"4\""),
@@ -282,6 +283,7 @@ fn sample_response() -> InferResponse {
             tensor("a", Datatype::Fp32, &[2], le_all(&[0.5f32, 3.0], |v| v.to_le_bytes())),
             tensor("b", Datatype::Bytes, &[1], vec![1, 0, 0, 0, b'z']),
             tensor("c", Datatype::Fp16, &[1], vec![0x00, 0x3c]),
+            tensor("d", Datatype::Bf16, &[1], vec![0x80, 0x3f]),
         ],
         output_parameters: [(
             "a".to_owned(),

@@ -311,8 +311,8 @@ pub(crate) fn element_count(shape: &[u64]) -> u64 {
 
 fn check_json(path: &str, datatype: Datatype, shape: &[u64], summary: &Summary) -> Result<(), Error> {
     let path = path.to_owned();
-    if datatype == Datatype::Fp16 {
-        return Err(Error::JsonFp16 { path });
+    if matches!(datatype, Datatype::Fp16 | Datatype::Bf16) {
+        return Err(Error::JsonBinaryOnly { path, datatype });
     }
     match summary.problem {
         Some(Problem::NotArray) => {

@@ -218,6 +218,9 @@ fn numbers(t: &Tensor) -> Option<Vec<f64>> {
         Datatype::Uint16 => each(2, &|b| f64::from(u16::from_le_bytes([b[0], b[1]]))),
         Datatype::Int16 => each(2, &|b| f64::from(i16::from_le_bytes([b[0], b[1]]))),
         Datatype::Fp16 => each(2, &|b| f16(u16::from_le_bytes([b[0], b[1]]))),
+        Datatype::Bf16 => each(2, &|b| {
+            f64::from(f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        }),
         Datatype::Uint32 => each(4, &|b| f64::from(u32::from_le_bytes(protocol::le(b)))),
         Datatype::Int32 => each(4, &|b| f64::from(i32::from_le_bytes(protocol::le(b)))),
         Datatype::Fp32 => each(4, &|b| f64::from(f32::from_le_bytes(protocol::le(b)))),

@@ -108,13 +108,11 @@ impl GrpcInferenceService for SimGrpc {
         self.infer(msg).await.map(Response::new)
     }
 
-    type ModelStreamInferStream = bridge::InferStream;
-
     /// Answers a stream's requests in order, each with its answer or its error message.
     async fn model_stream_infer(
         &self,
         req: Request<Streaming<pb::ModelInferRequest>>,
-    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+    ) -> Result<Response<bridge::InferStream>, Status> {
         let sim = self.clone();
         let stream = bridge::stream_in_order(req.into_inner(), move |msg| {
             let sim = sim.clone();

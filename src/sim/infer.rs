@@ -319,6 +319,10 @@ fn values(t: &Tensor) -> Box<dyn Iterator<Item = f64> + '_> {
             data.chunks_exact(2)
                 .map(|c| f64::from(f16_to_f32(u16::from_le_bytes(le(c))))),
         ),
+        Datatype::Bf16 => Box::new(
+            data.chunks_exact(2)
+                .map(|c| f64::from(f32::from_bits(u32::from(u16::from_le_bytes(le(c))) << 16))),
+        ),
         Datatype::Fp32 => le_values!(data, f32),
         Datatype::Fp64 => le_values!(data, f64),
         Datatype::Bytes => Box::new(t.bytes_elements().map(|e| e.len() as f64)),

@@ -5,6 +5,7 @@ pub mod grpc;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod redis;
+pub mod served;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

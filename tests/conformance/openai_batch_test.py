@@ -135,6 +135,21 @@ class BatchApi(unittest.TestCase):
             self.client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
         self.assertIn("no route serves it", str(refused.exception))
 
+    def test_errors_are_openai_error_objects_and_answers_carry_request_ids(self):
+        with self.assertRaises(NotFoundError) as missing:
+            self.client.files.retrieve("file-nope")
+        error = missing.exception
+        self.assertEqual((error.code, error.type, error.param), ("not_found", "invalid_request_error", None))
+        self.assertIn("file-nope", error.message)
+        self.assertTrue(error.request_id, "the error names its request id")
+        with self.assertRaises(BadRequestError) as bad:
+            self.client.batches.create(input_file_id="file-nope", endpoint="/v1/nowhere", completion_window="24h")
+        self.assertEqual(bad.exception.code, "bad_request")
+        uploaded = self.client.files.create(file=("one.jsonl", jsonl([embedding_line(0)])), purpose="batch")
+        self.assertTrue(uploaded._request_id, "every answer carries x-request-id")
+        self.assertTrue(self.client.files.retrieve(uploaded.id)._request_id)
+        self.assertTrue(self.client.batches.list(limit=1)._request_id)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

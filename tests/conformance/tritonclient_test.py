@@ -18,6 +18,7 @@ import queue
 import sys
 import unittest
 
+import ml_dtypes
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -175,6 +176,30 @@ class HttpClient(unittest.TestCase):
         self.assertIn("cannot use shared memory", str(refused.exception))
         self.client.unregister_system_shared_memory()
 
+    def test_bf16_in_binary_on_both_tiers(self):
+        # BF16 is binary only over HTTP, as Triton has it; these values are exact in it.
+        arr = np.array([[1.5, -2.0, 3.25], [0.0, 4.0, 8.0]], dtype=ml_dtypes.bfloat16)
+        for ms in ("200", "2000"):
+            with self.subTest(budget=ms):
+                inp = httpclient.InferInput("INPUT0", list(arr.shape), "BF16")
+                inp.set_data_from_numpy(arr, binary_data=True)
+                result = self.client.infer("m", [inp], headers=budget(ms))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0").astype(np.float32), arr.astype(np.float32))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
+
+    def test_repository_index_and_what_belongs_to_the_model_servers(self):
+        index = self.client.get_model_repository_index()
+        self.assertIn({"name": "m", "state": "READY"}, index)
+        for refused_call in (lambda: self.client.load_model("m"), lambda: self.client.unload_model("m")):
+            with self.assertRaises(InferenceServerException) as refused:
+                refused_call()
+            self.assertEqual(refused.exception.status(), "501")
+            self.assertIn("model servers", str(refused.exception))
+        for refused_call in (self.client.get_log_settings, self.client.get_trace_settings):
+            with self.assertRaises(InferenceServerException) as refused:
+                refused_call()
+            self.assertIn("set them on the model servers", str(refused.exception))
+
     def test_micro_batch_tier(self):
         # A 2 s budget calls for the micro-batch tier: concurrent callers share batches
         # and each gets exactly its own rows and id back, JSON or binary as it asked.
@@ -250,6 +275,45 @@ class GrpcClient(unittest.TestCase):
                 result = self.client.infer("m", inputs, headers=budget())
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arr)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums(datatype, arr))
+
+    def test_bf16_on_both_tiers(self):
+        arr = np.array([[1.5, -2.0, 3.25], [0.0, 4.0, 8.0]], dtype=ml_dtypes.bfloat16)
+        for ms in ("200", "2000"):
+            with self.subTest(budget=ms):
+                inp = grpcclient.InferInput("INPUT0", list(arr.shape), "BF16")
+                inp.set_data_from_numpy(arr)
+                result = self.client.infer("m", [inp], headers=budget(ms))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0").astype(np.float32), arr.astype(np.float32))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), row_sums("FP32", arr))
+
+    def test_repository_index_and_what_belongs_to_the_model_servers(self):
+        index = self.client.get_model_repository_index(as_json=True)
+        self.assertIn({"name": "m", "state": "READY"}, index["models"])
+        for refused_call in (lambda: self.client.load_model("m"), lambda: self.client.unload_model("m")):
+            with self.assertRaises(InferenceServerException) as refused:
+                refused_call()
+            self.assertEqual(refused.exception.status(), "StatusCode.UNIMPLEMENTED")
+            self.assertIn("model servers", refused.exception.message())
+        for refused_call in (self.client.get_log_settings, self.client.get_trace_settings):
+            with self.assertRaises(InferenceServerException) as refused:
+                refused_call()
+            self.assertEqual(refused.exception.status(), "StatusCode.UNIMPLEMENTED")
+            self.assertIn("set them on the model servers", refused.exception.message())
+
+    def test_shared_memory_registration_is_refused_saying_why(self):
+        self.assertEqual(self.client.get_system_shared_memory_status(as_json=True), {})
+        self.assertEqual(self.client.get_cuda_shared_memory_status(as_json=True), {})
+        registrations = (
+            lambda: self.client.register_system_shared_memory("r0", "/r0", 64),
+            lambda: self.client.register_cuda_shared_memory("r1", b"aGFuZGxl", 0, 64),
+        )
+        for register in registrations:
+            with self.assertRaises(InferenceServerException) as refused:
+                register()
+            self.assertEqual(refused.exception.status(), "StatusCode.INVALID_ARGUMENT")
+            self.assertIn("cannot use shared memory", refused.exception.message())
+        self.client.unregister_system_shared_memory()
+        self.client.unregister_cuda_shared_memory()
 
     def test_shared_memory_is_refused_saying_why(self):
         arr, inputs = self.inputs("FP32")
@@ -395,6 +459,22 @@ class ModelConfigSchema(unittest.TestCase):
         for name, fields in theirs.items():
             with self.subTest(declared=name):
                 self.assertEqual(mine.get(name), fields)
+
+    def test_every_service_message_as_triton(self):
+        # Every message proto/grpc_service.proto declares, as tritonclient's: but the two
+        # carried as their encoded bytes (identical on the wire), which its comment names.
+        with open(DESCRIPTORS, "rb") as f:
+            ours = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+        service = next(f for f in ours.file if f.name == "grpc_service.proto")
+        mine = declared(service)
+        theirs = declared(service_pb2.DESCRIPTOR)
+        as_bytes = (".inference.ModelConfigResponse", ".inference.ModelStatisticsResponse")
+        self.assertGreater(len(mine), 40)
+        for name, fields in mine.items():
+            if name in as_bytes:
+                continue
+            with self.subTest(declared=name):
+                self.assertEqual(fields, theirs.get(name))
 
 
 if __name__ == "__main__":

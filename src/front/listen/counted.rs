@@ -41,10 +41,11 @@ pub struct Activity {
     asked: Notify,
     /// Looks in a row that found the connection quiet, as its socket last counted them.
     pub(super) quiet: AtomicU32,
-    /// Told when the connection should close: its server closes it gracefully.
-    close: Notify,
-    /// Set once the connection was asked to close (it is not chosen again).
+    /// Set once the connection is asked to close (idle, or chosen for a newcomer): its
+    /// server closes it gracefully, and it is not chosen again.
     closing: AtomicBool,
+    /// The task serving the connection, woken when `closing` is set.
+    server: Mutex<Option<Waker>>,
     /// Set once the connection must close now: its reads fail.
     closed: AtomicBool,
     /// The task reading the socket, woken when `closed` is set.
@@ -69,8 +70,8 @@ impl Activity {
             opened: AtomicBool::new(false),
             asked: Notify::new(),
             quiet: AtomicU32::new(0),
-            close: Notify::new(),
             closing: AtomicBool::new(false),
+            server: Mutex::new(None),
             closed: AtomicBool::new(false),
             reader: Mutex::new(None),
         }
@@ -93,17 +94,29 @@ impl Activity {
         }
     }
 
-    /// Waits until the connection is asked to close (idle, or chosen for a newcomer):
-    /// its server then closes it gracefully.
-    pub(crate) async fn closing(&self) {
-        self.close.notified().await;
+    /// Ready once the connection is asked to close (idle, or chosen for a newcomer): its
+    /// server then closes it gracefully. Polled each time the server's task wakes, so
+    /// it costs one atomic load a poll (its waker is kept once).
+    pub(crate) fn closing(&self) -> Closing<'_> {
+        Closing {
+            activity: self,
+            registered: false,
+        }
+    }
+
+    /// Asks the connection's server to close it.
+    fn ask_close(&self) {
+        self.closing.store(true, Ordering::Release);
+        let server = self.server.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(server) = server {
+            server.wake();
+        }
     }
 
     /// Asks the connection's server to close it, and closes its socket [`GRACE`] later
     /// if it is still open.
     pub(super) fn close_soon(self: &Arc<Self>) {
-        self.closing.store(true, Ordering::Release);
-        self.close.notify_one();
+        self.ask_close();
         let this = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep(GRACE).await;
@@ -115,7 +128,7 @@ impl Activity {
 
     /// Closes the connection now: its reads fail from the next one on.
     pub(super) fn close_now(&self) {
-        self.closing.store(true, Ordering::Release);
+        self.ask_close();
         self.closed.store(true, Ordering::Release);
         let reader = self.reader.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(reader) = reader {
@@ -131,6 +144,32 @@ impl Activity {
     /// Whether it was asked to close, or closed.
     pub(super) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
+    }
+}
+
+/// The future of [`Activity::closing`].
+#[derive(Debug)]
+pub struct Closing<'a> {
+    activity: &'a Activity,
+    registered: bool,
+}
+
+impl Future for Closing<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.activity.is_closing() {
+            return Poll::Ready(());
+        }
+        if !self.registered {
+            self.registered = true;
+            *self.activity.server.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            // Asked between the look above and the waker's keeping: seen now.
+            if self.activity.is_closing() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -347,7 +386,7 @@ impl Counted {
         // grace, the next look closes the socket.
         ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "reason" => "idle").increment(1);
         self.idled = true;
-        activity.close.notify_one();
+        activity.ask_close();
         Ok(now + GRACE)
     }
 

@@ -17,14 +17,16 @@ use prost::Message;
 use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, MessageDescriptor, SerializeOptions};
 use serde_json::Value;
 
-/// The `FileDescriptorSet` that `build.rs` compiled from `proto/model_config.proto`.
+/// The `FileDescriptorSet` that `build.rs` compiled from `proto/model_config.proto` (and
+/// `proto/grpc_service.proto`, which the conformance test compares with Triton's too).
 const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/model_config.bin"));
 
 static POOL: LazyLock<DescriptorPool> =
     LazyLock::new(|| DescriptorPool::decode(DESCRIPTORS).expect("build.rs compiles a valid descriptor set"));
 
-/// The encoded `FileDescriptorSet` of `proto/model_config.proto`, for checking it
-/// against Triton's own (the conformance test compares every field).
+/// The encoded `FileDescriptorSet` of `proto/model_config.proto` and
+/// `proto/grpc_service.proto`, for checking them against Triton's own (the conformance
+/// test compares every field).
 pub fn descriptor_set() -> &'static [u8] {
     DESCRIPTORS
 }

@@ -144,6 +144,12 @@ fn raw_round_trip_is_exact_for_every_datatype_and_fp16() {
         shape: vec![2],
         data: Bytes::from_static(&[0, 60, 0, 188]),
     });
+    inputs.push(Tensor {
+        name: "bf".into(),
+        datatype: Datatype::Bf16,
+        shape: vec![2],
+        data: Bytes::from_static(&[0x80, 0x3f, 0x00, 0xc0]),
+    });
     let req = request(inputs);
     let msg = request_to_grpc("m", Some("2"), &req);
     assert_eq!((msg.model_name.as_str(), msg.model_version.as_str()), ("m", "2"));

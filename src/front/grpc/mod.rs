@@ -22,18 +22,20 @@ use tracing::Instrument;
 use crate::headers;
 use crate::tenant::Tenant;
 use crate::trace;
-use tonic::{Status, Streaming};
+use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::config::{Compression, Limits};
 use crate::decision::Door;
 use crate::error::{Error, Kind};
-use crate::protocol::grpc::pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::grpc::{bridge, config, pb, request_from_grpc};
 use crate::tiers::Reply;
 
 use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::meta;
+
+mod service;
 
 /// The gRPC door.
 #[derive(Debug, Clone)]
@@ -131,7 +133,11 @@ impl GrpcDoor {
                 Ok((request, meta))
             });
         let served = match prepared {
-            Ok((request, meta)) => admitted.serve(request, meta).await,
+            Ok((request, meta)) => {
+                let served = admitted.serve(request, meta).await;
+                admitted.log_failure(&served);
+                served
+            }
             Err(e) => admitted.failed(e),
         };
         let rendered = render(served);
@@ -231,6 +237,8 @@ fn render(served: Served) -> Rendered {
             headers::BATCH_ID,
             headers::QUEUE_MS,
             headers::CACHE,
+            // An answer the cache gave says so as its reason (it had no decision).
+            headers::REASON,
         ] {
             let value = reply.headers().get(&key).and_then(|v| v.to_str().ok());
             if let Some(value) = value.and_then(|v| v.parse().ok()) {
@@ -303,125 +311,4 @@ fn with_metadata<T>((metadata, result): (MetadataMap, Result<T, Status>)) -> Res
         *response.metadata_mut() = metadata;
         response
     })
-}
-
-#[tonic::async_trait]
-impl GrpcInferenceService for GrpcDoor {
-    async fn server_live(
-        &self,
-        _: tonic::Request<pb::ServerLiveRequest>,
-    ) -> Result<tonic::Response<pb::ServerLiveResponse>, Status> {
-        Ok(tonic::Response::new(pb::ServerLiveResponse { live: true }))
-    }
-
-    async fn server_ready(
-        &self,
-        _: tonic::Request<pb::ServerReadyRequest>,
-    ) -> Result<tonic::Response<pb::ServerReadyResponse>, Status> {
-        Ok(tonic::Response::new(pb::ServerReadyResponse {
-            ready: self.dispatch.not_ready().is_empty(),
-        }))
-    }
-
-    async fn model_ready(
-        &self,
-        req: tonic::Request<pb::ModelReadyRequest>,
-    ) -> Result<tonic::Response<pb::ModelReadyResponse>, Status> {
-        self.let_in_call(&req)?;
-        let req = req.into_inner();
-        // As Triton: a model nobody serves is not ready, which is no error.
-        let ready = match self.control(&req.name, &req.version, "/ready", None).await {
-            Ok(reply) => reply.status().is_success(),
-            Err(status) if status.code() == tonic::Code::NotFound => false,
-            Err(status) => return Err(status),
-        };
-        Ok(tonic::Response::new(pb::ModelReadyResponse { ready }))
-    }
-
-    async fn server_metadata(
-        &self,
-        req: tonic::Request<pb::ServerMetadataRequest>,
-    ) -> Result<tonic::Response<pb::ServerMetadataResponse>, Status> {
-        self.let_in_call(&req)?;
-        Ok(tonic::Response::new(pb::ServerMetadataResponse {
-            name: "tiergate".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            extensions: vec!["binary_tensor_data".into()],
-        }))
-    }
-
-    async fn model_metadata(
-        &self,
-        req: tonic::Request<pb::ModelMetadataRequest>,
-    ) -> Result<tonic::Response<pb::ModelMetadataResponse>, Status> {
-        self.let_in_call(&req)?;
-        let req = req.into_inner();
-        let reply = self.control(&req.name, &req.version, "", None).await?;
-        if !reply.status().is_success() {
-            return Err(bridge::status_from_http(reply.status(), reply.body()));
-        }
-        Ok(tonic::Response::new(bridge::metadata_from_json(reply.body())?))
-    }
-
-    async fn model_infer(
-        &self,
-        req: tonic::Request<pb::ModelInferRequest>,
-    ) -> Result<tonic::Response<pb::ModelInferResponse>, Status> {
-        let (metadata, _, msg) = req.into_parts();
-        let mut headers = metadata.into_headers();
-        let tenant = self.let_in(&mut headers)?;
-        with_metadata(self.infer((&headers, &tenant), msg).await)
-    }
-
-    type ModelStreamInferStream = bridge::InferStream;
-
-    /// Serves a stream's requests in order; each gets its answer or its error message on
-    /// the response stream. The stream's own deadline bounds the stream, not each request,
-    /// so each request's budget comes from its `timeout` parameter or the route default.
-    async fn model_stream_infer(
-        &self,
-        req: tonic::Request<Streaming<pb::ModelInferRequest>>,
-    ) -> Result<tonic::Response<Self::ModelStreamInferStream>, Status> {
-        let (metadata, _, inbound) = req.into_parts();
-        let mut headers = metadata.into_headers();
-        let tenant = self.let_in(&mut headers)?;
-        headers.remove(meta::GRPC_TIMEOUT);
-        let (door, headers) = (self.clone(), Arc::new(headers));
-        let stream = bridge::stream_in_order(inbound, move |msg| {
-            let (door, headers, tenant) = (door.clone(), headers.clone(), tenant.clone());
-            async move { door.infer((&headers, &tenant), msg).await.1 }
-        });
-        Ok(tonic::Response::new(stream))
-    }
-
-    async fn model_config(
-        &self,
-        req: tonic::Request<pb::ModelConfigRequest>,
-    ) -> Result<tonic::Response<pb::ModelConfigResponse>, Status> {
-        self.let_in_call(&req)?;
-        let req = req.into_inner();
-        let config = self.config(&req.name, &req.version).await?;
-        Ok(tonic::Response::new(pb::ModelConfigResponse { config }))
-    }
-
-    async fn model_statistics(
-        &self,
-        req: tonic::Request<pb::ModelStatisticsRequest>,
-    ) -> Result<tonic::Response<pb::ModelStatisticsResponse>, Status> {
-        self.let_in_call(&req)?;
-        let req = req.into_inner();
-        if !req.name.is_empty() {
-            return Ok(tonic::Response::new(self.statistics(&req.name, &req.version).await?));
-        }
-        // No name: every model's, as Triton (one its backend does not know is left out).
-        let mut all = pb::ModelStatisticsResponse::default();
-        for model in self.dispatch.models() {
-            match self.statistics(&model, &req.version).await {
-                Ok(stats) => all.model_stats.extend(stats.model_stats),
-                Err(status) if status.code() == tonic::Code::NotFound => {}
-                Err(status) => return Err(status),
-            }
-        }
-        Ok(tonic::Response::new(all))
-    }
 }
