@@ -27,18 +27,7 @@ for pair in "${NEEDED[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-  echo "installing ${missing[*]} (Debian packages)" >&2
-  # Keep the packages' own services (prometheus, alertmanager) from starting: this
-  # machine runs only the instances the tests start. A policy-rc.d already there stays.
-  own_policy=
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-    chmod 755 /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+  ../scripts/apt-install.sh "${missing[@]}"
 fi
 command -v kubectl >/dev/null || { echo "deploy/check.sh: kubectl (for kubectl kustomize) is not installed" >&2; exit 1; }
 

@@ -7,9 +7,7 @@
 set -euo pipefail
 ROOT=${REDIS_CACHE:-/var/tmp/tiergate-redis}
 if [ ! -x /usr/bin/redis-check-rdb ]; then
-  echo "installing Debian's redis-tools (the Redis server binary)" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-tools >/dev/null
+  "$(dirname "$0")/apt-install.sh" redis-tools
 fi
 mkdir -p "$ROOT/bin"
 # One binary is redis-server, redis-check-rdb and redis-check-aof, by the name it runs as.

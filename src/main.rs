@@ -197,6 +197,11 @@ struct SimArgs {
     /// Added to OUTPUT1 of every row whose sum is negative (a model wrong on some rows).
     #[arg(long, default_value_t = 0.0)]
     drift: f64,
+    /// Also added to OUTPUT1 of every row whose sum is negative: a random amount below
+    /// this, drawn afresh for every answer (a model that does not answer the same twice,
+    /// as the shadow's noise floor is for).
+    #[arg(long, default_value_t = 0.0)]
+    noise: f64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -293,9 +298,39 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
 }
 
 fn policy_check(dir: &std::path::Path) -> ExitCode {
+    if dir.is_file() {
+        eprintln!(
+            "{} is a file: tiergate policy check takes the policy directory (such as {}), and checks every .toml \
+             file in it together",
+            dir.display(),
+            dir.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .display()
+        );
+        return ExitCode::FAILURE;
+    }
     match Policy::load_dir(dir) {
         Ok(policy) => {
             println!("{}: ok, {} routes", dir.display(), policy.routes().len());
+            // A table whose flag is off does nothing: valid, but maybe not what was meant.
+            for route in policy.routes() {
+                let inert = [
+                    ("cache", route.cache.is_some() && !route.flags.cache),
+                    ("shadow", route.shadow.is_some() && !route.flags.shadow),
+                ];
+                for (table, off) in inert {
+                    if off {
+                        println!(
+                            "note: {}: routes.{}.{table} is inert while the {table} flag is off \
+                             (tiergate flags set {} {table} on)",
+                            route.file.display(),
+                            route.name,
+                            route.name
+                        );
+                    }
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(problems) => {
@@ -455,6 +490,9 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
                 Profile::NAMES.join(", ")
             )
         })?;
+        if !(args.noise >= 0.0 && args.noise.is_finite()) {
+            anyhow::bail!("--noise {}: give 0 or more", args.noise);
+        }
         if !(args.slowdown > 0.0 && args.slowdown <= 1000.0) {
             anyhow::bail!("--slowdown {}: give a factor above 0 and at most 1000", args.slowdown);
         }
@@ -462,6 +500,7 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         spec.instances = args.instances.max(1);
         spec.heads = heads;
         spec.drift = args.drift;
+        spec.noise = args.noise;
         spec.jitter = args.jitter;
         spec.faults = Faults {
             error_rate: args.error_rate,
@@ -473,13 +512,25 @@ async fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(args.http)
         .await
         .with_context(|| format!("cannot listen on {}", args.http))?;
-    tracing::info!(http = %args.http, grpc = ?args.grpc, models = ?args.models, "simulated model server is serving");
+    let grpc = match args.grpc {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
+    // The addresses bound (port 0 picks a free one), on stdout for whoever started it.
+    let http = listener.local_addr()?;
+    let grpc_addr = grpc.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+    match grpc_addr {
+        Some(grpc) => println!("listening http={http} grpc={grpc}"),
+        None => println!("listening http={http}"),
+    }
+    tracing::info!(%http, grpc = ?grpc_addr, models = ?args.models, "simulated model server is serving");
     let shutdown = CancellationToken::new();
     let sim = Simulator::new(models);
-    if let Some(addr) = args.grpc {
-        let grpc = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+    if let Some(grpc) = grpc {
         tokio::spawn(sim.clone().listen_grpc(grpc, shutdown.clone()));
     }
     let server = tokio::spawn(sim.listen(listener, shutdown.clone()));

@@ -13,164 +13,202 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::decision::{Reason, Tier};
 
-/// Requests that reached a route, by `route`, `tier` and `outcome`.
-pub const REQUESTS: &str = "tiergate_requests_total";
-/// End-to-end latency seen by the gateway, by `route` and `tier` (histogram, seconds).
-pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
-/// Classifier decisions, by `route`, `tier` and `reason`.
-pub const DECISIONS: &str = "tiergate_decisions_total";
-/// Latency of backend calls, by `route` and `tier` (histogram, seconds).
-pub const BACKEND_SECONDS: &str = "tiergate_backend_duration_seconds";
-/// Steps of Triton sequences waiting for an earlier step of their sequence to be
-/// answered, by `route` and `tier` (gauge).
-pub const SEQUENCE_STEPS_WAITING: &str = "tiergate_sequence_steps_waiting";
-/// Circuit state of each backend endpoint, by `route`, `tier` and `endpoint`:
-/// 0 closed (taking traffic), 1 open (ejected), 2 half-open (being probed).
-pub const BACKEND_CIRCUIT: &str = "tiergate_backend_circuit_state";
-/// Endpoint ejections, by `route`, `tier`, `endpoint` and `reason` (unreachable,
-/// status_5xx, timeout, slow, broken_answer, check).
-pub const BACKEND_EJECTIONS: &str = "tiergate_backend_ejections_total";
-/// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
-/// body_bytes, rss: global limits; connections, connections_per_client: closed at
-/// accept).
-pub const ADMISSION_REFUSALS: &str = "tiergate_admission_refusals_total";
-/// Connections the gateway closed for sending nothing useful, by `reason`
-/// (first_request: no complete first request head in time; idle: no request for
-/// `limits.idle_timeout`).
-pub const CONNECTIONS_CLOSED: &str = "tiergate_connections_closed_total";
-/// Resident memory of the process, when `limits.max_rss_bytes` is set (bytes).
-pub const PROCESS_RSS: &str = "tiergate_process_resident_bytes";
-/// Work one tier lent to another under a route's borrowing rules, by `route`, `from`
-/// (the tier whose capacity served it) and `to` (the tier it was classified to).
-pub const BORROWED: &str = "tiergate_borrowed_total";
-/// Requests being served now, by `route` and `tier`.
-pub const IN_FLIGHT: &str = "tiergate_in_flight_requests";
-/// Requests no route matched (unknown model or path), by `door`.
-pub const UNMATCHED: &str = "tiergate_unmatched_requests_total";
-/// Rows waiting in a route's micro-batch queues, by `route`.
-pub const BATCH_QUEUE_ROWS: &str = "tiergate_batch_queue_rows";
-/// Time a request waited in the micro-batch queue before its batch went out, by `route`
-/// and `priority` (histogram, seconds).
-pub const BATCH_QUEUE_SECONDS: &str = "tiergate_batch_queue_duration_seconds";
-/// Rows per batch sent, by `route` (histogram).
-pub const BATCH_ROWS: &str = "tiergate_batch_rows";
-/// Rows per batch sent as a fraction of `max_batch`, by `route` (histogram).
-pub const BATCH_FILL_RATIO: &str = "tiergate_batch_fill_ratio";
-/// Batches sent, by `route` and `reason` (full, idle_backend, deadline, max_wait).
-pub const BATCH_FLUSHES: &str = "tiergate_batch_flushes_total";
-/// Requests the micro-batch tier refused before queueing, by `route` and `reason`
-/// (queue_full, deadline_unmeetable, too_many_signatures).
-pub const BATCH_REJECTIONS: &str = "tiergate_batch_rejections_total";
-/// Micro-batch requests by `route`, `priority` (critical, standard, sheddable) and
-/// `outcome`: queued, or shed (a sheddable request refused under pressure, or a queued
-/// request evicted from a full queue: sheddable for a higher band, or of a tenant
-/// holding more than its share).
-pub const BATCH_PRIORITY: &str = "tiergate_batch_priority_requests_total";
-/// Failed batches split in two to isolate a request the backend refused, by `route`.
-pub const BATCH_ISOLATIONS: &str = "tiergate_batch_isolations_total";
-/// Learned fixed cost `a` of a batch on the route's batch pool, by `route` (seconds).
-pub const BATCH_COST_FIXED: &str = "tiergate_batch_cost_fixed_seconds";
-/// Learned cost per row `b` on the route's batch pool, by `route` (seconds).
-pub const BATCH_COST_PER_ROW: &str = "tiergate_batch_cost_per_row_seconds";
-/// Offline jobs in the store, by `state` (queued, running, succeeded, failed, cancelled, expired).
-pub const OFFLINE_JOBS: &str = "tiergate_offline_jobs";
-/// How long the oldest queued offline job has waited since it was submitted (seconds; 0
-/// when none is queued).
-pub const OFFLINE_OLDEST_QUEUED: &str = "tiergate_offline_oldest_queued_seconds";
-/// Offline job attempts that ended, by `route` and `result` (succeeded: the backend
-/// answered 2xx; answered: it answered otherwise, kept as the job's answer; retry; failed).
-pub const OFFLINE_ATTEMPTS: &str = "tiergate_offline_attempts_total";
-/// Requests with a budget, by `route`, `tier` and `result`: met (answered without a
-/// 5xx or gateway error, within the budget) or missed. Offline jobs count once they
-/// end: met when they succeed. The share met is the tier's SLO attainment.
-pub const SLO_REQUESTS: &str = "tiergate_slo_requests_total";
-/// Kafka source messages answered to the output topic, by `source` (input topic) and
-/// `result` (answered, error).
-pub const KAFKA_MESSAGES: &str = "tiergate_kafka_source_messages_total";
-/// Kafka source requests retried while the micro-batch tier shed them, by `source`.
-pub const KAFKA_RETRIES: &str = "tiergate_kafka_source_retries_total";
-/// 1 while a Kafka source's partitions are paused for back-pressure, by `source`.
-pub const KAFKA_PAUSED: &str = "tiergate_kafka_source_paused";
-/// Consumer lag of a Kafka source, by `source` and `partition` (messages).
-pub const KAFKA_LAG: &str = "tiergate_kafka_source_lag";
-/// Jobs this replica has read from the Kafka queue's jobs topic and not yet finished.
-pub const KAFKA_QUEUE_HELD: &str = "tiergate_kafka_queue_held";
-/// The running policy's version (one more than the last one kept in the data directory
-/// at start, one more per change: reload, admin edit, rollback).
-pub const POLICY_VERSION: &str = "tiergate_policy_version";
-/// Policy reloads by `result` (ok, rejected).
-pub const POLICY_RELOADS: &str = "tiergate_policy_reloads_total";
-/// 1 when the last reload took (or none was tried), 0 when it was rejected.
-pub const POLICY_LAST_RELOAD_OK: &str = "tiergate_policy_last_reload_ok";
-/// Changes made through the admin API, by `action` (put_route, patch_route, put_files, rollback).
-pub const POLICY_CHANGES: &str = "tiergate_policy_changes_total";
-/// Admin API requests refused before any work, by `reason` (unauthenticated, ...).
-pub const ADMIN_REFUSALS: &str = "tiergate_admin_refusals_total";
-/// Routes in the running policy.
-pub const POLICY_ROUTES: &str = "tiergate_policy_routes";
-/// Always 1, labelled with the running `version`.
-pub const BUILD_INFO: &str = "tiergate_build_info";
-/// 1 while the gateway is ready for new work (`/v2/health/ready` answers 200), else 0.
-pub const READY: &str = "tiergate_ready";
-/// 1 while `reason` keeps the gateway from being ready, else 0, by `reason`
-/// (`draining`, `offline_store`, `pool_ejected`).
-pub const NOT_READY: &str = "tiergate_not_ready";
+/// Declares each metric family once: its name as a constant, documented, and its row in
+/// [`FAMILIES`] (its kind, and its doc as its Prometheus `# HELP`).
+macro_rules! families {
+    ($( $(#[doc = $doc:literal])* $name:ident = $value:literal, $kind:ident; )*) => {
+        $( $(#[doc = $doc])* pub const $name: &str = $value; )*
 
-/// Calls a route's shadow candidate answered and that were compared with the primary,
-/// by `route` and `tier`.
-pub const SHADOW_COMPARED: &str = "tiergate_shadow_compared_total";
-/// Shadow calls dropped before a comparison, by `route` and `reason` (`full`,
-/// `timeout`, `down`, `unreadable`, `error`).
-pub const SHADOW_DROPPED: &str = "tiergate_shadow_dropped_total";
-/// Rows compared, by `route` and `verdict` (`within` tolerance, `outside` it).
-pub const SHADOW_ROWS: &str = "tiergate_shadow_rows_total";
-/// Compared answers whose status or whose outputs' shapes differ, by `route` and `kind`
-/// (`status`, `shape`).
-pub const SHADOW_MISMATCHES: &str = "tiergate_shadow_mismatches_total";
-/// The candidate's latency divided by the primary's, per compared call, by `route`.
-pub const SHADOW_LATENCY_RATIO: &str = "tiergate_shadow_latency_ratio";
+        /// Every family the gateway exports: name, kind, help text.
+        pub const FAMILIES: &[Family] = &[
+            $( Family { name: $value, kind: FamilyKind::$kind, help: concat!($($doc),*) }, )*
+        ];
+    };
+}
 
-/// Calls of a route with a canary, by `route`, `tier`, `variant` (`primary`,
-/// `candidate`) and `result` (`ok`, `error`: a 5xx or a gateway error).
-pub const CANARY_REQUESTS: &str = "tiergate_canary_requests_total";
-/// Their latency, by `route`, `tier` and `variant`.
-pub const CANARY_SECONDS: &str = "tiergate_canary_request_duration_seconds";
-/// Canaries set back to 0% on their own, by `route`.
-pub const CANARY_ABORTS: &str = "tiergate_canary_aborts_total";
+/// One metric family, as [`FAMILIES`] lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// Its name.
+    pub name: &'static str,
+    /// What kind of metric it is.
+    pub kind: FamilyKind,
+    /// Its `# HELP` text (the constant's doc).
+    pub help: &'static str,
+}
 
-/// Requests of a route with a cache, by `route` and `result` (`hit`, `miss`, `bypass`,
-/// `coalesced`: answered by a call in flight for the same key).
-pub const CACHE_LOOKUPS: &str = "tiergate_cache_lookups_total";
-/// Rows of micro-batches on a route with a cache, by `route` and `result` (`hit`:
-/// answered from the cache; `deduped`: the same as another row of its batch, sent once
-/// for both; `sent`: to the backend).
-pub const CACHE_ROWS: &str = "tiergate_cache_rows_total";
-/// Answers written into a route's cache ahead of the requests that will ask for them,
-/// by a Batch API batch or a Kafka source marked to precompute, by `route`.
-pub const CACHE_PRECOMPUTED: &str = "tiergate_cache_precomputed_total";
-/// Hits (of whole requests and of micro-batch rows) answered by a precomputed entry, by
-/// `route`; also counted as hits in `tiergate_cache_lookups_total` and `_rows_total`.
-pub const CACHE_PRECOMPUTED_HITS: &str = "tiergate_cache_precomputed_hits_total";
-/// Lookups in the shared second level (Redis) of requests the gateway's memory did not
-/// hold, by `route` and `result` (`hit`, `miss`, `unavailable`: Redis left alone after
-/// a failure, or too slow).
-pub const CACHE_REDIS_LOOKUPS: &str = "tiergate_cache_redis_lookups_total";
-/// Redis failures (errors, timeouts, writes past `cache.max_redis_writes`), by `op`
-/// (`get`, `set`, `invalidate`) and `redis` (its `host:port`); callers never see them.
-pub const CACHE_REDIS_ERRORS: &str = "tiergate_cache_redis_errors_total";
-/// 1 while the cache uses its Redis, 0 while it serves from memory alone after a
-/// failure, by `redis` (its `host:port`).
-pub const CACHE_REDIS_UP: &str = "tiergate_cache_redis_up";
-/// Entries a route's cache let go to stay within its `max_bytes`, by `route`.
-pub const CACHE_EVICTIONS: &str = "tiergate_cache_evictions_total";
-/// Entries a route's cache keeps, by `route`.
-pub const CACHE_ENTRIES: &str = "tiergate_cache_entries";
-/// What they weigh, in bytes, by `route`.
-pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
+/// The kinds of metric families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FamilyKind {
+    /// A counter.
+    Counter,
+    /// A gauge.
+    Gauge,
+    /// A histogram.
+    Histogram,
+}
 
-/// A route's batch pool's progressive batch size: most rows a batch carries now, by
-/// `route` (`max_batch` until a batch fails, times out or runs far over its learned cost).
-pub const BATCH_SIZE_LIMIT: &str = "tiergate_batch_size_limit";
+families! {
+    /// Requests that reached a route, by `route`, `tier` and `outcome`.
+    REQUESTS = "tiergate_requests_total", Counter;
+    /// End-to-end latency seen by the gateway, by `route` and `tier` (histogram, seconds).
+    REQUEST_SECONDS = "tiergate_request_duration_seconds", Histogram;
+    /// Classifier decisions, by `route`, `tier` and `reason`.
+    DECISIONS = "tiergate_decisions_total", Counter;
+    /// Latency of backend calls, by `route` and `tier` (histogram, seconds).
+    BACKEND_SECONDS = "tiergate_backend_duration_seconds", Histogram;
+    /// Steps of Triton sequences waiting for an earlier step of their sequence to be
+    /// answered, by `route` and `tier` (gauge).
+    SEQUENCE_STEPS_WAITING = "tiergate_sequence_steps_waiting", Gauge;
+    /// Circuit state of each backend endpoint, by `route`, `tier` and `endpoint`:
+    /// 0 closed (taking traffic), 1 open (ejected), 2 half-open (being probed).
+    BACKEND_CIRCUIT = "tiergate_backend_circuit_state", Gauge;
+    /// Endpoint ejections, by `route`, `tier`, `endpoint` and `reason` (unreachable,
+    /// status_5xx, timeout, slow, broken_answer, check).
+    BACKEND_EJECTIONS = "tiergate_backend_ejections_total", Counter;
+    /// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
+    /// body_bytes, rss: global limits; connections, connections_per_client: closed at
+    /// accept).
+    ADMISSION_REFUSALS = "tiergate_admission_refusals_total", Counter;
+    /// Connections the gateway closed for sending nothing useful, by `reason`
+    /// (first_request: no complete first request head in time; idle: no request for
+    /// `limits.idle_timeout`).
+    CONNECTIONS_CLOSED = "tiergate_connections_closed_total", Counter;
+    /// Resident memory of the process, when `limits.max_rss_bytes` is set (bytes).
+    PROCESS_RSS = "tiergate_process_resident_bytes", Gauge;
+    /// Work one tier lent to another under a route's borrowing rules, by `route`, `from`
+    /// (the tier whose capacity served it) and `to` (the tier it was classified to).
+    BORROWED = "tiergate_borrowed_total", Counter;
+    /// Requests being served now, by `route` and `tier`.
+    IN_FLIGHT = "tiergate_in_flight_requests", Gauge;
+    /// Requests no route matched (unknown model or path), by `door`.
+    UNMATCHED = "tiergate_unmatched_requests_total", Counter;
+    /// Rows waiting in a route's micro-batch queues, by `route`.
+    BATCH_QUEUE_ROWS = "tiergate_batch_queue_rows", Gauge;
+    /// Time a request waited in the micro-batch queue before its batch went out, by `route`
+    /// and `priority` (histogram, seconds).
+    BATCH_QUEUE_SECONDS = "tiergate_batch_queue_duration_seconds", Histogram;
+    /// Rows per batch sent, by `route` (histogram).
+    BATCH_ROWS = "tiergate_batch_rows", Histogram;
+    /// Rows per batch sent as a fraction of `max_batch`, by `route` (histogram).
+    BATCH_FILL_RATIO = "tiergate_batch_fill_ratio", Histogram;
+    /// Batches sent, by `route` and `reason` (full, idle_backend, deadline, max_wait).
+    BATCH_FLUSHES = "tiergate_batch_flushes_total", Counter;
+    /// Requests the micro-batch tier refused before queueing, by `route` and `reason`
+    /// (queue_full, deadline_unmeetable, too_many_signatures).
+    BATCH_REJECTIONS = "tiergate_batch_rejections_total", Counter;
+    /// Micro-batch requests by `route`, `priority` (critical, standard, sheddable) and
+    /// `outcome`: queued, or shed (a sheddable request refused under pressure, or a queued
+    /// request evicted from a full queue: sheddable for a higher band, or of a tenant
+    /// holding more than its share).
+    BATCH_PRIORITY = "tiergate_batch_priority_requests_total", Counter;
+    /// Failed batches split in two to isolate a request the backend refused, by `route`.
+    BATCH_ISOLATIONS = "tiergate_batch_isolations_total", Counter;
+    /// Learned fixed cost `a` of a batch on the route's batch pool, by `route` (seconds).
+    BATCH_COST_FIXED = "tiergate_batch_cost_fixed_seconds", Gauge;
+    /// Learned cost per row `b` on the route's batch pool, by `route` (seconds).
+    BATCH_COST_PER_ROW = "tiergate_batch_cost_per_row_seconds", Gauge;
+    /// Offline jobs in the store, by `state` (queued, running, succeeded, failed, cancelled, expired).
+    OFFLINE_JOBS = "tiergate_offline_jobs", Gauge;
+    /// How long the oldest queued offline job has waited since it was submitted (seconds; 0
+    /// when none is queued).
+    OFFLINE_OLDEST_QUEUED = "tiergate_offline_oldest_queued_seconds", Gauge;
+    /// Offline job attempts that ended, by `route` and `result` (succeeded: the backend
+    /// answered 2xx; answered: it answered otherwise, kept as the job's answer; retry; failed).
+    OFFLINE_ATTEMPTS = "tiergate_offline_attempts_total", Counter;
+    /// Requests with a budget, by `route`, `tier` and `result`: met (answered without a
+    /// 5xx or gateway error, within the budget) or missed. Offline jobs count once they
+    /// end: met when they succeed. The share met is the tier's SLO attainment.
+    SLO_REQUESTS = "tiergate_slo_requests_total", Counter;
+    /// Kafka source messages answered to the output topic, by `source` (input topic) and
+    /// `result` (answered, error).
+    KAFKA_MESSAGES = "tiergate_kafka_source_messages_total", Counter;
+    /// Kafka source requests retried while the micro-batch tier shed them, by `source`.
+    KAFKA_RETRIES = "tiergate_kafka_source_retries_total", Counter;
+    /// 1 while a Kafka source's partitions are paused for back-pressure, by `source`.
+    KAFKA_PAUSED = "tiergate_kafka_source_paused", Gauge;
+    /// Consumer lag of a Kafka source, by `source` and `partition` (messages).
+    KAFKA_LAG = "tiergate_kafka_source_lag", Gauge;
+    /// Jobs this replica has read from the Kafka queue's jobs topic and not yet finished.
+    KAFKA_QUEUE_HELD = "tiergate_kafka_queue_held", Gauge;
+    /// The running policy's version (one more than the last one kept in the data directory
+    /// at start, one more per change: reload, admin edit, rollback).
+    POLICY_VERSION = "tiergate_policy_version", Gauge;
+    /// Policy reloads by `result` (ok, rejected).
+    POLICY_RELOADS = "tiergate_policy_reloads_total", Counter;
+    /// 1 when the last reload took (or none was tried), 0 when it was rejected.
+    POLICY_LAST_RELOAD_OK = "tiergate_policy_last_reload_ok", Gauge;
+    /// Changes made through the admin API, by `action` (put_route, patch_route, promote, canary_abort,
+    /// put_files, rollback).
+    POLICY_CHANGES = "tiergate_policy_changes_total", Counter;
+    /// Admin API requests refused before any work, by `reason` (unauthenticated, ...).
+    ADMIN_REFUSALS = "tiergate_admin_refusals_total", Counter;
+    /// Routes in the running policy.
+    POLICY_ROUTES = "tiergate_policy_routes", Gauge;
+    /// Always 1, labelled with the running `version`.
+    BUILD_INFO = "tiergate_build_info", Gauge;
+    /// 1 while the gateway is ready for new work (`/v2/health/ready` answers 200), else 0.
+    READY = "tiergate_ready", Gauge;
+    /// 1 while `reason` keeps the gateway from being ready, else 0, by `reason`
+    /// (`draining`, `offline_store`, `pool_ejected`).
+    NOT_READY = "tiergate_not_ready", Gauge;
+
+    /// Calls a route's shadow candidate answered and that were compared with the primary,
+    /// by `route` and `tier`.
+    SHADOW_COMPARED = "tiergate_shadow_compared_total", Counter;
+    /// Shadow calls dropped before a comparison, by `route` and `reason` (`full`,
+    /// `timeout`, `down`, `unreadable`, `error`).
+    SHADOW_DROPPED = "tiergate_shadow_dropped_total", Counter;
+    /// Rows compared, by `route` and `verdict` (`within` tolerance, `outside` it).
+    SHADOW_ROWS = "tiergate_shadow_rows_total", Counter;
+    /// Compared answers whose status or whose outputs' shapes differ, by `route` and `kind`
+    /// (`status`, `shape`).
+    SHADOW_MISMATCHES = "tiergate_shadow_mismatches_total", Counter;
+    /// The candidate's latency divided by the primary's, per compared call, by `route`.
+    SHADOW_LATENCY_RATIO = "tiergate_shadow_latency_ratio", Histogram;
+
+    /// Calls of a route with a canary, by `route`, `tier`, `variant` (`primary`,
+    /// `candidate`) and `result` (`ok`, `error`: a 5xx or a gateway error).
+    CANARY_REQUESTS = "tiergate_canary_requests_total", Counter;
+    /// Their latency, by `route`, `tier` and `variant`.
+    CANARY_SECONDS = "tiergate_canary_request_duration_seconds", Histogram;
+    /// Canaries set back to 0% on their own, by `route`.
+    CANARY_ABORTS = "tiergate_canary_aborts_total", Counter;
+
+    /// Requests of a route with a cache, by `route` and `result` (`hit`, `miss`, `bypass`,
+    /// `coalesced`: answered by a call in flight for the same key).
+    CACHE_LOOKUPS = "tiergate_cache_lookups_total", Counter;
+    /// Rows of micro-batches on a route with a cache, by `route` and `result` (`hit`:
+    /// answered from the cache; `deduped`: the same as another row of its batch, sent once
+    /// for both; `sent`: to the backend).
+    CACHE_ROWS = "tiergate_cache_rows_total", Counter;
+    /// Answers written into a route's cache ahead of the requests that will ask for them,
+    /// by a Batch API batch or a Kafka source marked to precompute, by `route`.
+    CACHE_PRECOMPUTED = "tiergate_cache_precomputed_total", Counter;
+    /// Hits (of whole requests and of micro-batch rows) answered by a precomputed entry, by
+    /// `route`; also counted as hits in `tiergate_cache_lookups_total` and `_rows_total`.
+    CACHE_PRECOMPUTED_HITS = "tiergate_cache_precomputed_hits_total", Counter;
+    /// Lookups in the shared second level (Redis) of requests the gateway's memory did not
+    /// hold, by `route` and `result` (`hit`, `miss`, `unavailable`: Redis left alone after
+    /// a failure, or too slow).
+    CACHE_REDIS_LOOKUPS = "tiergate_cache_redis_lookups_total", Counter;
+    /// Redis failures (errors, timeouts, writes past `cache.max_redis_writes`), by `op`
+    /// (`get`, `set`, `invalidate`) and `redis` (its `host:port`); callers never see them.
+    CACHE_REDIS_ERRORS = "tiergate_cache_redis_errors_total", Counter;
+    /// 1 while the cache uses its Redis, 0 while it serves from memory alone after a
+    /// failure, by `redis` (its `host:port`).
+    CACHE_REDIS_UP = "tiergate_cache_redis_up", Gauge;
+    /// Entries a route's cache let go to stay within its `max_bytes`, by `route`.
+    CACHE_EVICTIONS = "tiergate_cache_evictions_total", Counter;
+    /// Entries a route's cache keeps, by `route`.
+    CACHE_ENTRIES = "tiergate_cache_entries", Gauge;
+    /// What they weigh, in bytes, by `route`.
+    CACHE_BYTES = "tiergate_cache_bytes", Gauge;
+
+    /// A route's batch pool's progressive batch size: most rows a batch carries now, by
+    /// `route` (`max_batch` until a batch fails, times out or runs far over its learned cost).
+    BATCH_SIZE_LIMIT = "tiergate_batch_size_limit", Gauge;
+}
 
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
 const BUCKETS: &[f64] = &[
@@ -336,11 +374,24 @@ pub fn install() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics shows only tiergate's own handle");
             }
+            describe();
             metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             register_known_labels();
             handle
         })
         .clone()
+}
+
+/// Gives every family its `# HELP` text.
+fn describe() {
+    for family in FAMILIES {
+        let help = family.help.trim();
+        match family.kind {
+            FamilyKind::Counter => metrics::describe_counter!(family.name, help),
+            FamilyKind::Gauge => metrics::describe_gauge!(family.name, help),
+            FamilyKind::Histogram => metrics::describe_histogram!(family.name, help),
+        }
+    }
 }
 
 /// Registers, at zero, the series whose labels are known up front, so that a rate or
@@ -349,7 +400,14 @@ fn register_known_labels() {
     for result in ["ok", "rejected"] {
         metrics::counter!(POLICY_RELOADS, "result" => result).absolute(0);
     }
-    for action in ["put_route", "patch_route", "put_files", "rollback"] {
+    for action in [
+        "put_route",
+        "patch_route",
+        "promote",
+        "canary_abort",
+        "put_files",
+        "rollback",
+    ] {
         metrics::counter!(POLICY_CHANGES, "action" => action).absolute(0);
     }
     metrics::counter!(ADMIN_REFUSALS, "reason" => "unauthenticated").absolute(0);

@@ -63,8 +63,21 @@ async fn submit_follow_status_results_and_cancel() {
         stderr.contains("500/500 done, 0 failed (completed)"),
         "progress: {stderr}"
     );
+    let end = stderr.lines().last().unwrap_or_default();
+    assert!(
+        end.starts_with(&format!("{id}: completed in "))
+            && end.contains("500 of 500 requests done (")
+            && end.contains("/s)"),
+        "the elapsed time and rate at the end: {end}"
+    );
 
-    let (ok, status, _) = jobs(&["status", &id, "--gateway", &url]).await;
+    let (ok, summary, _) = jobs(&["status", &id, "--gateway", &url]).await;
+    assert!(ok);
+    assert!(
+        summary.starts_with(&format!("{id}: completed, 500 of 500 requests done, 0 failed")),
+        "{summary}"
+    );
+    let (ok, status, _) = jobs(&["status", &id, "--json", "--gateway", &url]).await;
     assert!(ok);
     let status: Value = serde_json::from_str(&status).expect("JSON");
     assert_eq!(
@@ -81,8 +94,14 @@ async fn submit_follow_status_results_and_cancel() {
     let (ok, cancelled, _) = jobs(&["cancel", &id, "--gateway", &url]).await;
     assert!(ok);
     assert!(
-        cancelled.contains("\"completed\""),
-        "a finished batch stays completed: {cancelled}"
+        cancelled.contains("had already ended (completed): nothing was cancelled"),
+        "a finished batch stays completed, and says so: {cancelled}"
+    );
+    let (ok, out, err) = jobs(&["status", "batch_nope", "--gateway", &url]).await;
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("batch_nope: 404 no batch batch_nope"),
+        "errors on stderr: {err}"
     );
 
     let bad = dir.path().join("bad.jsonl");

@@ -22,7 +22,9 @@ use tokio::task::JoinHandle;
 const BATCH: [(&str, &str); 1] = [("x-tiergate-budget-ms", "5000")];
 
 /// A route `name` serving model `m` (and `paths`) whose micro-batch tier takes budgets
-/// from 10 ms, with one batch slot on `batch`.
+/// from 10 ms, with one batch slot on `batch`. Its batch window is wide (3 s) so every
+/// caller a test queues behind the busy slot falls in one window however slow the
+/// machine; the batch leaves when the slot frees, not when the window closes.
 fn policy(name: &str, rt: &str, batch: &str, paths: &str, extra: &str) -> String {
     format!(
         r#"
@@ -40,7 +42,7 @@ max_concurrency = 8
 [routes.{name}.micro_batch]
 endpoints = ["{batch}"]
 max_batch = 64
-max_wait = "250ms"
+max_wait = "3s"
 max_in_flight = 1
 queue_capacity = 1000
 {extra}

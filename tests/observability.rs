@@ -222,7 +222,18 @@ endpoints = ["{live}"]
         "10 callers with max_batch 8 rows go in a few batches: {batches}"
     );
     assert_eq!(count("tiergate_batch_queue_rows", &[]), 0.0);
-    assert!(count("tiergate_batch_cost_per_row_seconds", &[]) >= 0.0);
+    for learned in [
+        "tiergate_batch_cost_fixed_seconds",
+        "tiergate_batch_cost_per_row_seconds",
+    ] {
+        let series = format!("{learned}{{{r}}} ");
+        let line = scrape.lines().find(|l| l.starts_with(&series));
+        let cost: Option<f64> = line.and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        assert!(
+            cost.is_some_and(|c| c >= 0.0),
+            "{learned} is exported for the route: {line:?}"
+        );
+    }
 
     // Backends: the dead endpoint is ejected as unreachable; the live one is closed.
     let dead_label = format!("endpoint=\"{dead}\"");
@@ -271,6 +282,37 @@ endpoints = ["{live}"]
         0.0
     );
     assert!(value(&scrape, "tiergate_process_resident_bytes", &[]) > 1e6);
+
+    // Every family has its help text, and the scrape passes promtool's lint.
+    let typed: Vec<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    assert!(typed.len() >= 30, "{} families", typed.len());
+    for family in &typed {
+        let help = format!("# HELP {family} ");
+        assert!(
+            scrape.lines().any(|l| l.starts_with(&help) && l.len() > help.len() + 8),
+            "{family} has no help text"
+        );
+    }
+    let promtool =
+        std::env::var("PROMTOOL").expect("PROMTOOL names promtool (scripts/test sets it from scripts/promtool.sh)");
+    let mut check = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    std::io::Write::write_all(&mut check.stdin.take().expect("stdin"), scrape.as_bytes()).expect("scrape written");
+    let checked = check.wait_with_output().expect("promtool ends");
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
 
     // Every documented family is exported.
     let have = exported(&scrape);
@@ -331,10 +373,12 @@ endpoints = ["{live}"]
         );
     }
 
-    // `tiergate top` shows a row per route and tier from the same endpoint.
+    // `tiergate top` shows a row per route and tier from the same endpoint (the idle
+    // ones too, with --all: the workload is over), given the address as it is written
+    // on a command line, without a scheme and with the path.
     let top = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["top", "--once", "--interval", "200ms", "--metrics-url"])
-        .arg(format!("http://{}", gw.metrics_addr()))
+        .args(["top", "--once", "--all", "--interval", "200ms", "--metrics-url"])
+        .arg(format!("{}/metrics", gw.metrics_addr()))
         .output()
         .await
         .expect("tiergate top runs");

@@ -119,7 +119,10 @@ async fn retryable_failures_retry_then_fail_with_the_last_error() {
     let failed = outcome(&gw, &location).await;
     assert_eq!(failed.status, 502, "{}", failed.text());
     assert_eq!(failed.header("x-tiergate-job-status"), Some("failed"));
-    let error = failed.json()["error"].as_str().expect("error").to_owned();
+    let error = failed.json()["error"]["message"]
+        .as_str()
+        .expect("OpenAI's error object")
+        .to_owned();
     assert!(
         error.contains("unreachable") && error.contains("attempt 3 of 3; giving up"),
         "{error}"

@@ -119,11 +119,54 @@ async fn flags_policy_and_explain_from_the_command_line() {
         "{out}"
     );
 
-    // Wrong token: 3. Nobody listening: 4.
+    // What the gateway would refuse anyway is refused here: exit 2, saying what to give.
+    let (code, _, err) = run(&["flags", "set", "r", "micro_batch", "maybe"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("micro_batch is on or off"), "{err}");
+    let (code, _, err) = run(&["explain", "--budget-ms", "2000"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--model") && err.contains("--path") && err.contains("--route"),
+        "{err}"
+    );
+    // A refusal for want of a tier names the flags that are off.
+    let (code, _, err) = run(&["flags", "set", "r", "realtime", "off"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&["explain", "--model", "m", "--budget-ms", "100"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("the flags that are off: realtime, micro_batch, offline"),
+        "{out}"
+    );
+
+    // Wrong token: 3, saying how to give one. Nobody listening: 4.
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, "not-the-token-0123456789").expect("write");
     let (code, _, err) = tiergate(&admin, &wrong, &["flags", "get", "r"]).await;
     assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("--token-file") && err.contains("TIERGATE_ADMIN_TOKEN="),
+        "{err}"
+    );
+    // An empty TIERGATE_ADMIN_TOKEN_FILE is no token, not a usage error.
+    let empty = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["flags", "get", "r", "--admin", &admin])
+        .env("TIERGATE_ADMIN_TOKEN_FILE", "")
+        .env_remove("TIERGATE_ADMIN_TOKEN")
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(
+        empty.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&empty.stderr)
+    );
+    // An address without a scheme is an address.
+    let bare = admin.trim_start_matches("http://").to_owned();
+    let (code, out, err) = tiergate(&bare, &token_file, &["flags", "get", "r"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("route r"), "{out}");
     let dead = format!("http://{}", dead_addr().await);
     let (code, _, err) = tiergate(&dead, &token_file, &["flags", "get", "r"]).await;
     assert_eq!(code, 4, "{err}");
@@ -163,9 +206,10 @@ async fn shadow_report_reset_and_promote_from_the_command_line() {
     })
     .await;
     assert!(
-        compared.contains("rows 20 within tolerance 20 (agreement 1.0)"),
+        compared.contains("rows: 20 compared, 20 within tolerance (agreement 100.00%)"),
         "{compared}"
     );
+    assert!(!compared.contains("null"), "{compared}");
     let (code, _, err) = run(&["shadow", "report", "r", "--since", "soon"]).await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("RFC 3339"), "{err}");
@@ -173,18 +217,42 @@ async fn shadow_report_reset_and_promote_from_the_command_line() {
     let (code, _, err) = run(&["shadow", "promote", "r"]).await;
     assert_eq!(code, 1, "refused below the gate");
     assert!(
-        err.contains("gate_not_met") || err.contains("the gate is not met"),
-        "{err}"
+        err.contains("the gate is not met: 20 rows compared, the gate asks for 100") && err.contains("--force"),
+        "each unmet part, with its value and threshold, and the CLI's way round: {err}"
     );
-    let (code, out, err) = run(&["shadow", "promote", "r", "--force", "--dry-run"]).await;
+    // A dry run previews the promotion below the gate, saying what is unmet.
+    let (code, out, err) = run(&["shadow", "promote", "r", "--dry-run"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("dry run: nothing applied"), "{out}");
-
+    assert!(out.contains("gate not met: 20 rows compared"), "{out}");
     let (code, out, err) = run(&["shadow", "reset", "r"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("route r: shadow report reset at "), "{out}");
     let (_, out, _) = run(&["shadow", "report", "r"]).await;
     assert!(out.contains("0 calls compared"), "{out}");
+    let (code, out, err) = run(&["shadow", "promote", "r", "--force"]).await;
+    assert_eq!(code, 0, "{err}");
+    let applied = out.split_whitespace().last().unwrap_or_default().to_owned();
+    let (_, history, _) = run(&["policy", "history"]).await;
+    assert!(
+        history.lines().any(|l| l.contains("promote")),
+        "a promotion is its own action: {history}"
+    );
+    let version = history
+        .lines()
+        .find(|l| l.contains("promote"))
+        .and_then(|l| l.trim_start_matches('*').split_whitespace().next())
+        .expect("its version")
+        .to_owned();
+    let diff = tiergate(&admin, &token_file, &["policy", "history", "--diff", &version]).await;
+    assert_eq!(diff.0, 0, "{}", diff.2);
+    assert!(
+        diff.1.contains("-[routes.r.shadow]") || diff.1.contains("shadow"),
+        "its diff: {}",
+        diff.1
+    );
+    assert!(!applied.is_empty());
+
     gw.stop().await.expect("stops");
 }
 
@@ -233,4 +301,51 @@ async fn a_routes_cache_is_shown_and_invalidated_from_the_command_line() {
     let (code, _, err) = run(&["cache", "show", "nope"]).await;
     assert_eq!(code, 1, "{err}");
     gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn the_simulator_binds_port_0_says_where_and_makes_a_noisy_model_on_demand() {
+    use tokio::io::AsyncBufReadExt;
+    let mut sim = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args([
+            "sim",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--model",
+            "m:instant",
+            "--noise",
+            "0.5",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    let mut lines = tokio::io::BufReader::new(sim.stdout.take().expect("piped")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("says where it listens")
+        .expect("reads")
+        .expect("a line");
+    let http = first
+        .strip_prefix("listening http=")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("{first}"));
+    assert!(first.contains(" grpc=127.0.0.1:"), "{first}");
+    let addr: std::net::SocketAddr = http.parse().expect("an address");
+    assert_ne!(addr.port(), 0);
+    let negative = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[-1,-2]}]}"#;
+    let mut answers = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let answer = infer(addr, "m", &[], negative).await;
+        answers.insert(answer.json()["outputs"][1]["data"][0].to_string());
+    }
+    assert!(
+        answers.len() > 1,
+        "a noisy model does not answer the same twice: {answers:?}"
+    );
+    sim.kill().await.expect("stops");
 }

@@ -52,3 +52,26 @@ fn the_shipped_policies_are_valid() {
         assert!(ok, "{dir}:\n{text}");
     }
 }
+
+#[test]
+fn a_file_is_pointed_to_its_directory_and_an_inert_table_is_noted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("r.toml");
+    std::fs::write(
+        &file,
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://a:1\"]\n[routes.r.cache]\nttl = \"1m\"\n",
+    )
+    .expect("write");
+    let (ok, text) = check(&file);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("is a file: tiergate policy check takes the policy directory"),
+        "{text}"
+    );
+    let (ok, text) = check(dir.path());
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("note: ") && text.contains("routes.r.cache is inert while the cache flag is off"),
+        "{text}"
+    );
+}

@@ -223,3 +223,37 @@ fn job_states(db: &Path, jobs: &[String]) -> (usize, usize) {
     }
     (running, known)
 }
+
+#[tokio::test]
+async fn health_says_ok_and_a_second_gateway_on_the_same_data_dir_is_refused_saying_why() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_policy(dir.path(), &policy(&rt, &batch));
+    let first = serve(dir.path(), "100ms", "5s");
+    let health = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .args(["health", "--gateway"])
+        .arg(first.http.to_string())
+        .output()
+        .await
+        .expect("runs");
+    assert!(health.status.success(), "{}", String::from_utf8_lossy(&health.stderr));
+    let said = String::from_utf8_lossy(&health.stdout);
+    assert!(said.starts_with("ok: ") && said.contains("is ready"), "{said}");
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
+        .arg("serve")
+        .env_clear()
+        .env("TIERGATE_POLICY_DIR", dir.path().join("policies"))
+        .env("TIERGATE_DATA_DIR", dir.path().join("data"))
+        .env("TIERGATE_LISTEN__HTTP", "127.0.0.1:0")
+        .env("TIERGATE_LISTEN__GRPC", "127.0.0.1:0")
+        .env("TIERGATE_LISTEN__METRICS", "127.0.0.1:0")
+        .output();
+    let second = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second one stops at once")
+        .expect("runs");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(err.contains("is in use by another gateway"), "{err}");
+    first.terminate();
+}

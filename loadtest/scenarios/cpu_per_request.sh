@@ -23,7 +23,7 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/cpu_per_request}
 
 if ! command -v nginx >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
+  scripts/apt-install.sh nginx-light
 fi
 cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release

@@ -32,7 +32,7 @@ CPUS=${CPUS:-shared}
 OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL-$CPUS}
 
 if ! command -v nginx >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null
+  scripts/apt-install.sh nginx-light
 fi
 cargo build --release --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/release

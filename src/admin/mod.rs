@@ -12,6 +12,7 @@
 //! | `GET /admin/policy` | version, ETag, files, routes |
 //! | `PUT /admin/policy/files/{name}.toml` | replace or add a policy file (TOML body) |
 //! | `GET /admin/policy/history` | kept versions: time, who, action |
+//! | `GET /admin/policy/history/{version}/diff` | what a version changed: a unified diff against the version before it |
 //! | `POST /admin/policy/rollback` | `{"version": N}`: restore version N as a new version |
 //! | `GET /admin/routes`, `GET /admin/flags` | every route with its flags |
 //! | `GET/PUT/PATCH /admin/routes/{name}` | one route; replace; JSON merge patch |
@@ -156,6 +157,7 @@ impl Admin {
             }
             (&Method::GET, ["admin", "policy"]) => self.policy(),
             (&Method::GET, ["admin", "policy", "history"]) => self.history().await,
+            (&Method::GET, ["admin", "policy", "history", version, "diff"]) => self.version_diff(version).await,
             (&Method::GET, ["admin", "routes"]) => self.routes(),
             (&Method::GET, ["admin", "flags"]) => self.flags(),
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
@@ -249,6 +251,27 @@ impl Admin {
         with_etag(ok(&body), &policy_etag(&policy))
     }
 
+    async fn version_diff(&self, version: &str) -> Response<Full<Bytes>> {
+        let Ok(version) = version.parse::<u64>() else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_version",
+                &format!("{version:?} is not a version number"),
+            );
+        };
+        let control = self.control.clone();
+        match tokio::task::spawn_blocking(move || control.version_diff(version)).await {
+            Ok(Ok(Some((before, diff)))) => ok(&json!({ "version": version, "before": before, "diff": diff })),
+            Ok(Ok(None)) => error(
+                StatusCode::NOT_FOUND,
+                "no_such_version",
+                &format!("version {version} is not kept (see GET /admin/policy/history)"),
+            ),
+            Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, "history_unreadable", &e.to_string()),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string()),
+        }
+    }
+
     async fn history(&self) -> Response<Full<Bytes>> {
         let control = self.control.clone();
         match tokio::task::spawn_blocking(move || control.history()).await {
@@ -329,13 +352,25 @@ impl Admin {
         (force, dry_run): (bool, bool),
     ) -> Response<Full<Bytes>> {
         let policy = self.control.store().load();
-        match shadow::promotion(&self.shadow, &policy, name, force) {
-            Ok(edit) => {
+        // A dry run previews the change below the gate too, saying what is unmet.
+        match shadow::promotion(&self.shadow, &policy, name, force || dry_run) {
+            Ok((edit, unmet)) => {
                 let changed = self.change(edit, expect, who, dry_run).await;
                 if changed.status().is_success() && !dry_run {
                     self.shadow.reset(name);
                 }
-                changed
+                if !(dry_run && changed.status().is_success()) {
+                    return changed;
+                }
+                let (head, body) = changed.into_parts();
+                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let mut answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+                answer["gate"] = json!({"met": unmet.is_empty(), "unmet": unmet});
+                let mut response = respond(head.status, &answer);
+                if let Some(etag) = head.headers.get(http::header::ETAG) {
+                    response.headers_mut().insert(http::header::ETAG, etag.clone());
+                }
+                response
             }
             Err((status, code, message)) => error(status, code, &message),
         }

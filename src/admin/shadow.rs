@@ -39,10 +39,12 @@ pub(super) fn report(
         .map(ToString::to_string)
         .collect::<Vec<_>>());
     report["percent"] = json!(spec.percent);
+    let unmet = gate(shadow, name, spec).err().unwrap_or_default();
     report["gate"] = json!({
         "min_compared": spec.gate.min_compared,
         "min_agreement": spec.gate.min_agreement,
-        "met": gate(shadow, name, spec).is_ok(),
+        "met": unmet.is_empty(),
+        "unmet": unmet,
     });
     Ok(report)
 }
@@ -76,11 +78,22 @@ pub(super) fn since(query: Option<&str>) -> Result<Option<SystemTime>, Refusal> 
 
 /// The change that makes route `name`'s candidate its pool: the candidate's endpoints
 /// (and how to speak to them) in every pool the route has, its `[shadow]` table and flag
-/// removed. Refused below the gate unless `force`.
-pub(super) fn promotion(shadow: &Shadow, policy: &Policy, name: &str, force: bool) -> Result<Edit, Refusal> {
+/// removed; with each unmet part of its gate (none: met). Refused below the gate unless
+/// `force` (a dry run shows it below the gate too, with what is unmet).
+pub(super) fn promotion(
+    shadow: &Shadow,
+    policy: &Policy,
+    name: &str,
+    force: bool,
+) -> Result<(Edit, Vec<String>), Refusal> {
     let (route, spec) = shadowed(policy, name)?;
-    if let (Err(why), false) = (gate(shadow, name, spec), force) {
-        let message = format!("the gate is not met: {why}; keep comparing, or add ?force=true to promote anyway");
+    let unmet = gate(shadow, name, spec).err().unwrap_or_default();
+    if !unmet.is_empty() && !force {
+        let message = format!(
+            "the gate is not met: {}; keep comparing, or promote anyway with `tiergate shadow promote --force` \
+             (POST .../promote?force=true)",
+            unmet.join("; ")
+        );
         return Err((StatusCode::CONFLICT, "gate_not_met", message));
     }
     let file_spec = policy
@@ -103,10 +116,11 @@ pub(super) fn promotion(shadow: &Shadow, policy: &Policy, name: &str, force: boo
             patch[tier] = Value::Object(pool.clone());
         }
     }
-    Ok(Edit::PatchRoute {
+    let edit = Edit::Promote {
         name: name.to_owned(),
         patch,
-    })
+    };
+    Ok((edit, unmet))
 }
 
 fn shadowed<'p>(policy: &'p Policy, name: &str) -> Result<(&'p Route, &'p ShadowSpec), Refusal> {
@@ -128,19 +142,21 @@ fn shadowed<'p>(policy: &'p Policy, name: &str) -> Result<(&'p Route, &'p Shadow
 }
 
 /// Whether the report since its reset meets `spec`'s gate: rows compared, the share of
-/// them within tolerance, and the share of compared calls whose status and shapes matched.
-fn gate(shadow: &Shadow, name: &str, spec: &ShadowSpec) -> Result<(), String> {
+/// them within tolerance, and the share of compared calls whose status and shapes
+/// matched; else each part that is not met, with its value and the gate's threshold.
+fn gate(shadow: &Shadow, name: &str, spec: &ShadowSpec) -> Result<(), Vec<String>> {
     // A row the primary answered differently when asked twice (the noise floor) counts
     // as agreeing: it is not held against the candidate.
     let standing = shadow.standing(name);
     let (rows, within, calls, mismatched) = (standing.rows, standing.agreeing, standing.calls, standing.mismatched);
     let gate = spec.gate;
+    let mut unmet = Vec::new();
     if rows < gate.min_compared {
-        return Err(format!("{rows} rows compared, the gate asks for {}", gate.min_compared));
+        unmet.push(format!("{rows} rows compared, the gate asks for {}", gate.min_compared));
     }
     let agreement = if rows == 0 { 1.0 } else { within as f64 / rows as f64 };
     if agreement < gate.min_agreement {
-        return Err(format!(
+        unmet.push(format!(
             "{within} of {rows} rows within tolerance ({agreement:.4}), the gate asks for {}",
             gate.min_agreement
         ));
@@ -151,10 +167,14 @@ fn gate(shadow: &Shadow, name: &str, spec: &ShadowSpec) -> Result<(), String> {
         1.0 - mismatched as f64 / calls as f64
     };
     if matched < gate.min_agreement {
-        return Err(format!(
-            "{mismatched} of {calls} compared calls differ in status or shape, the gate allows a share of {:.4}",
+        unmet.push(format!(
+            "{mismatched} of {calls} compared calls differ in status or shape ({:.4}), the gate allows {:.4}",
+            1.0 - matched,
             1.0 - gate.min_agreement
         ));
     }
-    Ok(())
+    match unmet.is_empty() {
+        true => Ok(()),
+        false => Err(unmet),
+    }
 }

@@ -191,6 +191,7 @@ pub fn explain(
         },
         "micro_batch": batch,
         "cache": cached(route, cache, described, headers),
+        "flags": flags(route),
         "sent": false,
     }))
 }

@@ -33,11 +33,12 @@ pub struct Unreachable(String);
 /// Where the admin API is and how to authenticate.
 #[derive(Debug, Args)]
 pub struct Admin {
-    /// The admin API's base URL.
+    /// The admin API's address (`host:port` or a URL).
     #[arg(long = "admin", default_value = "http://127.0.0.1:8003", env = "TIERGATE_ADMIN_URL")]
     url: String,
-    /// A file holding the bearer token (its first line).
-    #[arg(long, env = "TIERGATE_ADMIN_TOKEN_FILE")]
+    /// A file holding the bearer token (its first line); else TIERGATE_ADMIN_TOKEN_FILE
+    /// names one, else TIERGATE_ADMIN_TOKEN holds the token itself.
+    #[arg(long)]
     token_file: Option<PathBuf>,
 }
 
@@ -78,11 +79,11 @@ pub enum FlagsCommand {
         #[command(flatten)]
         admin: Admin,
     },
-    /// Set one flag: realtime, micro_batch, offline or shadow to on/off, or micro_batch_percent to 0-100.
+    /// Set one flag: realtime, micro_batch, offline, shadow or cache to on/off, or micro_batch_percent to 0-100.
     Set {
         /// The route.
         route: String,
-        /// realtime, micro_batch, offline, shadow or micro_batch_percent.
+        /// realtime, micro_batch, offline, shadow, cache or micro_batch_percent.
         flag: String,
         /// on, off, true, false, or a percent.
         value: String,
@@ -112,8 +113,11 @@ pub enum PolicyOps {
         #[command(flatten)]
         admin: Admin,
     },
-    /// List the kept policy versions: when, who, what.
+    /// List the kept policy versions: when, who, what (or, with --diff, what one changed).
     History {
+        /// Show what this version changed: its diff against the version before it.
+        #[arg(long, value_name = "VERSION")]
+        diff: Option<u64>,
         #[command(flatten)]
         admin: Admin,
     },
@@ -201,13 +205,14 @@ pub async fn flags(command: FlagsCommand) -> anyhow::Result<ExitCode> {
             write,
             admin,
         } => {
-            let value = match value.to_ascii_lowercase().as_str() {
-                "on" | "true" => json!(true),
-                "off" | "false" => json!(false),
-                other => match other.parse::<i64>() {
-                    Ok(n) => json!(n),
-                    Err(_) => json!(other),
+            let value = match (flag.as_str(), value.to_ascii_lowercase().as_str()) {
+                ("micro_batch_percent", v) => match v.trim_end_matches('%').parse::<u8>() {
+                    Ok(n) if n <= 100 => json!(n),
+                    _ => return Ok(usage(&format!("micro_batch_percent is 0 to 100, not {value:?}"))),
                 },
+                (_, "on" | "true") => json!(true),
+                (_, "off" | "false") => json!(false),
+                _ => return Ok(usage(&format!("{flag} is on or off (true or false), not {value:?}"))),
             };
             let path = format!("/admin/routes/{route}/flags/{flag}");
             change(&admin, &write, "PUT", &path, value.to_string().into()).await
@@ -226,7 +231,23 @@ pub async fn policy(command: PolicyOps) -> anyhow::Result<ExitCode> {
             apply(&admin, &write, &file).await
         }
         PolicyOps::Apply { file, write, admin } => apply(&admin, &write, &file).await,
-        PolicyOps::History { admin } => {
+        PolicyOps::History {
+            diff: Some(version),
+            admin,
+        } => {
+            let path = format!("/admin/policy/history/{version}/diff");
+            let (status, body) = call(&admin, "GET", &path, None, Bytes::new()).await?;
+            if status != 200 {
+                return Ok(failed(status, &body));
+            }
+            match body["before"].as_u64() {
+                Some(before) => println!("version {version}, against version {before}:"),
+                None => println!("version {version}, the first kept:"),
+            }
+            print!("{}", text(&body["diff"]));
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyOps::History { diff: None, admin } => {
             let (status, body) = call(&admin, "GET", "/admin/policy/history", None, Bytes::new()).await?;
             if status != 200 {
                 return Ok(failed(status, &body));
@@ -252,8 +273,19 @@ pub async fn policy(command: PolicyOps) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A command line the gateway would refuse anyway: said, exit code 2.
+fn usage(why: &str) -> ExitCode {
+    eprintln!("tiergate: {why}");
+    ExitCode::from(2)
+}
+
 /// Runs `tiergate explain ...`.
 pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    if args.model.is_none() && args.path.is_none() && args.route.is_none() {
+        return Ok(usage(
+            "name the request to explain: --model NAME (a KServe model), --path PATH (a JSON route's) or --route NAME",
+        ));
+    }
     let mut headers = serde_json::Map::new();
     for h in &args.headers {
         let (name, value) = h
@@ -294,6 +326,17 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         answer["policy_version"]
     );
     println!("  {}", result_line(&answer["result"]));
+    if matches!(text(&answer["result"]["reason"]).as_str(), "no_tier" | "route_disabled") {
+        let off: Vec<&str> = ["realtime", "micro_batch", "offline"]
+            .into_iter()
+            .filter(|f| answer["flags"][*f].as_bool() == Some(false))
+            .collect();
+        println!(
+            "  the flags that are off: {} (tiergate flags set {} FLAG on)",
+            off.join(", "),
+            text(&answer["route"])
+        );
+    }
     if !answer["outside_rollout"].is_null() {
         let percent = &answer["rollout"]["percent"];
         println!(
@@ -354,6 +397,15 @@ pub(crate) async fn change(
         (_, Some(false)) => println!("no change (policy version {before})"),
         (Some(true), _) => println!("dry run: nothing applied (policy version {before})"),
         _ => println!("applied: policy version {before} -> {after}"),
+    }
+    if out["gate"]["met"].as_bool() == Some(false) {
+        let unmet: Vec<String> = out["gate"]["unmet"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        println!("gate not met: {}", unmet.join("; "));
     }
     print!("{}", text(&out["diff"]));
     let decisions = out["decisions"].as_array().cloned().unwrap_or_default();
@@ -418,7 +470,11 @@ pub(crate) async fn call(
 }
 
 fn token(admin: &Admin) -> anyhow::Result<String> {
-    if let Some(file) = &admin.token_file {
+    // An empty variable is as good as none (it is not a usage error).
+    let from_env = std::env::var_os("TIERGATE_ADMIN_TOKEN_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    if let Some(file) = admin.token_file.as_ref().or(from_env.as_ref()) {
         let text =
             std::fs::read_to_string(file).with_context(|| format!("cannot read the token file {}", file.display()))?;
         let line = text
@@ -442,6 +498,11 @@ pub(crate) fn failed(status: u16, body: &Value) -> ExitCode {
     );
     for p in error["problems"].as_array().into_iter().flatten() {
         eprintln!("  {}: {}: {}", text(&p["file"]), text(&p["path"]), text(&p["message"]));
+    }
+    if status == 401 {
+        eprintln!(
+            "  give the admin token: --token-file FILE, or TIERGATE_ADMIN_TOKEN_FILE=FILE, or TIERGATE_ADMIN_TOKEN=TOKEN"
+        );
     }
     ExitCode::from(match status {
         401 => UNAUTHENTICATED,

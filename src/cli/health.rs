@@ -10,8 +10,13 @@ use clap::Args;
 /// Arguments of `tiergate health`.
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// The gateway's HTTP door.
-    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    /// The gateway's HTTP door (`host:port` or a URL).
+    #[arg(
+        long = "gateway",
+        alias = "url",
+        default_value = "http://127.0.0.1:8000",
+        env = "TIERGATE_URL"
+    )]
     url: String,
     /// Ask for liveness (`/v2/health/live`) instead of readiness (`/v2/health/ready`).
     #[arg(long)]
@@ -30,7 +35,11 @@ pub async fn run(args: HealthArgs) -> anyhow::Result<ExitCode> {
     };
     let exchange = crate::cli::client::request(&args.url, "GET", path, &[], Bytes::new());
     match tokio::time::timeout(args.timeout, exchange).await {
-        Ok(Ok((200, _, _))) => Ok(ExitCode::SUCCESS),
+        Ok(Ok((200, _, _))) => {
+            let what = if args.live { "live" } else { "ready" };
+            println!("ok: {} is {what}", args.url);
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(Ok((status, _, body))) => {
             eprintln!("{}{path}: {status} {}", args.url, String::from_utf8_lossy(&body).trim());
             Ok(ExitCode::FAILURE)

@@ -23,10 +23,13 @@ use serde_json::{json, Value};
 pub enum JobsCommand {
     /// Upload a JSONL file of requests and run it as a batch, showing progress.
     Submit(SubmitArgs),
-    /// Show a batch (or an async job).
+    /// Show a batch (or an async job): a summary, or the gateway's JSON with --json.
     Status {
         /// `batch_...` or `job_...`.
         id: String,
+        /// Print the gateway's JSON answer as it is.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         gateway: Gateway,
     },
@@ -53,8 +56,9 @@ pub enum JobsCommand {
 /// Where the gateway is.
 #[derive(Debug, Args)]
 pub struct Gateway {
-    /// The gateway's HTTP door (its API key, when it needs one, from TIERGATE_API_KEY).
-    #[arg(long, default_value = "http://127.0.0.1:8000", env = "TIERGATE_URL")]
+    /// The gateway's HTTP door, `host:port` or a URL (its API key, when it needs one,
+    /// from TIERGATE_API_KEY).
+    #[arg(long, alias = "url", default_value = "http://127.0.0.1:8000", env = "TIERGATE_URL")]
     gateway: String,
 }
 
@@ -89,11 +93,17 @@ pub struct SubmitArgs {
 pub async fn run(command: JobsCommand) -> anyhow::Result<ExitCode> {
     match command {
         JobsCommand::Submit(args) => submit(args).await,
-        JobsCommand::Status { id, gateway } => {
+        JobsCommand::Status { id, json, gateway } => {
             let path = item_path(&id)?;
             let (status, body) = call(&gateway.gateway, "GET", &path, None, Bytes::new()).await?;
-            print_json(&body);
-            Ok(exit(status < 400))
+            if status >= 400 {
+                return Ok(refused(&id, status, &body));
+            }
+            match json {
+                true => print_json(&body),
+                false => println!("{}", summary(&id, &body)),
+            }
+            Ok(ExitCode::SUCCESS)
         }
         JobsCommand::Results { id, output, gateway } => results(&gateway.gateway, &id, &output).await,
         JobsCommand::Cancel { id, gateway } => {
@@ -102,8 +112,17 @@ pub async fn run(command: JobsCommand) -> anyhow::Result<ExitCode> {
                 false => ("POST", format!("{}/cancel", item_path(&id)?)),
             };
             let (status, body) = call(&gateway.gateway, method, &path, None, Bytes::new()).await?;
-            print_json(&body);
-            Ok(exit(status < 400))
+            if status >= 400 {
+                return Ok(refused(&id, status, &body));
+            }
+            let state = body["status"].as_str().unwrap_or_default();
+            match state {
+                "completed" | "failed" | "expired" | "cancelled" | "succeeded" => {
+                    println!("{id} had already ended ({state}): nothing was cancelled")
+                }
+                _ => println!("{id}: {state} (what finished is kept)"),
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
@@ -182,10 +201,17 @@ async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
     let bar = indicatif::ProgressBar::new(0);
     let terminal = !bar.is_hidden();
     bar.set_style(
-        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} ({per_sec}, ETA {eta}) {msg}")
+        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} (ETA {eta}) {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("#>-"),
     );
+    let started = tokio::time::Instant::now();
+    let rate = |n: u64| {
+        format!(
+            "{}/s",
+            thousands((n as f64 / started.elapsed().as_secs_f64().max(0.001)) as u64)
+        )
+    };
     let (mut said, mut last_line) = (None, tokio::time::Instant::now());
     loop {
         let (_, batch) = call(url, "GET", &format!("/v1/batches/{id}"), None, Bytes::new()).await?;
@@ -195,7 +221,7 @@ async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
         let ended = matches!(status.as_str(), "completed" | "failed" | "expired" | "cancelled");
         bar.set_length(total);
         bar.set_position(done + failed);
-        bar.set_message(format!("{failed} failed, {status}"));
+        bar.set_message(format!("{}, {failed} failed, {status}", rate(done + failed)));
         let now = (done, failed, status.clone());
         if !terminal && said.as_ref() != Some(&now) && (ended || last_line.elapsed() >= Duration::from_secs(5)) {
             eprintln!("{id}: {}/{total} done, {failed} failed ({status})", done + failed);
@@ -203,6 +229,15 @@ async fn follow(url: &str, id: &str) -> anyhow::Result<ExitCode> {
         }
         if ended {
             bar.finish();
+            let took = started.elapsed();
+            eprintln!(
+                "{id}: {status} in {:.1} s, {} of {} requests done ({}), {} failed",
+                took.as_secs_f64(),
+                thousands(done + failed),
+                thousands(total),
+                rate(done + failed),
+                thousands(failed)
+            );
             if let Some(ttl) = batch.pointer("/precompute/ttl").and_then(Value::as_str) {
                 eprintln!("precompute: its {done} answers are kept in the route's cache for {ttl}");
             }
@@ -288,16 +323,58 @@ fn num(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
-fn exit(ok: bool) -> ExitCode {
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+/// Says on stderr that the gateway refused a request about `id`, and exits 1.
+fn refused(id: &str, status: u16, body: &Value) -> ExitCode {
+    eprintln!("tiergate jobs: {id}: {status} {}", error_text(body));
+    ExitCode::from(1)
+}
+
+/// An error answer's message (OpenAI's error object on the Batch API, KServe's string
+/// on the jobs endpoint), else the whole answer.
+fn error_text(v: &Value) -> String {
+    v["error"]["message"]
+        .as_str()
+        .or_else(|| v["error"].as_str())
+        .map_or_else(|| v.to_string(), str::to_owned)
+}
+
+/// A batch's or a job's state, for a person.
+fn summary(id: &str, v: &Value) -> String {
+    let status = v["status"].as_str().unwrap_or("unknown");
+    let counts = &v["request_counts"];
+    if counts.is_object() {
+        let (total, done, failed) = (num(&counts["total"]), num(&counts["completed"]), num(&counts["failed"]));
+        let mut out = format!(
+            "{id}: {status}, {} of {} requests done, {} failed; endpoint {}",
+            thousands(done + failed),
+            thousands(total),
+            thousands(failed),
+            v["endpoint"].as_str().unwrap_or("-")
+        );
+        for (what, key) in [("output", "output_file_id"), ("errors", "error_file_id")] {
+            if let Some(file) = v[key].as_str() {
+                out += &format!("; {what} {file}");
+            }
+        }
+        return out;
+    }
+    match v["answer"]["status"].as_u64().or_else(|| v["status_code"].as_u64()) {
+        Some(code) => format!("{id}: {status}, answered {code}"),
+        None => format!("{id}: {status}"),
     }
 }
 
-fn error_text(v: &Value) -> String {
-    v["error"].as_str().map_or_else(|| v.to_string(), str::to_owned)
+/// A count with thousands separators: `2,341`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
 }
 
 fn print_json(v: &Value) {

@@ -99,72 +99,178 @@ pub async fn run(command: ShadowCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A number for a person: `-` for none, a whole number with thousands separators, else
+/// four significant digits.
+fn n(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::Number(x) if x.is_u64() || x.is_i64() => thousands(x.as_f64().unwrap_or(0.0)),
+        Value::Number(x) => {
+            let x = x.as_f64().unwrap_or(0.0);
+            match x.abs() {
+                0.0 => "0".to_owned(),
+                a if a >= 1000.0 => thousands(x.round()),
+                a if a >= 0.001 => format!("{:.4}", x)
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_owned(),
+                _ => format!("{x:.3e}"),
+            }
+        }
+        other => text(other),
+    }
+}
+
+/// A share for a person: `-` for none, else a percentage.
+fn pct(v: &Value) -> String {
+    v.as_f64().map_or("-".to_owned(), |x| format!("{:.2}%", 100.0 * x))
+}
+
+/// A whole number with thousands separators.
+fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x.abs());
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    if x < 0.0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+/// `{"a": 1, "b": 2}` as `a 1, b 2` (`none` when empty).
+fn counts(v: &Value) -> String {
+    let parts: Vec<String> = v
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, c)| format!("{k} {}", n(c)))
+        .collect();
+    match parts.is_empty() {
+        true => "none".to_owned(),
+        false => parts.join(", "),
+    }
+}
+
 /// The report as lines for a terminal.
 fn report(r: &Value) -> String {
+    let candidate = r["candidate"]
+        .as_array()
+        .map(|c| c.iter().map(text).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    let on = if r["on"].as_bool() == Some(true) { "on" } else { "off" };
     let mut out = format!(
-        "route {} shadow {} -> candidate {} ({}% of calls)\n",
+        "route {}: shadow {on}, candidate {candidate}, {}% of calls\n",
         text(&r["route"]),
-        if r["on"].as_bool() == Some(true) { "on" } else { "off" },
-        r["candidate"]
-            .as_array()
-            .map(|c| c.iter().map(text).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default(),
-        r["percent"]
+        n(&r["percent"])
     );
+    let dropped: u64 = r["dropped"]
+        .as_object()
+        .map_or(0, |d| d.values().filter_map(Value::as_u64).sum());
     out += &format!(
-        "since {}: {} calls compared {}, {} dropped {}\n",
+        "since {}: {} calls compared ({}); {} dropped ({})\n",
         text(&r["since"]),
-        r["compared"],
-        r["compared_by_tier"],
-        r["dropped"]
-            .as_object()
-            .map_or(0, |d| d.values().filter_map(Value::as_u64).sum::<u64>()),
-        r["dropped"]
+        n(&r["compared"]),
+        counts(&r["compared_by_tier"]),
+        thousands(dropped as f64),
+        counts(&r["dropped"])
     );
     out += &format!(
-        "rows {} within tolerance {} (agreement {}); status mismatches {}, shape mismatches {}\n",
-        r["rows"], r["rows_within"], r["agreement"], r["status_mismatches"], r["shape_mismatches"]
+        "rows: {} compared, {} within tolerance (agreement {}); {} status and {} shape mismatches\n",
+        n(&r["rows"]),
+        n(&r["rows_within"]),
+        pct(&r["agreement"]),
+        n(&r["status_mismatches"]),
+        n(&r["shape_mismatches"])
     );
+    let latency = &r["latency"];
     out += &format!(
-        "latency: primary {} ms, candidate {} ms (x{})\n",
-        r["latency"]["primary_mean_ms"], r["latency"]["candidate_mean_ms"], r["latency"]["candidate_to_primary"]
+        "latency: primary {} ms, candidate {} ms ({}x the primary's)\n",
+        n(&latency["primary_mean_ms"]),
+        n(&latency["candidate_mean_ms"]),
+        n(&latency["candidate_to_primary"])
     );
-    for (name, o) in r["outputs"].as_object().into_iter().flatten() {
+    let outputs = r["outputs"].as_object().into_iter().flatten().collect::<Vec<_>>();
+    if !outputs.is_empty() {
         out += &format!(
-            "  {name}: within {} exact values {} max|d| {} mean|d| {} top1 {} topk {} cosine mean {} min {}\n",
-            o["within_rate"],
-            o["exact_rate"],
-            o["max_abs_diff"],
-            o["mean_abs_diff"],
-            o["top1_agreement"],
-            o["topk_agreement"],
-            o["cosine_mean"],
-            o["cosine_min"]
+            "  {:<16} {:>8} {:>8} {:>10} {:>10} {:>7} {:>7} {:>8}\n",
+            "output", "within", "exact", "max |d|", "mean |d|", "top-1", "top-k", "cos min"
+        );
+    }
+    for (name, o) in outputs {
+        out += &format!(
+            "  {:<16} {:>8} {:>8} {:>10} {:>10} {:>7} {:>7} {:>8}\n",
+            name,
+            pct(&o["within_rate"]),
+            pct(&o["exact_rate"]),
+            n(&o["max_abs_diff"]),
+            n(&o["mean_abs_diff"]),
+            pct(&o["top1_agreement"]),
+            pct(&o["topk_agreement"]),
+            n(&o["cosine_min"])
         );
     }
     for w in r["worst"].as_array().into_iter().flatten() {
         out += &format!(
-            "  worst: {} {} request {} output {} row {} [{}]: primary {} candidate {}\n",
+            "  worst: {} {} request {} output {} row {} [{}]: primary {}, candidate {}\n",
             text(&w["at"]),
             text(&w["tier"]),
             text(&w["request_id"]),
             text(&w["output"]),
-            w["row"],
-            w["index"],
-            w["primary"],
-            w["candidate"]
+            n(&w["row"]),
+            n(&w["index"]),
+            n(&w["primary"]),
+            n(&w["candidate"])
         );
     }
     let gate = &r["gate"];
     out += &format!(
         "gate: {} rows and {} agreement: {}\n",
-        gate["min_compared"],
-        gate["min_agreement"],
+        n(&gate["min_compared"]),
+        pct(&gate["min_agreement"]),
         if gate["met"].as_bool() == Some(true) {
             "met"
         } else {
             "not met"
         }
     );
+    for unmet in gate["unmet"].as_array().into_iter().flatten() {
+        out += &format!("  not met: {}\n", text(unmet));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_as_a_person_reads_it() {
+        let report = report(&serde_json::json!({
+            "route": "r", "on": true, "candidate": ["http://c:1"], "percent": 100,
+            "since": "2026-12-01T08:00:00Z", "compared": 12345, "compared_by_tier": {"micro_batch": 60, "realtime": 12285},
+            "dropped": {"full": 2}, "rows": 24690, "rows_within": 18723, "agreement": 0.7583333333333333,
+            "status_mismatches": 0, "shape_mismatches": 1,
+            "latency": {"primary_mean_ms": 1.23456, "candidate_mean_ms": null, "candidate_to_primary": null},
+            "outputs": {"OUTPUT1": {"within_rate": 0.5, "exact_rate": 0.25, "max_abs_diff": 0.000012, "mean_abs_diff": 3.5,
+                                    "top1_agreement": null, "topk_agreement": null, "cosine_min": 0.999}},
+            "gate": {"min_compared": 1000, "min_agreement": 0.99, "met": false,
+                     "unmet": ["18723 of 24690 rows within tolerance (0.7583), the gate asks for 0.99"]},
+        }));
+        for want in [
+            "12,345 calls compared (micro_batch 60, realtime 12,285); 2 dropped (full 2)",
+            "agreement 75.83%",
+            "primary 1.2346 ms, candidate - ms",
+            "1.200e-5",
+            "gate: 1,000 rows and 99.00% agreement: not met",
+            "not met: 18723 of 24690",
+        ] {
+            assert!(report.contains(want), "{want:?} in\n{report}");
+        }
+        assert!(!report.contains("null") && !report.contains("0.7583333"), "{report}");
+    }
 }

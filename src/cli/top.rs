@@ -1,7 +1,9 @@
 //! `tiergate top`: a live view of a running gateway in the terminal, read from its
-//! metrics endpoint, for a box without Grafana. Per route and tier, over the last
-//! interval: request rate, p50/p99 latency (from the histogram buckets), SLO
-//! attainment, shed rate, queue depth and mean batch size.
+//! metrics endpoint, for a box without Grafana, in 80 columns. Per route and tier that
+//! served something over the last interval (the idle ones with `--all`): request rate,
+//! p50/p99 latency (from the histogram buckets), SLO attainment, shed rate, queue depth
+//! and mean batch size; then, per route that has them, its cache's hit ratio, its
+//! shadow's comparisons, its canary's split and errors, and its priority bands.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,8 +26,8 @@ const SHED: [&str; 6] = [
 /// Arguments of `tiergate top`.
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// The gateway's metrics endpoint.
-    #[arg(long, default_value = "http://127.0.0.1:8002")]
+    /// The gateway's metrics endpoint (`host:port` or a URL, with or without `/metrics`).
+    #[arg(long, default_value = "http://127.0.0.1:8002", env = "TIERGATE_METRICS_URL")]
     metrics_url: String,
     /// Time between frames (rates and percentiles are over this interval; more than 0s).
     #[arg(long, default_value = "2s", value_parser = interval)]
@@ -33,6 +35,9 @@ pub struct TopArgs {
     /// Print one frame (two scrapes an interval apart) and exit.
     #[arg(long)]
     once: bool,
+    /// Show the routes and tiers that served nothing in the interval too.
+    #[arg(long)]
+    all: bool,
 }
 
 /// A frame interval: a duration of more than zero (rates are per second of it).
@@ -53,7 +58,12 @@ pub async fn run(args: TopArgs) -> anyhow::Result<std::process::ExitCode> {
     loop {
         tokio::time::sleep(args.interval).await;
         let now = scrape(&args.metrics_url).await?;
-        let frame = render(&before, &now, args.interval.as_secs_f64(), &args.metrics_url);
+        let frame = render(
+            &before,
+            &now,
+            (args.interval.as_secs_f64(), args.all),
+            &args.metrics_url,
+        );
         if args.once {
             print!("{frame}");
             return Ok(std::process::ExitCode::SUCCESS);
@@ -198,42 +208,54 @@ fn quantile(before: &Samples, now: &Samples, route: &str, tier: &str, q: f64) ->
     None
 }
 
-/// One frame: a row per route and tier that has served requests, and per route whose
-/// offline jobs ended (Batch API work, which no door counts: its rate is jobs ended).
-fn render(before: &Samples, now: &Samples, secs: f64, url: &str) -> String {
-    let all = |_: &[(String, String)]| true;
-    let requests = both(before, now, "tiergate_requests_total", all);
+/// One frame: a row per route and tier that has served requests (every one with
+/// `all`), and per route whose offline jobs ended (Batch API work, which no door counts:
+/// its rate is jobs ended); then a line per route and feature in use.
+fn render(before: &Samples, now: &Samples, (secs, all): (f64, bool), url: &str) -> String {
+    let any = |_: &[(String, String)]| true;
+    let requests = both(before, now, "tiergate_requests_total", any);
     let is_shed = |l: &[(String, String)]| label(l, "outcome").is_some_and(|o| SHED.contains(&o));
     let shed = both(before, now, "tiergate_requests_total", is_shed);
     let met = |l: &[(String, String)]| label(l, "result") == Some("met");
     let slo_met = both(before, now, "tiergate_slo_requests_total", met);
-    let slo_all = both(before, now, "tiergate_slo_requests_total", all);
-    let in_flight = by_route_tier(now, "tiergate_in_flight_requests", all);
-    let queued = by_route_tier(now, "tiergate_batch_queue_rows", all);
-    let rows = both(before, now, "tiergate_batch_rows_sum", all);
-    let batches = both(before, now, "tiergate_batch_rows_count", all);
+    let slo_all = both(before, now, "tiergate_slo_requests_total", any);
+    let in_flight = by_route_tier(now, "tiergate_in_flight_requests", any);
+    let queued = by_route_tier(now, "tiergate_batch_queue_rows", any);
+    let rows = both(before, now, "tiergate_batch_rows_sum", any);
+    let batches = both(before, now, "tiergate_batch_rows_count", any);
     let offline_queued = now
         .iter()
         .filter(|((n, l), _)| n == "tiergate_offline_jobs" && label(l, "state") == Some("queued"))
         .map(|(_, v)| *v)
-        .sum::<f64>();
+        .fold(0.0, |a, b| a + b);
     let version = now
         .iter()
         .find(|((n, _), _)| n == "tiergate_policy_version")
         .map_or(0.0, |(_, v)| *v);
 
     let mut out = format!(
-        "tiergate top: {url}, policy v{version}, last {secs:.1} s; offline jobs queued: {offline_queued}\n\n{:<20} {:<12} {:>9} {:>9} {:>9} {:>7} {:>8} {:>7} {:>9}\n",
-        "route", "tier", "req/s", "p50 ms", "p99 ms", "SLO %", "shed/s", "queue", "rows/batch"
+        "tiergate top: {url}, policy v{version}, last {secs:.1} s; offline queued: {offline_queued}\n\n\
+         {:<14} {:<11} {:>7} {:>7} {:>7} {:>6} {:>7} {:>6} {:>6}\n",
+        "route", "tier", "req/s", "p50 ms", "p99 ms", "SLO %", "shed/s", "queue", "rows/b"
     );
     let mut keys: std::collections::BTreeSet<&(String, String)> = requests.1.keys().collect();
     keys.extend(slo_all.1.keys());
+    let mut idle = 0;
     for key in keys.into_iter().filter(|(_, tier)| tier != "none") {
         let (route, tier) = key;
         let rate = match requests.1.contains_key(key) {
             true => delta(&requests.0, &requests.1, key),
             false => delta(&slo_all.0, &slo_all.1, key),
         } / secs;
+        let route_only = (route.clone(), "-".to_owned());
+        let queue = match tier.as_str() {
+            "micro_batch" => queued.get(&route_only).copied().unwrap_or(0.0),
+            _ => in_flight.get(key).copied().unwrap_or(0.0),
+        };
+        if rate == 0.0 && queue == 0.0 && !all {
+            idle += 1;
+            continue;
+        }
         let ms = |q| quantile(before, now, route, tier, q).map_or("-".to_owned(), |s| format!("{:.1}", s * 1000.0));
         let slo_n = delta(&slo_all.0, &slo_all.1, key);
         let slo = if slo_n > 0.0 {
@@ -241,22 +263,13 @@ fn render(before: &Samples, now: &Samples, secs: f64, url: &str) -> String {
         } else {
             "-".to_owned()
         };
-        let route_only = (route.clone(), "-".to_owned());
-        let (queue, batch) = match tier.as_str() {
-            "micro_batch" => {
-                let n = delta(&batches.0, &batches.1, &route_only);
-                let size = if n > 0.0 {
-                    format!("{:.1}", delta(&rows.0, &rows.1, &route_only) / n)
-                } else {
-                    "-".to_owned()
-                };
-                (queued.get(&route_only).copied().unwrap_or(0.0), size)
-            }
-            _ => (in_flight.get(key).copied().unwrap_or(0.0), "-".to_owned()),
+        let batch = match (tier.as_str(), delta(&batches.0, &batches.1, &route_only)) {
+            ("micro_batch", n) if n > 0.0 => format!("{:.1}", delta(&rows.0, &rows.1, &route_only) / n),
+            _ => "-".to_owned(),
         };
         out.push_str(&format!(
-            "{:<20} {:<12} {:>9.1} {:>9} {:>9} {:>7} {:>8.1} {:>7} {:>9}\n",
-            route,
+            "{:<14} {:<11} {:>7.1} {:>7} {:>7} {:>6} {:>7.1} {:>6} {:>6}\n",
+            clip(route, 14),
             tier,
             rate,
             ms(0.5),
@@ -265,6 +278,114 @@ fn render(before: &Samples, now: &Samples, secs: f64, url: &str) -> String {
             delta(&shed.0, &shed.1, key) / secs,
             queue,
             batch
+        ));
+    }
+    if idle > 0 {
+        out.push_str(&format!("({idle} idle, not shown: --all shows them)\n"));
+    }
+    let features = features(before, now, secs);
+    if !features.is_empty() {
+        out.push('\n');
+        out.push_str(&features);
+    }
+    out
+}
+
+/// `text`, cut to `width` characters (a `~` marks the cut).
+fn clip(text: &str, width: usize) -> String {
+    match text.chars().count() > width {
+        true => text.chars().take(width - 1).chain(['~']).collect(),
+        false => text.to_owned(),
+    }
+}
+
+/// Per route, over the interval: a series' increase by one label's values.
+fn increase_by(before: &Samples, now: &Samples, name: &str, key: &str) -> BTreeMap<(String, String), f64> {
+    let mut out = BTreeMap::new();
+    for ((n, l), v) in now {
+        if n != name {
+            continue;
+        }
+        let old = before.get(&(n.clone(), l.clone())).copied().unwrap_or(0.0);
+        let k = (
+            label(l, "route").unwrap_or("-").to_owned(),
+            label(l, key).unwrap_or("-").to_owned(),
+        );
+        *out.entry(k).or_insert(0.0) += (v - old).max(0.0);
+    }
+    out
+}
+
+/// The lines of the features in use, one per route and feature: the cache's hit ratio,
+/// the shadow's comparisons, the canary's split and errors, the priority bands.
+fn features(before: &Samples, now: &Samples, secs: f64) -> String {
+    let mut out = String::new();
+    let per = |map: &BTreeMap<(String, String), f64>, route: &str, value: &str| {
+        map.get(&(route.to_owned(), value.to_owned())).copied().unwrap_or(0.0)
+    };
+    let routes = |map: &BTreeMap<(String, String), f64>| {
+        map.iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|((r, _), _)| r.clone())
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    let lookups = increase_by(before, now, "tiergate_cache_lookups_total", "result");
+    for route in routes(&lookups) {
+        let (hit, miss, coalesced, bypass) = (
+            per(&lookups, &route, "hit"),
+            per(&lookups, &route, "miss"),
+            per(&lookups, &route, "coalesced"),
+            per(&lookups, &route, "bypass"),
+        );
+        let total = hit + miss + coalesced + bypass;
+        out.push_str(&format!(
+            "cache   {}: {:.1}% hits of {:.1}/s ({:.1}/s coalesced, {:.1}/s bypass)\n",
+            clip(&route, 14),
+            100.0 * hit / total,
+            total / secs,
+            coalesced / secs,
+            bypass / secs
+        ));
+    }
+    let compared = increase_by(before, now, "tiergate_shadow_compared_total", "tier");
+    let outside = increase_by(before, now, "tiergate_shadow_rows_total", "verdict");
+    for route in routes(&compared) {
+        let n: f64 = compared.iter().filter(|((r, _), _)| *r == route).map(|(_, v)| v).sum();
+        out.push_str(&format!(
+            "shadow  {}: {:.1} compared/s, {} rows outside tolerance\n",
+            clip(&route, 14),
+            n / secs,
+            per(&outside, &route, "outside")
+        ));
+    }
+    let canary = increase_by(before, now, "tiergate_canary_requests_total", "variant");
+    let errors = both(before, now, "tiergate_canary_requests_total", |l| {
+        label(l, "result") == Some("error")
+    });
+    for route in routes(&canary) {
+        let (candidate, primary) = (per(&canary, &route, "candidate"), per(&canary, &route, "primary"));
+        let failed: f64 = errors
+            .1
+            .keys()
+            .filter(|(r, _)| *r == route)
+            .map(|k| delta(&errors.0, &errors.1, k))
+            .sum();
+        out.push_str(&format!(
+            "canary  {}: candidate {:.1}/s, primary {:.1}/s, {:.1}% errors\n",
+            clip(&route, 14),
+            candidate / secs,
+            primary / secs,
+            100.0 * failed / (candidate + primary)
+        ));
+    }
+    let bands = increase_by(before, now, "tiergate_batch_priority_requests_total", "priority");
+    for route in routes(&bands) {
+        out.push_str(&format!(
+            "bands   {}: critical {:.1}/s, standard {:.1}/s, sheddable {:.1}/s\n",
+            clip(&route, 14),
+            per(&bands, &route, "critical") / secs,
+            per(&bands, &route, "standard") / secs,
+            per(&bands, &route, "sheddable") / secs
         ));
     }
     out
@@ -321,7 +442,7 @@ tiergate_in_flight_requests{route="r",tier="realtime"} 3
     fn routes_fed_only_by_the_batch_api_have_a_row() {
         let before = "tiergate_slo_requests_total{route=\"nightly\",tier=\"offline\",result=\"met\"} 10\n";
         let now = "tiergate_slo_requests_total{route=\"nightly\",tier=\"offline\",result=\"met\"} 30\n";
-        let frame = render(&parse(before), &parse(now), 2.0, "http://x");
+        let frame = render(&parse(before), &parse(now), (2.0, false), "http://x");
         let row = frame
             .lines()
             .find(|l| l.starts_with("nightly "))
@@ -338,7 +459,7 @@ tiergate_in_flight_requests{route="r",tier="realtime"} 3
 
     #[test]
     fn a_frame_shows_rate_slo_shed_and_queue() {
-        let frame = render(&parse(BEFORE), &parse(NOW), 2.0, "http://x");
+        let frame = render(&parse(BEFORE), &parse(NOW), (2.0, false), "http://x");
         let row = frame.lines().find(|l| l.starts_with("r ")).expect("a row for route r");
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
@@ -346,5 +467,36 @@ tiergate_in_flight_requests{route="r",tier="realtime"} 3
             ["r", "realtime", "100.0", "1.0", "9.8", "90.0", "10.0", "3", "-"],
             "{frame}"
         );
+    }
+
+    #[test]
+    fn idle_rows_are_hidden_the_features_in_use_shown_and_every_line_fits_80_columns() {
+        let idle =
+            "tiergate_requests_total{route=\"quiet-route-with-a-long-name\",tier=\"realtime\",outcome=\"ok\"} 5\n";
+        let features = r#"tiergate_cache_lookups_total{route="r",result="hit"} 90
+tiergate_cache_lookups_total{route="r",result="miss"} 10
+tiergate_shadow_compared_total{route="r",tier="realtime"} 20
+tiergate_canary_requests_total{route="r",tier="realtime",variant="candidate",result="ok"} 9
+tiergate_canary_requests_total{route="r",tier="realtime",variant="candidate",result="error"} 1
+tiergate_canary_requests_total{route="r",tier="realtime",variant="primary",result="ok"} 90
+tiergate_batch_priority_requests_total{route="r",priority="critical",outcome="queued"} 4
+"#;
+        let (before, now) = (format!("{BEFORE}{idle}"), format!("{NOW}{idle}{features}"));
+        let frame = render(&parse(&before), &parse(&now), (2.0, false), "http://gateway:8002");
+        assert!(!frame.contains("quiet-route"), "idle rows hidden: {frame}");
+        assert!(frame.contains("(1 idle, not shown"), "{frame}");
+        for want in [
+            "cache   r: 90.0% hits of 50.0/s",
+            "shadow  r: 10.0 compared/s",
+            "canary  r: candidate 5.0/s, primary 45.0/s, 1.0% errors",
+            "bands   r: critical 2.0/s",
+        ] {
+            assert!(frame.contains(want), "{want} in {frame}");
+        }
+        let every = render(&parse(&before), &parse(&now), (2.0, true), "http://gateway:8002");
+        assert!(every.contains("quiet-route-w~"), "--all shows it, clipped: {every}");
+        for line in every.lines() {
+            assert!(line.chars().count() <= 80, "{} columns: {line:?}", line.chars().count());
+        }
     }
 }

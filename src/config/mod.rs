@@ -410,8 +410,9 @@ pub enum LogFormat {
 
 /// Variables read by tiergate's client commands (`jobs`, `flags`, `policy`, `explain`),
 /// not startup settings: `serve` ignores them rather than refusing them as unknown.
-pub const CLIENT_VARIABLES: [&str; 5] = [
+pub const CLIENT_VARIABLES: [&str; 6] = [
     "TIERGATE_URL",
+    "TIERGATE_METRICS_URL",
     "TIERGATE_API_KEY",
     "TIERGATE_ADMIN_URL",
     "TIERGATE_ADMIN_TOKEN",

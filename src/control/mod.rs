@@ -46,6 +46,22 @@ pub enum Edit {
         /// The keys to change; `null` removes one.
         patch: Value,
     },
+    /// The patch that makes route `name`'s shadow candidate its pool (a promotion,
+    /// recorded as its own action).
+    Promote {
+        /// The route.
+        name: String,
+        /// The keys to change, as for [`Edit::PatchRoute`].
+        patch: Value,
+    },
+    /// The patch that sets route `name`'s canary to 0% when its candidate failed its
+    /// margins (recorded as its own action).
+    CanaryAbort {
+        /// The route.
+        name: String,
+        /// The keys to change, as for [`Edit::PatchRoute`].
+        patch: Value,
+    },
     /// Replace or add whole policy files, by file name in the policy directory.
     PutFiles(Vec<(String, String)>),
     /// Restore the files of an earlier version (as a new version).
@@ -131,15 +147,33 @@ impl Control {
         self.history.list()
     }
 
+    /// What version `version` changed: a unified diff of its files against the kept
+    /// version before it (all of its files, for the first one kept), with that version's
+    /// number; `None` when `version` is not kept.
+    pub fn version_diff(&self, version: u64) -> std::io::Result<Option<(Option<u64>, String)>> {
+        let all = self.history.list()?;
+        let Some(at) = all.iter().position(|s| s.version == version) else {
+            return Ok(None);
+        };
+        let texts = |s: &Snapshot| -> Vec<(PathBuf, String)> {
+            s.files.iter().map(|f| (f.path.clone(), f.text.clone())).collect()
+        };
+        let before = at.checked_sub(1).map(|i| &all[i]);
+        let old = before.map(texts).unwrap_or_default();
+        let new = texts(&all[at]);
+        Ok(Some((before.map(|s| s.version), delta(&old, &new).diff)))
+    }
+
     /// Makes `edit` as `who`, if `expect` (an `If-Match` value) still matches; on a dry
     /// run only reports what it would do.
     pub fn change(&self, edit: &Edit, expect: Option<&str>, who: &str, dry_run: bool) -> Result<Outcome, Refused> {
         let _guard = self.one_at_a_time.lock().unwrap_or_else(|e| e.into_inner());
         let running = self.store.load();
         let (route, current_etag) = match edit {
-            Edit::PutRoute { name, .. } | Edit::PatchRoute { name, .. } => {
-                (Some(name.as_str()), route_etag(&running, name))
-            }
+            Edit::PutRoute { name, .. }
+            | Edit::PatchRoute { name, .. }
+            | Edit::Promote { name, .. }
+            | Edit::CanaryAbort { name, .. } => (Some(name.as_str()), route_etag(&running, name)),
             Edit::PutFiles(_) | Edit::Rollback(_) => (None, Some(policy_etag(&running))),
         };
         if let Some(expect) = expect {
@@ -274,7 +308,7 @@ impl Control {
                     }
                 }
             },
-            Edit::PatchRoute { name, patch } => {
+            Edit::PatchRoute { name, patch } | Edit::Promote { name, patch } | Edit::CanaryAbort { name, patch } => {
                 let route = running.route(name).ok_or_else(|| gone(name))?;
                 let slot = texts
                     .iter_mut()
@@ -376,6 +410,8 @@ fn edit_action(edit: &Edit) -> &'static str {
     match edit {
         Edit::PutRoute { .. } => "put_route",
         Edit::PatchRoute { .. } => "patch_route",
+        Edit::Promote { .. } => "promote",
+        Edit::CanaryAbort { .. } => "canary_abort",
         Edit::PutFiles(_) => "put_files",
         Edit::Rollback(_) => "rollback",
     }

@@ -63,11 +63,14 @@ fn render(job: &Job) -> Response<Bytes> {
         }
         (State::Failed, None) => {
             let error = job.error.as_deref().unwrap_or("unknown error");
-            let body = json!({"error": format!("job {} failed: {error}", job.id)});
+            let message = format!("job {} failed: {error}", job.id);
+            let body =
+                json!({"error": {"message": message, "type": "server_error", "param": null, "code": "job_failed"}});
             json_response(StatusCode::BAD_GATEWAY, &body, &job.id, job.state)
         }
         (State::Cancelled | State::Expired, _) => {
-            let body = json!({"error": format!("job {} was {}; it has no result", job.id, job.state.as_str())});
+            let message = format!("job {} was {}; it has no result", job.id, job.state.as_str());
+            let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": "job_gone"}});
             json_response(StatusCode::GONE, &body, &job.id, job.state)
         }
         (State::Queued | State::Running | State::Succeeded, _) => {

@@ -106,13 +106,33 @@ impl Embedded {
         let path = dir.join(name);
         crate::files::private_touch(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
         let conn = Connection::open(&path).map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+        // The exclusive lock is taken by the first statement that needs the file (here
+        // setting WAL, then the first read): they fail busy when another process has it.
+        let held = |e: rusqlite::Error| match &e {
+            rusqlite::Error::SqliteFailure(code, _)
+                if matches!(
+                    code.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                StoreError::Io(format!(
+                    "{} is in use by another gateway (it holds the store's lock): give each gateway a data \
+                     directory of its own (--data-dir, TIERGATE_DATA_DIR), or stop the other one",
+                    path.display()
+                ))
+            }
+            _ => StoreError::from(e),
+        };
         conn.execute_batch(&format!(
             "PRAGMA locking_mode = EXCLUSIVE;
              PRAGMA journal_mode = WAL;
              PRAGMA synchronous = {synchronous};
              PRAGMA temp_store = MEMORY;
              PRAGMA foreign_keys = ON;"
-        ))?;
+        ))
+        .map_err(held)?;
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0))
+            .map_err(held)?;
         jobs::schema(&conn)?;
         batches::schema(&conn)?;
         let requeued = jobs::requeue_running(&conn)?;

@@ -126,7 +126,7 @@ impl Canaries {
         let Some(control) = self.control.clone() else {
             return;
         };
-        let edit = Edit::PatchRoute {
+        let edit = Edit::CanaryAbort {
             name: route.to_owned(),
             patch: serde_json::json!({"shadow": {"canary_percent": 0}}),
         };
