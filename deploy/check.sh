@@ -11,7 +11,7 @@
 #     the Batch API, SIGTERM under load.
 # The distribution's packages it needs are installed here when missing, with their
 # services kept from starting. The dashboard's metric names are checked against a live
-# scrape by tests/observability.rs.
+# scrape by tests/it/observability.rs.
 #
 #   deploy/check.sh PATH_TO_TIERGATE_BINARY
 set -euo pipefail

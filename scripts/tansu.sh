@@ -2,7 +2,7 @@
 # Installs the tansu Kafka-protocol broker from crates.io into a cache outside the
 # clone ($TANSU_CACHE, default /var/tmp/tiergate-tansu), once, and prints the binary's
 # path. The build takes 14–21 minutes on 2 cores; later runs reuse it. The Kafka tests
-# start it on loopback themselves (tests/kafka.rs).
+# start it on loopback themselves (tests/it/kafka.rs).
 set -euo pipefail
 ROOT=${TANSU_CACHE:-/var/tmp/tiergate-tansu}
 VERSION=0.6.0

@@ -42,6 +42,12 @@ pub const CACHED_ROWS: HeaderName = HeaderName::from_static("x-tiergate-cached-r
 pub const JOB_ID: HeaderName = HeaderName::from_static("x-tiergate-job-id");
 /// Answer (`/v1/jobs/{id}`): the job's state.
 pub const JOB_STATUS: HeaderName = HeaderName::from_static("x-tiergate-job-status");
+/// Answer (model statistics, both doors): what the figures count, [`STATISTICS_SCOPE`].
+pub const STATISTICS: HeaderName = HeaderName::from_static("x-tiergate-statistics");
+/// The value of [`STATISTICS`]: the figures are what one endpoint of the route's
+/// real-time pool (its micro-batch pool when it has none) counts, as that server reports
+/// them, not the route's whole traffic (which is in tiergate's metrics).
+pub const STATISTICS_SCOPE: &str = "one-endpoint";
 
 /// True when a `Prefer` header asks for `respond-async` (RFC 7240).
 pub fn prefers_async(headers: &http::HeaderMap) -> bool {

@@ -180,6 +180,7 @@ impl Door {
             (Target::Model { name, rest }, &Method::GET) if rest != "/infer" => {
                 let (parts, _) = req.into_parts();
                 match Box::pin(self.dispatch.control(name, Request::from_parts(parts, Bytes::new()))).await {
+                    Ok(reply) if rest == "/stats" => scoped(reply.map(Answered::from)),
                     Ok(reply) => reply.map(Answered::from),
                     Err(e) => failure(&e),
                 }
@@ -245,7 +246,7 @@ impl Door {
             super::failures::skipped_statistics(&model, "http", &why, id);
         }
         let body = serde_json::json!({ "model_stats": all });
-        json(StatusCode::OK, Bytes::from(body.to_string()))
+        scoped(json(StatusCode::OK, Bytes::from(body.to_string())))
     }
 
     /// Answers the offline tier's API (`/v1/jobs/`, `/v1/files`, `/v1/batches`).
@@ -623,5 +624,12 @@ fn not_ready(reasons: &[super::ready::NotReady]) -> Response<Answered> {
 fn empty(status: StatusCode) -> Response<Answered> {
     let mut response = Response::new(Answered::from(Bytes::new()));
     *response.status_mut() = status;
+    response
+}
+
+/// A statistics answer, saying what its figures count (`x-tiergate-statistics`).
+fn scoped(mut response: Response<Answered>) -> Response<Answered> {
+    let scope = HeaderValue::from_static(headers::STATISTICS_SCOPE);
+    response.headers_mut().insert(headers::STATISTICS, scope);
     response
 }

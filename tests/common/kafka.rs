@@ -9,9 +9,9 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use tokio::time::Instant;
 
-use super::free_port;
+use super::peer_port;
 
-/// A tansu broker on a free loopback port, killed when dropped.
+/// A tansu broker on loopback, killed when dropped.
 pub struct Broker {
     child: Child,
     /// `127.0.0.1:PORT`.
@@ -26,28 +26,48 @@ impl Drop for Broker {
 }
 
 impl Broker {
+    /// Starts tansu on a [`peer_port`] (it advertises the port it is given, so it cannot
+    /// take port 0), on another when that one turns out taken; resolves once it listens.
     pub async fn start() -> Broker {
         let bin = std::env::var("TANSU_BIN")
             .expect("TANSU_BIN names the tansu broker (scripts/test sets it from scripts/tansu.sh)");
-        let port = free_port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(bin)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tansu starts");
-        let broker = Broker {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-        };
-        let limit = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(&broker.addr).await.is_err() {
-            assert!(Instant::now() < limit, "tansu did not listen within 30 s");
+        for _attempt in 0..5 {
+            let port = peer_port();
+            let url = format!("tcp://127.0.0.1:{port}");
+            let child = Command::new(&bin)
+                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args(["--storage-engine", "memory://tansu/"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("tansu starts");
+            let mut broker = Broker {
+                child,
+                addr: format!("127.0.0.1:{port}"),
+            };
+            if broker.listening(Duration::from_secs(30)).await {
+                return broker;
+            }
+        }
+        panic!("tansu could not listen on any of five ports");
+    }
+
+    /// Whether this broker, and not another process, listens within `limit`: false as
+    /// soon as it exits (its port was taken).
+    async fn listening(&mut self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            if self.child.try_wait().expect("tansu's status").is_some() {
+                return false;
+            }
+            if tokio::net::TcpStream::connect(&self.addr).await.is_ok()
+                && super::ports::listens(self.child.id(), &self.addr)
+            {
+                return true;
+            }
+            assert!(Instant::now() < until, "tansu did not listen within {limit:?}");
             tokio::time::sleep(Duration::from_millis(50)).await; // waiting for a child process to bind
         }
-        broker
     }
 
     pub fn client(&self) -> ClientConfig {

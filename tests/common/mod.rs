@@ -4,8 +4,12 @@
 pub mod grpc;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod ports;
 pub mod redis;
 pub mod served;
+
+#[allow(unused_imports)] // each test binary uses a part
+pub use ports::{peer_port, sim_process};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -296,25 +300,6 @@ pub fn python(name: &str) -> std::path::PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
-}
-
-/// A `tiergate sim` child process on `port`.
-pub fn sim_process(port: u16) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_tiergate"))
-        .args(["sim", "--http", &format!("127.0.0.1:{port}"), "--model", "m:instant"])
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("sim starts")
-}
-
-/// A free loopback port (bound, read, released) for a server the test does not start itself.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
 }
 
 /// Waits until `GET http://127.0.0.1:{port}{path}` answers 200, for a process the test

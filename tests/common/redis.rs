@@ -1,6 +1,7 @@
 //! A real Redis for the cache tests: Debian's server (`scripts/redis.sh` installs it;
-//! the test command passes its path in `REDIS_SERVER`), started on a loopback port of
-//! its own with nothing written to disk, and stopped by its PID.
+//! the test command passes its path in `REDIS_SERVER`), listening on a Unix socket of
+//! its own (no TCP port to pick, none another test can take), with nothing written to
+//! disk, and stopped by its PID.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -8,13 +9,12 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::free_port;
-
-/// A redis-server on a free loopback port, killed when dropped.
+/// A redis-server on a Unix socket, killed when dropped.
 pub struct Redis {
     child: Option<Child>,
-    /// `127.0.0.1:PORT`.
+    /// The socket's path, as the gateway's metrics name it.
     pub addr: String,
+    _dir: tempfile::TempDir,
 }
 
 impl Drop for Redis {
@@ -25,18 +25,19 @@ impl Drop for Redis {
 
 impl Redis {
     pub async fn start() -> Redis {
-        let port = free_port();
+        let dir = tempfile::tempdir().expect("a directory for the socket");
         let mut redis = Redis {
             child: None,
-            addr: format!("127.0.0.1:{port}"),
+            addr: dir.path().join("redis.sock").display().to_string(),
+            _dir: dir,
         };
         redis.restart().await;
         redis
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis+unix:///PATH`.
     pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
+        format!("redis+unix://{}", self.addr)
     }
 
     /// Kills the server (SIGKILL, by its PID) and waits for it to end.
@@ -63,18 +64,19 @@ impl Redis {
         assert!(status.success(), "kill {signal} {pid}");
     }
 
-    /// Starts the server (again) on its port, empty; resolves once it answers PING.
+    /// Starts the server (again) on its socket, empty; resolves once it answers PING.
     pub async fn restart(&mut self) {
         self.kill();
         let bin = std::env::var("REDIS_SERVER")
             .expect("REDIS_SERVER names redis-server (scripts/test sets it from scripts/redis.sh)");
-        let port = self.addr.rsplit(':').next().expect("a port").to_owned();
         let child = Command::new(bin)
             .args([
                 "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
+                "0",
+                "--unixsocket",
+                &self.addr,
+                "--unixsocketperm",
+                "700",
                 "--save",
                 "",
                 "--appendonly",
@@ -88,13 +90,13 @@ impl Redis {
         let limit = Instant::now() + Duration::from_secs(30);
         while !self.pong().await {
             assert!(Instant::now() < limit, "redis-server did not answer within 30 s");
-            tokio::time::sleep(Duration::from_millis(20)).await; // waiting for a child process to bind
+            tokio::time::sleep(Duration::from_millis(20)).await; // waiting for a child process to listen
         }
     }
 
     /// Whether the server answers PING.
     async fn pong(&self) -> bool {
-        let Ok(mut conn) = tokio::net::TcpStream::connect(&self.addr).await else {
+        let Ok(mut conn) = tokio::net::UnixStream::connect(&self.addr).await else {
             return false;
         };
         let mut buf = [0u8; 7];
@@ -103,7 +105,9 @@ impl Redis {
 
     /// How many keys the server holds (`DBSIZE`).
     pub async fn keys(&self) -> u64 {
-        let mut conn = tokio::net::TcpStream::connect(&self.addr).await.expect("redis answers");
+        let mut conn = tokio::net::UnixStream::connect(&self.addr)
+            .await
+            .expect("redis answers");
         conn.write_all(b"DBSIZE\r\n").await.expect("asked");
         let mut reply = Vec::new();
         let mut byte = [0u8; 1];

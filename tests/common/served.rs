@@ -16,6 +16,7 @@ pub struct Served {
     pub child: Child,
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
     pub log: mpsc::Receiver<String>,
 }
 
@@ -55,6 +56,7 @@ pub fn serve(dir: &Path, env: &[(&str, &str)]) -> Served {
         child,
         http: SocketAddr::from(([127, 0, 0, 1], 0)),
         grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+        metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
         log,
     };
     let limit = std::time::Instant::now() + Duration::from_secs(20);
@@ -71,7 +73,7 @@ pub fn serve(dir: &Path, env: &[(&str, &str)]) -> Served {
                 let text = entry["fields"][door].as_str().expect("an address");
                 text.parse::<SocketAddr>().expect("address")
             };
-            (served.http, served.grpc) = (addr("http"), addr("grpc"));
+            (served.http, served.grpc, served.metrics) = (addr("http"), addr("grpc"), addr("metrics"));
             return served;
         }
     }

@@ -1,7 +1,7 @@
 """The official OpenAI Python SDK drives tiergate's Batch API end to end: upload, create,
 poll, list, download, cancel.
 
-Run by tests/conformance_openai.rs, which starts a simulated backend and a gateway with
+Run by tests/peers/openai.rs, which starts a simulated backend and a gateway with
 an embeddings route (/v1/embeddings, model "m", answered fast) and a slow KServe model
 ("slow"), and passes the gateway's HTTP address:
 

@@ -1,6 +1,6 @@
 """Triton's own Python client (tritonclient, HTTP and gRPC) against tiergate.
 
-Run by tests/conformance_tritonclient.rs, which starts a simulated backend and a
+Run by tests/peers/tritonclient.rs, which starts a simulated backend and a
 gateway on free ports and passes the gateway's HTTP and gRPC addresses:
 
     python tritonclient_test.py HTTP_HOST:PORT GRPC_HOST:PORT MODEL_CONFIG_DESCRIPTORS
@@ -218,7 +218,7 @@ class HttpClient(unittest.TestCase):
 
     def test_sequence_steps_are_never_combined(self):
         # 32 concurrent steps of sequence 77 with a 2 s budget (the micro-batch tier):
-        # each gets its own answer; tests/conformance_tritonclient.rs then checks that
+        # each gets its own answer; tests/peers/tritonclient.rs then checks that
         # each reached the backend alone (its id on a call of its own).
         pending = []
         for i in range(SEQUENCE_STEPS):

@@ -9,8 +9,17 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{bridge, meta, pb, status, with_metadata, GrpcDoor};
 use crate::front::extensions;
+use crate::headers;
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceService;
 use crate::trace;
+
+/// A statistics answer, saying what its figures count (`x-tiergate-statistics`).
+fn scoped<T>(mut response: Response<T>) -> Response<T> {
+    let key = bridge::metadata_key(&headers::STATISTICS);
+    let scope = tonic::metadata::MetadataValue::from_static(headers::STATISTICS_SCOPE);
+    response.metadata_mut().insert(key, scope);
+    response
+}
 
 /// `result`, its answer or refusal carrying `id` as `x-request-id`.
 fn identified<T>(id: &http::HeaderValue, result: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
@@ -169,7 +178,7 @@ impl GrpcInferenceService for GrpcDoor {
             self.let_in_call(&req)?;
             let req = req.into_inner();
             if !req.name.is_empty() {
-                return Ok(Response::new(self.statistics(&req.name, &req.version).await?));
+                return Ok(scoped(Response::new(self.statistics(&req.name, &req.version).await?)));
             }
             // No name: every model's, as Triton (one its backend does not know is left
             // out, and so is one whose backend fails: the others are still answered).
@@ -181,7 +190,7 @@ impl GrpcInferenceService for GrpcDoor {
                     Err(status) => super::super::failures::skipped_statistics(&model, "grpc", status.message(), &id),
                 }
             }
-            Ok(Response::new(all))
+            Ok(scoped(Response::new(all)))
         };
         identified(&id, answered.await)
     }

@@ -1,0 +1,43 @@
+//! The integration tests, one binary (it links the crate once): a module per behaviour,
+//! each against simulated backends and gateways on loopback, or `tiergate` itself as a
+//! child process. The suites against real peers (Triton, tritonclient, MLServer, the
+//! OpenAI SDK) are the `peers` binary.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod admin;
+mod admission;
+mod batch_api;
+mod borrow;
+mod bulk_door;
+mod cache;
+mod combined;
+mod connections;
+mod crash;
+mod decisions;
+mod demo;
+mod door;
+mod grpc;
+mod grpc_backends;
+mod health;
+mod jobs_cli;
+mod kafka;
+mod kafka_queue;
+mod kserve_http;
+mod metrics_endpoint;
+mod micro_batch;
+mod observability;
+mod offline;
+mod ops_cli;
+mod policy_check;
+mod readiness;
+mod realtime;
+mod reload;
+mod scheduling;
+mod serve_check;
+mod shadow;
+mod shutdown;
+mod tenants;
+mod tls;
+mod traces;
