@@ -157,7 +157,7 @@ impl Pool {
     /// Sheds with [`Kind::Shed`] at the concurrency limit, with [`Kind::Deadline`] when
     /// `deadline` has already passed, and with [`Kind::DeadlineUnmeetable`] when the
     /// time left is below what the pool's calls take (its learned floor, see
-    /// [`super::latency`]); a connect failure is retried once on another endpoint while
+    /// `backend::latency`); a connect failure is retried once on another endpoint while
     /// time remains.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
         let now = Instant::now();

@@ -122,7 +122,7 @@ pub struct Served {
 }
 
 impl Served {
-    /// Logs it when it ended in a 5xx of the gateway's ([`super::failures`]), with the
+    /// Logs it when it ended in a 5xx of the gateway's (see `front::failures`), with the
     /// request's ids: called by its door, which has them (the dispatch keeps them only
     /// for its debug line, to spare the success path a copy).
     pub fn log_failure(&self, route: &str, door: Door, ids: &trace::Ids) {
