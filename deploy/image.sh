@@ -2,7 +2,7 @@
 # Builds tiergate's container image (deploy/Dockerfile) with podman, or docker when
 # podman is missing, and prints its tag.
 #
-#   deploy/image.sh [TAG]                          a release build of this checkout, then the image
+#   deploy/image.sh [TAG]                          a dist build (whole-program optimised) of this checkout, then the image
 #   IMAGE_BINARY=path deploy/image.sh [TAG]        around a binary built already (the test uses its own)
 #   IMAGE_BASE=image deploy/image.sh [TAG]         on another base (default debian:bookworm-slim)
 #
@@ -14,9 +14,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TAG=${1:-localhost/tiergate:latest}
 BINARY=${IMAGE_BINARY:-}
 if [ -z "$BINARY" ]; then
-  echo "building the release binary (with Kafka support)" >&2
-  (cd "$ROOT" && cargo build --release --locked --features kafka --bin tiergate >&2)
-  BINARY=${CARGO_TARGET_DIR:-$ROOT/target}/release/tiergate
+  echo "building the dist binary (with Kafka support)" >&2
+  (cd "$ROOT" && cargo build --profile dist --locked --features kafka --bin tiergate >&2)
+  BINARY=${CARGO_TARGET_DIR:-$ROOT/target}/dist/tiergate
 fi
 [ -x "$BINARY" ] || { echo "deploy/image.sh: no executable at $BINARY" >&2; exit 2; }
 

@@ -10,10 +10,13 @@
 #   scripts/fuzz.sh            # every target, 20 s each (the test command runs this)
 #   scripts/fuzz.sh 600        # a longer run: 10 minutes each
 #   scripts/fuzz.sh 60 multipart batch_lines   # some targets only
+#   scripts/fuzz.sh build      # install and build only (the test command does it early)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-20}
 shift || true
+BUILD_ONLY=
+if [ "$SECONDS_EACH" = build ]; then BUILD_ONLY=1 SECONDS_EACH=0; fi
 CACHE=${TIERGATE_FUZZ_CACHE:-/var/tmp/tiergate-fuzz}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
@@ -35,6 +38,7 @@ cd fuzz
 # No sanitizer: the code under test is safe Rust; what a run looks for is a panic, a
 # hang or unbounded memory. (`-s address` works too, for a longer run.)
 cargo +nightly fuzz build -s none
+if [ -n "$BUILD_ONLY" ]; then exit 0; fi
 failed=0
 for target in "${TARGETS[@]}"; do
   work="$CACHE/corpus/$target" artifacts="$CACHE/artifacts/$target/"

@@ -74,13 +74,5 @@ pub fn classify(route: &Route, meta: &Meta) -> Result<Decision, Refusal> {
     })
 }
 
-/// FNV-1a: a stable 64-bit hash for rollout keys (the same key lands on the same side
-/// of the rollout in every process and release).
-pub fn key_hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 #[cfg(test)]
 mod tests;

@@ -12,13 +12,16 @@
 //!
 //! Modules follow the request path, from the client to the backend:
 //!
-//! - [`front`]: the doors (KServe v2 over HTTP, JSON routes) and request metadata.
+//! - [`server`]: the connection loop every listener runs on (limits, deadlines, TLS,
+//!   drain), below the doors and the admin API alike.
+//! - [`front`]: the doors (KServe v2 over HTTP and gRPC, JSON routes, the Batch API,
+//!   Kafka sources) and the pipeline each request takes through them.
 //! - [`protocol`]: KServe v2 wire formats, JSON and Triton's binary tensor extension.
 //! - [`cache`]: before any tier, answers kept per route and identical calls in flight
 //!   sharing one backend call.
 //! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason,
 //!   over the leaf [`decision`] (tiers, reasons, budget sources, doors).
-//! - [`tiers`]: the tier router and the tiers, each a `tower::Service`.
+//! - [`tiers`]: the tier router and the tiers.
 //! - [`shadow`]: beside the tiers, a candidate model scored on a share of their calls.
 //! - [`backend`]: pools of backend endpoints and the calls to them.
 //! - [`queue`]: the offline tier's durable job store, below the offline tier.
@@ -32,6 +35,8 @@
 //! (request ids, trace context and spans) and [`telemetry`] (logs and span export);
 //! [`sim`], the simulated model server; and [`app`], which composes a running
 //! [`app::Gateway`]. The command line (`src/cli`) is the binary's, not the library's.
+
+pub mod server;
 
 pub mod front;
 pub mod protocol;

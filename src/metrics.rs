@@ -268,7 +268,7 @@ impl Instruments {
 
 /// One route's request instruments, each registered the first time it is used, so the
 /// request path records without building a label set or looking it up. The doors keep
-/// one per route name (see `front::dispatch`), across policy snapshots.
+/// one per route name (see `front::pipeline::dispatch`), across policy snapshots.
 #[derive(Default)]
 pub struct RouteInstruments {
     /// By [`Tier::index`].

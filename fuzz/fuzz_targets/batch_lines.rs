@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use tiergate::front::batch_lines::{lines, Within};
+use tiergate::front::batch_api::lines::{lines, Within};
 use tiergate::policy::Policy;
 
 fn policy() -> &'static Policy {

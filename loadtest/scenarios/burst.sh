@@ -29,8 +29,8 @@ PEAK=$((BASE * 20))
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/burst}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 cpu_sides "$CPUS"
 SERVER_SIDE=("${MOST_CPUS[@]}"); CLIENT_SIDE=("${LAST_CPU[@]}")

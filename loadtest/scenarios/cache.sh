@@ -25,8 +25,8 @@ ROUNDS=${4:-2}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/cache}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 
 SIM=$(free_port); BARE=$(free_port)

@@ -25,8 +25,8 @@ OUT=${OUT:-$TARGET_DIR/loadtest/cpu_per_request}
 if ! command -v nginx >/dev/null; then
   scripts/apt-install.sh nginx-light
 fi
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 . loadtest/scenarios/lib.sh

@@ -26,8 +26,8 @@ A_SHARE_RATE=${A_SHARE_RATE:-155}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/fairness}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 

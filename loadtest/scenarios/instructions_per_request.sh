@@ -30,8 +30,8 @@ fi
 if ! command -v nginx >/dev/null; then
   scripts/apt-install.sh nginx-light
 fi
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 

@@ -77,8 +77,8 @@ esac
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/isolation}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 
 RT=$(free_port); BATCH=$(free_port); SHARED=$(free_port)

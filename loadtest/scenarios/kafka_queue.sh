@@ -22,8 +22,8 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/kafka_queue}
 
 TANSU=$(scripts/tansu.sh)
-cargo build --release --quiet -p tiergate --features tiergate/kafka -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate --features tiergate/kafka -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 mkdir -p "$OUT"
 : > "$WORK/results"

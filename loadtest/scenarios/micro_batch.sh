@@ -9,7 +9,7 @@
 #   PROFILE=bert-base-trt PER_REQUEST_RATE=2000 loadtest/scenarios/micro_batch.sh ...  (another cost profile;
 #       the direct per-request run must offer more than the profile's 1/t(1))
 #
-# Builds tiergate and loadtest in release mode and writes to $OUT (default
+# Builds tiergate and loadtest with the dist profile and writes to $OUT (default
 # target/loadtest/micro_batch): summary.txt (the table below), gain.svg (goodput and p99
 # against offered load), one JSON and one plot directory per run. Columns: goodput (200s per second, ended inside the window), its fraction of the cost
 # model's maximum B/t(B) at max_batch, its gain over per-request serving (measured in
@@ -27,8 +27,8 @@ PER_REQUEST_RATE=${PER_REQUEST_RATE:-200}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/micro_batch}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 

@@ -20,8 +20,8 @@ SUBMIT_RATE=${SUBMIT_RATE:-2000}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/offline_backlog}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 
 SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port)

@@ -19,7 +19,7 @@
 #       grpc:// backend; nginx with grpc_pass; no bare hyper proxy, it speaks HTTP/1)
 #
 # Installs nginx from the distribution's packages when it is missing (needs root), builds
-# tiergate and loadtest in release mode, and writes results to $OUT (default
+# tiergate and loadtest with the dist profile, and writes results to $OUT (default
 # target/loadtest/overhead-PROTOCOL-CPUS): summary.txt, results.json and SVG plots.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,8 +34,8 @@ OUT=${OUT:-$TARGET_DIR/loadtest/overhead-$PROTOCOL-$CPUS}
 if ! command -v nginx >/dev/null; then
   scripts/apt-install.sh nginx-light
 fi
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 cpu_sides "$CPUS"

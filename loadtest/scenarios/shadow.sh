@@ -22,8 +22,8 @@ ROUNDS=${4:-2}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/shadow}
 
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 . loadtest/scenarios/lib.sh
 
 RT=$(free_port); BATCH=$(free_port); CANDIDATE=$(free_port)

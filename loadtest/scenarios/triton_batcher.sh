@@ -8,7 +8,7 @@
 #   loadtest/scenarios/triton_batcher.sh [RATES] [DURATION] [ROUNDS]   (defaults: "500 1000 2000" 12s 2)
 #
 # Creates PyTriton's Python environment with tests/conformance/venv.sh on first use,
-# builds tiergate and loadtest in release mode, and writes to $OUT (default
+# builds tiergate and loadtest with the dist profile, and writes to $OUT (default
 # target/loadtest/triton_batcher): summary.txt, and results and plots per rate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,8 +21,8 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET_DIR/loadtest/triton_batcher}
 
 VENV=$(tests/conformance/venv.sh pytriton)
-cargo build --release --quiet -p tiergate -p loadtest
-BIN=$TARGET_DIR/release
+cargo build --profile dist --quiet -p tiergate -p loadtest
+BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 

@@ -87,9 +87,9 @@ pub async fn listen(
         let admin = admin.clone();
         async move { admin.answer(req).await }
     };
-    crate::front::listen(
+    crate::server::listen(
         listener,
-        crate::front::Connections::small(64).with_tls(tls),
+        crate::server::Connections::small(64).with_tls(tls),
         shutdown.clone(),
         shutdown,
         answer,

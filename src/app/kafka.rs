@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::threads::BatchThreads;
 use super::StartError;
 use crate::config::Config;
-use crate::front::dispatch::Dispatch;
+use crate::front::pipeline::dispatch::Dispatch;
 use crate::policy::Policy;
 use crate::queue::Queue;
 

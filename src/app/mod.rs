@@ -29,11 +29,11 @@ use crate::cache::{Cache, SecondLevel};
 use crate::config::{Config, QueueKind};
 use crate::control::history::History;
 use crate::control::Control;
-use crate::front::admission::Admission;
 use crate::front::batch_api::OfflineApi;
-use crate::front::dispatch::Dispatch;
 use crate::front::grpc::GrpcDoor;
-use crate::front::http::Door;
+use crate::front::http::HttpDoor;
+use crate::front::pipeline::admission::Admission;
+use crate::front::pipeline::dispatch::Dispatch;
 use crate::front::ready::Readiness;
 use crate::policy::{Policy, Problems, Store};
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -53,7 +53,7 @@ pub struct Gateway {
     metrics: SocketAddr,
     admin: Option<SocketAddr>,
     bulk: BulkAddrs,
-    door: Arc<Door>,
+    door: Arc<HttpDoor>,
     admin_api: Option<Arc<Admin>>,
     control: Arc<Control>,
     readiness: Arc<Readiness>,
@@ -181,7 +181,7 @@ impl Gateway {
         };
         let door = parts.door.clone();
         let tls = checked.tls;
-        let allow = crate::front::Connections::from_limits(&config.limits);
+        let allow = crate::server::Connections::from_limits(&config.limits);
         let (http_allow, grpc_allow) = match &tls {
             Some(tls) => {
                 tasks.spawn(tls.certificate.clone().watch(shutdown.clone()));
@@ -204,7 +204,7 @@ impl Gateway {
         draining.spawn(serve_http(http));
         draining.spawn(serve_grpc(grpc));
         // On the real-time threads: their request deadlines are then filed without a wake-up.
-        tasks.spawn(crate::front::keep_timers_due(shutdown.clone()));
+        tasks.spawn(crate::server::keep_timers_due(shutdown.clone()));
         tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
         tasks.spawn(callers.watch(shutdown.clone()));
@@ -282,8 +282,8 @@ impl Gateway {
         self.bulk.grpc
     }
 
-    /// The HTTP door, to drive without a socket (`Door::answer` takes any request body).
-    pub fn door(&self) -> &Arc<Door> {
+    /// The HTTP door, to drive without a socket (`HttpDoor::answer` takes any request body).
+    pub fn door(&self) -> &Arc<HttpDoor> {
         &self.door
     }
 
@@ -326,7 +326,7 @@ impl Gateway {
     /// Returns once every task has ended.
     pub async fn stop_within(mut self, timeout: Duration) -> std::io::Result<()> {
         // The end comes early enough for the answers it makes to be written in time.
-        let deadline = tokio::time::Instant::now() + timeout.saturating_sub(crate::front::FLUSH.min(timeout / 4));
+        let deadline = tokio::time::Instant::now() + timeout.saturating_sub(crate::server::FLUSH.min(timeout / 4));
         self.readiness.drain();
         self.closing.cancel();
         let mut outcome = Ok(());
@@ -362,7 +362,7 @@ struct Parts {
     control: Arc<Control>,
     readiness: Arc<Readiness>,
     dispatch: Arc<Dispatch>,
-    door: Arc<Door>,
+    door: Arc<HttpDoor>,
     grpc_door: GrpcInferenceServiceServer<GrpcDoor>,
     micro_batch: MicroBatch,
     shadow: Shadow,
@@ -434,7 +434,7 @@ impl Parts {
             wake: wake.clone(),
             max_body_bytes: config.limits.max_body_bytes,
         };
-        let door = Arc::new(Door::new(dispatch.clone(), config.limits.clone()).with_offline(api));
+        let door = Arc::new(HttpDoor::new(dispatch.clone(), config.limits.clone()).with_offline(api));
         let grpc_door = GrpcDoor::new(dispatch.clone()).service(&config.limits, config.grpc.answer_compression);
         let workers = offline::worker::Workers {
             store,
@@ -463,15 +463,15 @@ impl Parts {
 /// The HTTP door's loop for a listener: it stops accepting at `closing` and closes what
 /// is still open at `ending`.
 fn http_door(
-    door: Arc<Door>,
-    allow: crate::front::Connections,
+    door: Arc<HttpDoor>,
+    allow: crate::server::Connections,
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
         let answer = move |req| door.clone().answer(req);
-        Box::pin(crate::front::listen(listener, allow, closing, ending, answer))
+        Box::pin(crate::server::listen(listener, allow, closing, ending, answer))
     }
 }
 
@@ -480,7 +480,7 @@ fn http_door(
 /// service with tonic's own refusals given the gateway's codes.
 fn grpc_door(
     service: GrpcInferenceServiceServer<GrpcDoor>,
-    allow: crate::front::Connections,
+    allow: crate::server::Connections,
     closing: &CancellationToken,
     ending: &CancellationToken,
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
@@ -495,7 +495,7 @@ fn grpc_door(
                 }
             }
         };
-        Box::pin(crate::front::listen(listener, allow, closing, ending, answer))
+        Box::pin(crate::server::listen(listener, allow, closing, ending, answer))
     }
 }
 

@@ -36,9 +36,9 @@ pub(super) async fn listen(
             text(StatusCode::OK, handle.render())
         }
     };
-    crate::front::listen(
+    crate::server::listen(
         listener,
-        crate::front::Connections::small(256),
+        crate::server::Connections::small(256),
         shutdown.clone(),
         shutdown,
         answer,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
 
 use crate::front::auth::Callers;
-use crate::front::tls::{Certificate, GRPC_ALPN, HTTP_ALPN};
 use crate::policy::{Allowlist, Policy};
+use crate::server::tls::{Certificate, GRPC_ALPN, HTTP_ALPN};
 
 use super::StartError;
 

@@ -7,8 +7,8 @@ use http::{HeaderValue, StatusCode};
 
 use super::key::Question;
 use crate::protocol::grpc::bridge;
+use crate::protocol::Reply;
 use crate::protocol::{self, InferResponse};
-use crate::tiers::Reply;
 
 /// One cached answer.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! and identical requests in flight at once sharing one backend call.
 //!
 //! After the door has read and checked a request and before any tier is chosen (the
-//! dispatch asks it first, see `front::cached`): a hit needs no tier. Each route with a
+//! dispatch asks it first, see `front::pipeline`, its `cached` step): a hit needs no tier. Each route with a
 //! `[cache]` table has its own store (moka: concurrent, TinyLFU admission, weighed in
 //! bytes against the route's `max_bytes`, each entry kept for `ttl`), rebuilt empty when
 //! the table changes. Only successes are kept; an error is never cached. A request the
@@ -142,7 +142,7 @@ impl Cache {
         &self,
         route: &Route,
         (key, question): (Key, Question),
-        reply: &crate::tiers::Reply,
+        reply: &crate::protocol::Reply,
         ttl: Duration,
     ) -> bool {
         let Some(spec) = &route.cache else {

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::decision::key_hash;
 use crate::policy::{Flags, Route, WhenUnmet};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;

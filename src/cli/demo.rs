@@ -1,15 +1,18 @@
 //! The demo: a gateway, two simulated pools and `policies/demo.toml`, in one process.
 //!
 //! Composition only, beside `tiergate::app`. [`Demo::start`] runs a simulated model
-//! server for the real-time pool (127.0.0.1:9100) and one for the batch pool
-//! (127.0.0.1:9101), and a gateway serving the demo policy. [`examples`] are the
-//! requests the demo prints as `curl` lines; [`Demo::self_check`] sends them and
+//! server for the real-time pool (127.0.0.1:9100 unless `--realtime-pool` moves it) and
+//! one for the batch pool (127.0.0.1:9101, `--batch-pool`), and a gateway serving the
+//! demo policy pointed at them. [`examples`] are the requests the demo prints as `curl`
+//! lines (and one `tiergate infer` line over gRPC); [`Demo::self_check`] sends them and
 //! checks every tier decision, which is how the test suite proves the demo works.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use bytes::Bytes;
+use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -23,16 +26,45 @@ use tiergate::sim::{ModelSpec, Profile, Simulator};
 
 /// The demo policy, built into the binary so the demo runs from any directory.
 pub const POLICY: &str = include_str!("../../policies/demo.toml");
-/// Where the demo's simulated real-time pool listens (as `policies/demo.toml` says).
-pub const REALTIME_POOL: &str = "127.0.0.1:9100";
-/// Where the demo's simulated batch pool listens.
-pub const BATCH_POOL: &str = "127.0.0.1:9101";
+/// Where `policies/demo.toml` points the real-time pool (the demo rewrites it to where
+/// its simulated pool listens).
+const REALTIME_POOL: &str = "127.0.0.1:9100";
+/// Where `policies/demo.toml` points the batch pool.
+const BATCH_POOL: &str = "127.0.0.1:9101";
+
+/// `tiergate demo`'s flags.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Send the example requests, check every decision, print the results and exit
+    /// (non-zero on any mismatch) instead of serving until Ctrl-C.
+    #[arg(long)]
+    self_check: bool,
+    /// Address of the gateway's HTTP door.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http: SocketAddr,
+    /// Address of the gateway's gRPC door.
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    grpc: SocketAddr,
+    /// Address of the gateway's metrics endpoint.
+    #[arg(long, default_value = "127.0.0.1:8002")]
+    metrics: SocketAddr,
+    /// Address of the gateway's admin API (unauthenticated in the demo, so loopback only).
+    #[arg(long, default_value = "127.0.0.1:8003")]
+    admin: SocketAddr,
+    /// Address of the simulated real-time pool (port 0: any free port).
+    #[arg(long, default_value = REALTIME_POOL)]
+    realtime_pool: SocketAddr,
+    /// Address of the simulated batch pool (port 0: any free port).
+    #[arg(long, default_value = BATCH_POOL)]
+    batch_pool: SocketAddr,
+}
 
 /// A running demo.
 #[derive(Debug)]
 pub struct Demo {
     gateway: Gateway,
     sims: CancellationToken,
+    pools: [SocketAddr; 2],
     requests: PathBuf,
     _data_dir: DataDir,
 }
@@ -82,9 +114,34 @@ fn batch_file(n: usize) -> String {
 pub const BODY: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
 
 impl Demo {
-    /// Starts both simulated pools and a gateway on `config`'s listeners, with its offline
+    /// Starts both simulated pools on `pools` (real-time, batch) and a gateway on
+    /// `config`'s listeners serving the demo policy pointed at them, with its offline
     /// store in a fresh temporary directory (removed when the demo ends).
-    pub async fn start(config: &Config) -> anyhow::Result<Demo> {
+    pub async fn start(config: &Config, pools: [SocketAddr; 2]) -> anyhow::Result<Demo> {
+        let sims = CancellationToken::new();
+        let mut bound = pools;
+        for (i, (name, flag)) in [("real-time pool", "realtime"), ("batch pool", "batch")]
+            .into_iter()
+            .enumerate()
+        {
+            let addr = pools[i];
+            let listener = TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start the simulated {name} on {addr}: {e} (move it with --{flag}-pool 127.0.0.1:0, \
+                     any free port)"
+                )
+            })?;
+            bound[i] = listener.local_addr()?;
+            let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
+            tokio::spawn(sim.listen(listener, sims.clone()));
+        }
+        // The demo policy, its pools where the simulated ones listen.
+        let text = POLICY
+            .replace(
+                &format!("\"http://{REALTIME_POOL}\""),
+                &format!("\"http://{}\"", bound[0]),
+            )
+            .replace(&format!("\"http://{BATCH_POOL}\""), &format!("\"http://{}\"", bound[1]));
         let mut config = config.clone();
         config.data_dir = std::env::temp_dir().join(format!("tiergate-demo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&config.data_dir);
@@ -92,19 +149,11 @@ impl Demo {
         config.policy_dir = config.data_dir.join("policies");
         std::fs::create_dir_all(&config.policy_dir)?;
         let file = config.policy_dir.join("demo.toml");
-        std::fs::write(&file, POLICY)?;
+        std::fs::write(&file, &text)?;
         config.admin.insecure_no_auth = true; // loopback only: refused anywhere else
         let config = &config;
-        let policy = Policy::from_texts(vec![(file, POLICY.to_owned())])
+        let policy = Policy::from_texts(vec![(file, text)])
             .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
-        let sims = CancellationToken::new();
-        for (addr, name) in [(REALTIME_POOL, "real-time pool"), (BATCH_POOL, "batch pool")] {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot start the simulated {name} on {addr}: {e}"))?;
-            let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
-            tokio::spawn(sim.listen(listener, sims.clone()));
-        }
         // The Batch API file the demo's `jobs submit` line names.
         let requests = config.data_dir.join("requests.jsonl");
         std::fs::write(&requests, batch_file(REQUESTS))?;
@@ -115,6 +164,7 @@ impl Demo {
         Ok(Demo {
             gateway,
             sims,
+            pools: bound,
             requests,
             _data_dir: DataDir(config.data_dir.clone()),
         })
@@ -123,6 +173,11 @@ impl Demo {
     /// The gateway's HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.gateway.http_addr()
+    }
+
+    /// The gateway's gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.gateway.grpc_addr()
     }
 
     /// The gateway's admin API address.
@@ -172,6 +227,11 @@ impl Demo {
                 tier.unwrap_or_else(|| "-".into())
             ));
         }
+        let grpc = super::infer::infer(self.grpc_addr(), "resnet50", Some(2000), BODY).await?;
+        if grpc.tier.as_deref() != Some("micro_batch") || !grpc.json.contains("OUTPUT0") {
+            anyhow::bail!("the gRPC example: expected a micro_batch answer, got {grpc:?}");
+        }
+        lines.push(format!("ok  {:<52} OK  micro_batch", "the same 2 s budget over gRPC"));
         lines.push(self.batch_check().await?);
         if let Some(admin) = self.admin_addr() {
             let explain = http::Request::post(format!("http://{admin}/admin/explain")).body(Full::new(
@@ -222,6 +282,90 @@ impl Demo {
         let result = self.gateway.stop().await;
         self.sims.cancel();
         result
+    }
+}
+
+/// Runs `tiergate demo`: the self-check, or the demo serving until Ctrl-C with the
+/// lines to try printed, each runnable as printed.
+pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let mut config = Config::default();
+    config.listen.http = args.http;
+    config.listen.grpc = args.grpc;
+    config.listen.metrics = args.metrics;
+    config.listen.admin = args.admin;
+    tiergate::telemetry::logs::init(&config).map_err(anyhow::Error::msg)?;
+    super::runtime(0)?.block_on(serve(config, [args.realtime_pool, args.batch_pool], args.self_check))
+}
+
+async fn serve(config: Config, pools: [SocketAddr; 2], self_check: bool) -> anyhow::Result<ExitCode> {
+    let running = Demo::start(&config, pools).await?;
+    if self_check {
+        let result = running.self_check().await;
+        running.stop().await?;
+        for line in result? {
+            println!("{line}");
+        }
+        println!("demo self-check passed");
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", running.guide());
+    println!("Ctrl-C to stop.");
+    super::stopped().await;
+    running.stop().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+impl Demo {
+    /// What the demo prints for a newcomer: where everything listens, then each example
+    /// as a command to paste.
+    pub fn guide(&self) -> String {
+        let (http, grpc, metrics) = (self.http_addr(), self.grpc_addr(), self.metrics_addr());
+        // This binary by its path: a newcomer who ran `cargo run` has no `tiergate` on the PATH.
+        let exe =
+            std::env::current_exe().map_or_else(|_| "tiergate".to_owned(), |p| shell_word(&p.display().to_string()));
+        let mut out = format!(
+            "tiergate demo: gateway on http://{http}, gRPC on {grpc} (metrics on http://{metrics}/metrics)\n\
+             simulated pools: real-time {} and batch {}; policy: policies/demo.toml\n\n",
+            self.pools[0], self.pools[1]
+        );
+        for ex in examples() {
+            out += &format!("# {} (expect {})\n{}\n\n", ex.title, ex.status, curl(http, &ex));
+        }
+        out += &format!(
+            "# the same over gRPC (KServe v2's GRPCInferenceService, as Triton's clients speak it)\n\
+             {exe} infer --grpc {grpc} --model resnet50 --budget-ms 2000 '{BODY}'\n\n\
+             # an offline job's answer: the respond-async example above printed `Location: /v1/jobs/ID`\n\
+             curl -si http://{http}/v1/jobs/ID\n\n"
+        );
+        out += &format!(
+            "# the Batch API file the demo wrote ({REQUESTS} requests, one {{custom_id, method, url, body}} per line), \
+             with a progress bar\n\
+             {exe} jobs submit {} --endpoint /v2/models/resnet50/infer --gateway http://{http}\n\n",
+            shell_word(&self.requests_file().display().to_string()),
+        );
+        if let Some(admin) = self.admin_addr() {
+            out += &format!(
+                "# the admin API (unauthenticated on loopback in the demo only): switch a flag, see why, roll back\n\
+                 {exe} flags set resnet50 micro_batch off --admin http://{admin}\n\
+                 {exe} explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
+                 {exe} policy history --admin http://{admin}\n\n"
+            );
+        }
+        out += &format!(
+            "# the metrics those requests produced\ncurl -s http://{metrics}/metrics | grep tiergate_requests_total\n\n"
+        );
+        out
+    }
+}
+
+/// `word` as one shell word: quoted when it holds anything a shell would split or expand.
+fn shell_word(word: &str) -> String {
+    match word
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@".contains(c))
+    {
+        true => word.to_owned(),
+        false => format!("'{}'", word.replace('\'', r"'\''")),
     }
 }
 

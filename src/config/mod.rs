@@ -151,7 +151,7 @@ pub struct Auth {
 }
 
 /// TLS on the HTTP and gRPC doors (the bulk doors too) and the admin API (see
-/// `front::tls`); the metrics endpoint stays plain HTTP. Off unless both files are set.
+/// `server::tls`); the metrics endpoint stays plain HTTP. Off unless both files are set.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Tls {

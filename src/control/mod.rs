@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::classify::key_hash;
+use crate::decision::key_hash;
 use crate::metrics;
 use crate::policy::{Allowlist, Policy, Problem, Problems, Store};
 use decisions::DecisionChange;
@@ -509,5 +509,7 @@ fn published(store: &Store) {
     ::metrics::gauge!(metrics::POLICY_LAST_RELOAD_OK).set(1.0);
 }
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Kind};
 
-use super::dispatch::Dispatch;
+use super::pipeline::dispatch::Dispatch;
 use super::ready::NotReady;
 
 /// One model of the repository index.

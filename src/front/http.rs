@@ -20,7 +20,7 @@ use super::batch_api::OfflineApi;
 pub use super::body::Answered;
 use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
-use crate::decision::Door as DoorKind;
+use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::metrics;
@@ -30,11 +30,11 @@ use crate::tenant::Tenant;
 use crate::trace;
 use tracing::Instrument;
 
-use super::dispatch::{unmatched_model, Dispatch, Served};
+use super::pipeline::dispatch::{unmatched_model, Dispatch, Served};
 
 /// The HTTP door.
 #[derive(Debug)]
-pub struct Door {
+pub struct HttpDoor {
     dispatch: Arc<Dispatch>,
     limits: Limits,
     offline: Option<OfflineApi>,
@@ -58,7 +58,7 @@ enum Body {
     Json,
 }
 
-impl Door {
+impl HttpDoor {
     /// What the door dispatches to (the routes' caches, for one).
     pub fn dispatch(&self) -> &Arc<Dispatch> {
         &self.dispatch
@@ -66,7 +66,7 @@ impl Door {
 
     /// An HTTP door over `dispatch`, enforcing `limits`.
     pub fn new(dispatch: Arc<Dispatch>, limits: Limits) -> Self {
-        Door {
+        HttpDoor {
             dispatch,
             limits,
             offline: None,
@@ -151,7 +151,7 @@ impl Door {
                 Answered::Whole(Some(body)) => String::from_utf8_lossy(body).into_owned(),
                 _ => String::new(),
             };
-            super::failures::log_answer(DoorKind::Http, &path, response.status().as_u16(), &detail, &id);
+            super::failures::log_answer(Door::Http, &path, response.status().as_u16(), &detail, &id);
         }
         response.headers_mut().insert(trace::REQUEST_ID, id);
         response
@@ -292,13 +292,13 @@ impl Door {
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Answered> {
         let mut ids = trace::Ids::read(req.headers());
-        let span = ids.span(DoorKind::Http);
+        let span = ids.span(Door::Http);
         let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
         ids.to_client(response.headers_mut());
         response
     }
 
-    /// [`Door::serve`] inside the request's span: the door pipeline
+    /// [`HttpDoor::serve`] inside the request's span: the door pipeline
     /// ([`super::pipeline`]), its own step reading and checking the body.
     async fn serve_traced<B: RequestBody>(
         &self,
@@ -320,7 +320,7 @@ impl Door {
             .flatten();
         let mut admitted = match self
             .dispatch
-            .admit(DoorKind::Http, route, (&parts.headers, &tenant), ids, received)
+            .admit(Door::Http, route, (&parts.headers, &tenant), ids, received)
         {
             Ok(admitted) => admitted,
             Err(refused) => return render(*refused, shape),

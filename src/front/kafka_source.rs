@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::dispatch::Dispatch;
+use super::pipeline::dispatch::Dispatch;
 use crate::config::{Kafka, KafkaSource};
 use crate::decision::{BudgetSource, Decision, Door, Reason, Tier};
 use crate::error::{Error, Kind};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::HeaderMap;
 
-use crate::classify::key_hash;
+use crate::decision::key_hash;
 use crate::decision::{BudgetSource, Meta};
 use crate::error::{Error, Kind};
 use crate::headers;

@@ -1,22 +1,22 @@
 //! Doors: the listeners clients talk to, first on the request path.
 //!
-//! [`http`] is the KServe v2 HTTP door (plus JSON routes), [`grpc`] the KServe v2 gRPC door; [`meta`] reads what the
-//! classifier needs from a request's headers; [`dispatch`] is what every door does
-//! once a request is read: classify, serve on its tier, count (on a route with a cache,
-//! `cached` looks there first). [`listen`] is the one connection loop
-//! every HTTP listener here uses (the door, the bulk door, the metrics endpoint): HTTP/1.1 and h2c on
-//! one port, a header read timeout against slow clients, graceful drain on shutdown. [`ready`] says
-//! whether the gateway should be sent new work. [`auth`] tells each door who is calling.
-//! `encoding` decodes compressed request bodies and compresses answers when asked;
-//! `failures` logs the 5xx answers the gateway makes, rate-limited.
+//! [`http`] is the KServe v2 HTTP door (plus JSON routes), [`grpc`] the KServe v2 gRPC
+//! door, `kafka_source` (with the `kafka` feature) a door that reads requests from
+//! topics; [`batch_api`] is the OpenAI-shaped Batch API the HTTP door routes `/v1/files`
+//! and `/v1/batches` to, [`job_status`] its `/v1/jobs/{id}`. Every door then takes a
+//! request through the [`pipeline`]: admission, the body budget, [`meta`] (what the
+//! classifier needs from the request's head), and the [`pipeline::dispatch`]: classify,
+//! serve on its tier, count (on a route with a cache, the cache first). [`auth`] tells
+//! each door who is calling, [`ready`] whether the gateway should be sent new work;
+//! `paths` maps a path to its route, [`body`] reads bodies within their budget,
+//! `encoding` decodes compressed bodies and compresses answers when asked, `extensions`
+//! answers Triton's protocol extensions, `failures` logs the gateway's own 5xx answers
+//! (rate-limited). The doors run on [`crate::server`], the
+//! connection loop every listener here shares.
 
-pub mod admission;
 pub mod auth;
 pub mod batch_api;
-pub mod batch_lines;
 pub mod body;
-mod cached;
-pub mod dispatch;
 mod encoding;
 mod extensions;
 mod failures;
@@ -25,183 +25,7 @@ pub mod http;
 pub mod job_status;
 #[cfg(feature = "kafka")]
 pub mod kafka_source;
-mod listen;
 pub mod meta;
 mod paths;
 pub mod pipeline;
 pub mod ready;
-pub mod tls;
-
-use std::convert::Infallible;
-use std::future::Future;
-use std::time::Duration;
-
-use bytes::Bytes;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
-pub use listen::{Activity, Connections, Counted, InFlight, TrackedBody};
-
-/// Largest request head (HTTP/1.1 buffer, HTTP/2 header list) a client may send.
-const MAX_HEADER_BYTES: usize = 64 << 10;
-/// Concurrent HTTP/2 streams per connection.
-const MAX_STREAMS: u32 = 1024;
-
-/// How long, once a stop begins, a connection that has had no request yet may take to
-/// send its first (at most the header read timeout).
-const FIRST_REQUEST: Duration = Duration::from_secs(1);
-
-/// How long connections still open when a stop ends may take to write the answers the
-/// end gave them, before they are closed.
-pub const FLUSH: Duration = Duration::from_millis(500);
-
-/// Accepts connections on `listener` within `allow`'s limits and deadlines, and answers
-/// each request with `answer`, until
-/// `closing` fires; then stops accepting and lets open exchanges finish (idle
-/// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
-/// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
-pub async fn listen<F, Fut, B>(
-    listener: TcpListener,
-    allow: Connections,
-    closing: CancellationToken,
-    ending: CancellationToken,
-    answer: F,
-) -> std::io::Result<()>
-where
-    F: Fn(::http::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ::http::Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // No header read timeout of hyper's: it also times the wait for a kept-alive
-    // connection's next request, so it would close idle connections long before
-    // `idle_timeout`. The first request's head is held to `first_request` on the socket
-    // (listen::counted), and a later one that never completes to `idle_timeout`.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_buf_size(MAX_HEADER_BYTES)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_STREAMS)
-        .max_header_list_size(MAX_HEADER_BYTES as u32)
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(10));
-    let connections = TaskTracker::new();
-    let first_request = allow.first_request.min(FIRST_REQUEST);
-    let mut accepted = listen::accept(listener, allow, closing.clone());
-    while let Some(stream) = accepted.recv().await {
-        let answer = answer.clone();
-        // Told of every request: its deadlines, and a stop, need to know.
-        let activity = stream.activity();
-        let told = activity.clone();
-        let service = service_fn(move |req| {
-            let in_flight = told.begin();
-            let answer = answer.clone();
-            async move {
-                let answer = answer(req).await;
-                // In flight until the answer's body is written (a gRPC stream, a file).
-                Ok::<_, Infallible>(answer.map(|body| TrackedBody::new(body, in_flight)))
-            }
-        });
-        let peer = stream.peer();
-        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let closing = closing.clone();
-        connections.spawn(async move {
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => Some(ended),
-                () = closing.cancelled() => None,
-                // Idle, or closed to make room: an HTTP/1.1 connection between requests
-                // closes at once, an HTTP/2 one is sent GOAWAY and closes once its
-                // streams end (its socket closes on its own if it lingers).
-                () = activity.closing() => {
-                    connection.as_mut().graceful_shutdown();
-                    Some(connection.as_mut().await)
-                }
-            };
-            let ended = match ended {
-                Some(ended) => ended,
-                None => {
-                    // A connection that has not had its first request yet (just accepted,
-                    // from the backlog) gets until it comes: its client may have sent it.
-                    tokio::select! {
-                        ended = connection.as_mut() => return log_end(peer, ended),
-                        () = activity.asked() => {}
-                        () = tokio::time::sleep(first_request) => {}
-                    }
-                    // The request in progress is answered, then the connection closes
-                    // (HTTP/2: GOAWAY); an idle one closes now.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            log_end(peer, ended);
-        });
-    }
-    connections.close();
-    if ending.is_cancelled() {
-        return Ok(()); // stopped outright (a listener with nothing to drain)
-    }
-    tokio::select! {
-        biased;
-        () = connections.wait() => return Ok(()),
-        () = ending.cancelled() => {}
-    }
-    // What ended now is answered (micro-batch callers get 503): let it be written.
-    if tokio::time::timeout(FLUSH, connections.wait()).await.is_err() {
-        tracing::warn!("connections still open at the end of the drain are closed");
-    }
-    Ok(())
-}
-
-fn log_end<E: std::fmt::Display>(peer: std::net::SocketAddr, ended: Result<(), E>) {
-    if let Err(e) = ended {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
-    }
-}
-
-/// How often [`keep_timers_due`] wakes.
-const TICK: Duration = Duration::from_millis(50);
-
-/// Keeps a timer due within 50 ms on the calling runtime until `shutdown` fires.
-///
-/// tokio wakes its I/O driver (a write to an eventfd, then one more `epoll_wait`)
-/// whenever a new timer is due before every armed one. At low load, with nothing else
-/// armed, every request's budget deadline is such a timer, so each request paid two
-/// extra system calls on the real-time thread. With a timer always due within 50 ms,
-/// a deadline further out is filed quietly; the price is 20 wake-ups a second.
-pub async fn keep_timers_due(shutdown: CancellationToken) -> std::io::Result<()> {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return Ok(()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn the_timer_tick_runs_until_shutdown() {
-        let stop = CancellationToken::new();
-        let tick = tokio::spawn(keep_timers_due(stop.clone()));
-        tokio::time::sleep(TICK * 10).await;
-        assert!(!tick.is_finished(), "it keeps a timer due while serving");
-        stop.cancel();
-        tick.await.expect("no panic").expect("ends cleanly");
-    }
-}

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::decision::Tier;
 use crate::metrics;
 use crate::policy::{Policy, Store};
-use crate::queue::Queue;
+use crate::queue::{JobStore as _, Queue};
 use crate::tiers::{MicroBatch, Realtime};
 
 /// How often [`Readiness::run`] refreshes the gauges.

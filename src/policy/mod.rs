@@ -209,6 +209,6 @@ fn parse_problem(file: PathBuf, text: &str, e: &toml::de::Error) -> Problem {
 }
 
 #[cfg(test)]
-mod proptests;
+pub(crate) mod proptests;
 #[cfg(test)]
 mod tests;

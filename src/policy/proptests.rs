@@ -1,13 +1,13 @@
 //! Property tests: random and malformed policy documents never panic validation; every
 //! one becomes either a policy that keeps the model's invariants or a list of problems,
-//! each with its file and a path. The admin API's edits (merge patches of random keys
-//! and values) are held to the same.
+//! each with its file and a path. The generators and the check are shared with the
+//! control plane's property test (`control::proptests`), which holds the admin API's
+//! edits to the same.
 #![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use serde_json::json;
 
 use super::*;
 
@@ -86,7 +86,7 @@ fn scalar() -> impl Strategy<Value = toml::Value> {
     ]
 }
 
-fn value() -> impl Strategy<Value = toml::Value> {
+pub(crate) fn value() -> impl Strategy<Value = toml::Value> {
     scalar().prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(toml::Value::Array),
@@ -101,7 +101,8 @@ fn document() -> impl Strategy<Value = String> {
         .prop_map(|m| toml::to_string(&toml::Value::Table(m.into_iter().collect())).unwrap_or_default())
 }
 
-const VALID: &str = "[defaults]\nrealtime_below = \"300ms\"\n[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\n\
+pub(crate) const VALID: &str =
+    "[defaults]\nrealtime_below = \"300ms\"\n[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\n\
                      realtime = true\nmicro_batch = true\n[routes.r.realtime]\nendpoints = [\"http://127.0.0.1:1\"]\n\
                      [routes.r.micro_batch]\nendpoints = [\"http://127.0.0.1:2\"]\nmax_batch = 8\n";
 
@@ -122,7 +123,7 @@ fn damaged() -> impl Strategy<Value = String> {
 }
 
 /// The property: either a policy keeping the model's invariants, or located problems.
-fn holds(result: Result<Policy, Problems>, files: &[&str]) {
+pub(crate) fn holds(result: Result<Policy, Problems>, files: &[&str]) {
     match result {
         Ok(policy) => {
             for route in policy.routes() {
@@ -166,15 +167,4 @@ proptest! {
         holds(Policy::from_texts(vec![(PathBuf::from("a.toml"), doc)]), &["a.toml"]);
     }
 
-    #[test]
-    fn random_admin_patches_validate_or_report_located_problems(patch in value()) {
-        let json = serde_json::to_value(&patch).unwrap();
-        let route = json!({ "flags": json.clone() });
-        for candidate in [json, route] {
-            let result = crate::control::edit::patch_route(VALID, "r", &candidate)
-                .map_err(|bad| Problems(vec![Problem { file: PathBuf::from("a.toml"), path: bad.path, message: bad.message }]))
-                .and_then(|text| Policy::from_texts(vec![(PathBuf::from("a.toml"), text)]));
-            holds(result, &["a.toml"]);
-        }
-    }
 }

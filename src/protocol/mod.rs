@@ -42,6 +42,10 @@ pub use inspect::{answer_envelope, inspect_request, RequestInfo};
 pub use request::{as_json_tensors, decode_request, encode_request, sequence, InferRequest, RequestedOutput, Sequence};
 pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;
+
+/// An answer as the doors, the cache and the tiers pass it: an HTTP response with its
+/// whole body (a gRPC door renders it as a message).
+pub type Reply = http::Response<bytes::Bytes>;
 pub(crate) use tensor::{fmt_shape, le};
 
 /// Header carrying the JSON header length of a binary-extension body.

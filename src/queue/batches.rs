@@ -79,21 +79,6 @@ pub struct FileInfo {
     pub created_at: i64,
 }
 
-impl FileInfo {
-    /// The OpenAI file object.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "object": "file",
-            "bytes": self.bytes,
-            "created_at": self.created_at / 1000,
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "status": "processed",
-        })
-    }
-}
-
 /// A batch's row as created: what the embedded store inserts, and what the Kafka
 /// queue writes to its state topic (with `cancelling_at` once cancelling is asked).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -157,6 +142,67 @@ impl BatchRow {
                 .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
         }
     }
+}
+
+/// A batch as stored, with its jobs counted: what the Batch API shows (its room,
+/// `front::batch_api`, writes OpenAI's batch object from it). Times are ms since the
+/// Unix epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// `batch_...`.
+    pub id: String,
+    /// The endpoint named at creation.
+    pub endpoint: String,
+    /// Its validation errors, as OpenAI's list object, when it failed at creation.
+    pub errors: Option<Value>,
+    /// The input file.
+    pub input_file_id: String,
+    /// As given.
+    pub completion_window: String,
+    /// `in_progress`, `cancelling`, `completed`, `failed`, `expired` or `cancelled`.
+    pub status: String,
+    /// The output file, once finalized with any answer.
+    pub output_file_id: Option<String>,
+    /// The error file, once finalized with any failure.
+    pub error_file_id: Option<String>,
+    /// Created at.
+    pub created_at: i64,
+    /// When its jobs began running.
+    pub in_progress_at: Option<i64>,
+    /// When unfinished jobs expire.
+    pub expires_at: i64,
+    /// When it was finalized.
+    pub finalizing_at: Option<i64>,
+    /// When it completed.
+    pub completed_at: Option<i64>,
+    /// When it failed.
+    pub failed_at: Option<i64>,
+    /// When it expired.
+    pub expired_at: Option<i64>,
+    /// When cancelling was asked.
+    pub cancelling_at: Option<i64>,
+    /// When its cancellation ended.
+    pub cancelled_at: Option<i64>,
+    /// As given.
+    pub metadata: Option<Value>,
+    /// How long its answers are kept in the route's cache, when it precomputes.
+    pub precompute: Option<Duration>,
+    /// For a shadow batch: its comparison file once it ends, and the summary.
+    pub shadow: Option<(Option<String>, Option<Value>)>,
+    /// Its jobs: all, those that succeeded, those that failed (cancelled and expired
+    /// ones among them).
+    pub counts: Counts,
+}
+
+/// A batch's jobs by outcome, as OpenAI's `request_counts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Every job of the batch.
+    pub total: u64,
+    /// Jobs that succeeded.
+    pub completed: u64,
+    /// Jobs that failed, were cancelled or expired.
+    pub failed: u64,
 }
 
 /// A new batch: its row, and its jobs with their `custom_id` and line.
@@ -477,16 +523,14 @@ pub(super) fn mark_cancelling(conn: &Connection, id: &str, at: i64) -> Result<bo
     )? == 1)
 }
 
-/// The batch object as the API shows it, with its request counts, when it is
-/// `tenant`'s.
-pub(super) fn get(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
+/// Batch `id` with its jobs counted, when it is `tenant`'s.
+pub(super) fn get(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
     let row = conn
         .prepare_cached("SELECT * FROM batches WHERE id = ?1 AND tenant = ?2")?
-        .query_row([id, tenant], batch_json)
+        .query_row([id, tenant], batch)
         .optional()?;
     let Some(mut batch) = row else { return Ok(None) };
-    let counts = request_counts(conn, id)?;
-    batch["request_counts"] = counts;
+    batch.counts = counts(conn, id)?;
     Ok(Some(batch))
 }
 
@@ -497,7 +541,7 @@ pub(super) fn list(
     tenant: &str,
     after: Option<&str>,
     limit: usize,
-) -> Result<(Vec<Value>, bool), StoreError> {
+) -> Result<(Vec<Batch>, bool), StoreError> {
     let mut stmt = conn.prepare_cached(
         "SELECT id FROM batches WHERE tenant = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3",
     )?;
@@ -522,7 +566,7 @@ pub(super) fn cancel(
     tenant: &str,
     now: i64,
     unfinished: &AtomicI64,
-) -> Result<Option<Value>, StoreError> {
+) -> Result<Option<Batch>, StoreError> {
     if get(conn, id, tenant)?.is_none() {
         return Ok(None);
     }
@@ -668,63 +712,54 @@ fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, Stor
     Ok(out)
 }
 
-fn request_counts(conn: &Connection, batch: &str) -> Result<Value, StoreError> {
+/// Batch `batch`'s jobs by outcome.
+fn counts(conn: &Connection, batch: &str) -> Result<Counts, StoreError> {
     let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs WHERE batch_id = ?1 GROUP BY state")?;
     let rows = stmt.query_map([batch], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-    let (mut total, mut completed, mut failed) = (0, 0, 0);
+    let mut counts = Counts::default();
     for row in rows {
         let (state, n) = row?;
-        total += n;
+        let n = n.max(0) as u64;
+        counts.total += n;
         match State::parse(&state) {
-            Some(State::Succeeded) => completed += n,
-            Some(State::Failed | State::Expired | State::Cancelled) => failed += n,
+            Some(State::Succeeded) => counts.completed += n,
+            Some(State::Failed | State::Expired | State::Cancelled) => counts.failed += n,
             _ => {}
         }
     }
-    Ok(json!({"total": total, "completed": completed, "failed": failed}))
+    Ok(counts)
 }
 
-fn batch_json(r: &Row<'_>) -> rusqlite::Result<Value> {
-    let secs = |name: &str| -> rusqlite::Result<Value> {
-        Ok(r.get::<_, Option<i64>>(name)?
-            .map_or(Value::Null, |ms| Value::from(ms / 1000)))
+/// A batch from its row (`SELECT *`), its counts not yet read.
+fn batch(r: &Row<'_>) -> rusqlite::Result<Batch> {
+    let parse = |text: Option<String>| text.and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    let shadow = match r.get::<_, bool>("shadow")? {
+        true => Some((r.get("comparison_file_id")?, parse(r.get("shadow_summary")?))),
+        false => None,
     };
-    let parse = |text: Option<String>| {
-        text.and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .unwrap_or(Value::Null)
-    };
-    let mut batch = json!({
-        "id": r.get::<_, String>("id")?,
-        "object": "batch",
-        "endpoint": r.get::<_, String>("endpoint")?,
-        "errors": parse(r.get("errors")?),
-        "input_file_id": r.get::<_, String>("input_file_id")?,
-        "completion_window": r.get::<_, String>("completion_window")?,
-        "status": r.get::<_, String>("status")?,
-        "output_file_id": r.get::<_, Option<String>>("output_file_id")?,
-        "error_file_id": r.get::<_, Option<String>>("error_file_id")?,
-        "created_at": secs("created_at")?,
-        "in_progress_at": secs("in_progress_at")?,
-        "expires_at": secs("expires_at")?,
-        "finalizing_at": secs("finalizing_at")?,
-        "completed_at": secs("completed_at")?,
-        "failed_at": secs("failed_at")?,
-        "expired_at": secs("expired_at")?,
-        "cancelling_at": secs("cancelling_at")?,
-        "cancelled_at": secs("cancelled_at")?,
-        "metadata": parse(r.get("metadata")?),
-    });
-    // A precomputing batch says for how long its answers are kept.
-    if let Some(ms) = r.get::<_, Option<i64>>("precompute_ms")? {
-        let ttl = Duration::from_millis(ms.unsigned_abs());
-        batch["precompute"] = json!({"ttl": humantime::format_duration(ttl).to_string()});
-    }
-    // A shadow batch says so, and once it ends where its comparison is.
-    if r.get::<_, bool>("shadow")? {
-        batch["shadow"] = json!({
-            "comparison_file_id": r.get::<_, Option<String>>("comparison_file_id")?,
-            "summary": parse(r.get("shadow_summary")?),
-        });
-    }
-    Ok(batch)
+    Ok(Batch {
+        id: r.get("id")?,
+        endpoint: r.get("endpoint")?,
+        errors: parse(r.get("errors")?),
+        input_file_id: r.get("input_file_id")?,
+        completion_window: r.get("completion_window")?,
+        status: r.get("status")?,
+        output_file_id: r.get("output_file_id")?,
+        error_file_id: r.get("error_file_id")?,
+        created_at: r.get("created_at")?,
+        in_progress_at: r.get("in_progress_at")?,
+        expires_at: r.get("expires_at")?,
+        finalizing_at: r.get("finalizing_at")?,
+        completed_at: r.get("completed_at")?,
+        failed_at: r.get("failed_at")?,
+        expired_at: r.get("expired_at")?,
+        cancelling_at: r.get("cancelling_at")?,
+        cancelled_at: r.get("cancelled_at")?,
+        metadata: parse(r.get("metadata")?),
+        precompute: r
+            .get::<_, Option<i64>>("precompute_ms")?
+            .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+        shadow,
+        counts: Counts::default(),
+    })
 }

@@ -19,9 +19,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use serde_json::Value;
-
-use super::batches::{self, FileInfo, FileQuery, NewBatch};
+use super::batches::{self, Batch, FileInfo, FileQuery, NewBatch};
 use super::{jobs, Finish, Job, JobStore, NewJob, State, StoreError, Submitted};
 
 /// Most operations in one commit.
@@ -40,11 +38,12 @@ pub struct Limits {
     pub writer_cpus: crate::cpu::CpuList,
 }
 
-type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// How an operation is answered once its commit's outcome is known.
+type Acknowledge = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// An operation: run against the connection inside the open transaction, or (`None`)
 /// told that no transaction could begin; either way it returns how to answer once the
 /// commit's outcome is known, and its own failure, if any.
-type Op = Box<dyn FnOnce(Option<&Connection>) -> (Reply, Option<StoreError>) + Send>;
+type Op = Box<dyn FnOnce(Option<&Connection>) -> (Acknowledge, Option<StoreError>) + Send>;
 
 /// The embedded store; cheap to clone.
 #[derive(Clone)]
@@ -181,11 +180,6 @@ impl Embedded {
         .await
     }
 
-    /// Why the store cannot commit, while its last commit failed (`None` once one succeeds).
-    pub fn failing(&self) -> Option<String> {
-        self.failing.cause()
-    }
-
     /// Runs `f` in the writer's next commit and returns its result once durable.
     pub async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
@@ -199,7 +193,7 @@ impl Embedded {
                 None => Err(StoreError::Io("no transaction could begin".into())),
             };
             let failed = result.as_ref().err().cloned();
-            let reply: Reply = Box::new(move |committed: Result<(), StoreError>| {
+            let reply: Acknowledge = Box::new(move |committed: Result<(), StoreError>| {
                 let _ = tx.send(committed.and(result));
             });
             (reply, failed)
@@ -214,20 +208,11 @@ impl Embedded {
         &self.unfinished
     }
 
-    /// Jobs by state (for metrics and status).
-    pub async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
-        self.call(jobs::counts).await
-    }
-
-    /// When the oldest queued job was submitted (ms since the Unix epoch), if any is queued.
-    pub async fn oldest_queued(&self) -> Result<Option<i64>, StoreError> {
-        self.call(jobs::oldest_queued).await
-    }
-
-    /// Marks queued jobs whose window passed as expired (when `expire`), deletes
-    /// finished jobs older than `retention_ms`, and finalizes batches whose jobs are all
-    /// done; returns (expired, deleted).
-    pub async fn sweep(&self, retention_ms: i64, expire: bool) -> Result<(u64, u64), StoreError> {
+    /// Marks queued jobs whose window passed as expired (when `expire`: the Kafka
+    /// queue's view leaves expiry to the state topic), deletes finished jobs older than
+    /// `retention_ms`, and finalizes batches whose jobs are all done; returns (expired,
+    /// deleted).
+    pub async fn sweep_with(&self, retention_ms: i64, expire: bool) -> Result<(u64, u64), StoreError> {
         let unfinished = self.unfinished.clone();
         self.call(move |conn| {
             let now = super::now_ms();
@@ -236,102 +221,6 @@ impl Embedded {
             Ok(swept)
         })
         .await
-    }
-
-    /// Stores `tenant`'s uploaded file (durably, whole, or not at all).
-    pub async fn add_file(
-        &self,
-        tenant: &str,
-        purpose: String,
-        filename: String,
-        content: bytes::Bytes,
-    ) -> Result<FileInfo, StoreError> {
-        let tenant = tenant.to_owned();
-        self.call(move |conn| {
-            let file = batches::NewFile {
-                tenant: &tenant,
-                purpose: &purpose,
-                filename: &filename,
-            };
-            batches::add_file(conn, file, &content, super::now_ms())
-        })
-        .await
-    }
-
-    /// A file's description, when it is `tenant`'s.
-    pub async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
-        let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        self.call(move |conn| batches::file(conn, &id, &tenant)).await
-    }
-
-    /// A file's content, when it is `tenant`'s.
-    pub async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        self.call(move |conn| batches::content(conn, &id, &tenant)).await
-    }
-
-    /// `len` bytes of a file's content from `offset`, when it is `tenant`'s and that long.
-    pub async fn content_range(
-        &self,
-        id: &str,
-        tenant: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        self.call(move |conn| batches::content_range(conn, (&id, &tenant), offset, len))
-            .await
-    }
-
-    /// `tenant`'s files as `query` asks, and whether more follow.
-    pub async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
-        let tenant = tenant.to_owned();
-        self.call(move |conn| batches::files(conn, &tenant, &query)).await
-    }
-
-    /// Deletes `tenant`'s file `id`; whether there was one.
-    pub async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
-        let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        self.call(move |conn| batches::delete_file(conn, &id, &tenant)).await
-    }
-
-    /// Creates a batch and all its jobs in one commit; its id, and whether an earlier
-    /// request with the same idempotency key made it.
-    pub async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
-        let (max, unfinished) = (self.limits.max_unfinished, self.unfinished.clone());
-        self.call(move |conn| batches::create(conn, batch, max, &unfinished, super::now_ms()))
-            .await
-    }
-
-    /// The batch object with its request counts, when it is `tenant`'s.
-    pub async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
-        let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        self.call(move |conn| batches::get(conn, &id, &tenant)).await
-    }
-
-    /// `tenant`'s batches, newest first, older than `after`, at most `limit`; and
-    /// whether more exist.
-    pub async fn batches(
-        &self,
-        tenant: &str,
-        after: Option<String>,
-        limit: usize,
-    ) -> Result<(Vec<Value>, bool), StoreError> {
-        let tenant = tenant.to_owned();
-        self.call(move |conn| batches::list(conn, &tenant, after.as_deref(), limit))
-            .await
-    }
-
-    /// Starts cancelling `tenant`'s batch `id`.
-    pub async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Value>, StoreError> {
-        let (id, tenant, unfinished) = (id.to_owned(), tenant.to_owned(), self.unfinished.clone());
-        self.call(move |conn| batches::cancel(conn, &id, &tenant, super::now_ms(), &unfinished))
-            .await
-    }
-
-    /// Finalizes the batches whose jobs are all done now (also done by every sweep).
-    pub async fn finalize(&self) -> Result<usize, StoreError> {
-        self.call(|conn| batches::finalize(conn, super::now_ms())).await
     }
 }
 
@@ -356,12 +245,6 @@ impl JobStore for Embedded {
         self.call(|conn| jobs::runnable_routes(conn, super::now_ms())).await
     }
 
-    async fn finish(&self, id: &str, attempt: u32, finish: Finish) -> Result<bool, StoreError> {
-        let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
-        self.call(move |conn| jobs::finish(conn, &id, attempt, finish, super::now_ms(), &unfinished))
-            .await
-    }
-
     async fn finish_all(&self, ends: Vec<(super::JobId, u32, Finish)>) -> Result<Vec<bool>, StoreError> {
         let unfinished = self.unfinished.clone();
         self.call(move |conn| {
@@ -382,6 +265,105 @@ impl JobStore for Embedded {
         let (id, unfinished) = (id.to_owned(), self.unfinished.clone());
         self.call(move |conn| jobs::cancel(conn, &id, super::now_ms(), &unfinished))
             .await
+    }
+
+    async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
+        self.call(jobs::counts).await
+    }
+
+    async fn oldest_queued(&self) -> Result<Option<i64>, StoreError> {
+        self.call(jobs::oldest_queued).await
+    }
+
+    async fn add_file(
+        &self,
+        tenant: &str,
+        purpose: String,
+        filename: String,
+        content: bytes::Bytes,
+    ) -> Result<FileInfo, StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |conn| {
+            let file = batches::NewFile {
+                tenant: &tenant,
+                purpose: &purpose,
+                filename: &filename,
+            };
+            batches::add_file(conn, file, &content, super::now_ms())
+        })
+        .await
+    }
+
+    async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::file(conn, &id, &tenant)).await
+    }
+
+    async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::content(conn, &id, &tenant)).await
+    }
+
+    async fn content_range(
+        &self,
+        id: &str,
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::content_range(conn, (&id, &tenant), offset, len))
+            .await
+    }
+
+    async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |conn| batches::files(conn, &tenant, &query)).await
+    }
+
+    async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::delete_file(conn, &id, &tenant)).await
+    }
+
+    async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
+        let (max, unfinished) = (self.limits.max_unfinished, self.unfinished.clone());
+        self.call(move |conn| batches::create(conn, batch, max, &unfinished, super::now_ms()))
+            .await
+    }
+
+    async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.call(move |conn| batches::get(conn, &id, &tenant)).await
+    }
+
+    async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<(Vec<Batch>, bool), StoreError> {
+        let tenant = tenant.to_owned();
+        self.call(move |conn| batches::list(conn, &tenant, after.as_deref(), limit))
+            .await
+    }
+
+    async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
+        let (id, tenant, unfinished) = (id.to_owned(), tenant.to_owned(), self.unfinished.clone());
+        self.call(move |conn| batches::cancel(conn, &id, &tenant, super::now_ms(), &unfinished))
+            .await
+    }
+
+    async fn finalize(&self) -> Result<usize, StoreError> {
+        self.call(|conn| batches::finalize(conn, super::now_ms())).await
+    }
+
+    async fn sweep(&self, retention_ms: i64) -> Result<(u64, u64), StoreError> {
+        self.sweep_with(retention_ms, true).await
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.failing.cause()
     }
 }
 
@@ -412,7 +394,7 @@ fn savepoint<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T, Stor
 /// every operation of the group before it too: the group ends there and all of them
 /// are told why, so none is reported done when it was not (nor failed when it was).
 fn writer(conn: Connection, mut rx: mpsc::Receiver<Op>, failing: &Failing) {
-    let mut replies: Vec<Reply> = Vec::with_capacity(GROUP);
+    let mut replies: Vec<Acknowledge> = Vec::with_capacity(GROUP);
     while let Some(first) = rx.blocking_recv() {
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             let e = StoreError::from(e);

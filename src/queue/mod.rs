@@ -27,11 +27,13 @@ mod jobs;
 pub mod kafka;
 pub mod scored;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
+pub use batches::{Batch, FileInfo, FileQuery, NewBatch};
 pub use embedded::Embedded;
 pub use in_use::Queue;
 
@@ -271,39 +273,94 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// What the offline tier and its workers need from a queue. Implemented by
-/// [`Embedded`], and by [`Queue`], which also dispatches to the Kafka queue.
+/// What the offline tier, its workers, the jobs endpoint and the Batch API need from a
+/// queue: jobs, and the Batch API's files and batches made of them. Implemented by
+/// [`Embedded`], by the Kafka queue (the `kafka` feature), and by [`Queue`], which sends
+/// each call to the queue the gateway was started with. Reads of files, batches and
+/// counts are answered by a local store: the embedded store itself, or the Kafka
+/// queue's view of its state topic.
 pub trait JobStore: Send + Sync + 'static {
     /// Accepts `jobs` durably, in one commit; each is acknowledged only once durable.
-    fn submit(&self, jobs: Vec<NewJob>)
-        -> impl std::future::Future<Output = Result<Vec<Submitted>, StoreError>> + Send;
+    fn submit(&self, jobs: Vec<NewJob>) -> impl Future<Output = Result<Vec<Submitted>, StoreError>> + Send;
     /// Hands up to `max` runnable jobs to a worker, oldest first, counting an attempt each.
-    fn lease(&self, max: usize) -> impl std::future::Future<Output = Result<Vec<Job>, StoreError>> + Send;
+    fn lease(&self, max: usize) -> impl Future<Output = Result<Vec<Job>, StoreError>> + Send;
     /// Like [`JobStore::lease`], for the jobs of `route` only.
-    fn lease_route(
-        &self,
-        route: &str,
-        max: usize,
-    ) -> impl std::future::Future<Output = Result<Vec<Job>, StoreError>> + Send;
+    fn lease_route(&self, route: &str, max: usize) -> impl Future<Output = Result<Vec<Job>, StoreError>> + Send;
     /// Routes that have jobs ready to run.
-    fn runnable_routes(&self) -> impl std::future::Future<Output = Result<Vec<String>, StoreError>> + Send;
+    fn runnable_routes(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
     /// Records how attempt `attempt` of job `id` ended; ignored (returns false) unless
     /// that attempt still holds the job, so a replayed attempt never writes a second result.
-    fn finish(
+    fn finish(&self, id: &str, attempt: u32, finish: Finish) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let ends = vec![(id.to_owned(), attempt, finish)];
+        async move { Ok(self.finish_all(ends).await?.first().copied().unwrap_or(false)) }
+    }
+    /// Records several attempts' ends in one commit; one flag per entry, as [`JobStore::finish`].
+    fn finish_all(&self, ends: Vec<(JobId, u32, Finish)>)
+        -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+    /// The job `id`.
+    fn get(&self, id: &str) -> impl Future<Output = Result<Option<Job>, StoreError>> + Send;
+    /// Cancels job `id` if it has not finished; returns its state afterwards.
+    fn cancel(&self, id: &str) -> impl Future<Output = Result<Option<State>, StoreError>> + Send;
+
+    /// Stores `tenant`'s uploaded file, durably and whole, or not at all.
+    fn add_file(
+        &self,
+        tenant: &str,
+        purpose: String,
+        filename: String,
+        content: Bytes,
+    ) -> impl Future<Output = Result<FileInfo, StoreError>> + Send;
+    /// A file's description, when it is `tenant`'s.
+    fn file(&self, id: &str, tenant: &str) -> impl Future<Output = Result<Option<FileInfo>, StoreError>> + Send;
+    /// A file's content, when it is `tenant`'s.
+    fn content(&self, id: &str, tenant: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    /// `len` bytes of a file's content from `offset`, when it is `tenant`'s and that long.
+    fn content_range(
         &self,
         id: &str,
-        attempt: u32,
-        finish: Finish,
-    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send;
-    /// Records several attempts' ends in one commit; one flag per entry, as [`JobStore::finish`].
-    fn finish_all(
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    /// `tenant`'s files as `query` asks, and whether more follow.
+    fn files(
         &self,
-        ends: Vec<(JobId, u32, Finish)>,
-    ) -> impl std::future::Future<Output = Result<Vec<bool>, StoreError>> + Send;
-    /// The job `id`.
-    fn get(&self, id: &str) -> impl std::future::Future<Output = Result<Option<Job>, StoreError>> + Send;
-    /// Cancels job `id` if it has not finished; returns its state afterwards.
-    fn cancel(&self, id: &str) -> impl std::future::Future<Output = Result<Option<State>, StoreError>> + Send;
+        tenant: &str,
+        query: FileQuery,
+    ) -> impl Future<Output = Result<(Vec<FileInfo>, bool), StoreError>> + Send;
+    /// Deletes `tenant`'s file `id`; whether there was one.
+    fn delete_file(&self, id: &str, tenant: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Creates a batch and all its jobs in one commit; its id, and whether an earlier
+    /// request with the same idempotency key made it.
+    fn create_batch(&self, batch: NewBatch) -> impl Future<Output = Result<Submitted, StoreError>> + Send;
+    /// Batch `id` with its jobs counted, when it is `tenant`'s.
+    fn batch(&self, id: &str, tenant: &str) -> impl Future<Output = Result<Option<Batch>, StoreError>> + Send;
+    /// `tenant`'s batches, newest first, older than `after`, at most `limit`; and
+    /// whether more exist.
+    fn batches(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<Batch>, bool), StoreError>> + Send;
+    /// Starts cancelling `tenant`'s batch `id`: queued jobs are cancelled, running ones
+    /// finish. The batch afterwards, or `None` when it is not `tenant`'s.
+    fn cancel_batch(&self, id: &str, tenant: &str) -> impl Future<Output = Result<Option<Batch>, StoreError>> + Send;
+
+    /// Jobs by state (for metrics). With Kafka, every replica counts every job.
+    fn counts(&self) -> impl Future<Output = Result<Vec<(State, u64)>, StoreError>> + Send;
+    /// When the oldest queued job was submitted (ms since the Unix epoch), if any is queued.
+    fn oldest_queued(&self) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+    /// Deletes finished jobs past `retention_ms` and finalizes finished batches; the
+    /// embedded store also expires queued jobs whose window passed (the Kafka queue
+    /// records expiry on its state topic when a job's turn comes). Returns (expired,
+    /// deleted).
+    fn sweep(&self, retention_ms: i64) -> impl Future<Output = Result<(u64, u64), StoreError>> + Send;
+    /// Finalizes the batches whose jobs are all done now (also done by every sweep).
+    fn finalize(&self) -> impl Future<Output = Result<usize, StoreError>> + Send;
+    /// Why the queue cannot commit, while its last commit failed (`None` once one succeeds).
+    fn failing(&self) -> Option<String>;
 }
 
 /// Now, in ms since the Unix epoch.

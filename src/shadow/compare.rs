@@ -10,10 +10,7 @@
 //! two rows (for embeddings). BYTES rows are compared exactly.
 
 use crate::policy::ShadowSpec;
-use crate::protocol::{self, Datatype, InferResponse, Tensor};
-
-/// An answer, as the tiers pass them: the backend's response, whole.
-pub type Reply = http::Response<bytes::Bytes>;
+use crate::protocol::{self, Datatype, InferResponse, Reply, Tensor};
 
 /// What comparing one pair of answers found.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -36,9 +36,9 @@ use crate::decision::Tier;
 use crate::error::Kind;
 use crate::metrics;
 use crate::policy::{PoolSpec, Route, ShadowSpec, Store};
+use crate::protocol::Reply;
 use canary::Canaries;
 pub use canary::Variant;
-pub use compare::Reply;
 use report::{Drop, Report};
 
 /// The primary's side of a mirrored call: its answer, how long it took, and the pool
@@ -342,7 +342,7 @@ fn key(route: &Route, request: &http::Request<Bytes>) -> u64 {
             .get::<crate::trace::Ids>()
             .map_or(&b""[..], |ids| ids.request_id.as_bytes()),
     };
-    crate::classify::key_hash(key)
+    crate::decision::key_hash(key)
 }
 
 /// `answer`, marked `x-tiergate-variant: candidate` (the candidate served it).

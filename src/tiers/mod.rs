@@ -23,6 +23,7 @@ use tower::ServiceExt;
 use crate::decision::{Door, Tier};
 use crate::error::Error;
 use crate::policy::Route;
+use crate::protocol::Reply;
 
 pub use micro_batch::MicroBatch;
 pub use offline::Offline;
@@ -42,9 +43,6 @@ pub struct Call {
     /// The request as the door received it (method, path, headers, whole body).
     pub request: http::Request<Bytes>,
 }
-
-/// What a tier answers: the backend's response, whole.
-pub type Reply = http::Response<Bytes>;
 
 /// Whether `request` is a step of a Triton sequence: it stays with the pool and endpoint
 /// holding the sequence's state (never a canary's, never mirrored).

@@ -14,7 +14,8 @@ use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::shadow::{Primary, Shadow, Variant};
 
-use super::{Call, Reply};
+use super::Call;
+use crate::protocol::Reply;
 
 /// The real-time tier service (one pointer: the service is cloned for every call).
 #[derive(Debug, Clone)]

@@ -6,10 +6,13 @@ pub mod grpc;
 pub mod kafka;
 pub mod ports;
 pub mod redis;
+pub mod route;
 pub mod served;
 
 #[allow(unused_imports)] // each test binary uses a part
 pub use ports::{peer_port, sim_process};
+#[allow(unused_imports)]
+pub use route::Route;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -277,6 +280,16 @@ max_concurrency = 4
 endpoints = ["{batch}"]
 "#
     )
+}
+
+/// Route `r` for model `m` with its real-time pool on `realtime` (at most 4 calls at
+/// once) and its batch pool on `batch`: the usual start of a test's policy.
+pub fn route_r(realtime: &str, batch: &str) -> Route {
+    Route::new("r")
+        .model("m")
+        .realtime(realtime)
+        .set("realtime.max_concurrency", 4)
+        .batch(batch)
 }
 
 /// Waits for `pred` on model `m`'s stats, failing the test after 10 s instead of hanging.

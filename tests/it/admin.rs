@@ -386,7 +386,7 @@ async fn explain_describes_the_decision_and_the_learned_cost_without_sending() {
 #[tokio::test]
 async fn the_admin_api_stays_off_without_a_token_and_refuses_insecure_exposure() {
     let rt = backend(&["m"]).await;
-    let toml = route(&rt.url(), &rt.url(), "realtime = true", "");
+    let toml = route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml();
     let mut config = config();
     config.listen.admin = "127.0.0.1:0".parse().expect("addr");
     let gw = Gateway::start(&config, policy(&toml)).await.expect("starts");
@@ -407,7 +407,9 @@ async fn the_admin_api_stays_off_without_a_token_and_refuses_insecure_exposure()
 
 #[tokio::test]
 async fn a_policy_outside_the_backend_allowlist_does_not_start() {
-    let toml = route("http://10.1.2.3:8000", "http://127.0.0.1:1", "realtime = true", "");
+    let toml = route_r("http://10.1.2.3:8000", "http://127.0.0.1:1")
+        .flags(&["realtime"])
+        .toml();
     let err = Gateway::start(&common::config(), policy(&toml))
         .await
         .expect_err("refused");

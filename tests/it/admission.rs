@@ -10,8 +10,9 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-fn limited_route(rt: &str, limits: &str) -> String {
-    format!("[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{rt}\"]\n[routes.r.limits]\n{limits}\n")
+/// Route `r` for model `m` on `rt`.
+fn route(rt: &str) -> Route {
+    Route::new("r").model("m").realtime(rt)
 }
 
 async fn call(gw: &tiergate::app::Gateway, tenant: Option<&str>) -> Answer {
@@ -26,7 +27,13 @@ async fn call(gw: &tiergate::app::Gateway, tenant: Option<&str>) -> Answer {
 async fn tenants_have_their_own_buckets_and_hear_how_long_to_wait() {
     let rt = backend(&["m"]).await;
     // One request per 10 s per tenant, bursts of 3: nothing refills during the test.
-    let gw = gateway(&limited_route(&rt.url(), "tenant_rate = 0.1\ntenant_burst = 3")).await;
+    let gw = gateway(
+        &route(&rt.url())
+            .set("limits.tenant_rate", 0.1)
+            .set("limits.tenant_burst", 3)
+            .toml(),
+    )
+    .await;
     let mut a = Vec::new();
     for _ in 0..5 {
         a.push(call(&gw, Some("tenant-a")).await);
@@ -66,7 +73,7 @@ async fn tenants_have_their_own_buckets_and_hear_how_long_to_wait() {
 #[tokio::test]
 async fn a_route_limit_caps_every_caller_together() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&limited_route(&rt.url(), "rate = 0.1\nburst = 2")).await;
+    let gw = gateway(&route(&rt.url()).set("limits.rate", 0.1).set("limits.burst", 2).toml()).await;
     let statuses = [
         call(&gw, Some("x")).await.status,
         call(&gw, Some("y")).await.status,
@@ -81,10 +88,7 @@ async fn requests_in_flight_past_the_limit_are_shed_at_once() {
     rt.sim.hold();
     let mut config = config();
     config.limits.max_in_flight_requests = 4;
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n",
-        rt.url()
-    );
+    let toml = route(&rt.url()).toml();
     let gw = gateway_with(config, &toml).await;
     let addr = gw.http_addr();
     let held: Vec<_> = (0..4)
@@ -116,10 +120,7 @@ async fn body_bytes_held_past_the_limit_are_shed() {
     rt.sim.hold();
     let mut config = config();
     config.limits.max_in_flight_body_bytes = 8 << 10;
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n",
-        rt.url()
-    );
+    let toml = route(&rt.url()).toml();
     let gw = gateway_with(config, &toml).await;
     let addr = gw.http_addr();
     // About 3 KiB each: two fit in 8 KiB, a third does not.
@@ -151,10 +152,7 @@ async fn above_the_memory_limit_new_work_is_shed() {
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_rss_bytes = 1; // any process is above this
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n",
-        rt.url()
-    );
+    let toml = route(&rt.url()).toml();
     let gw = gateway_with(config, &toml).await;
     // The watcher reads memory every 100 ms; poll as a client would.
     let shed = eventually(Duration::from_secs(5), "shed above the memory limit", || async {
@@ -169,10 +167,7 @@ async fn past_the_connection_limit_an_idle_one_makes_room_and_else_the_newcomer_
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_connections = 2;
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\n",
-        rt.url()
-    );
+    let toml = route(&rt.url()).toml();
     let gw = gateway_with(config, &toml).await;
     let request = b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n";
     let mut open = Vec::new();

@@ -6,11 +6,14 @@ use crate::common;
 use common::*;
 
 fn policy(rt: &str, batch: &str, borrow: bool) -> String {
-    format!(
-        "[routes.borrow]\nmodels = [\"m\"]\n[routes.borrow.flags]\nrealtime = true\nmicro_batch = true\n\
-         [routes.borrow.realtime]\nendpoints = [\"{rt}\"]\nmax_concurrency = 1\n\
-         [routes.borrow.micro_batch]\nendpoints = [\"{batch}\"]\n[routes.borrow.borrow]\nrealtime_overflow = {borrow}\n"
-    )
+    Route::new("borrow")
+        .model("m")
+        .flags(&["realtime", "micro_batch"])
+        .realtime(rt)
+        .set("realtime.max_concurrency", 1)
+        .batch(batch)
+        .set("borrow.realtime_overflow", borrow)
+        .toml()
 }
 
 #[tokio::test]
@@ -42,11 +45,13 @@ async fn real_time_overflow_goes_to_the_micro_batch_tier_only_when_the_route_all
 }
 
 fn offline_policy(rt: &str, batch: &str) -> String {
-    format!(
-        "[routes.borrow]\nmodels = [\"m\"]\n[routes.borrow.flags]\nrealtime = true\noffline = true\n\
-         [routes.borrow.realtime]\nendpoints = [\"{rt}\"]\n[routes.borrow.micro_batch]\nendpoints = [\"{batch}\"]\n\
-         [routes.borrow.borrow]\noffline_on_realtime = true\n"
-    )
+    Route::new("borrow")
+        .model("m")
+        .flags(&["realtime", "offline"])
+        .realtime(rt)
+        .batch(batch)
+        .set("borrow.offline_on_realtime", true)
+        .toml()
 }
 
 /// Submits a job with `Prefer: respond-async` and polls it (as a client would) until done.

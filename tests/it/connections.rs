@@ -8,7 +8,7 @@ use crate::common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{backend, backend_with, config, eventually, gateway_with, infer, metric, route, BODY};
+use common::{backend, backend_with, config, eventually, gateway_with, infer, metric, route_r, BODY};
 use tiergate::sim::{ModelSpec, Profile};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -48,7 +48,7 @@ async fn sockets_without_a_request_are_closed_and_the_door_stays_open() {
     cfg.limits.header_read_timeout = Duration::from_millis(300);
     cfg.limits.max_connections = 6;
     cfg.limits.max_connections_per_client = 0;
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
 
     for addr in [gw.http_addr(), gw.grpc_addr()] {
         // Six sockets take every connection the door allows: silent, half a request
@@ -125,7 +125,7 @@ async fn idle_connections_are_closed_but_a_slow_request_is_not() {
     cfg.limits.idle_timeout = Duration::from_millis(200);
     let gw = gateway_with(
         cfg,
-        &route(&be.url(), &be.url(), "realtime = true\nmicro_batch = true", ""),
+        &route_r(&be.url(), &be.url()).flags(&["realtime", "micro_batch"]).toml(),
     )
     .await;
 
@@ -165,7 +165,7 @@ async fn a_client_past_its_connection_limit_is_refused_and_others_are_served() {
     let be = backend(&["m"]).await;
     let mut cfg = config();
     cfg.limits.max_connections_per_client = 3;
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
 
     for addr in [gw.http_addr(), gw.grpc_addr()] {
         let mut held = Vec::new();
@@ -216,7 +216,7 @@ async fn a_full_table_makes_room_for_a_newcomer_however_many_silent_sockets_are_
     let mut cfg = config();
     cfg.limits.max_connections = 32;
     cfg.limits.max_connections_per_client = 0;
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
     // Silent sockets from 16 addresses take every place, and are reopened as they close.
     let mut silent = Vec::new();
     for i in 0..32 {
@@ -244,7 +244,7 @@ async fn a_kept_alive_connection_lives_to_its_idle_timeout_not_the_header_read_t
     let mut cfg = config();
     cfg.limits.header_read_timeout = Duration::from_millis(200);
     cfg.limits.idle_timeout = Duration::from_secs(30);
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
     let mut stream = TcpStream::connect(gw.http_addr()).await.expect("connect");
     let first = live_on(&mut stream).await.expect("answered");
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
@@ -260,7 +260,7 @@ async fn an_idle_http2_connection_is_sent_goaway_before_it_closes() {
     let be = backend(&["m"]).await;
     let mut cfg = config();
     cfg.limits.idle_timeout = Duration::from_millis(200);
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
     for addr in [gw.http_addr(), gw.grpc_addr()] {
         let mut stream = TcpStream::connect(addr).await.expect("connect");
         // h2c with prior knowledge: the preface and an empty SETTINGS frame, then nothing.

@@ -4,13 +4,17 @@ use crate::common;
 
 use common::*;
 
-const ALL_ON: &str = "realtime = true\nmicro_batch = true\noffline = true";
-
 #[tokio::test]
 async fn every_budget_source_reaches_the_right_tier() {
     let rt = backend(&["m"]).await;
     let batch = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &batch.url(), ALL_ON, "offline_from = \"60s\"")).await;
+    let gw = gateway(
+        &route_r(&rt.url(), &batch.url())
+            .only(&["realtime", "micro_batch", "offline"])
+            .set("offline_from", "60s")
+            .toml(),
+    )
+    .await;
     let addr = gw.http_addr();
     let timeout_body = |us: u64| {
         BODY.replacen(
@@ -122,16 +126,15 @@ async fn every_budget_source_reaches_the_right_tier() {
 async fn flags_switch_tiers_and_unmeetable_budgets_are_refused() {
     let rt = backend(&["m"]).await;
     let batch = backend(&["m"]).await;
-    let off = "realtime = true\nmicro_batch = false\noffline = false";
-    let gw = gateway(&route(&rt.url(), &batch.url(), off, "")).await;
+    let gw = gateway(&route_r(&rt.url(), &batch.url()).only(&["realtime"]).toml()).await;
     let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "2000")], BODY).await;
     assert_eq!((a.status, a.tier()), (200, (Some("realtime"), Some("micro_batch_off"))));
     let a = infer(gw.http_addr(), "m", &[("prefer", "respond-async")], BODY).await;
     assert_eq!((a.status, a.tier()), (200, (Some("realtime"), Some("offline_off"))));
     gw.stop().await.expect("stops");
 
-    let only_batch = "realtime = false\nmicro_batch = true\noffline = false";
-    let gw = gateway(&route(&rt.url(), &batch.url(), only_batch, "")).await;
+    let only_batch = route_r(&rt.url(), &batch.url()).only(&["micro_batch"]);
+    let gw = gateway(&only_batch.toml()).await;
     let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY).await;
     assert_eq!((a.status, a.tier()), (503, (None, Some("no_tier"))));
     assert!(
@@ -145,19 +148,12 @@ async fn flags_switch_tiers_and_unmeetable_budgets_are_refused() {
     );
     gw.stop().await.expect("stops");
 
-    let best = gateway(&route(
-        &rt.url(),
-        &batch.url(),
-        only_batch,
-        "when_unmet = \"best_effort\"",
-    ))
-    .await;
+    let best = gateway(&only_batch.set("when_unmet", "best_effort").toml()).await;
     let a = infer(best.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY).await;
     assert_eq!(a.tier(), (Some("micro_batch"), Some("best_effort")));
     best.stop().await.expect("stops");
 
-    let none = "realtime = false\nmicro_batch = false\noffline = false";
-    let gw = gateway(&route(&rt.url(), &batch.url(), none, "")).await;
+    let gw = gateway(&route_r(&rt.url(), &batch.url()).only(&[]).toml()).await;
     let a = infer(gw.http_addr(), "m", &[], BODY).await;
     assert_eq!((a.status, a.tier()), (503, (None, Some("route_disabled"))));
     gw.stop().await.expect("stops");
@@ -172,8 +168,8 @@ async fn flags_switch_tiers_and_unmeetable_budgets_are_refused() {
 async fn rollout_percent_is_deterministic_per_request_key() {
     let rt = backend(&["m"]).await;
     let batch = backend(&["m"]).await;
-    let flags = "realtime = true\nmicro_batch = true\nmicro_batch_percent = 50";
-    let gw = gateway(&route(&rt.url(), &batch.url(), flags, "")).await;
+    let route = route_r(&rt.url(), &batch.url()).flags(&["realtime", "micro_batch"]);
+    let gw = gateway(&route.set("flags.micro_batch_percent", 50).toml()).await;
     let mut tiers = Vec::new();
     for i in 0..40 {
         let key = format!("key-{i}");

@@ -1,4 +1,4 @@
-//! The HTTP door driven without a socket (`Door::answer` takes any request body, so a
+//! The HTTP door driven without a socket (`HttpDoor::answer` takes any request body, so a
 //! test builds a `Request<Full<Bytes>>` as axum tests call a router with `oneshot`),
 //! and the size of the future hyper keeps for every open connection.
 
@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use common::*;
 use hyper::body::Incoming;
-use tiergate::front::http::Door;
+use tiergate::front::http::HttpDoor;
 
-async fn door_call(door: &Arc<Door>, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+async fn door_call(door: &Arc<HttpDoor>, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
     let door = door.clone();
     oneshot(|r| door.answer(r), method, path, headers, body.to_owned()).await
 }
@@ -19,7 +19,7 @@ async fn door_call(door: &Arc<Door>, method: &str, path: &str, headers: &[(&str,
 #[tokio::test]
 async fn health_metadata_and_an_infer_without_a_socket() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let door = gw.door();
     assert_eq!(door_call(door, "GET", "/v2/health/live", &[], "").await.status, 200);
     assert_eq!(door_call(door, "GET", "/v2/health/ready", &[], "").await.status, 200);
@@ -48,12 +48,12 @@ async fn health_metadata_and_an_infer_without_a_socket() {
 /// Measured as a type's size: nothing runs.
 #[test]
 fn the_doors_future_stays_small() {
-    fn size<F: Future>(_: fn(Arc<Door>, http::Request<Incoming>) -> F) -> usize {
+    fn size<F: Future>(_: fn(Arc<HttpDoor>, http::Request<Incoming>) -> F) -> usize {
         std::mem::size_of::<F>()
     }
     let bytes = size(|door, request| door.answer(request));
     assert!(
         bytes <= 1536,
-        "Door::answer's future is {bytes} bytes: box the path that grew it"
+        "HttpDoor::answer's future is {bytes} bytes: box the path that grew it"
     );
 }

@@ -16,7 +16,7 @@ use tonic_types::StatusExt;
 #[tokio::test]
 async fn health_metadata_and_readiness() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     assert!(
         c.server_live(pb::ServerLiveRequest {})
@@ -84,7 +84,7 @@ async fn health_metadata_and_readiness() {
 #[tokio::test]
 async fn model_config_and_statistics_of_an_http_backend_as_triton_messages() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     let config = c
         .model_config(pb::ModelConfigRequest {
@@ -131,7 +131,7 @@ async fn model_config_and_statistics_of_an_http_backend_as_triton_messages() {
 #[tokio::test]
 async fn infer_with_raw_and_typed_contents_and_the_decision_in_metadata() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true\nmicro_batch = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime", "micro_batch"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     let sent = fp32_request("g1", &[[1.0, 2.0], [3.5, -4.0]]);
     let response = c.model_infer(with_budget(sent.clone(), "100")).await.expect("served");
@@ -198,7 +198,7 @@ async fn infer_with_raw_and_typed_contents_and_the_decision_in_metadata() {
 #[tokio::test]
 async fn streaming_answers_every_request_in_order() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     let mut requests = vec![
         fp32_request("s1", &[[1.0, 1.0]]),
@@ -235,7 +235,7 @@ async fn streaming_answers_every_request_in_order() {
 #[tokio::test]
 async fn deadline_exceeded_drops_the_backend_call() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     rt.sim.hold();
     let err = c
@@ -251,7 +251,7 @@ async fn deadline_exceeded_drops_the_backend_call() {
 #[tokio::test]
 async fn shedding_is_resource_exhausted_with_retry_info() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await; // max_concurrency = 4
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await; // max_concurrency = 4
     rt.sim.hold();
     let addr = gw.grpc_addr();
     let held: Vec<_> = (0..4)
@@ -286,7 +286,7 @@ async fn malformed_and_oversized_messages_are_refused_without_harm() {
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_body_bytes = 4096;
-    let gw = gateway_with(config, &route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway_with(config, &route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let mut c = client(gw.grpc_addr()).await;
     let mut short = fp32_request("bad", &[[1.0, 2.0]]);
     short.inputs[0].shape = vec![2, 2];
@@ -384,7 +384,7 @@ async fn raw_grpc_frame(addr: std::net::SocketAddr, frame: &[u8], encoding: Opti
 async fn answers_are_compressed_only_when_the_settings_and_the_client_both_say_so() {
     use tonic::codec::CompressionEncoding::Gzip;
     let rt = backend(&["m"]).await;
-    let policy = route(&rt.url(), &rt.url(), "realtime = true", "");
+    let policy = route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml();
     let encoding = |answer: &tonic::Response<pb::ModelInferResponse>| {
         answer
             .metadata()

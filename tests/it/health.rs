@@ -9,19 +9,39 @@ use std::time::Duration;
 use common::*;
 use tokio::time::Instant;
 
-fn two_endpoint_route(a: &str, b: &str, health: &str) -> String {
-    format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{a}\", \"{b}\"]\nmax_concurrency = 16\n\
-         [routes.r.realtime.health]\n{health}\n"
-    )
+/// Route `r` for model `m`, its real-time pool on `endpoints` (16 calls at once), its
+/// health settings `health` (each `(key, value)` below `realtime.health`) and no active
+/// checks unless `health` sets them.
+fn health_route(endpoints: &[&str], health: &[(&str, toml::Value)]) -> String {
+    let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+    let route = Route::new("r")
+        .model("m")
+        .set("realtime.endpoints", endpoints)
+        .set("realtime.max_concurrency", 16);
+    health
+        .iter()
+        .fold(route, |r, (key, value)| {
+            r.set(&format!("realtime.health.{key}"), value.clone())
+        })
+        .toml()
+}
+
+/// `eject_after = n`, `eject_for` and no active checks.
+fn ejecting(n: i64, eject_for: &str) -> Vec<(&'static str, toml::Value)> {
+    vec![
+        ("eject_after", n.into()),
+        ("eject_for", eject_for.into()),
+        ("check_path", "".into()),
+    ]
 }
 
 #[tokio::test]
 async fn a_stalled_endpoint_is_ejected_after_one_slow_call_and_traffic_moves_away() {
     let (a, b) = (backend(&["m"]).await, backend(&["m"]).await);
     a.sim.hold(); // a stalls: it accepts requests and never answers them
-    let health = "eject_after = 1\neject_for = \"1m\"\nslow_call = \"50ms\"\ncheck_path = \"\"";
-    let gw = gateway(&two_endpoint_route(&a.url(), &b.url(), health)).await;
+    let mut health = ejecting(1, "1m");
+    health.push(("slow_call", "50ms".into()));
+    let gw = gateway(&health_route(&[&a.url(), &b.url()], &health)).await;
     let mut statuses = Vec::new();
     for _ in 0..20 {
         let started = Instant::now();
@@ -54,10 +74,13 @@ async fn a_stalled_endpoint_is_ejected_after_one_slow_call_and_traffic_moves_awa
 async fn a_killed_backend_fails_fast_and_is_taken_back_when_it_returns() {
     let mut sim = sim_process(0, None);
     let port = sim.http.port();
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://127.0.0.1:{port}\"]\n\
-         [routes.r.realtime.health]\neject_after = 2\neject_for = \"300ms\"\ncheck_interval = \"100ms\"\n"
-    );
+    let toml = Route::new("r")
+        .model("m")
+        .realtime(&format!("http://127.0.0.1:{port}"))
+        .set("realtime.health.eject_after", 2)
+        .set("realtime.health.eject_for", "300ms")
+        .set("realtime.health.check_interval", "100ms")
+        .toml();
     let gw = gateway(&toml).await;
     let budget = [("x-tiergate-budget-ms", "250")];
     assert_eq!(infer(gw.http_addr(), "m", &budget, BODY).await.status, 200);
@@ -93,10 +116,13 @@ async fn a_killed_backend_fails_fast_and_is_taken_back_when_it_returns() {
 async fn a_grpc_pool_is_checked_with_server_ready_and_a_dead_endpoint_is_ejected_without_traffic() {
     let mut sim = sim_process(0, Some(0));
     let grpc = sim.grpc.expect("a gRPC door").port();
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"grpc://127.0.0.1:{grpc}\"]\n\
-         [routes.r.realtime.health]\neject_after = 1\neject_for = \"1m\"\ncheck_interval = \"100ms\"\n"
-    );
+    let toml = Route::new("r")
+        .model("m")
+        .realtime(&format!("grpc://127.0.0.1:{grpc}"))
+        .set("realtime.health.eject_after", 1)
+        .set("realtime.health.eject_for", "1m")
+        .set("realtime.health.check_interval", "100ms")
+        .toml();
     let gw = gateway(&toml).await;
     assert_eq!(
         infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY)
@@ -145,8 +171,7 @@ fn ejections<'a>(scrape: &'a str, backends: &[&Backend]) -> Vec<&'a str> {
 #[tokio::test]
 async fn a_callers_short_budget_ejects_no_endpoint_and_is_refused_once_the_pool_knows_its_cost() {
     let (a, b) = (five_ms_backend().await, five_ms_backend().await);
-    let health = "eject_after = 3\neject_for = \"50s\"\ncheck_path = \"\"";
-    let gw = gateway(&two_endpoint_route(&a.url(), &b.url(), health)).await;
+    let gw = gateway(&health_route(&[&a.url(), &b.url()], &ejecting(3, "50s"))).await;
     let short = [("x-tiergate-budget-ms", "1")];
     // An attacker's 1 ms budgets against a 5 ms backend, before the pool has learned
     // anything: each call is cut by its own deadline, and that is nobody's fault.
@@ -202,8 +227,7 @@ async fn a_callers_short_budget_ejects_no_endpoint_and_is_refused_once_the_pool_
 #[tokio::test]
 async fn an_endpoint_that_stalls_past_the_pools_learned_p99_is_still_ejected_without_slow_call() {
     let (a, b) = (five_ms_backend().await, five_ms_backend().await);
-    let health = "eject_after = 2\neject_for = \"1m\"\ncheck_path = \"\"";
-    let gw = gateway(&two_endpoint_route(&a.url(), &b.url(), health)).await;
+    let gw = gateway(&health_route(&[&a.url(), &b.url()], &ejecting(2, "1m"))).await;
     let budget = [("x-tiergate-budget-ms", "100")];
     for _ in 0..40 {
         assert_eq!(infer(gw.http_addr(), "m", &budget, BODY).await.status, 200);
@@ -231,12 +255,7 @@ async fn steps_of_a_sequence_waiting_their_turn_past_their_budget_eject_nothing(
         ..Default::default()
     };
     let one = backend_with(vec![tiergate::sim::ModelSpec::new("m", profile)]).await;
-    let health = "eject_after = 1\neject_for = \"1m\"\ncheck_path = \"\"";
-    let toml = format!(
-        "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"{}\"]\nmax_concurrency = 16\n\
-         [routes.r.realtime.health]\n{health}\n",
-        one.url()
-    );
+    let toml = health_route(&[&one.url()], &ejecting(1, "1m"));
     let gw = gateway(&toml).await;
     let step = |i: u64| {
         let addr = gw.http_addr();
@@ -301,8 +320,11 @@ async fn html_server() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomi
 async fn an_endpoint_answering_200_with_garbage_is_refused_as_broken_and_ejected() {
     let good = backend(&["m"]).await;
     let (bad, answered) = html_server().await;
-    let health = "eject_after = 2\neject_for = \"1m\"\ncheck_path = \"\"";
-    let gw = gateway(&two_endpoint_route(&good.url(), &format!("http://{bad}"), health)).await;
+    let gw = gateway(&health_route(
+        &[&good.url(), &format!("http://{bad}")],
+        &ejecting(2, "1m"),
+    ))
+    .await;
     let budget = [("x-tiergate-budget-ms", "250")];
     let mut broken = 0;
     for _ in 0..60 {

@@ -313,7 +313,10 @@ async fn a_replica_killed_mid_run_loses_no_job_and_no_job_ends_twice() {
     let sim = backend_with(vec![ModelSpec::new("m", profile)]).await;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
-    let policy = route(&sim.url(), &sim.url(), "offline = true\nmicro_batch = true", "") + "max_batch = 16\n";
+    let policy = route_r(&sim.url(), &sim.url())
+        .flags(&["offline", "micro_batch"])
+        .toml()
+        + "max_batch = 16\n";
     std::fs::write(dir.path().join("policy/route.toml"), policy).expect("policy");
     let states = States::follow(&broker, "states");
 
@@ -635,7 +638,9 @@ async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
     let broker = Broker::start().await;
     broker.create_topics(&["jobs", "states"], PARTITIONS).await;
     let sim = backend(&["m"]).await;
-    let policy = route(&sim.url(), &sim.url(), "offline = true\nmicro_batch = true", "");
+    let policy = route_r(&sim.url(), &sim.url())
+        .flags(&["offline", "micro_batch"])
+        .toml();
     let mut config = kafka_config(&broker, "one");
     std::fs::create_dir_all(&config.data_dir).expect("data dir");
     let keys = config.data_dir.with_extension("keys");

@@ -6,8 +6,6 @@ use crate::common;
 use bytes::Bytes;
 use common::*;
 
-const RT_ONLY: &str = "realtime = true";
-
 fn binary_body() -> (Bytes, String) {
     let header = r#"{"id":"bin-1","inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}],"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}},{"name":"OUTPUT1"}]}"#;
     let mut body = header.as_bytes().to_vec();
@@ -20,7 +18,7 @@ fn binary_body() -> (Bytes, String) {
 #[tokio::test]
 async fn health_and_metadata() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let addr = gw.http_addr();
     assert_eq!(get(addr, "/v2/health/live").await.status, 200);
     assert_eq!(get(addr, "/v2/health/ready").await.status, 200);
@@ -54,7 +52,7 @@ async fn health_and_metadata() {
 #[tokio::test]
 async fn json_infer_passes_through_byte_exact() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let via = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
     assert_eq!(via.status, 200, "{}", via.text());
     let received = rt.sim.stats("m").expect("stats").last_request;
@@ -77,7 +75,7 @@ async fn json_infer_passes_through_byte_exact() {
 #[tokio::test]
 async fn binary_extension_passes_through_byte_exact() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let (body, header_len) = binary_body();
     let headers = [
         ("inference-header-content-length", header_len.as_str()),
@@ -111,7 +109,7 @@ async fn bad_requests_get_4xx_that_say_what_to_fix() {
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_body_bytes = 1024;
-    let gw = gateway_with(config, &route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let gw = gateway_with(config, &route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let addr = gw.http_addr();
     // (body, headers, status, what the message names)
     type Case = (&'static str, &'static [(&'static str, &'static str)], u16, &'static str);
@@ -207,7 +205,7 @@ async fn json_routes_match_by_path() {
 async fn a_transfer_coding_other_than_chunked_is_refused_not_ignored() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let be = backend(&["m"]).await;
-    let gw = gateway(&route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
     for coding in ["gzip, chunked", "chunked, chunked, deflate"] {
         let mut stream = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
         let request = format!(
@@ -257,7 +255,7 @@ async fn compressed_requests_are_read_and_answers_compressed_when_asked() {
     let rt = backend(&["m"]).await;
     let mut config = config();
     config.limits.max_body_bytes = 64 << 10;
-    let gw = gateway_with(config, &route(&rt.url(), &rt.url(), RT_ONLY, "")).await;
+    let gw = gateway_with(config, &route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     let path = "/v2/models/m/infer";
     let json = ("content-type", "application/json");
 

@@ -17,6 +17,7 @@ mod connections;
 mod crash;
 mod decisions;
 mod demo;
+mod docs;
 mod door;
 mod grpc;
 mod grpc_backends;

@@ -7,7 +7,7 @@ use common::*;
 #[tokio::test]
 async fn requests_are_counted_by_route_tier_and_outcome() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     for _ in 0..3 {
         assert_eq!(infer(gw.http_addr(), "m", &[], BODY).await.status, 200);
     }

@@ -10,7 +10,7 @@ use common::*;
 #[tokio::test]
 async fn sheds_at_the_concurrency_limit_and_never_calls_past_it() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await; // max_concurrency = 4
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await; // max_concurrency = 4
     let addr = gw.http_addr();
     rt.sim.hold();
     let held: Vec<_> = (0..4)
@@ -43,7 +43,7 @@ async fn sheds_at_the_concurrency_limit_and_never_calls_past_it() {
 #[tokio::test]
 async fn a_passed_deadline_is_504_and_the_backend_call_is_dropped() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     rt.sim.hold();
     let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "100")], BODY).await;
     assert_eq!(a.status, 504, "{}", a.text());
@@ -65,7 +65,7 @@ async fn a_passed_deadline_is_504_and_the_backend_call_is_dropped() {
 #[tokio::test]
 async fn a_zero_budget_is_a_passed_deadline_and_a_zero_kserve_timeout_is_none() {
     let rt = backend(&["m"]).await;
-    let gw = gateway(&route(&rt.url(), &rt.url(), "realtime = true", "")).await;
+    let gw = gateway(&route_r(&rt.url(), &rt.url()).flags(&["realtime"]).toml()).await;
     // A zero budget can never be met: 504 without a retry hint, as gRPC answers a
     // deadline that has passed; nothing reaches the backend.
     for header in [("x-tiergate-budget-ms", "0"), ("grpc-timeout", "0m")] {
@@ -129,7 +129,7 @@ async fn the_budget_reserve_ends_a_stalled_call_before_the_whole_budget() {
 #[tokio::test]
 async fn a_dead_backend_is_502_quickly() {
     let dead = format!("http://{}", dead_addr().await);
-    let gw = gateway(&route(&dead, &dead, "realtime = true", "")).await;
+    let gw = gateway(&route_r(&dead, &dead).flags(&["realtime"]).toml()).await;
     let started = Instant::now();
     let a = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
     assert_eq!(a.status, 502, "{}", a.text());
@@ -215,7 +215,7 @@ async fn the_steps_of_a_sequence_go_to_one_endpoint_one_at_a_time_in_order() {
 #[tokio::test]
 async fn a_sequence_step_is_never_taken_offline() {
     let be = backend(&["m"]).await;
-    let gw = gateway(&route(&be.url(), &be.url(), "realtime = true\noffline = true", "")).await;
+    let gw = gateway(&route_r(&be.url(), &be.url()).flags(&["realtime", "offline"]).toml()).await;
     let body =
         r#"{"parameters":{"sequence_id":5},"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,1],"data":[1]}]}"#;
     let answer = infer(gw.http_addr(), "m", &[("prefer", "respond-async")], body).await;

@@ -135,7 +135,7 @@ async fn the_doors_speak_tls_and_a_replaced_certificate_is_taken_without_droppin
     let ca = Ca::new();
     let dir = tempfile::tempdir().expect("dir");
     let cfg = with_tls(config(), &ca, dir.path());
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
 
     // HTTP/1.1 over TLS, and a plain-text request refused.
     let http = connector(&ca, None, b"http/1.1");
@@ -205,7 +205,7 @@ async fn the_admin_api_can_ask_for_a_client_certificate() {
     cfg.admin.client_ca_file = Some(ca_file);
     cfg.listen.admin = "127.0.0.1:0".parse().expect("addr");
     cfg.admin.token = Some(tiergate::config::Secret("test-admin-token-0123456789abcdef".into()));
-    let gw = gateway_with(cfg, &route(&be.url(), &be.url(), "realtime = true", "")).await;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
     let admin = gw.admin_addr().expect("admin on");
     let token = "authorization: Bearer test-admin-token-0123456789abcdef\r\n";
 

@@ -30,10 +30,10 @@ use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::grpc::{bridge, config, pb, request_from_grpc};
-use crate::tiers::Reply;
+use crate::protocol::Reply;
 
-use super::dispatch::{unmatched_model, Dispatch, Served};
 use super::meta;
+use super::pipeline::dispatch::{unmatched_model, Dispatch, Served};
 
 mod service;
 

@@ -152,7 +152,7 @@ async fn cancel_and_expiry_end_unfinished_jobs_only() {
     short.expires_at = crate::queue::now_ms() - 1;
     let ids = store.submit(vec![job(None), short, job(None)]).await.unwrap();
     assert_eq!(store.cancel(&ids[0].id).await.unwrap(), Some(State::Cancelled));
-    assert_eq!(store.sweep(i64::MAX, true).await.unwrap(), (1, 0));
+    assert_eq!(store.sweep_with(i64::MAX, true).await.unwrap(), (1, 0));
     assert_eq!(store.get(&ids[1].id).await.unwrap().unwrap().state, State::Expired);
     let leased = store.lease(10).await.unwrap();
     assert_eq!(leased.len(), 1);
@@ -164,7 +164,7 @@ async fn cancel_and_expiry_end_unfinished_jobs_only() {
     );
     assert_eq!(store.cancel("job_nope").await.unwrap(), None);
     assert_eq!(
-        store.sweep(0, true).await.unwrap().1,
+        store.sweep_with(0, true).await.unwrap().1,
         3,
         "retention deletes finished jobs"
     );

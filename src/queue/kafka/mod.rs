@@ -50,8 +50,9 @@ use self::produce::Out;
 use self::records::{JobMeta, JobState, Record};
 use self::runner::Pending;
 use self::view::View;
+use super::batches::{Batch, FileInfo, FileQuery, NewBatch};
 use super::embedded::Limits;
-use super::{Embedded, Finish, Job, JobId, NewJob, State, StoreError, Submitted};
+use super::{Embedded, Finish, Job, JobId, JobStore, NewJob, State, StoreError, Submitted};
 use crate::config;
 
 /// How long start waits for the view to read the whole state topic.
@@ -263,11 +264,12 @@ impl KafkaQueue {
     }
 }
 
-/// Submission, leases and results: the calls the offline tier and its workers make.
-impl KafkaQueue {
+/// Submission, leases and results here; the Batch API's files and batches in
+/// `batch_api`; reads from the view.
+impl JobStore for KafkaQueue {
     /// Accepts `jobs`: each on the jobs topic and queued on the state topic, answered
     /// once the brokers have both.
-    pub async fn submit(&self, jobs: Vec<NewJob>) -> Result<Vec<Submitted>, StoreError> {
+    async fn submit(&self, jobs: Vec<NewJob>) -> Result<Vec<Submitted>, StoreError> {
         self.check_room(jobs.len())?;
         let now = super::now_ms();
         let mut out = Vec::with_capacity(jobs.len());
@@ -297,9 +299,22 @@ impl KafkaQueue {
         Ok(out)
     }
 
+    /// Leases up to `max` jobs read here, route by route.
+    async fn lease(&self, max: usize) -> Result<Vec<Job>, StoreError> {
+        let mut jobs = Vec::new();
+        let routes = self.pending().routes(super::now_ms());
+        for route in routes {
+            if jobs.len() >= max {
+                break;
+            }
+            jobs.extend(self.lease_route(&route, max - jobs.len()).await?);
+        }
+        Ok(jobs)
+    }
+
     /// Leases up to `max` of `route`'s jobs read here: jobs the view shows ended are let
     /// go, expired ones are recorded so; the rest are recorded running.
-    pub async fn lease_route(&self, route: &str, max: usize) -> Result<Vec<Job>, StoreError> {
+    async fn lease_route(&self, route: &str, max: usize) -> Result<Vec<Job>, StoreError> {
         loop {
             let now = super::now_ms();
             let taken = self.pending().take(route, max, now);
@@ -355,13 +370,13 @@ impl KafkaQueue {
     }
 
     /// Routes with jobs ready here.
-    pub fn runnable_routes(&self) -> Vec<String> {
-        self.pending().routes(super::now_ms())
+    async fn runnable_routes(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.pending().routes(super::now_ms()))
     }
 
     /// Records how attempts ended: results and failures on the state topic (then their
     /// offsets may be committed), retries back in line here.
-    pub async fn finish_all(&self, ends: Vec<(JobId, u32, Finish)>) -> Result<Vec<bool>, StoreError> {
+    async fn finish_all(&self, ends: Vec<(JobId, u32, Finish)>) -> Result<Vec<bool>, StoreError> {
         let now = super::now_ms();
         let mut outs = Vec::new();
         let mut flags = Vec::with_capacity(ends.len());
@@ -420,14 +435,13 @@ impl KafkaQueue {
     }
 
     /// The job `id`, from the view.
-    pub async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
-        use super::JobStore as _;
+    async fn get(&self, id: &str) -> Result<Option<Job>, StoreError> {
         self.fresh(|| self.inner.view.store.get(id)).await
     }
 
     /// Cancels job `id` unless it ended: a cancelled state on the state topic, which
     /// wins unless a result landed first. Returns the state that won.
-    pub async fn cancel(&self, id: &str) -> Result<Option<State>, StoreError> {
+    async fn cancel(&self, id: &str) -> Result<Option<State>, StoreError> {
         let Some(job) = self.get(id).await? else {
             return Ok(None);
         };
@@ -443,6 +457,86 @@ impl KafkaQueue {
         self.write(vec![Out::state(&Record::Job(record), id, Bytes::new())])
             .await?;
         Ok(self.get(id).await?.map(|j| j.state))
+    }
+
+    async fn add_file(
+        &self,
+        tenant: &str,
+        purpose: String,
+        filename: String,
+        content: Bytes,
+    ) -> Result<FileInfo, StoreError> {
+        batch_api::add_file(self, tenant, purpose, filename, content).await
+    }
+
+    async fn file(&self, id: &str, tenant: &str) -> Result<Option<FileInfo>, StoreError> {
+        self.fresh(|| self.inner.view.store.file(id, tenant)).await
+    }
+
+    async fn content(&self, id: &str, tenant: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.fresh(|| self.inner.view.store.content(id, tenant)).await
+    }
+
+    async fn content_range(
+        &self,
+        id: &str,
+        tenant: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.fresh(|| self.inner.view.store.content_range(id, tenant, offset, len))
+            .await
+    }
+
+    async fn files(&self, tenant: &str, query: FileQuery) -> Result<(Vec<FileInfo>, bool), StoreError> {
+        self.view().files(tenant, query).await
+    }
+
+    async fn delete_file(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
+        batch_api::delete_file(self, id, tenant).await
+    }
+
+    async fn create_batch(&self, batch: NewBatch) -> Result<Submitted, StoreError> {
+        batch_api::create_batch(self, batch).await
+    }
+
+    async fn batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
+        self.fresh(|| self.inner.view.store.batch(id, tenant)).await
+    }
+
+    async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<(Vec<Batch>, bool), StoreError> {
+        self.view().batches(tenant, after, limit).await
+    }
+
+    async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
+        batch_api::cancel_batch(self, id, tenant).await
+    }
+
+    async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
+        self.view().counts().await
+    }
+
+    async fn oldest_queued(&self) -> Result<Option<i64>, StoreError> {
+        self.view().oldest_queued().await
+    }
+
+    /// The view's sweep, without expiry: a job's expiry is recorded on the state topic
+    /// when its turn comes.
+    async fn sweep(&self, retention_ms: i64) -> Result<(u64, u64), StoreError> {
+        self.view().sweep_with(retention_ms, false).await
+    }
+
+    async fn finalize(&self) -> Result<usize, StoreError> {
+        self.view().finalize().await
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.view().failing()
     }
 }
 

@@ -12,8 +12,9 @@ use super::{enqueue_in, BatchMetrics, Inner, RouteLanes};
 use crate::decision::Tier;
 use crate::error::Error;
 use crate::policy::{BatchSpec, ShadowSpec};
+use crate::protocol::Reply;
 use crate::shadow::{self, Shadow, Variant};
-use crate::tiers::{Call, Reply};
+use crate::tiers::Call;
 
 impl Inner {
     /// Serves `call` of a route running a canary from `variant`, and counts it.

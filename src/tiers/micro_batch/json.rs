@@ -12,7 +12,7 @@ use super::Unbatched;
 use crate::error::{Error, Kind};
 use crate::policy::JsonAdapter;
 use crate::protocol::batch::canonical;
-use crate::tiers::Reply;
+use crate::protocol::Reply;
 
 /// A JSON caller's rows and the rest of its body.
 #[derive(Debug)]

@@ -14,8 +14,8 @@ use crate::error::{Error, Kind};
 use crate::policy::Member;
 use crate::protocol::batch::{self, BatchError, Signature};
 use crate::protocol::grpc::bridge;
+use crate::protocol::Reply;
 use crate::protocol::{self, InferRequest, InferResponse, RequestedOutput};
-use crate::tiers::Reply;
 
 /// A caller's request, decoded, with its signature and rows (and, for a caller of a
 /// `member` model, what it asked of the combined model's answer, its requested outputs

@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batcher::{self, Class, Flush, Queue, Settings, Shared};
 use super::cost::Cost;
-use super::{Call, Reply};
+use super::Call;
 use crate::backend::{Pool, Pools, Role};
 use crate::cache::Cache;
 use crate::decision::Tier;
@@ -52,6 +52,7 @@ use crate::headers;
 use crate::metrics;
 use crate::policy::{BatchSpec, JsonAdapter, Priority};
 use crate::protocol::batch::Signature;
+use crate::protocol::Reply;
 use crate::shadow::Shadow;
 
 /// Most lanes (distinct paths and signatures) one route keeps; idle ones are let go

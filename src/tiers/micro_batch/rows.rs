@@ -23,9 +23,9 @@ use super::{json, kserve, Form, Rows};
 use crate::cache::{entry, Entry, Key, RouteCache, Scope};
 use crate::error::{Error, Kind};
 use crate::headers;
+use crate::protocol::Reply;
 use crate::protocol::{rows, InferRequest, InferResponse};
 use crate::tiers::batcher::Batch;
-use crate::tiers::Reply;
 
 /// How a caller's rows meet its route's cache.
 #[derive(Debug)]

@@ -19,9 +19,9 @@ use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol;
+use crate::protocol::Reply;
 use crate::shadow::Primary;
 use crate::tiers::batcher::{Batch, Entry, Flush};
-use crate::tiers::Reply;
 use tracing::Instrument;
 
 type Callers = Batch<Part, Reply>;

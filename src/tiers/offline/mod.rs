@@ -20,12 +20,13 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::{Call, Reply};
+use super::Call;
 use crate::config;
 use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::protocol;
+use crate::protocol::Reply;
 use crate::queue::{self, JobStore, NewJob, Queue, StoreError};
 use crate::tenant::Tenant;
 

@@ -23,10 +23,11 @@ use crate::decision::{Door, Tier};
 use crate::error::Error;
 use crate::error::Kind;
 use crate::policy::Store;
+use crate::protocol::Reply;
 use crate::queue::scored::Scored;
 use crate::queue::{self, Answer, Finish, Job, JobStore, Queue};
 use crate::shadow::{Primary, Shadow};
-use crate::tiers::{Call, MicroBatch, Realtime, Reply};
+use crate::tiers::{Call, MicroBatch, Realtime};
 use tower::ServiceExt as _;
 
 /// What the offline workers drain: jobs of `store`, routes from `policy`, batches

@@ -23,8 +23,8 @@ use http::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::classify::key_hash;
 use crate::config::Limits;
+use crate::decision::key_hash;
 use crate::error::{Error, Kind, Quota};
 use crate::metrics;
 use crate::policy::{Rate, RateLimits, Route};

@@ -20,6 +20,9 @@
 //! every answer into its route's cache for that long, so the same questions asked later
 //! are answered from it (see `crate::cache`).
 
+pub mod lines;
+pub mod object;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,16 +31,16 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-use super::admission::Ticket;
-use super::batch_lines::{lines, Within};
 use super::body::Answered;
+use super::pipeline::admission::Ticket;
 use crate::config;
 use crate::error::{Error, Kind};
 use crate::policy::Store;
 use crate::queue::batches::NewBatch;
-use crate::queue::{self, Queue};
+use crate::queue::{self, JobStore, Queue};
 use crate::tenant::Tenant;
 use crate::tiers::offline::{idempotency_key, reused, store_error};
+use lines::{lines, Within};
 
 /// How much of a file's content is read from the store at a time.
 const CONTENT_CHUNK: u64 = 256 << 10;
@@ -115,22 +118,20 @@ impl OfflineApi {
             (&Method::GET, ["v1", "files", id]) => {
                 let file = self.store.file(id, tenant).await.map_err(store_error)?;
                 let file = file.ok_or_else(|| not_found("file", id))?;
-                Ok(json_response(StatusCode::OK, &file.to_json()))
+                Ok(json_response(StatusCode::OK, &object::file(&file)))
             }
             (&Method::POST, ["v1", "batches"]) => self.create(headers, &body, tenant, ticket).await,
             (&Method::GET, ["v1", "batches"]) => self.list(query, tenant).await,
             (&Method::GET, ["v1", "batches", id]) => {
                 let batch = self.store.batch(id, tenant).await.map_err(store_error)?;
-                Ok(json_response(
-                    StatusCode::OK,
-                    &batch.ok_or_else(|| not_found("batch", id))?,
-                ))
+                let batch = batch.ok_or_else(|| not_found("batch", id))?;
+                Ok(json_response(StatusCode::OK, &object::batch(&batch)))
             }
             (&Method::POST, ["v1", "batches", id, "cancel"]) => {
                 let batch = self.store.cancel_batch(id, tenant).await.map_err(store_error)?;
                 let batch = batch.ok_or_else(|| not_found("batch", id))?;
                 self.wake.notify_one();
-                Ok(json_response(StatusCode::OK, &batch))
+                Ok(json_response(StatusCode::OK, &object::batch(&batch)))
             }
             _ => Err(Error::new(
                 Kind::NotFound,
@@ -185,7 +186,7 @@ impl OfflineApi {
             .add_file(tenant, "batch".into(), name, content)
             .await
             .map_err(store_error)?;
-        Ok(json_response(StatusCode::OK, &info.to_json()))
+        Ok(json_response(StatusCode::OK, &object::file(&info)))
     }
 
     /// `POST /v1/batches`.
@@ -277,7 +278,10 @@ impl OfflineApi {
         reused(&submitted)?;
         self.wake.notify_one();
         let batch = self.store.batch(&submitted.id, tenant).await.map_err(store_error)?;
-        Ok(json_response(StatusCode::OK, &batch.unwrap_or(Value::Null)))
+        Ok(json_response(
+            StatusCode::OK,
+            &batch.as_ref().map_or(Value::Null, object::batch),
+        ))
     }
 
     /// `GET /v1/files?purpose=P&limit=N&order=asc|desc&after=ID`, as OpenAI's.
@@ -302,7 +306,7 @@ impl OfflineApi {
             }
         }
         let (files, has_more) = self.store.files(tenant, asked).await.map_err(store_error)?;
-        Ok(page(files.iter().map(|f| f.to_json()).collect(), has_more))
+        Ok(page(files.iter().map(object::file).collect(), has_more))
     }
 
     /// `GET /v1/batches?limit=N&after=ID`.
@@ -316,7 +320,7 @@ impl OfflineApi {
             }
         }
         let (data, has_more) = self.store.batches(tenant, after, most).await.map_err(store_error)?;
-        Ok(page(data, has_more))
+        Ok(page(data.iter().map(object::batch).collect(), has_more))
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Between the doors and the tiers. A door parses its protocol, builds the KServe v2
 //! HTTP form of the request ([`crate::tiers::Call`] carries it to the tiers) and hands
-//! it on through [`crate::front::pipeline`], which calls `Dispatch::serve`; the
+//! it on through the pipeline ([`super`]), which calls `Dispatch::serve`; the
 //! [`Served`] it gets back holds the decision (or refusal) and the tier's answer, which
 //! the door renders in its own protocol. Metrics are counted here, once, so both doors
 //! count alike.
@@ -18,21 +18,23 @@ use http::Request;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::auth::Callers;
 use crate::backend::sequences::Sequences;
 use crate::backend::{Pools, Role};
 use crate::cache::Cache;
 use crate::classify::classify;
 use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
+use crate::front::auth::Callers;
 use crate::metrics::{self, RouteInstruments};
 use crate::policy::{Policy, Route, Store};
-use crate::tiers::{Call, Reply, Tiers};
+use crate::protocol::Reply;
+use crate::tiers::{Call, Tiers};
 use crate::trace;
 
 use super::admission::Admission;
-use super::meta::MAX_BUDGET;
-use super::ready::{NotReady, Readiness};
+use super::Admitted;
+use crate::front::meta::MAX_BUDGET;
+use crate::front::ready::{NotReady, Readiness};
 
 /// How long a model metadata or readiness call to a backend may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,7 +48,7 @@ pub struct Dispatch {
     control: Pools,
     readiness: Arc<Readiness>,
     /// Each route's request instruments.
-    instruments: Instruments,
+    instruments: InstrumentTable,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
     /// Who may call, as which tenant (every door authenticates with it).
@@ -61,7 +63,7 @@ pub struct Dispatch {
 /// runs (so a reload finds the same series), and, for the running snapshot, a table of
 /// them in its routes' order, so a request finds its route's set by index.
 #[derive(Debug, Default)]
-struct Instruments {
+struct InstrumentTable {
     names: DashMap<String, Arc<RouteInstruments>>,
     table: ArcSwap<Table>,
 }
@@ -73,7 +75,7 @@ struct Table {
     routes: Vec<Arc<RouteInstruments>>,
 }
 
-impl Instruments {
+impl InstrumentTable {
     fn by_name(&self, route: &str) -> Arc<RouteInstruments> {
         if let Some(found) = self.names.get(route) {
             return found.clone();
@@ -93,11 +95,6 @@ impl Instruments {
         }));
     }
 }
-
-/// Marks a request its route's cache has looked at, so the dispatch serves it on its
-/// tiers (see `front::cached`).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Looked;
 
 /// What the dispatch is asked to do about a request's tier.
 #[derive(Debug)]
@@ -127,12 +124,42 @@ impl Served {
     /// for its debug line, to spare the success path a copy).
     pub fn log_failure(&self, route: &str, door: Door, ids: &trace::Ids) {
         if let Err(e) = &self.result {
-            super::failures::log(route, door, self.decision, e, Some(ids));
+            crate::front::failures::log(route, door, self.decision, e, Some(ids));
         }
     }
 }
 
 impl Dispatch {
+    /// Step 1 of the pipeline ([`super`]): admits `tenant`'s request on `route` that
+    /// came in by `door` at `received`, with `headers` (without authentication, rate
+    /// limits read the tenant from them) and `ids`; a refusal comes back already
+    /// counted, for the door to render (boxed: refusals are the rare case).
+    pub fn admit(
+        &self,
+        door: Door,
+        route: Arc<Route>,
+        (headers, tenant): (&http::HeaderMap, &crate::tenant::Tenant),
+        ids: &trace::Ids,
+        received: Instant,
+    ) -> Result<Admitted<'_>, Box<Served>> {
+        match self.admission().admit(&route, headers, tenant) {
+            Ok(ticket) => Ok(Admitted {
+                dispatch: self,
+                route,
+                door,
+                ids: ids.clone(),
+                received,
+                tenant: tenant.clone(),
+                ticket,
+            }),
+            Err(e) => {
+                let refused = self.failed(&route, door, e, Some(ids));
+                refused.log_failure(&route.name, door, ids);
+                Err(Box::new(refused))
+            }
+        }
+    }
+
     /// Serves `policy` through `tiers`; model metadata calls go through pools built with
     /// `backends`; ready as `readiness` says.
     pub fn new(
@@ -148,7 +175,7 @@ impl Dispatch {
             tiers,
             control: Pools::new(Role::Control, backends),
             readiness,
-            instruments: Instruments::default(),
+            instruments: InstrumentTable::default(),
             reserve: 0.0,
             callers: Arc::new(Callers::open()),
             sequence_tiers: Sequences::default(),
@@ -173,7 +200,7 @@ impl Dispatch {
         self
     }
 
-    /// Who may call (see [`super::auth`]).
+    /// Who may call (see [`crate::front::auth`]).
     pub fn callers(&self) -> &Callers {
         &self.callers
     }
@@ -228,8 +255,8 @@ impl Dispatch {
         self.policy.load()
     }
 
-    /// The admission control every door's requests pass first (see [`super::pipeline`]).
-    pub(super) fn admission(&self) -> &Arc<Admission> {
+    /// The admission control every door's requests pass first (see [`super`]).
+    pub(crate) fn admission(&self) -> &Arc<Admission> {
         &self.admission
     }
 
@@ -258,14 +285,6 @@ impl Dispatch {
         request: Request<Bytes>,
         received: Instant,
     ) -> Served {
-        // A route with its cache on looks there first (and serves here what it misses).
-        if let Some(spec) = route.cache.as_ref().filter(|_| route.flags.cache) {
-            if request.extensions().get::<Looked>().is_none() {
-                return self
-                    .serve_cached(route, door, to, request, (received, spec.clone()))
-                    .await;
-            }
-        }
         let request_span = tracing::Span::current();
         request_span.record("route", route.name.as_str());
         let instruments = self.instruments(route);

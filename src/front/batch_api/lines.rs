@@ -127,7 +127,7 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             problem(&mut errors, line, "invalid_url", message, Some("url"));
             continue;
         }
-        let Some(route) = super::paths::route_for(policy, url) else {
+        let Some(route) = crate::front::paths::route_for(policy, url) else {
             problem(
                 &mut errors,
                 line,

@@ -1,7 +1,7 @@
 //! The door pipeline, written once. Every door (the HTTP door, the gRPC door, a Kafka
 //! source) takes a request through the same steps, in this order, each for a reason:
 //!
-//! 0. Before it: the door authenticates the caller ([`super::auth`]) into its
+//! 0. Before it: the door authenticates the caller ([`crate::front::auth`]) into its
 //!    [`Tenant`], so nothing an unknown caller sends is read further.
 //! 1. [`Dispatch::admit`]: the global limits (requests in flight, memory) and the route's
 //!    rate limits, before any of the body is read or decoded: a refused request costs
@@ -26,11 +26,16 @@ use bytes::Bytes;
 use http::{HeaderMap, Request};
 use tokio::time::Instant;
 
-use super::admission::Ticket;
-use super::dispatch::{Ask, Dispatch, Served};
-use super::meta;
+pub mod admission;
+mod cached;
+pub mod dispatch;
+
+use admission::Ticket;
+use dispatch::{Ask, Dispatch, Served};
+
 use crate::decision::{Decision, Door, Meta};
 use crate::error::Error;
+use crate::front::meta;
 use crate::policy::Route;
 use crate::tenant::Tenant;
 use crate::trace;
@@ -46,38 +51,6 @@ pub struct Admitted<'a> {
     received: Instant,
     tenant: Tenant,
     ticket: Ticket,
-}
-
-impl Dispatch {
-    /// Step 1: admits `tenant`'s request on `route` that came in by `door` at
-    /// `received`, with `headers` (without authentication, rate limits read the tenant
-    /// from them) and `ids`; a refusal comes back already counted, for the door to
-    /// render (boxed: refusals are the rare case).
-    pub fn admit(
-        &self,
-        door: Door,
-        route: Arc<Route>,
-        (headers, tenant): (&HeaderMap, &Tenant),
-        ids: &trace::Ids,
-        received: Instant,
-    ) -> Result<Admitted<'_>, Box<Served>> {
-        match self.admission().admit(&route, headers, tenant) {
-            Ok(ticket) => Ok(Admitted {
-                dispatch: self,
-                route,
-                door,
-                ids: ids.clone(),
-                received,
-                tenant: tenant.clone(),
-                ticket,
-            }),
-            Err(e) => {
-                let refused = self.failed(&route, door, e, Some(ids));
-                refused.log_failure(&route.name, door, ids);
-                Err(Box::new(refused))
-            }
-        }
-    }
 }
 
 impl Admitted<'_> {
@@ -98,29 +71,32 @@ impl Admitted<'_> {
         meta::read(headers, timeout_us, id, &self.route)
     }
 
-    /// Step 5: classifies `request` by `meta` and serves it. (The dispatch's future is
-    /// returned as it is, not wrapped in one more.)
-    pub fn serve(&self, mut request: Request<Bytes>, meta: Meta) -> impl Future<Output = Served> + Send + '_ {
-        request.extensions_mut().insert(self.ids.clone());
-        if self.tenant.is_authenticated() {
-            request.extensions_mut().insert(self.tenant.clone());
-        }
-        self.dispatch
-            .serve(&self.route, self.door, Ask::Classify(meta), request, self.received)
+    /// Step 5: classifies `request` by `meta` and serves it.
+    pub fn serve(&self, request: Request<Bytes>, meta: Meta) -> impl Future<Output = Served> + Send + '_ {
+        self.serve_as(Ask::Classify(meta), request)
     }
 
     /// Step 5 for a door that has decided already: serves `request` as `decision` says.
     pub fn serve_decided(
         &self,
         decision: Decision,
-        mut request: Request<Bytes>,
+        request: Request<Bytes>,
     ) -> impl Future<Output = Served> + Send + '_ {
+        self.serve_as(Ask::Decided(decision), request)
+    }
+
+    /// Serves `request` as `to` asks: through the route's cache when it has one on (a
+    /// hit needs no tier), else on the tier the dispatch chooses.
+    async fn serve_as(&self, to: Ask, mut request: Request<Bytes>) -> Served {
         request.extensions_mut().insert(self.ids.clone());
         if self.tenant.is_authenticated() {
             request.extensions_mut().insert(self.tenant.clone());
         }
-        self.dispatch
-            .serve(&self.route, self.door, Ask::Decided(decision), request, self.received)
+        let (route, door, received) = (&self.route, self.door, self.received);
+        match route.cache.as_ref().filter(|_| route.flags.cache) {
+            Some(spec) => cached::serve(self.dispatch, route, door, to, request, (received, spec.clone())).await,
+            None => self.dispatch.serve(route, door, to, request, received).await,
+        }
     }
 
     /// A request that failed in the door's own step (a bad body, a message too large),

@@ -10,15 +10,6 @@
 //! `first_request` when full). So a client holding sockets open, idle or half-sent,
 //! from however many addresses, cannot keep others out.
 //!
-//! # Layout
-//!
-//! `clients` (per-client counts, IPv6 by /64) · `counted` (one connection's socket and
-//! deadlines, [`Activity`]) · `conn` (plain or TLS, and the gRPC door's calls).
-
-mod clients;
-mod conn;
-mod counted;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -28,11 +19,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::clients::Clients;
+use super::counted::{Activity, Counted, Deadlines};
+use super::Conn;
 use crate::metrics;
-use clients::Clients;
-pub use conn::{Conn, TrackedBody};
-use counted::Deadlines;
-pub use counted::{Activity, Counted, InFlight};
 
 /// How long a newcomer waits for the place of the connection closed to make room.
 const EVICTED_WITHIN: Duration = Duration::from_millis(100);

@@ -5,7 +5,8 @@
 //! spans, exported in batches over OTLP/gRPC by a background worker; a full export
 //! queue drops spans rather than slow a request. [`adopt`] ties a request's span to
 //! the client's trace; [`span_id`] reads a span's exported id for `traceparent`.
-//! When off, both return `None` after one atomic load.
+//! When off, both return `None` after one atomic load. [`logs`] sets up the process's
+//! log lines and installs the exporter beside them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,6 +19,8 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::Trace;
+
+pub mod logs;
 
 /// Whether an exporting layer is installed.
 static ENABLED: AtomicBool = AtomicBool::new(false);

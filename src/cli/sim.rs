@@ -1,0 +1,130 @@
+//! `tiergate sim`: the simulated KServe v2 model server of the tests, the demo and the
+//! load tests, as a process of its own; it prints the addresses it bound.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tiergate::config::Config;
+use tiergate::sim::{Faults, ModelSpec, Profile, Simulator};
+use tokio_util::sync::CancellationToken;
+
+/// `tiergate sim`'s flags.
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Address of the KServe v2 HTTP side (port 0: any free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    http: SocketAddr,
+    /// Address of the KServe v2 gRPC side (none unless given).
+    #[arg(long)]
+    grpc: Option<SocketAddr>,
+    /// A model as NAME:PROFILE (profiles: resnet50-trt, resnet50-eager, bert-base-trt,
+    /// instant), or a combined model as NAME:PROFILE:HEAD,HEAD,... (outputs HEAD_OUTPUT0
+    /// and HEAD_OUTPUT1 per head); repeat for several models.
+    #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
+    models: Vec<String>,
+    /// Instances per model (batches run one at a time on each, FIFO).
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Uniform jitter on each batch's cost, as a fraction (0.1 = ±10%).
+    #[arg(long, default_value_t = 0.0)]
+    jitter: f64,
+    /// Fraction of batches answered with an injected 500.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Fraction of batches that stall for --stall instead of their cost.
+    #[arg(long, default_value_t = 0.0)]
+    stall_rate: f64,
+    /// How long a stalled batch takes.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    stall: Duration,
+    /// Every batch costs this many times its profile's cost (a slower candidate model).
+    #[arg(long, default_value_t = 1.0)]
+    slowdown: f64,
+    /// Added to OUTPUT1 of every row whose sum is negative (a model wrong on some rows).
+    #[arg(long, default_value_t = 0.0)]
+    drift: f64,
+    /// Also added to OUTPUT1 of every row whose sum is negative: a random amount below
+    /// this, drawn afresh for every answer (a model that does not answer the same twice,
+    /// as the shadow's noise floor is for).
+    #[arg(long, default_value_t = 0.0)]
+    noise: f64,
+}
+
+/// Runs `tiergate sim` until Ctrl-C or SIGTERM.
+pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
+    tiergate::telemetry::logs::init(&Config::default()).map_err(anyhow::Error::msg)?;
+    super::runtime(0)?.block_on(serve(args))
+}
+
+/// The models `args` describes.
+fn models(args: &SimArgs) -> anyhow::Result<Vec<ModelSpec>> {
+    if !(args.noise >= 0.0 && args.noise.is_finite()) {
+        anyhow::bail!("--noise {}: give 0 or more", args.noise);
+    }
+    if !(args.slowdown > 0.0 && args.slowdown <= 1000.0) {
+        anyhow::bail!("--slowdown {}: give a factor above 0 and at most 1000", args.slowdown);
+    }
+    let mut models = Vec::new();
+    for text in &args.models {
+        let (name, profile) = text
+            .split_once(':')
+            .with_context(|| format!("--model {text:?}: write it as NAME:PROFILE"))?;
+        let (profile, heads) = profile.split_once(':').unwrap_or((profile, ""));
+        let heads: Vec<String> = heads.split(',').filter(|h| !h.is_empty()).map(str::to_owned).collect();
+        let profile = Profile::named(profile).with_context(|| {
+            format!(
+                "--model {text:?}: unknown profile; known: {}",
+                Profile::NAMES.join(", ")
+            )
+        })?;
+        let mut spec = ModelSpec::new(name, profile.scaled(args.slowdown));
+        spec.instances = args.instances.max(1);
+        spec.heads = heads;
+        spec.drift = args.drift;
+        spec.noise = args.noise;
+        spec.jitter = args.jitter;
+        spec.faults = Faults {
+            error_rate: args.error_rate,
+            stall_rate: args.stall_rate,
+            stall: args.stall,
+        };
+        models.push(spec);
+    }
+    Ok(models)
+}
+
+async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
+    let models = models(&args)?;
+    let listener = tokio::net::TcpListener::bind(args.http)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.http))?;
+    let grpc = match args.grpc {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
+    // The addresses bound (port 0 picks a free one), on stdout for whoever started it.
+    let http = listener.local_addr()?;
+    let grpc_addr = grpc.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+    match grpc_addr {
+        Some(grpc) => println!("listening http={http} grpc={grpc}"),
+        None => println!("listening http={http}"),
+    }
+    tracing::info!(%http, grpc = ?grpc_addr, models = ?args.models, "simulated model server is serving");
+    let shutdown = CancellationToken::new();
+    let sim = Simulator::new(models);
+    if let Some(grpc) = grpc {
+        tokio::spawn(sim.clone().listen_grpc(grpc, shutdown.clone()));
+    }
+    let server = tokio::spawn(sim.listen(listener, shutdown.clone()));
+    super::stopped().await;
+    shutdown.cancel();
+    server.await??;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,124 @@
+//! The pipeline's step 5 on a route with its cache on: the request's key, a kept
+//! answer when there is one (no tier chosen), else a call already in flight for the same
+//! key to join, else the tiers as usual, whose success is kept and shared. Every answer
+//! says how the cache took part in `x-tiergate-cache`.
+//!
+//! A request's `Cache-Control: no-store` keeps it away from the cache (`bypass`);
+//! `no-cache` (or `max-age=0`) has it answered afresh, and the fresh answer kept.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request};
+use tokio::time::Instant;
+
+use super::dispatch::{Ask, Dispatch, Served};
+use crate::cache::{self, entry, key, Entry, Joined};
+use crate::decision::Door;
+use crate::error::{Error, Kind};
+use crate::headers;
+use crate::policy::{CacheSpec, Route};
+
+/// Serves `request` on `route` through the route's cache (see the module's docs).
+pub(super) fn serve<'a>(
+    dispatch: &'a Dispatch,
+    route: &'a Arc<Route>,
+    door: Door,
+    to: Ask,
+    request: Request<Bytes>,
+    (received, spec): (Instant, Arc<CacheSpec>),
+) -> Pin<Box<dyn Future<Output = Served> + Send + 'a>> {
+    Box::pin(async move {
+        let store = dispatch.cache().route(&route.name, &spec);
+        let Some((key, question)) = cache::asked(route, &spec, &request) else {
+            store.counted("bypass");
+            let served = dispatch.serve(route, door, to, request, received).await;
+            return marked(served, "bypass");
+        };
+        if !entry::wants_fresh(request.headers()) {
+            if let Some(entry) = store.get(&key) {
+                store.counted("hit");
+                return answered(dispatch, route, door, &request, &entry, &question, "hit");
+            }
+        }
+        let deadline = received + budget(route, &to);
+        match store.join(key) {
+            Joined::Follow(follower) => {
+                store.counted("coalesced");
+                match tokio::time::timeout_at(deadline, follower.answer()).await {
+                    Ok(Some(entry)) => answered(dispatch, route, door, &request, &entry, &question, "coalesced"),
+                    // The call it waited for brought nothing to share: it asks for itself.
+                    Ok(None) => {
+                        let served = dispatch.serve(route, door, to, request, received).await;
+                        marked(served, "miss")
+                    }
+                    Err(_) => {
+                        let error = Error::new(
+                            Kind::Deadline,
+                            format!(
+                                "route {}: the budget ran out waiting for the answer to an identical request \
+                                     in flight",
+                                route.name
+                            ),
+                        );
+                        dispatch.failed(route, door, error, request.extensions().get())
+                    }
+                }
+            }
+            Joined::Lead(flight) => {
+                // The replicas' shared second level, within a quarter of the budget.
+                if !entry::wants_fresh(request.headers()) {
+                    let shared = tokio::time::timeout(budget(route, &to) / 4, store.get_shared(&key));
+                    if let Ok(Some(entry)) = shared.await {
+                        flight.share(Some(entry.clone()));
+                        store.counted("hit");
+                        return answered(dispatch, route, door, &request, &entry, &question, "hit");
+                    }
+                }
+                store.counted("miss");
+                let served = dispatch.serve(route, door, to, request, received).await;
+                let kept = served.result.as_ref().ok().and_then(|r| Entry::of(&question, r));
+                flight.land(kept.map(Arc::new));
+                marked(served, "miss")
+            }
+        }
+    })
+}
+
+/// A request answered by `entry`, as `question` asks, counted.
+fn answered(
+    dispatch: &Dispatch,
+    route: &Route,
+    door: Door,
+    request: &Request<Bytes>,
+    entry: &Entry,
+    question: &key::Question,
+    how: &'static str,
+) -> Served {
+    let mut reply = entry.answer(question);
+    let headers = reply.headers_mut();
+    headers.insert(headers::CACHE, HeaderValue::from_static(how));
+    // No tier served it: its reason says where the answer came from.
+    headers.insert(headers::REASON, HeaderValue::from_static(crate::decision::CACHE_REASON));
+    dispatch.counted(route, door, Ok(reply), request.extensions().get())
+}
+
+/// `served`'s answer marked with how the cache took part.
+fn marked(mut served: Served, how: &'static str) -> Served {
+    if let Ok(reply) = &mut served.result {
+        reply
+            .headers_mut()
+            .insert(headers::CACHE, HeaderValue::from_static(how));
+    }
+    served
+}
+
+/// How long the request may take: its budget as its door read it, else the route's.
+fn budget(route: &Route, to: &Ask) -> std::time::Duration {
+    match to {
+        Ask::Classify(meta) => meta.budget.map_or(route.budgets.default, |(b, _)| b),
+        Ask::Decided(decision) => decision.budget,
+    }
+}
