@@ -11,6 +11,10 @@
 #   scripts/fuzz.sh 600        # a longer run: 10 minutes each
 #   scripts/fuzz.sh 60 multipart batch_lines   # some targets only
 #   scripts/fuzz.sh build      # install and build only (the test command does it early)
+#
+# The targets are built at LLVM's first optimisation level (FUZZ_OPT_LEVEL, default 1):
+# half the build of full optimisation, enough for the test command's 20 s a target;
+# FUZZ_OPT_LEVEL=3 for long runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-20}
@@ -29,10 +33,11 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
 fi
 if [ ! -x "$CACHE/tools/bin/cargo-fuzz" ]; then
   echo "fuzz: installing cargo-fuzz into $CACHE/tools (once)" >&2
-  cargo +nightly install cargo-fuzz --locked --quiet --root "$CACHE/tools"
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo +nightly install cargo-fuzz --locked --quiet --root "$CACHE/tools"
 fi
 export PATH="$CACHE/tools/bin:$PATH"
 export CARGO_TARGET_DIR="$CACHE/target"
+export CARGO_PROFILE_RELEASE_OPT_LEVEL=${FUZZ_OPT_LEVEL:-1}
 
 cd fuzz
 # No sanitizer: the code under test is safe Rust; what a run looks for is a panic, a

@@ -145,9 +145,11 @@ impl Demo {
         let mut config = config.clone();
         config.data_dir = std::env::temp_dir().join(format!("tiergate-demo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&config.data_dir);
-        // The admin API edits a copy of the policy, never the repository's file.
+        // The admin API edits a copy of the policy, never the repository's file. Both
+        // directories are private, as the gateway keeps its own.
         config.policy_dir = config.data_dir.join("policies");
-        std::fs::create_dir_all(&config.policy_dir)?;
+        tiergate::files::private_dir(&config.data_dir)?;
+        tiergate::files::private_dir(&config.policy_dir)?;
         let file = config.policy_dir.join("demo.toml");
         std::fs::write(&file, &text)?;
         config.admin.insecure_no_auth = true; // loopback only: refused anywhere else

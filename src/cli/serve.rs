@@ -64,7 +64,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = realtime_runtime(&config.threads)?;
     let _entered = runtime.enter(); // the trace exporter's connection lives on this runtime
     let _exporter = tiergate::telemetry::logs::init(&config).map_err(anyhow::Error::msg)?;
-    runtime.block_on(serve(config))
+    // The serving future on the heap: the main thread only waits, on a small stack (a
+    // build at a low optimisation level keeps large futures whole on the stack).
+    runtime.block_on(Box::pin(serve(config)))
 }
 
 /// `tiergate serve --check`: the startup checks that need no socket, and their verdict.
