@@ -315,8 +315,8 @@ async fn a_replica_killed_mid_run_loses_no_job_and_no_job_ends_twice() {
     std::fs::create_dir(dir.path().join("policy")).expect("policy dir");
     let policy = route_r(&sim.url(), &sim.url())
         .flags(&["offline", "micro_batch"])
-        .toml()
-        + "max_batch = 16\n";
+        .set("micro_batch.max_batch", 16)
+        .toml();
     std::fs::write(dir.path().join("policy/route.toml"), policy).expect("policy");
     let states = States::follow(&broker, "states");
 
