@@ -44,20 +44,32 @@ cd fuzz
 # hang or unbounded memory. (`-s address` works too, for a longer run.)
 cargo +nightly fuzz build -s none
 if [ -n "$BUILD_ONLY" ]; then exit 0; fi
-failed=0
-for target in "${TARGETS[@]}"; do
-  work="$CACHE/corpus/$target" artifacts="$CACHE/artifacts/$target/"
+# Each target on one core: as many at once as the machine has cores.
+fuzz_one() {
+  local target=$1
+  local work="$CACHE/corpus/$target" artifacts="$CACHE/artifacts/$target/"
   mkdir -p "$work" "$artifacts"
-  log="$CACHE/$target.log"
+  local log="$CACHE/$target.log"
   if cargo +nightly fuzz run -s none "$target" "$work" "corpus/$target" -- \
       -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
       -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1; then
+    local runs
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz: $target: $runs inputs in ${SECONDS_EACH}s, no failure"
   else
     echo "fuzz: $target FAILED; the input is in $artifacts (log: $log):" >&2
     tail -30 "$log" >&2
-    failed=1
+    return 1
   fi
+}
+failed=0
+running=()
+for target in "${TARGETS[@]}"; do
+  if [ ${#running[@]} -ge "$(nproc)" ]; then
+    wait "${running[0]}" || failed=1
+    running=("${running[@]:1}")
+  fi
+  fuzz_one "$target" & running+=($!)
 done
+for pid in "${running[@]}"; do wait "$pid" || failed=1; done
 exit $failed
