@@ -18,6 +18,8 @@ pub struct Served {
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
     pub log: mpsc::Receiver<String>,
+    /// The lines [`Served::lines`] has read so far.
+    seen: std::sync::Mutex<Vec<String>>,
 }
 
 impl Drop for Served {
@@ -58,6 +60,7 @@ pub fn serve(dir: &Path, env: &[(&str, &str)]) -> Served {
         grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
         metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
         log,
+        seen: std::sync::Mutex::default(),
     };
     let limit = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -91,7 +94,7 @@ impl Served {
         let until = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                return (status, self.log.try_iter().collect());
+                return (status, self.lines());
             }
             assert!(Instant::now() < until, "the gateway did not exit within {limit:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -100,8 +103,11 @@ impl Served {
 }
 
 impl Served {
-    /// The log lines written so far (each one JSON), read without waiting.
+    /// Every line (each one JSON) the gateway has logged so far, read without waiting:
+    /// those written since the last call added to those read before.
     pub fn lines(&self) -> Vec<String> {
-        self.log.try_iter().collect()
+        let mut seen = self.seen.lock().expect("not poisoned");
+        seen.extend(self.log.try_iter());
+        seen.clone()
     }
 }

@@ -78,6 +78,7 @@ async fn one_question_is_answered_once_and_every_caller_gets_its_own_form() {
     assert_eq!(first.header("x-tiergate-cache"), Some("miss"));
     let again = ask(&gw, &question(1, "b"), &[]).await;
     assert_eq!(again.header("x-tiergate-cache"), Some("hit"));
+    assert_eq!(again.tier(), (None, Some("cache")), "no tier served it: the cache did");
     assert_eq!(again.json()["id"], "b", "the caller's own id");
     assert_eq!(without_id(&first), without_id(&again), "the same answer");
     assert_eq!(requests(&sim), 1, "one backend call");

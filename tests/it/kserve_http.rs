@@ -259,12 +259,23 @@ async fn compressed_requests_are_read_and_answers_compressed_when_asked() {
     let path = "/v2/models/m/infer";
     let json = ("content-type", "application/json");
 
+    // One rule for x-tiergate-priority on every tier: a real-time call names a band too.
+    let headers = [json, ("x-tiergate-priority", "urgent")];
+    let bad = send("POST", gw.http_addr(), path, &headers, BODY.as_bytes().to_vec()).await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(bad.text().contains("x-tiergate-priority must be"), "{}", bad.text());
+
     // gzip in, gzip out, as tritonclient's request and response compression ask.
     let body = gzip(BODY.as_bytes());
     let headers = [json, ("content-encoding", "gzip"), ("accept-encoding", "gzip")];
     let answer = send("POST", gw.http_addr(), path, &headers, body).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.header("content-encoding"), Some("gzip"));
+    assert_eq!(
+        answer.header("vary"),
+        Some("accept-encoding"),
+        "caches keep each coding apart"
+    );
     let mut plain = String::new();
     flate2::read::GzDecoder::new(&answer.body[..])
         .read_to_string(&mut plain)
