@@ -12,7 +12,7 @@ use tiergate::classify::classify;
 use tiergate::front::meta;
 use tiergate::policy::Policy;
 use tiergate::protocol::batch::{concat, split};
-use tiergate::protocol::{decode_request, inspect_request, InferResponse, Tensor};
+use tiergate::protocol::{decode_request, inspect_request, BodyCheck, InferResponse, Tensor};
 
 fn json_body(elements: usize) -> Vec<u8> {
     let data: Vec<String> = (0..elements).map(|k| format!("{}", (k % 251) as f32 / 251.0)).collect();
@@ -38,13 +38,15 @@ fn inspect(c: &mut Criterion) {
     for elements in [16usize, 4096] {
         let json = json_body(elements);
         group.throughput(Throughput::Bytes(json.len() as u64));
-        group.bench_function(format!("json_fp32_{elements}"), |b| {
-            b.iter(|| inspect_request(black_box(&json), None))
-        });
+        for check in [BodyCheck::Full, BodyCheck::Envelope] {
+            group.bench_function(format!("json_fp32_{elements}_{}", check.as_str()), |b| {
+                b.iter(|| inspect_request(black_box(&json), None, check))
+            });
+        }
         let (binary, header_len) = binary_body(elements);
         group.throughput(Throughput::Bytes(binary.len() as u64));
         group.bench_function(format!("binary_fp32_{elements}"), |b| {
-            b.iter(|| inspect_request(black_box(&binary), Some(header_len)))
+            b.iter(|| inspect_request(black_box(&binary), Some(header_len), BodyCheck::Full))
         });
     }
     group.finish();

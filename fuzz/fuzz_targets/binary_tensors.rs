@@ -7,5 +7,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         return;
     };
     let header_len = usize::from(u16::from_le_bytes(*len));
-    let _ = tiergate::protocol::inspect_request(body, Some(header_len));
+    for check in [tiergate::protocol::BodyCheck::Full, tiergate::protocol::BodyCheck::Envelope] {
+        let _ = tiergate::protocol::inspect_request(body, Some(header_len), check);
+    }
 });

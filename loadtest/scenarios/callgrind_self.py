@@ -1,18 +1,24 @@
-"""Instructions per request from a callgrind file (uncompressed names).
+"""Instructions per request from callgrind files (uncompressed names).
 
-    callgrind_self.py FILE REQUESTS TOP
+    callgrind_self.py FILE REQUESTS TOP [--idle IDLE_FILE] [--stage NAME=REGEX ...]
 
-Prints "<instructions per request> instructions/request", then the TOP functions by
-their own instructions (not their callees') per request.
+Prints "<instructions per request> instructions/request" (every instruction in FILE's
+window, divided by REQUESTS); with --idle, a file of the same process over a window of
+the same length with no request in it, also "<n> of them the path's own, the idle
+background subtracted" (FILE's count less IDLE_FILE's). Then, for each --stage, the
+inclusive instructions per request of the functions whose names match REGEX (each
+function's own instructions and its callees', once per call: a stage nested in another
+is counted in both), and the TOP functions by their own instructions per request.
 """
+import argparse
 import collections
 import re
-import sys
 
 
-def own_costs(path):
-    """Each function's own instruction count (cost lines not attributed to a call)."""
+def costs(path):
+    """Each function's own instructions, and its inclusive ones (own plus calls)."""
     own = collections.Counter()
+    inclusive = collections.Counter()
     fn, after_calls = None, False
     for line in open(path, errors="replace"):
         if line.startswith("fn="):
@@ -22,19 +28,37 @@ def own_costs(path):
         elif line[:1].isdigit() or line[:1] in "+-*":
             fields = line.split()
             if len(fields) >= 2 and fn is not None:
+                cost = int(fields[1])
+                inclusive[fn] += cost
                 if after_calls:
                     after_calls = False
                 else:
-                    own[fn] += int(fields[1])
-    return own
+                    own[fn] += cost
+    return own, inclusive
 
 
 def main():
-    path, requests, top = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    own = own_costs(path)
-    print(f"{sum(own.values()) // requests} instructions/request")
-    for name, cost in own.most_common(top):
-        print(f"{cost // requests:8d}  {name[:150]}")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("file")
+    parser.add_argument("requests", type=int)
+    parser.add_argument("top", type=int)
+    parser.add_argument("--idle")
+    parser.add_argument("--stage", action="append", default=[])
+    args = parser.parse_args()
+    own, inclusive = costs(args.file)
+    total = sum(own.values())
+    line = f"{total // args.requests} instructions/request"
+    if args.idle:
+        idle = sum(costs(args.idle)[0].values())
+        line += f", {(total - idle) // args.requests} of them the path's own (idle background {idle // args.requests} subtracted)"
+    print(line)
+    for stage in args.stage:
+        name, pattern = stage.split("=", 1)
+        matcher = re.compile(pattern)
+        cost = sum(c for f, c in inclusive.items() if matcher.search(f))
+        print(f"  stage {name}: {cost // args.requests} inclusive")
+    for name, cost in own.most_common(args.top):
+        print(f"{cost // args.requests:8d}  {name[:150]}")
 
 
 main()

@@ -92,6 +92,30 @@ http {
 NGINX
 }
 
+# haproxy_config PORT BACKEND_PORT: HAProxy in front of the simulator as a platform team
+# runs it for comparison: one thread, keep-alive on both sides, idle server connections
+# reused by any request (`http-reuse always`), no logging; in the foreground (`-db`).
+haproxy_config() {
+  mkdir -p "$WORK/haproxy"
+  cat > "$WORK/haproxy/haproxy.cfg" <<HAPROXY
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  option http-keep-alive
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend fe
+  bind 127.0.0.1:$1
+  default_backend sim
+backend sim
+  server sim 127.0.0.1:$2 maxconn 64
+HAPROXY
+}
+
 # backlog_file PATH N: a Batch API input file of N one-row resnet50 requests.
 backlog_file() {
   python3 - "$1" "$2" <<'PY'

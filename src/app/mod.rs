@@ -39,7 +39,7 @@ use crate::policy::{Policy, Problems, Store};
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::queue::{embedded, Embedded, Queue, StoreError};
 use crate::shadow::Shadow;
-use crate::tiers::{offline, MicroBatch, Offline, Realtime, TierService, Tiers};
+use crate::tiers::{offline, MicroBatch, Offline, Realtime, Tiers};
 use kafka::{check_sources, open_kafka, start_sources};
 use listeners::{local, Listeners};
 use settings::{Checked, NO_TOKEN};
@@ -409,11 +409,7 @@ impl Parts {
             cache.clone(),
         );
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
-        let tiers = Tiers::new(
-            TierService::new(realtime.clone()),
-            TierService::new(micro_batch.clone()),
-            TierService::new(offline),
-        );
+        let tiers = Tiers::new(realtime.clone(), micro_batch.clone(), offline);
         // Its memory watch runs on the batch threads, off the real-time ones.
         let admission = {
             let batch = batch_threads.handle();

@@ -34,7 +34,7 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use super::endpoint::{chain, Failure};
-use super::message::{end_to_end, outgoing, path_and_query};
+use super::message::{end_to_end, outgoing, path_and_query, restore};
 use super::tls::Handshake;
 
 /// How long a pool's connection may sit idle before it is closed.
@@ -112,33 +112,59 @@ impl Conns {
 
     /// Sends the call of `parts` and `body` (in origin form, the path shared, not parsed
     /// again) with only its end-to-end headers, and reads the whole answer (at most
-    /// `max_body` bytes), keeping only its end-to-end headers.
+    /// `max_body` bytes), keeping only its end-to-end headers. The headers are moved into
+    /// the backend request; when no connection could be opened (the one failure the pool
+    /// tries on another endpoint) they are back in `parts`.
     pub(super) async fn send_call(
         &self,
-        parts: &http::request::Parts,
+        parts: &mut http::request::Parts,
         body: Bytes,
         max_body: usize,
     ) -> Result<Response<Bytes>, Failure> {
         let mut uri = http::uri::Parts::default();
         uri.path_and_query = Some(path_and_query(parts));
         let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        let response = self.send(outgoing(parts, uri, body), max_body).await?;
-        Ok(end_to_end(response))
+        match self.send_or_back(outgoing(parts, uri, body), max_body).await {
+            Ok(response) => Ok(end_to_end(response)),
+            Err((failure, unsent)) => {
+                if let Some(unsent) = unsent {
+                    restore(parts, unsent);
+                }
+                Err(failure)
+            }
+        }
     }
 
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
     pub(super) async fn send(
         &self,
-        mut request: Request<Full<Bytes>>,
+        request: Request<Full<Bytes>>,
         max_body: usize,
     ) -> Result<Response<Bytes>, Failure> {
+        self.send_or_back(request, max_body)
+            .await
+            .map_err(|(failure, _)| failure)
+    }
+
+    /// [`Conns::send`], giving the request back with a failure to connect.
+    async fn send_or_back(
+        &self,
+        mut request: Request<Full<Bytes>>,
+        max_body: usize,
+    ) -> Result<Response<Bytes>, (Failure, Option<Request<Full<Bytes>>>)> {
         request.headers_mut().insert(http::header::HOST, self.host.clone());
-        let runtime = Handle::try_current().map_err(|e| Failure::Other(e.to_string()))?.id();
+        let runtime = match Handle::try_current() {
+            Ok(handle) => handle.id(),
+            Err(e) => return Err((Failure::Other(e.to_string()), None)),
+        };
         loop {
             let (mut conn, reused) = match self.take(runtime) {
                 Some(idle) => (idle, true),
-                None => (self.connect(runtime).await?, false),
+                None => match self.connect(runtime).await {
+                    Ok(conn) => (conn, false),
+                    Err(failure) => return Err((failure, Some(request))),
+                },
             };
             match exchange(&mut conn, request, max_body).await {
                 Exchange::Done(answer) => {
@@ -146,11 +172,11 @@ impl Conns {
                     if answer.is_ok() && conn.connection.is_some() {
                         self.put(conn);
                     }
-                    return answer;
+                    return answer.map_err(|failure| (failure, None));
                 }
                 // A stale idle connection: try the next one, or a new one.
                 Exchange::NotSent(back, _) if reused => request = back,
-                Exchange::NotSent(_, why) => return Err(Failure::Other(why)),
+                Exchange::NotSent(_, why) => return Err((Failure::Other(why), None)),
             }
         }
     }

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client as Hyper;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::endpoint::{chain, Failure};
-use super::message::{end_to_end, outgoing, path_and_query};
+use super::message::{end_to_end, outgoing_copy, path_and_query};
 use super::tls::Trust;
 use crate::policy::PoolSpec;
 
@@ -85,6 +85,8 @@ pub(super) async fn send(
     max_body: usize,
 ) -> Result<Response<Bytes>, Failure> {
     let uri = client.uri(authority, path_and_query(parts))?;
-    let response = client.request(outgoing(parts, uri, body), max_body).await?;
+    // The client keeps the request whatever happens: the pool's `parts` keep their
+    // headers for a try on another endpoint.
+    let response = client.request(outgoing_copy(parts, uri, body), max_body).await?;
     Ok(end_to_end(response))
 }

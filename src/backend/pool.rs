@@ -269,10 +269,10 @@ impl Pool {
             ));
         };
         self.meetable(deadline.saturating_duration_since(Instant::now()))?;
-        let (_permit, parts, body, span) = self.take_slot(request)?;
+        let (_permit, mut parts, body, span) = self.take_slot(request)?;
         let at = pinned.to;
         let result = self
-            .send((at, false), &parts, body, deadline)
+            .send((at, false), &mut parts, body, deadline)
             .instrument(span)
             .await
             .map_err(|f| self.error(at, f));
@@ -285,15 +285,15 @@ impl Pool {
     /// Sends to one endpoint, and to a second one when the first cannot be reached.
     async fn call(
         &self,
-        parts: http::request::Parts,
+        mut parts: http::request::Parts,
         body: Bytes,
         deadline: Instant,
     ) -> Result<Response<Bytes>, Error> {
         let first = self.pick(None)?;
-        match self.send(first, &parts, body.clone(), deadline).await {
+        match self.send(first, &mut parts, body.clone(), deadline).await {
             Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
                 let second = self.pick(Some(first.0))?;
-                self.send(second, &parts, body, deadline)
+                self.send(second, &mut parts, body, deadline)
                     .await
                     .map_err(|f| self.error(second.0, f))
             }
@@ -414,10 +414,13 @@ impl Pool {
     async fn send(
         &self,
         (at, probe): (usize, bool),
-        parts: &http::request::Parts,
+        parts: &mut http::request::Parts,
         body: Bytes,
         deadline: Instant,
     ) -> Result<Response<Bytes>, Failure> {
+        // Read before the call, which may move the headers out of `parts`.
+        let post = parts.method == http::Method::POST;
+        let kserve = parts.uri.path().starts_with("/v2/");
         let endpoint = &self.endpoints[at];
         tracing::Span::current().record("endpoint", tracing::field::display(&endpoint.authority));
         let _in_flight = InFlight::enter(&endpoint.in_flight);
@@ -436,14 +439,14 @@ impl Pool {
                     Box::pin(super::h2::send(
                         client,
                         &endpoint.authority,
-                        parts,
+                        &*parts,
                         body,
                         self.max_response_bytes,
                     ))
                     .await
                 }
                 Transport::Grpc(clients) => {
-                    Box::pin(super::grpc::call(clients[at].clone(), parts, body, deadline)).await
+                    Box::pin(super::grpc::call(clients[at].clone(), &*parts, body, deadline)).await
                 }
             }
         };
@@ -471,8 +474,7 @@ impl Pool {
             // A pass-through answer is read by the client only: look at it here, so an
             // endpoint answering 200 with something else is caught and set aside.
             let http = !matches!(self.transport, Transport::Grpc(_));
-            if http && answer.status().is_success() && parts.method == http::Method::POST {
-                let kserve = parts.uri.path().starts_with("/v2/");
+            if http && answer.status().is_success() && post {
                 if let Err(why) = protocol::answer_envelope(answer.headers(), answer.body(), kserve) {
                     result = Err(Failure::Garbled(why));
                 }

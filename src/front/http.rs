@@ -314,6 +314,7 @@ impl HttpDoor {
             Body::Kserve => Shape::Kserve,
             Body::Json => Shape::of(parts.uri.path()),
         };
+        let check = route.body_check;
         let coded = super::encoding::named(&parts.headers);
         let answer_coding = coded
             .then(|| super::encoding::take_accepted(&mut parts.headers))
@@ -346,7 +347,7 @@ impl HttpDoor {
             let (timeout_us, id, sequence) = match kind {
                 Body::Kserve => {
                     let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
-                    let info = protocol::inspect_request(&body, header_len).map_err(bad_request)?;
+                    let info = protocol::inspect_request(&body, header_len, check).map_err(bad_request)?;
                     (info.timeout_us, info.id, info.sequence)
                 }
                 Body::Json => {

@@ -37,6 +37,9 @@ pub struct DefaultsFile {
     pub when_unmet: Option<WhenUnmetFile>,
     /// Header whose value keys the micro-batch rollout.
     pub rollout_key_header: Option<String>,
+    /// How much of a real-time request's body is checked before it is passed through
+    /// (`envelope` unless set).
+    pub body_check: Option<crate::protocol::BodyCheck>,
 }
 
 /// One route: what it matches, its thresholds, flags and pools.
@@ -79,6 +82,8 @@ pub struct RouteFile {
     /// The header naming the caller's tenant when the data plane does not authenticate
     /// (default `x-api-key`): one rule for the cache, rate limits and fair shares.
     pub tenant_header: Option<String>,
+    /// Overrides `defaults.body_check`.
+    pub body_check: Option<crate::protocol::BodyCheck>,
 }
 
 /// The route's prediction cache: how long an answer is kept and how many bytes of

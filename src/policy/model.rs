@@ -43,6 +43,9 @@ pub struct Route {
     pub when_unmet: WhenUnmet,
     /// Header whose value keys the micro-batch rollout.
     pub rollout_key_header: http::HeaderName,
+    /// How much of a real-time request's body the door checks before passing it
+    /// through (`envelope`: its structure and sizes; `full`: every JSON value too).
+    pub body_check: crate::protocol::BodyCheck,
     /// The header naming the caller's tenant when the data plane does not authenticate
     /// (any client can set it): the one rule the cache, rate limits and fair shares use,
     /// through [`Route::tenant`].
@@ -462,6 +465,7 @@ impl Route {
             },
             when_unmet,
             rollout_key_header: http::HeaderName::from_static("x-request-id"),
+            body_check: crate::protocol::BodyCheck::Envelope,
             tenant_header: http::HeaderName::from_static("x-api-key"),
             flags,
             realtime: None,

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// Keys a policy knows, plus typos, so documents are mostly near-valid.
-const KEYS: [&str; 30] = [
+const KEYS: [&str; 31] = [
     "routes",
     "defaults",
     "models",
@@ -37,6 +37,7 @@ const KEYS: [&str; 30] = [
     "offline_from",
     "when_unmet",
     "rollout_key_header",
+    "body_check",
     "r",
     "m",
     "micro_bach",

@@ -98,6 +98,7 @@ fn defaults(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Def
         offline_from: d.and_then(|d| d.offline_from).unwrap_or(OFFLINE_FROM),
         when_unmet: d.and_then(|d| d.when_unmet).unwrap_or(WhenUnmetFile::Reject),
         rollout_key_header,
+        body_check: d.and_then(|d| d.body_check).unwrap_or_default(),
     };
     // Checked once, where they are written; a route that keeps them is not told again.
     if let Some((file, _)) = found {
@@ -123,6 +124,7 @@ struct Defaults {
     offline_from: Duration,
     when_unmet: WhenUnmetFile,
     rollout_key_header: http::HeaderName,
+    body_check: crate::protocol::BodyCheck,
 }
 
 fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Defaults) -> Route {
@@ -234,6 +236,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             WhenUnmetFile::BestEffort => WhenUnmet::BestEffort,
         },
         rollout_key_header: defaults.rollout_key_header.clone(),
+        body_check: file.body_check.unwrap_or(defaults.body_check),
         tenant_header: route_tenant_header(check, &at, file),
         flags,
         realtime,

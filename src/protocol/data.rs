@@ -5,6 +5,8 @@
 //! without storing them: the real-time path's [`inspect_request`](super::inspect_request)
 //! uses it alone and allocates nothing per element. [`Leaves`] also keeps the elements
 //! so that [`decode_request`](super::decode_request) can turn them into raw bytes.
+//! [`Counted`] reads no value at all: the array is skipped as raw JSON text and its
+//! elements counted in one pass over the bytes (the envelope check, [`super::BodyCheck`]).
 
 use std::fmt;
 
@@ -51,12 +53,27 @@ pub(crate) struct Summary {
     max_abs_float: Option<(u64, f64)>,
 }
 
-/// Where parsed elements go: a [`Summary`] alone, or [`Leaves`].
+/// Where parsed elements go: a [`Summary`] alone, [`Leaves`], or [`Counted`].
 pub(crate) trait Sink: Default {
     fn summary(&self) -> &Summary;
     fn summary_mut(&mut self) -> &mut Summary;
     fn keep(&mut self, leaf: Leaf<'_>);
+
+    /// Reads a `data` array into a new sink: element by element, through the parser.
+    fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut sink = Self::default();
+        deserializer.deserialize_any(Node {
+            sink: &mut sink,
+            depth: 0,
+        })?;
+        Ok(sink)
+    }
 }
+
+/// A `data` array's elements counted and its structure checked (an array of arrays
+/// and scalars, not too deep), its values never read: what the envelope check needs.
+#[derive(Debug, Default)]
+pub(crate) struct Counted(Summary);
 
 /// The elements of a `data` array in row-major order, strings in one shared arena.
 #[derive(Debug, Default)]
@@ -184,6 +201,117 @@ impl Sink for Summary {
     }
 }
 
+impl Sink for Counted {
+    fn summary(&self) -> &Summary {
+        &self.0
+    }
+    fn summary_mut(&mut self) -> &mut Summary {
+        &mut self.0
+    }
+    fn keep(&mut self, _: Leaf<'_>) {
+        self.0.count += 1;
+    }
+
+    /// The array's text as the parser skipped it (checked as JSON, nothing built), then
+    /// counted: a number is never turned into a float.
+    fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <&'de serde_json::value::RawValue>::deserialize(deserializer)?;
+        Ok(Counted(count(raw.get().as_bytes())))
+    }
+}
+
+/// What [`Summary`] would say of the structure of `text`, a JSON value already checked
+/// as such: its scalars counted (in arrays nested up to [`MAX_DEPTH`]), the first null or
+/// object in place of an element, or that it is not an array or nests too deep. Values
+/// are only stepped over.
+fn count(text: &[u8]) -> Summary {
+    let mut summary = Summary::default();
+    let mut depth = 0;
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b' ' | b'\t' | b'\n' | b'\r' | b',' => i += 1,
+            b'[' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    summary.problem.get_or_insert(Problem::TooDeep);
+                    return summary;
+                }
+                i += 1;
+            }
+            b']' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            _ if depth == 0 => {
+                summary.problem.get_or_insert(Problem::NotArray);
+                return summary;
+            }
+            b'"' => {
+                summary.count += 1;
+                i = after_string(text, i);
+            }
+            b'{' => {
+                summary
+                    .problem
+                    .get_or_insert(Problem::NotScalar(summary.count, "an object"));
+                i = after_object(text, i);
+            }
+            b'n' => {
+                summary.problem.get_or_insert(Problem::NotScalar(summary.count, "null"));
+                i += 4;
+            }
+            _ => {
+                // A number, true or false: it holds neither a comma nor a bracket, so the
+                // next of those (found a vector at a time) ends it.
+                summary.count += 1;
+                i = memchr::memchr2(b',', b']', &text[i..]).map_or(text.len(), |k| i + k);
+            }
+        }
+    }
+    summary
+}
+
+/// The index just past the string that opens at `text[start]` (a `"`).
+fn after_string(text: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while let Some(k) = memchr::memchr2(b'"', b'\\', &text[i.min(text.len())..]) {
+        match text[i + k] {
+            b'"' => return i + k + 1,
+            _ => i += k + 2, // an escape: the next byte is never the string's end
+        }
+    }
+    text.len()
+}
+
+/// The index just past the object that opens at `text[start]` (a `{`), strings and
+/// nested objects and arrays within it stepped over.
+fn after_object(text: &[u8], start: usize) -> usize {
+    let mut nesting = 0usize;
+    let mut i = start;
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                i = after_string(text, i);
+                continue;
+            }
+            b'{' | b'[' => nesting += 1,
+            b'}' | b']' => {
+                nesting -= 1;
+                if nesting == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
 impl Sink for Leaves {
     fn summary(&self) -> &Summary {
         &self.summary
@@ -260,12 +388,7 @@ impl Leaves {
 
 impl<'de, S: Sink> Deserialize<'de> for Data<S> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut sink = S::default();
-        deserializer.deserialize_any(Node {
-            sink: &mut sink,
-            depth: 0,
-        })?;
-        Ok(Data(sink))
+        S::read(deserializer).map(Data)
     }
 }
 

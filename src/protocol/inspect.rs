@@ -2,10 +2,36 @@
 //! [`decode_request`](super::decode_request), without building tensors.
 
 use super::binary::split;
-use super::data::Summary;
+use super::data::{Counted, Sink, Summary};
 use super::request::{request_params, WireRequest};
 use super::wire::{check_tensors, parse_json};
 use super::Error;
+
+/// How much of an infer request the real-time path checks before passing it through
+/// (a route's `body_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyCheck {
+    /// Everything [`decode_request`](super::decode_request) checks: the envelope, and
+    /// every JSON `data` value against its datatype (a string in an FP32 tensor, an
+    /// integer out of INT8's range).
+    Full,
+    /// The envelope: names, datatypes, shapes, parameters, sizes (each JSON `data`
+    /// array's element count against its shape, each binary tensor's bytes), the JSON
+    /// structure; the `data` values are left to the backend, which checks them anyway.
+    #[default]
+    Envelope,
+}
+
+impl BodyCheck {
+    /// The name used in the policy (`full`, `envelope`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyCheck::Full => "full",
+            BodyCheck::Envelope => "envelope",
+        }
+    }
+}
 
 /// What the gateway needs to know about a request it forwards unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -20,13 +46,23 @@ pub struct RequestInfo {
     pub sequence: Option<super::Sequence>,
 }
 
-/// Validates an infer request as [`decode_request`](super::decode_request) does (it
-/// accepts exactly the same bodies) but keeps only a summary of each tensor's data:
-/// JSON elements are counted and range-checked as they stream past, with no allocation
-/// per element, and binary data is only measured (BYTES prefixes walked in place).
-pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<RequestInfo, Error> {
+/// Validates an infer request as [`decode_request`](super::decode_request) does, as far
+/// as `check` says: with [`BodyCheck::Full`] it accepts exactly the same bodies, keeping only
+/// a summary of each tensor's data (JSON elements counted and range-checked as they
+/// stream past, with no allocation per element); with [`BodyCheck::Envelope`] JSON elements
+/// are counted and never read. Binary data is only measured (BYTES prefixes walked in
+/// place).
+pub fn inspect_request(body: &[u8], header_len: Option<usize>, check: BodyCheck) -> Result<RequestInfo, Error> {
+    match check {
+        BodyCheck::Full => inspect::<Summary>(body, header_len),
+        BodyCheck::Envelope => inspect::<Counted>(body, header_len),
+    }
+}
+
+/// [`inspect_request`], each JSON `data` array read into an `S`.
+fn inspect<S: Sink>(body: &[u8], header_len: Option<usize>) -> Result<RequestInfo, Error> {
     let (json, start) = split(body, header_len)?;
-    let wire: WireRequest<Summary> = parse_json("request", json)?;
+    let wire: WireRequest<S> = parse_json("request", json)?;
     let (timeout_us, sequence) = match &wire.parameters {
         None => (None, None),
         Some(params) => (request_params(params)?, super::sequence(params)?),
@@ -40,10 +76,10 @@ pub fn inspect_request(body: &[u8], header_len: Option<usize>) -> Result<Request
     let agree = inputs.iter().all(|c| c.shape.first().copied() == first);
     let outputs = wire.outputs.unwrap_or_default();
     for (i, out) in outputs.iter().enumerate() {
-        let owner = format!("outputs[{i}]");
-        super::wire::param_bool(out.parameters.as_ref(), &owner, "binary_data")?;
+        let owner = super::wire::At::new("outputs", i);
+        super::wire::param_bool(out.parameters.as_ref(), owner.as_str(), "binary_data")?;
         if let Some(params) = &out.parameters {
-            super::wire::no_shared_memory(&owner, |name| params.contains_key(name))?;
+            super::wire::no_shared_memory(owner.as_str(), |name| params.contains_key(name))?;
         }
     }
     Ok(RequestInfo {

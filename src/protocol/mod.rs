@@ -38,7 +38,7 @@ mod tests;
 pub use binary::header_len;
 pub use datatype::{Datatype, ParseDatatypeError};
 pub use error::Error;
-pub use inspect::{answer_envelope, inspect_request, RequestInfo};
+pub use inspect::{answer_envelope, inspect_request, BodyCheck, RequestInfo};
 pub use request::{as_json_tensors, decode_request, encode_request, sequence, InferRequest, RequestedOutput, Sequence};
 pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;

@@ -104,7 +104,7 @@ fn every_error_says_what_to_fix_and_inspect_agrees() {
     for (name, body, header_len, want) in error_cases() {
         let decoded = decode_request(&body, header_len).map(|_| ()).map_err(|e| e.to_string());
         assert_eq!(decoded, Err(want.clone()), "decode: {name}");
-        let inspected = inspect_request(&body, header_len)
+        let inspected = inspect_request(&body, header_len, BodyCheck::Full)
             .map(|_| ())
             .map_err(|e| e.to_string());
         assert_eq!(inspected, Err(want), "inspect: {name}");
@@ -202,7 +202,7 @@ fn binary_inputs_are_slices_of_the_body() {
     assert_eq!(&req.inputs[2].data[..], &section[8..]);
     let body_range = body.as_ptr_range();
     assert!(body_range.contains(&req.inputs[0].data.as_ptr()), "zero copy");
-    let info = inspect_request(&body, len).unwrap();
+    let info = inspect_request(&body, len, BodyCheck::Full).unwrap();
     assert_eq!(
         info,
         RequestInfo {
@@ -235,7 +235,7 @@ fn inspect_reports_rows_and_timeout() {
     ];
     for (inputs, rows) in table {
         let body = json_body(json!({"parameters": {"timeout": 2500}, "inputs": inputs}));
-        let info = inspect_request(&body, None).unwrap();
+        let info = inspect_request(&body, None, BodyCheck::Full).unwrap();
         assert_eq!((info.rows, info.timeout_us), (rows, Some(2500)), "{inputs}");
     }
 }
@@ -351,7 +351,7 @@ fn error_body_is_protocol_json() {
 fn a_sequence_is_read_from_the_request_parameters() {
     let with = |params: Value| {
         let body = json_body(json!({"parameters": params, "inputs": [input("x", "BOOL", json!([1]), json!([true]))]}));
-        inspect_request(&body, None)
+        inspect_request(&body, None, BodyCheck::Full)
             .map(|info| info.sequence)
             .map_err(|e| e.to_string())
     };
@@ -376,4 +376,46 @@ fn a_sequence_is_read_from_the_request_parameters() {
         with(json!({"sequence_id": 1, "sequence_end": "yes"})),
         Err("parameters.sequence_end must be true or false, got \"yes\"".into())
     );
+}
+
+#[test]
+fn a_tensors_path_is_written_on_the_stack() {
+    assert_eq!(wire::At::new("inputs", 0).as_str(), "inputs[0]");
+    assert_eq!(wire::At::new("outputs", 12345).as_str(), "outputs[12345]");
+    assert_eq!(
+        wire::At::new("inputs", usize::MAX).as_str(),
+        format!("inputs[{}]", usize::MAX)
+    );
+}
+
+#[test]
+fn the_envelope_check_counts_what_the_full_parse_counts() {
+    use super::data::{Counted, Data, Sink, Summary};
+    let deep = "[".repeat(70) + &"]".repeat(70);
+    let texts = [
+        "[1, 2.5, -3e7]",
+        "[[1, 2], [3, 4]]",
+        "[]",
+        "[[], [[]]]",
+        r#"["a\"]", "b,c", "\\"]"#,
+        "[1, null, 2]",
+        r#"[1, {"a": [1, "]"]}, 2]"#,
+        "[true, false, 0]",
+        "[[[[1]]], 2]",
+        " [ 1 , 2 ] ",
+        "1",
+        r#""x""#,
+        "{}",
+        "null",
+        &deep,
+    ];
+    for text in texts {
+        let full: Data<Summary> = serde_json::from_str(text).expect("valid JSON");
+        let envelope: Data<Counted> = serde_json::from_str(text).expect("valid JSON");
+        let (full, envelope) = (full.0, envelope.0.summary());
+        assert_eq!(full.problem, envelope.problem, "{text}");
+        if full.problem.is_none() {
+            assert_eq!(full.count, envelope.count, "{text}");
+        }
+    }
 }

@@ -220,10 +220,50 @@ pub(crate) fn check_tensors<S: Sink>(
     check_unique(kind, &wires)?;
     let mut checked = Vec::with_capacity(wires.len());
     for (i, wire) in wires.into_iter().enumerate() {
-        checked.push(check_tensor(&format!("{kind}[{i}]"), wire)?);
+        checked.push(check_tensor(At::new(kind, i).as_str(), wire)?);
     }
     place_binary(kind, &mut checked, section)?;
     Ok(checked)
+}
+
+/// A tensor's path (`inputs[3]`), written on the stack: the path is needed only when
+/// a check fails, so the success path makes no string.
+pub(crate) struct At {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl At {
+    /// `kind[index]`; `kind` is `inputs` or `outputs`.
+    pub(crate) fn new(kind: &str, index: usize) -> At {
+        let mut at = At { bytes: [0; 32], len: 0 };
+        let mut push = |b: u8| {
+            if at.len < at.bytes.len() {
+                at.bytes[at.len] = b;
+                at.len += 1;
+            }
+        };
+        kind.bytes().take(8).for_each(&mut push);
+        push(b'[');
+        let mut digits = [0u8; 20];
+        let mut n = index;
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        digits[i..].iter().copied().for_each(&mut push);
+        push(b']');
+        at
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("?")
+    }
 }
 
 /// Up to this many tensors, names are compared pairwise: no allocation, and fewer
@@ -264,16 +304,15 @@ fn check_tensor<S: Sink>(path: &str, wire: WireTensor<S>) -> Result<Checked<S>, 
     let shape = check_shape(path, &wire.shape)?;
     let expected = "a non-negative integer (bytes)";
     let size = param_u64(wire.parameters.as_ref(), path, "binary_data_size", expected)?;
-    let path = path.to_owned();
     let source = match (wire.data, size) {
-        (Some(_), Some(_)) => return Err(Error::DataAndBinary { path }),
-        (None, None) => return Err(Error::NoData { path }),
+        (Some(_), Some(_)) => return Err(Error::DataAndBinary { path: path.to_owned() }),
+        (None, None) => return Err(Error::NoData { path: path.to_owned() }),
         (Some(Data(sink)), None) => {
-            check_json(&path, datatype, &shape, sink.summary())?;
+            check_json(path, datatype, &shape, sink.summary())?;
             Source::Json(sink)
         }
         (None, Some(size)) => {
-            check_binary_size(&path, datatype, &shape, size)?;
+            check_binary_size(path, datatype, &shape, size)?;
             Source::Binary { size, range: 0..0 }
         }
     };
@@ -310,37 +349,51 @@ pub(crate) fn element_count(shape: &[u64]) -> u64 {
 }
 
 fn check_json(path: &str, datatype: Datatype, shape: &[u64], summary: &Summary) -> Result<(), Error> {
-    let path = path.to_owned();
     if matches!(datatype, Datatype::Fp16 | Datatype::Bf16) {
-        return Err(Error::JsonBinaryOnly { path, datatype });
+        return Err(Error::JsonBinaryOnly {
+            path: path.to_owned(),
+            datatype,
+        });
     }
     match summary.problem {
         Some(Problem::NotArray) => {
             let problem = "must be an array (flat or nested)".to_owned();
-            return Err(Error::BadData { path, problem });
+            return Err(Error::BadData {
+                path: path.to_owned(),
+                problem,
+            });
         }
         Some(Problem::TooDeep) => {
             let problem = format!("is nested deeper than {MAX_DEPTH} arrays");
-            return Err(Error::BadData { path, problem });
+            return Err(Error::BadData {
+                path: path.to_owned(),
+                problem,
+            });
         }
         Some(Problem::NotScalar(index, what)) => {
             let problem = format!("expected a number, boolean or string, got {what}");
-            return Err(Error::BadElement { path, index, problem });
+            return Err(Error::BadElement {
+                path: path.to_owned(),
+                index,
+                problem,
+            });
         }
         None => {}
     }
     let expected = element_count(shape);
     if summary.count != expected {
         return Err(Error::ElementCount {
-            path,
+            path: path.to_owned(),
             shape: fmt_shape(shape),
             expected,
             actual: summary.count,
         });
     }
-    summary
-        .check(datatype)
-        .map_err(|(index, problem)| Error::BadElement { path, index, problem })
+    summary.check(datatype).map_err(|(index, problem)| Error::BadElement {
+        path: path.to_owned(),
+        index,
+        problem,
+    })
 }
 
 fn check_binary_size(path: &str, datatype: Datatype, shape: &[u64], size: u64) -> Result<(), Error> {

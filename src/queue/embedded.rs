@@ -13,7 +13,7 @@
 //! is logged once) until one succeeds again.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
@@ -55,7 +55,29 @@ pub struct Embedded {
     unfinished: Arc<AtomicI64>,
     /// Why the last commit failed, until one succeeds.
     failing: Arc<Failing>,
+    /// What the upkeep (sweeps, the gauges' counts) last saw, so an idle store costs
+    /// nothing: no statement runs while nothing has changed and nothing falls due.
+    upkeep: Arc<Upkeep>,
 }
+
+/// The upkeep's memory of the store (see [`Embedded::sweep_with`], `counts`).
+#[derive(Debug, Default)]
+struct Upkeep {
+    /// Operations sent to the writer since the store opened, but the upkeep's own.
+    changes: AtomicU64,
+    /// At the last sweep: the count of changes, and when a sweep next has work even if
+    /// nothing changes (the first queued job's expiry, the first finished job's end of
+    /// retention; ms since the Unix epoch).
+    swept: Mutex<Option<(u64, i64)>>,
+    /// The last counts by state and the oldest queued job, at their count of changes.
+    counted: AtChange<Vec<(State, u64)>>,
+    oldest: AtChange<Option<i64>>,
+    /// Statements the upkeep has run (its tests read it).
+    statements: AtomicU64,
+}
+
+/// A value the upkeep read, with the count of changes it was read at.
+type AtChange<T> = Mutex<Option<(u64, T)>>;
 
 /// Held by the tests that make a store fail, so they do not run at once: one of them
 /// counts the log lines a failing store writes, and `tracing` decides once per call
@@ -165,6 +187,7 @@ impl Embedded {
             path: Arc::new(path),
             unfinished,
             failing,
+            upkeep: Arc::default(),
         })
     }
 
@@ -182,6 +205,26 @@ impl Embedded {
 
     /// Runs `f` in the writer's next commit and returns its result once durable.
     pub async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.upkeep.changes.fetch_add(1, Ordering::AcqRel);
+        self.run(f).await
+    }
+
+    /// [`Embedded::call`] for the upkeep's own statements, which do not count as changes.
+    async fn upkeep_call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.upkeep.statements.fetch_add(1, Ordering::Relaxed);
+        self.run(f).await
+    }
+
+    /// Sends `f` to the writer and waits for its result, once durable.
+    async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -212,15 +255,30 @@ impl Embedded {
     /// queue's view leaves expiry to the state topic), deletes finished jobs older than
     /// `retention_ms`, and finalizes batches whose jobs are all done; returns (expired,
     /// deleted).
+    /// A store that has not changed since the last sweep and has nothing falling due is
+    /// not swept at all.
     pub async fn sweep_with(&self, retention_ms: i64, expire: bool) -> Result<(u64, u64), StoreError> {
+        let changes = self.upkeep.changes.load(Ordering::Acquire);
+        let swept = *self.upkeep.swept.lock().unwrap_or_else(|e| e.into_inner());
+        if swept.is_some_and(|(seen, due)| seen == changes && super::now_ms() < due) {
+            return Ok((0, 0));
+        }
         let unfinished = self.unfinished.clone();
-        self.call(move |conn| {
-            let now = super::now_ms();
-            let swept = jobs::sweep(conn, now, retention_ms, expire, &unfinished)?;
-            batches::finalize(conn, now)?;
-            Ok(swept)
-        })
-        .await
+        let (expired, deleted, due) = self
+            .upkeep_call(move |conn| {
+                let now = super::now_ms();
+                let (expired, deleted) = jobs::sweep(conn, now, retention_ms, expire, &unfinished)?;
+                batches::finalize(conn, now)?;
+                let due = jobs::next_due(conn, retention_ms, expire)?;
+                Ok((expired, deleted, due))
+            })
+            .await?;
+        if expired + deleted > 0 {
+            self.upkeep.changes.fetch_add(1, Ordering::AcqRel);
+        }
+        let changes = self.upkeep.changes.load(Ordering::Acquire);
+        *self.upkeep.swept.lock().unwrap_or_else(|e| e.into_inner()) = Some((changes, due));
+        Ok((expired, deleted))
     }
 }
 
@@ -242,7 +300,12 @@ impl JobStore for Embedded {
     }
 
     async fn runnable_routes(&self) -> Result<Vec<String>, StoreError> {
-        self.call(|conn| jobs::runnable_routes(conn, super::now_ms())).await
+        // With nothing unfinished nothing can run: no statement.
+        if self.unfinished.load(Ordering::Acquire) <= 0 {
+            return Ok(Vec::new());
+        }
+        self.upkeep_call(|conn| jobs::runnable_routes(conn, super::now_ms()))
+            .await
     }
 
     async fn finish_all(&self, ends: Vec<(super::JobId, u32, Finish)>) -> Result<Vec<bool>, StoreError> {
@@ -268,11 +331,27 @@ impl JobStore for Embedded {
     }
 
     async fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
-        self.call(jobs::counts).await
+        let changes = self.upkeep.changes.load(Ordering::Acquire);
+        if let Some((seen, counts)) = &*self.upkeep.counted.lock().unwrap_or_else(|e| e.into_inner()) {
+            if *seen == changes {
+                return Ok(counts.clone());
+            }
+        }
+        let counts = self.upkeep_call(jobs::counts).await?;
+        *self.upkeep.counted.lock().unwrap_or_else(|e| e.into_inner()) = Some((changes, counts.clone()));
+        Ok(counts)
     }
 
     async fn oldest_queued(&self) -> Result<Option<i64>, StoreError> {
-        self.call(jobs::oldest_queued).await
+        let changes = self.upkeep.changes.load(Ordering::Acquire);
+        if let Some((seen, oldest)) = *self.upkeep.oldest.lock().unwrap_or_else(|e| e.into_inner()) {
+            if seen == changes {
+                return Ok(oldest);
+            }
+        }
+        let oldest = self.upkeep_call(jobs::oldest_queued).await?;
+        *self.upkeep.oldest.lock().unwrap_or_else(|e| e.into_inner()) = Some((changes, oldest));
+        Ok(oldest)
     }
 
     async fn add_file(

@@ -279,6 +279,23 @@ pub(super) fn sweep(
     Ok((expired as u64, deleted as u64))
 }
 
+/// When a sweep next has work though nothing else changes (ms since the Unix epoch;
+/// `i64::MAX` for never): the first queued job's expiry (when the sweep expires jobs)
+/// and the first finished job's end of retention, whichever is sooner.
+pub(super) fn next_due(conn: &Connection, retention_ms: i64, expire: bool) -> Result<i64, StoreError> {
+    let expiry: Option<i64> = match expire {
+        true => conn
+            .prepare_cached("SELECT MIN(expires_at) FROM jobs WHERE state = 'queued'")?
+            .query_row([], |r| r.get(0))?,
+        false => None,
+    };
+    let finished: Option<i64> = conn
+        .prepare_cached("SELECT MIN(finished_at) FROM jobs WHERE finished_at IS NOT NULL")?
+        .query_row([], |r| r.get(0))?;
+    let retained = finished.map(|at| at.saturating_add(retention_ms));
+    Ok(expiry.into_iter().chain(retained).min().unwrap_or(i64::MAX))
+}
+
 /// Jobs by state.
 pub(super) fn counts(conn: &Connection) -> Result<Vec<(State, u64)>, StoreError> {
     let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;

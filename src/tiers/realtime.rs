@@ -4,10 +4,7 @@
 //! concurrency limit, refuses a call whose budget is already spent, and drops the
 //! backend call when the deadline passes (see [`crate::backend::Pool::forward`]).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use crate::backend::{Pools, Role};
 use crate::decision::Tier;
@@ -17,7 +14,7 @@ use crate::shadow::{Primary, Shadow, Variant};
 use super::Call;
 use crate::protocol::Reply;
 
-/// The real-time tier service (one pointer: the service is cloned for every call).
+/// The real-time tier (one pointer, cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Realtime {
     inner: Arc<Inner>,
@@ -64,90 +61,76 @@ impl Realtime {
     }
 }
 
-impl tower::Service<Call> for Realtime {
-    type Response = Reply;
-    type Error = Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
-
-    /// Always ready: admission happens per call, in the pool, so a full pool sheds
-    /// its own callers and never stalls the router.
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: Call) -> Self::Future {
-        let inner = self.inner.clone();
-        // A call of a route whose shadow is off keeps the plain future.
-        let Some(shadow) = inner
+impl Realtime {
+    /// Serves `call` on the route's real-time pool. A route with its shadow on may serve
+    /// a canary's share from its candidate, or mirror the call to it after the primary
+    /// answers; that path is boxed, so a call of a route without one keeps the plain
+    /// future. Admission happens in the pool: a full pool sheds its own callers at once.
+    pub async fn serve(&self, call: Call) -> Result<Reply, Error> {
+        let shadow = self
+            .inner
             .shadow
             .as_ref()
-            .filter(|_| Shadow::on(&call.route, call.tier).is_some())
-            .cloned()
-        else {
-            return plain(inner, call);
-        };
-        // A sequence's steps stay on the primary (it holds their state) and are never
-        // mirrored (the candidate would see a sequence with steps missing).
-        if super::step(&call.request) {
-            return plain(inner, call);
+            .filter(|_| Shadow::on(&call.route, call.tier).is_some());
+        match shadow {
+            // A sequence's steps stay on the primary (it holds their state) and are
+            // never mirrored (the candidate would see a sequence with steps missing).
+            Some(shadow) if !super::step(&call.request) => Box::pin(self.shadowed(shadow, call)).await,
+            // Boxed: the door boxes a request's whole future, and a box is copied whole
+            // when made, so the pool's future (the exchange with the backend) is kept
+            // out of it (measured: docs/performance-history.md).
+            _ => {
+                let pool = pool(&self.inner.pools, &call)?;
+                Box::pin(async move { pool.forward(call.request, call.deadline).await }).await
+            }
         }
+    }
+
+    /// A call of a route with its shadow on: the canary's variant when it runs one, and
+    /// a copy for the shadow when its share takes the call.
+    async fn shadowed(&self, shadow: &Shadow, call: Call) -> Result<Reply, Error> {
         // A route running a canary: the call is served by the variant its key falls to,
         // and counted.
         let canary = Shadow::variant(&call.route, Tier::Realtime, &call.request);
         if let Some((spec, Variant::Candidate)) = canary {
-            return Box::pin(async move {
-                let started = tokio::time::Instant::now();
-                let answer = shadow.serve(&call.route.name, &spec, call.request, call.deadline).await;
-                let took = started.elapsed();
-                shadow.counted(
-                    &call.route.name,
-                    &spec,
-                    (Tier::Realtime, Variant::Candidate),
-                    &answer,
-                    took,
-                );
-                answer
-            });
+            let started = tokio::time::Instant::now();
+            let answer = shadow.serve(&call.route.name, &spec, call.request, call.deadline).await;
+            let took = started.elapsed();
+            shadow.counted(
+                &call.route.name,
+                &spec,
+                (Tier::Realtime, Variant::Candidate),
+                &answer,
+                took,
+            );
+            return answer;
         }
         // The primary serves it, with a copy for the shadow when its share takes the call.
         let mirror = Shadow::wants(&call.route, call.tier, &call.request).cloned();
-        if canary.is_none() && mirror.is_none() {
-            return plain(inner, call);
-        }
         let mirror = mirror.map(|spec| (spec, crate::backend::copy(&call.request)));
-        Box::pin(async move {
-            let pool = pool(&inner.pools, &call)?;
-            let started = tokio::time::Instant::now();
-            let answer = pool.forward(call.request, call.deadline).await;
-            let took = started.elapsed();
-            if let Some((spec, _)) = canary {
-                shadow.counted(
-                    &call.route.name,
-                    &spec,
-                    (Tier::Realtime, Variant::Primary),
-                    &answer,
-                    took,
-                );
-            }
-            if let (Some((spec, copy)), Ok(primary), Some(pool_spec)) = (mirror, &answer, call.route.realtime.as_ref())
-            {
-                let primary = Primary {
-                    answer: primary,
-                    took,
-                    pool: pool_spec,
-                };
-                shadow.mirror(&call.route.name, spec, Tier::Realtime, copy, primary);
-            }
-            answer
-        })
+        let pool = pool(&self.inner.pools, &call)?;
+        let started = tokio::time::Instant::now();
+        let answer = pool.forward(call.request, call.deadline).await;
+        let took = started.elapsed();
+        if let Some((spec, _)) = canary {
+            shadow.counted(
+                &call.route.name,
+                &spec,
+                (Tier::Realtime, Variant::Primary),
+                &answer,
+                took,
+            );
+        }
+        if let (Some((spec, copy)), Ok(primary), Some(pool_spec)) = (mirror, &answer, call.route.realtime.as_ref()) {
+            let primary = Primary {
+                answer: primary,
+                took,
+                pool: pool_spec,
+            };
+            shadow.mirror(&call.route.name, spec, Tier::Realtime, copy, primary);
+        }
+        answer
     }
-}
-
-/// A call served on the route's real-time pool and nowhere else (inlined: the plain
-/// path's future is built where it was before there were shadows).
-#[inline(always)]
-fn plain(inner: Arc<Inner>, call: Call) -> <Realtime as tower::Service<Call>>::Future {
-    Box::pin(async move { pool(&inner.pools, &call)?.forward(call.request, call.deadline).await })
 }
 
 /// The route's real-time pool.

@@ -8,6 +8,7 @@ mod common;
 
 mod admin;
 mod admission;
+mod allocations;
 mod batch_api;
 mod borrow;
 mod bulk_door;

@@ -172,11 +172,22 @@ async fn balances_over_endpoints_and_steps_around_a_dead_one() {
         a.url()
     );
     let gw = gateway(&policy).await;
-    for _ in 0..20 {
+    for i in 0..20 {
+        // A trace of its own for each call, so what the endpoint saw last is this call's.
+        let trace = format!("{:032x}", 0x4bf9_2f35_77b3_4da6_u128 + i);
+        let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
         assert_eq!(
-            infer(gw.http_addr(), "m", &[], BODY).await.status,
+            infer(gw.http_addr(), "m", &[("traceparent", &traceparent)], BODY)
+                .await
+                .status,
             200,
             "a connect failure moves to the live endpoint"
+        );
+        // The request tried on the live endpoint is the whole request, headers and all.
+        let seen = a.sim.stats("m").expect("a").last_traceparent.expect("a traceparent");
+        assert!(
+            seen.contains(&trace),
+            "call {i}: the client's trace reached the live endpoint: {seen}"
         );
     }
     gw.stop().await.expect("stops");

@@ -171,6 +171,42 @@ async fn cancel_and_expiry_end_unfinished_jobs_only() {
 }
 
 #[tokio::test]
+async fn an_idle_store_runs_no_upkeep_statement_yet_what_falls_due_is_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 100);
+    let mut soon = job(None);
+    soon.expires_at = crate::queue::now_ms() + 300;
+    let expires_at = soon.expires_at;
+    let id = store.submit(vec![soon]).await.unwrap().remove(0).id;
+    let statements = || store.upkeep.statements.load(Ordering::Relaxed);
+
+    assert_eq!(store.sweep_with(i64::MAX, true).await.unwrap(), (0, 0));
+    let counts = store.counts().await.unwrap();
+    let before = statements();
+    for _ in 0..3 {
+        assert_eq!(store.sweep_with(i64::MAX, true).await.unwrap(), (0, 0));
+        assert_eq!(store.counts().await.unwrap(), counts);
+        assert_eq!(
+            store.oldest_queued().await.unwrap(),
+            store.oldest_queued().await.unwrap()
+        );
+    }
+    assert_eq!(statements(), before + 1, "one read of the oldest job, then nothing");
+
+    // Nothing changes (no operation at all), but the job's expiry comes: the next sweep
+    // runs and expires it.
+    while crate::queue::now_ms() <= expires_at {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.sweep_with(i64::MAX, true).await.unwrap(), (1, 0));
+    assert_eq!(store.get(&id).await.unwrap().unwrap().state, State::Expired);
+    assert!(
+        store.counts().await.unwrap().contains(&(State::Expired, 1)),
+        "counts read again after the sweep changed the store"
+    );
+}
+
+#[tokio::test]
 async fn a_restart_queues_running_jobs_again_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let ids = {

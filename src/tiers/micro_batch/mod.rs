@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -387,17 +387,10 @@ impl MicroBatch {
     }
 }
 
-impl tower::Service<Call> for MicroBatch {
-    type Response = Reply;
-    type Error = Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
-
-    /// Always ready: admission (queue capacity, deadlines) happens per call.
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: Call) -> Self::Future {
+impl MicroBatch {
+    /// Serves `call` in a batch of its lane, on the batch threads (when there are any):
+    /// admission (queue capacity, deadlines) happens per call, in its pool's queue.
+    pub fn serve(&self, call: Call) -> Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>> {
         let inner = self.inner.clone();
         on_batch_threads(&self.inner.threads, async move { inner.serve(call).await })
     }

@@ -10,10 +10,7 @@
 
 pub mod worker;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -48,24 +45,10 @@ impl Offline {
     }
 }
 
-impl tower::Service<Call> for Offline {
-    type Response = Reply;
-    type Error = Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Reply, Error>> + Send>>;
-
-    /// Always ready: a full store refuses per call (507).
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: Call) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { this.accept(call).await })
-    }
-}
-
 impl Offline {
-    async fn accept(&self, call: Call) -> Result<Reply, Error> {
+    /// Accepts `call` as a job: 202 with its `Location` once it is durable (a full store
+    /// refuses with 507).
+    pub async fn serve(&self, call: Call) -> Result<Reply, Error> {
         let headers = call.request.headers();
         if call.door != Door::Http {
             return Err(Error::new(

@@ -28,7 +28,6 @@ use crate::queue::scored::Scored;
 use crate::queue::{self, Answer, Finish, Job, JobStore, Queue};
 use crate::shadow::{Primary, Shadow};
 use crate::tiers::{Call, MicroBatch, Realtime};
-use tower::ServiceExt as _;
 
 /// What the offline workers drain: jobs of `store`, routes from `policy`, batches
 /// through `micro` (and `realtime`, when a route lets offline work borrow it); `wake`
@@ -232,7 +231,7 @@ impl RouteWorker {
             let Some(call) = calls.next() else { break };
             ::metrics::counter!(crate::metrics::BORROWED, "route" => route.name.clone(), "from" => "realtime", "to" => "offline")
                 .increment(1);
-            answers.push(realtime.clone().oneshot(call).await);
+            answers.push(realtime.serve(call).await);
         }
         answers.extend(self.workers.micro.serve_filler(calls.collect()).await);
         answers
