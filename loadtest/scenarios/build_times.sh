@@ -47,8 +47,10 @@ demo() {
     sleep 0.2
   done
   local took=$((SECONDS - start))
-  # cargo run's child is the demo: stop it as Ctrl-C would, then cargo ends too.
+  # `cargo run` replaces itself with the demo (exec), so $DEMO is the demo: stop it as
+  # Ctrl-C would (and any child, should cargo have spawned it instead).
   stop_children "$DEMO"
+  kill -TERM "$DEMO" 2>/dev/null || true
   wait "$DEMO" 2>/dev/null || true
   DEMO=
   echo "$took"

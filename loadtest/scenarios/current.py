@@ -39,11 +39,13 @@ def overhead(text):
 
 
 def instructions(text):
-    count = dict(re.findall(r"^(\w+) (\d+) instructions/request$", text, re.M))
-    return ("instructions per proxied request (callgrind)",
-        f"tiergate {int(count['tiergate']):,}; bare hyper proxy {int(count['bare_hyper']):,} "
-        f"(inline client {int(count['bare_inline']):,}); nginx {int(count['nginx']):,}",
-        "no more than the build before a change")
+    found = re.findall(r"^(\w+) (\d+) instructions/request, (\d+) of them the path's own", text, re.M)
+    count = {name: int(whole) for name, whole, _ in found}
+    own = {name: int(path) for name, _, path in found}
+    return ("instructions per proxied request (callgrind): all / the path's own (idle background subtracted)",
+        f"tiergate {count['tiergate']:,} / {own['tiergate']:,}; HAProxy {count['haproxy']:,}; "
+        f"bare hyper proxy {count['bare_hyper']:,} (inline client {count['bare_inline']:,}); nginx {count['nginx']:,}",
+        "the path's own ≤ 40,000 (stretch: ≤ HAProxy's); no more than the build before a change")
 
 
 def micro_batch(text):
