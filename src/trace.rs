@@ -168,10 +168,19 @@ impl Ids {
         }
     }
 
-    /// Sets `x-request-id` and `traceresponse` on the answer to the client.
+    /// The `traceresponse` for a client that sent a `traceparent` (one that did not is
+    /// not following a trace: it has the request id, and the rendering is spared).
+    pub fn traceresponse(&self) -> Option<TraceParent> {
+        self.parent.map(|_| self.answer())
+    }
+
+    /// Sets `x-request-id` and, for a client that sent a `traceparent`, `traceresponse`
+    /// on the answer to the client.
     pub fn to_client(&self, headers: &mut HeaderMap) {
         headers.insert(REQUEST_ID, self.request_id.clone());
-        headers.insert(TRACERESPONSE, self.answer().header());
+        if let Some(answer) = self.traceresponse() {
+            headers.insert(TRACERESPONSE, answer.header());
+        }
     }
 }
 

@@ -446,8 +446,23 @@ fn render(served: Served, shape: Shape) -> Response<Answered> {
     if let Some(refusal) = served.refusal {
         headers.insert(headers::REASON, HeaderValue::from_static(refusal.as_str()));
     }
-    headers.insert(headers::POLICY_VERSION, HeaderValue::from(served.policy_version));
+    headers.insert(headers::POLICY_VERSION, version_header(served.policy_version));
     response
+}
+
+/// `version` as a header value. The last one made on this thread is kept and shared:
+/// nearly every answer names the same version, and a shared value is cloned without
+/// formatting or allocating.
+fn version_header(version: u64) -> HeaderValue {
+    thread_local!(static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> = const { std::cell::RefCell::new(None) });
+    LAST.with_borrow_mut(|last| match last {
+        Some((made, value)) if *made == version => value.clone(),
+        _ => {
+            let value = HeaderValue::from(version);
+            *last = Some((version, value.clone()));
+            value
+        }
+    })
 }
 
 fn not_found(method: &Method, path: &str, shape: Shape) -> Response<Answered> {

@@ -251,6 +251,12 @@ async fn one_trace_id_from_client_through_gateway_spans_to_backend() {
         "a request id was made: {seen:?}"
     );
     assert!(!log.contains("\"inputs\""), "no request body is logged");
+
+    // A client that sent no traceparent follows no trace: it gets its request id only.
+    let untraced = infer(addr, "m", &[], BODY).await;
+    assert_eq!(untraced.status, 200, "{}", untraced.text());
+    assert!(untraced.header("x-request-id").is_some());
+    assert_eq!(untraced.header("traceresponse"), None);
 }
 
 #[tokio::test]

@@ -79,7 +79,7 @@ impl GrpcDoor {
         let (mut metadata, result) = self.infer_traced((headers, tenant), msg, &ids).instrument(span).await;
         for (name, value) in [
             (trace::REQUEST_ID, ids.request_id.to_str().ok().map(str::to_owned)),
-            (trace::TRACERESPONSE, Some(ids.answer().to_string())),
+            (trace::TRACERESPONSE, ids.traceresponse().map(|t| t.to_string())),
         ] {
             if let Some(value) = value.and_then(|v| v.parse().ok()) {
                 metadata.insert(bridge::metadata_key(&name), value);
