@@ -209,26 +209,20 @@ impl Embedded {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        self.upkeep.changes.fetch_add(1, Ordering::AcqRel);
-        self.run(f).await
+        self.run(f, false).await
     }
 
-    /// [`Embedded::call`] for the upkeep's own statements, which do not count as changes.
-    async fn upkeep_call<T, F>(&self, f: F) -> Result<T, StoreError>
+    /// Sends `f` to the writer and waits for its result, once durable. The upkeep's own
+    /// statements (`upkeep`) are counted as such, every other operation as a change.
+    async fn run<T, F>(&self, f: F, upkeep: bool) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        self.upkeep.statements.fetch_add(1, Ordering::Relaxed);
-        self.run(f).await
-    }
-
-    /// Sends `f` to the writer and waits for its result, once durable.
-    async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
-    {
+        match upkeep {
+            true => self.upkeep.statements.fetch_add(1, Ordering::Relaxed),
+            false => self.upkeep.changes.fetch_add(1, Ordering::AcqRel),
+        };
         let (tx, rx) = oneshot::channel();
         let op: Op = Box::new(move |conn| {
             let result = match conn {
@@ -265,13 +259,16 @@ impl Embedded {
         }
         let unfinished = self.unfinished.clone();
         let (expired, deleted, due) = self
-            .upkeep_call(move |conn| {
-                let now = super::now_ms();
-                let (expired, deleted) = jobs::sweep(conn, now, retention_ms, expire, &unfinished)?;
-                batches::finalize(conn, now)?;
-                let due = jobs::next_due(conn, retention_ms, expire)?;
-                Ok((expired, deleted, due))
-            })
+            .run(
+                move |conn| {
+                    let now = super::now_ms();
+                    let (expired, deleted) = jobs::sweep(conn, now, retention_ms, expire, &unfinished)?;
+                    batches::finalize(conn, now)?;
+                    let due = jobs::next_due(conn, retention_ms, expire)?;
+                    Ok((expired, deleted, due))
+                },
+                true,
+            )
             .await?;
         if expired + deleted > 0 {
             self.upkeep.changes.fetch_add(1, Ordering::AcqRel);
@@ -304,7 +301,7 @@ impl JobStore for Embedded {
         if self.unfinished.load(Ordering::Acquire) <= 0 {
             return Ok(Vec::new());
         }
-        self.upkeep_call(|conn| jobs::runnable_routes(conn, super::now_ms()))
+        self.run(|conn| jobs::runnable_routes(conn, super::now_ms()), true)
             .await
     }
 
@@ -337,7 +334,7 @@ impl JobStore for Embedded {
                 return Ok(counts.clone());
             }
         }
-        let counts = self.upkeep_call(jobs::counts).await?;
+        let counts = self.run(jobs::counts, true).await?;
         *self.upkeep.counted.lock().unwrap_or_else(|e| e.into_inner()) = Some((changes, counts.clone()));
         Ok(counts)
     }
@@ -349,7 +346,7 @@ impl JobStore for Embedded {
                 return Ok(oldest);
             }
         }
-        let oldest = self.upkeep_call(jobs::oldest_queued).await?;
+        let oldest = self.run(jobs::oldest_queued, true).await?;
         *self.upkeep.oldest.lock().unwrap_or_else(|e| e.into_inner()) = Some((changes, oldest));
         Ok(oldest)
     }
