@@ -201,6 +201,17 @@ impl Sink for Summary {
     }
 }
 
+impl Counted {
+    /// A `data` array of `count` scalars, its structure already checked (as
+    /// [`super::plain`] does).
+    pub(crate) fn elements(count: u64) -> Counted {
+        Counted(Summary {
+            count,
+            ..Summary::default()
+        })
+    }
+}
+
 impl Sink for Counted {
     fn summary(&self) -> &Summary {
         &self.0

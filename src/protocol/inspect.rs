@@ -54,15 +54,23 @@ pub struct RequestInfo {
 /// place).
 pub fn inspect_request(body: &[u8], header_len: Option<usize>, check: BodyCheck) -> Result<RequestInfo, Error> {
     match check {
-        BodyCheck::Full => inspect::<Summary>(body, header_len),
-        BodyCheck::Envelope => inspect::<Counted>(body, header_len),
+        BodyCheck::Full => inspect::<Summary>(body, header_len, |_| None),
+        BodyCheck::Envelope => inspect::<Counted>(body, header_len, super::plain::request),
     }
 }
 
-/// [`inspect_request`], each JSON `data` array read into an `S`.
-fn inspect<S: Sink>(body: &[u8], header_len: Option<usize>) -> Result<RequestInfo, Error> {
+/// [`inspect_request`], each JSON `data` array read into an `S`; the JSON header read
+/// by `plain` when it can, else by serde.
+fn inspect<S: Sink>(
+    body: &[u8],
+    header_len: Option<usize>,
+    plain: fn(&[u8]) -> Option<WireRequest<S>>,
+) -> Result<RequestInfo, Error> {
     let (json, start) = split(body, header_len)?;
-    let wire: WireRequest<S> = parse_json("request", json)?;
+    let wire: WireRequest<S> = match plain(json) {
+        Some(wire) => wire,
+        None => parse_json("request", json)?,
+    };
     let (timeout_us, sequence) = match &wire.parameters {
         None => (None, None),
         Some(params) => (request_params(params)?, super::sequence(params)?),

@@ -11,7 +11,7 @@
 //! `datatype` (element types) · `tensor` ([`Tensor`], raw ↔ JSON rendering) ·
 //! `data` (JSON `data` arrays parsed in one pass) · `wire` (shared JSON shapes and
 //! checks) · `binary` (the binary extension's framing) · `request` · `response` ·
-//! `inspect` · `error` · [`grpc`] (the protobuf messages and their conversions) ·
+//! `inspect` · `plain` (the common request read without serde) · `error` · [`grpc`] (the protobuf messages and their conversions) ·
 //! [`batch`] (batch signatures, concatenation along dimension 0 and the split back) ·
 //! [`rows`] (one request cut into its rows, rows' answers joined back) · [`scan`] (how
 //! deep JSON text nests, and whether it holds integers beyond 64 bits).
@@ -23,6 +23,7 @@ mod datatype;
 mod error;
 pub mod grpc;
 mod inspect;
+mod plain;
 mod request;
 mod response;
 pub mod rows;
@@ -39,6 +40,8 @@ pub use binary::header_len;
 pub use datatype::{Datatype, ParseDatatypeError};
 pub use error::Error;
 pub use inspect::{answer_envelope, inspect_request, BodyCheck, RequestInfo};
+#[doc(hidden)]
+pub use plain::agrees_with_serde;
 pub use request::{as_json_tensors, decode_request, encode_request, sequence, InferRequest, RequestedOutput, Sequence};
 pub use response::{decode_response, encode_response, InferResponse};
 pub use tensor::Tensor;

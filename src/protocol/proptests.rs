@@ -92,6 +92,30 @@ proptest! {
     }
 
     #[test]
+    fn the_plain_reader_reads_as_serde_does(
+        req in request_strategy(),
+        edits in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(b" \t\r\n\"\\,:[]{}-+.eE019tfnx\x7f\xc3".to_vec()), 0u8..3), 0..3),
+    ) {
+        let (body, len) = encode_request(&req, false);
+        let json = &body[..len.unwrap_or(body.len())];
+        // A JSON body with no string in its data is plain: the fast path is taken.
+        if len.is_none() && req.inputs.iter().all(|t| t.datatype != Datatype::Bytes) {
+            prop_assert!(plain::request(json).is_some(), "{}", String::from_utf8_lossy(json));
+        }
+        let mut damaged = json.to_vec();
+        for (at, byte, how) in edits {
+            let i = at.index(damaged.len() + 1);
+            match how {
+                0 => damaged.insert(i, byte),
+                1 if i < damaged.len() => { damaged.remove(i); }
+                _ if i < damaged.len() => damaged[i] = byte,
+                _ => {}
+            }
+        }
+        prop_assert!(agrees_with_serde(&damaged), "{}", String::from_utf8_lossy(&damaged));
+    }
+
+    #[test]
     fn garbage_never_panics(body in any::<Vec<u8>>(), len in proptest::option::of(0usize..64)) {
         let body = Bytes::from(body);
         let a = decode_request(&body, len).map(|_| ());
