@@ -84,8 +84,8 @@ count() {
 }
 
 # The stages of tiergate's real-time path, by the functions that begin them.
-TIERGATE_STAGES="door=HttpDoor::answer body_check=inspect_request dispatch=Dispatch::serve\b classify=classify::classify$
-tier=Tiers::serve pool=Pool::forward\b h1_exchange=Conns::send_call"
+TIERGATE_STAGES="door=HttpDoor::route::\{\{closure\}\}$ body_check=inspect_request$ dispatch=Dispatch::serve::\{\{closure\}\}$
+tier=Tiers::serve::\{\{closure\}\}$ pool=Pool::forward::\{\{closure\}\}$ h1_exchange=h1::Conns::send_or_back::\{\{closure\}\}$"
 
 gateway() { # gateway BINARY NAME
   PORT=$(free_port)

@@ -65,7 +65,7 @@ async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration
     let exchange = async {
         match probe {
             Probe::Http1(conns, path) => {
-                let request = http::Request::get(path.as_str()).body(Full::new(Bytes::new())).ok()?;
+                let request = http::Request::get(path.as_str()).body(Bytes::new()).ok()?;
                 let response = conns.get(at)?.send(request, CHECK_BODY).await.ok()?;
                 Some(response.status() == http::StatusCode::OK)
             }

@@ -25,6 +25,7 @@ pub(super) type Endpoints = Vec<Endpoint>;
 pub(super) struct InFlight<'a>(&'a AtomicUsize);
 
 /// How a call to one endpoint failed.
+#[derive(Debug)]
 pub(super) enum Failure {
     /// No connection could be made: the request never left, so it may go elsewhere.
     Connect(String),

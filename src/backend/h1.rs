@@ -1,12 +1,11 @@
-//! HTTP/1.1 to one endpoint: a stack of idle keep-alive connections, each driven by
-//! the call that is using it.
+//! HTTP/1.1 to one endpoint: a stack of idle keep-alive connections, each used by one
+//! call at a time, in that call's task.
 //!
 //! Under the pool, for HTTP/1.1 pools (HTTP/2 pools keep hyper-util's client, whose one
-//! connection carries many calls). hyper-util's pooled client runs each connection as
-//! a task of its own and passes every request and answer across channels, so one call
-//! wakes two tasks. Here a call takes the most recently used idle connection (or opens
-//! one) and polls the connection itself, beside its own request, until the whole answer
-//! is read: one task, nothing handed over. The connection then goes back on the stack.
+//! connection carries many calls). A call takes the most recently used idle connection
+//! (or opens one), writes its request and reads the whole answer itself ([`wire`]: no
+//! task, channel or streaming body between them), and puts the connection back on the
+//! stack.
 //!
 //! - A connection is reused only by the runtime that opened it: its socket is
 //!   registered with that runtime's I/O driver, so a connection opened by offline work
@@ -18,17 +17,12 @@
 //! - Idle connections are closed after the idle timeout ([`IDLE_TIMEOUT`] in pools), by
 //!   the next call or by the sweep; at most `max_idle` are kept.
 
-use std::future::Future;
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::Authority;
 use http::{HeaderValue, Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::client::conn::http1;
-use hyper_rustls::MaybeHttpsStream;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
@@ -36,6 +30,9 @@ use tokio::time::Instant;
 use super::endpoint::{chain, Failure};
 use super::message::{end_to_end, outgoing, path_and_query, restore};
 use super::tls::Handshake;
+use wire::{Io, Sent, Wire};
+
+mod wire;
 
 /// How long a pool's connection may sit idle before it is closed.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -55,7 +52,7 @@ pub(super) struct Conns {
 }
 
 /// Idle connections, each boxed so that taking and returning one moves a pointer, and a
-/// call's future holds 8 bytes for it rather than the whole connection state (720 bytes).
+/// call's future holds 8 bytes for it rather than the whole connection state.
 #[allow(clippy::vec_box)] // the point is the move, not the heap
 type Stack = Vec<Box<Idle>>;
 
@@ -63,13 +60,10 @@ type Stack = Vec<Box<Idle>>;
 struct Idle {
     runtime: tokio::runtime::Id,
     since: Instant,
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// `None` once the connection has ended.
-    connection: Option<http1::Connection<Stream, Full<Bytes>>>,
+    /// Whether it has carried a call (and so may have been closed by the backend since).
+    used: bool,
+    wire: Wire,
 }
-
-/// A connection's socket: plain TCP, or TLS over it.
-type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 impl std::fmt::Debug for Idle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,14 +71,6 @@ impl std::fmt::Debug for Idle {
             .field("since", &self.since)
             .finish_non_exhaustive()
     }
-}
-
-/// How one exchange on one connection ended.
-enum Exchange {
-    /// The answer, or why there is none.
-    Done(Result<Response<Bytes>, Failure>),
-    /// The connection closed before the request was written: here it is back, and why.
-    NotSent(Request<Full<Bytes>>, String),
 }
 
 impl Conns {
@@ -137,11 +123,7 @@ impl Conns {
 
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
-    pub(super) async fn send(
-        &self,
-        request: Request<Full<Bytes>>,
-        max_body: usize,
-    ) -> Result<Response<Bytes>, Failure> {
+    pub(super) async fn send(&self, request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
         self.send_or_back(request, max_body)
             .await
             .map_err(|(failure, _)| failure)
@@ -150,33 +132,35 @@ impl Conns {
     /// [`Conns::send`], giving the request back with a failure to connect.
     async fn send_or_back(
         &self,
-        mut request: Request<Full<Bytes>>,
+        mut request: Request<Bytes>,
         max_body: usize,
-    ) -> Result<Response<Bytes>, (Failure, Option<Request<Full<Bytes>>>)> {
-        request.headers_mut().insert(http::header::HOST, self.host.clone());
+    ) -> Result<Response<Bytes>, (Failure, Option<Request<Bytes>>)> {
         let runtime = match Handle::try_current() {
             Ok(handle) => handle.id(),
             Err(e) => return Err((Failure::Other(e.to_string()), None)),
         };
         loop {
-            let (mut conn, reused) = match self.take(runtime) {
-                Some(idle) => (idle, true),
+            let mut conn = match self.take(runtime) {
+                Some(idle) => idle,
                 None => match self.connect(runtime).await {
-                    Ok(conn) => (conn, false),
+                    Ok(conn) => conn,
                     Err(failure) => return Err((failure, Some(request))),
                 },
             };
-            match exchange(&mut conn, request, max_body).await {
-                Exchange::Done(answer) => {
+            match conn.wire.exchange(request, &self.host, max_body, conn.used).await {
+                Sent::Done(answer) => {
                     // Only after a whole answer is the connection in step for another.
-                    if answer.is_ok() && conn.connection.is_some() {
+                    if answer.is_ok() && conn.wire.reusable {
+                        conn.used = true;
                         self.put(conn);
                     }
                     return answer.map_err(|failure| (failure, None));
                 }
                 // A stale idle connection: try the next one, or a new one.
-                Exchange::NotSent(back, _) if reused => request = back,
-                Exchange::NotSent(_, why) => return Err((Failure::Other(why), None)),
+                Sent::NotSent(back, why) => {
+                    tracing::debug!(endpoint = %self.authority, "{why}: the request goes on another connection");
+                    request = back;
+                }
             }
         }
     }
@@ -241,64 +225,23 @@ impl Conns {
         stream
             .set_nodelay(true)
             .map_err(|e| Failure::Connect(format!("tcp connect error: {e}")))?;
-        let stream: Stream = match &self.tls {
-            None => MaybeHttpsStream::Http(TokioIo::new(stream)),
+        let io = match &self.tls {
+            None => Io::Plain(stream),
             Some(tls) => {
-                let session = tokio::time::timeout_at(opened, tls.open(TokioIo::new(TokioIo::new(stream))))
+                let session = tokio::time::timeout_at(opened, tls.open(stream))
                     .await
                     .map_err(|_| timed_out("tls handshake"))?
                     .map_err(|e| Failure::Connect(format!("tls handshake error: {}", chain(&e))))?;
-                MaybeHttpsStream::Https(TokioIo::new(session))
+                Io::Tls(Box::new(session))
             }
         };
-        let (sender, connection) = http1::Builder::new()
-            .handshake(stream)
-            .await
-            .map_err(|e| Failure::Connect(chain(&e)))?;
         Ok(Box::new(Idle {
             runtime,
             since: Instant::now(),
-            sender,
-            connection: Some(connection),
+            used: false,
+            wire: Wire::new(io),
         }))
     }
-}
-
-/// One request and its whole answer on `conn`, driving the connection in this task;
-/// the connection is gone from `conn` if it ended.
-async fn exchange(conn: &mut Idle, request: Request<Full<Bytes>>, max_body: usize) -> Exchange {
-    let Idle { sender, connection, .. } = conn;
-    let mut call = std::pin::pin!(async {
-        if let Err(e) = sender.ready().await {
-            return Exchange::NotSent(request, chain(&e));
-        }
-        let response = match sender.try_send_request(request).await {
-            Ok(response) => response,
-            Err(mut e) => {
-                let why = chain(e.error());
-                return match e.take_message() {
-                    Some(request) => Exchange::NotSent(request, why),
-                    None => Exchange::Done(Err(Failure::Other(why))),
-                };
-            }
-        };
-        let (head, body) = response.into_parts();
-        match Limited::new(body, max_body).collect().await {
-            Ok(body) => Exchange::Done(Ok(Response::from_parts(head, body.to_bytes()))),
-            Err(e) => Exchange::Done(Err(Failure::Body(e.to_string()))),
-        }
-    });
-    std::future::poll_fn(|cx| {
-        // The connection first: it reads and writes for the call, and when it has ended
-        // (closed, or failed) dropping it tells the call so.
-        if let Some(open) = connection.as_mut() {
-            if open.poll_without_shutdown(cx).is_ready() {
-                *connection = None;
-            }
-        }
-        call.as_mut().poll(cx)
-    })
-    .await
 }
 
 /// Starts closing `conns`' expired idle connections every half [`IDLE_TIMEOUT`], if a

@@ -33,8 +33,8 @@ pub(super) fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
 /// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
 /// The headers are moved out of `parts`, not copied: a caller that may send `parts`
 /// again puts them back from the request it gets back unsent ([`restore`]).
-pub(super) fn outgoing(parts: &mut http::request::Parts, uri: Uri, body: Bytes) -> Request<Full<Bytes>> {
-    let mut request = Request::new(Full::new(body));
+pub(super) fn outgoing(parts: &mut http::request::Parts, uri: Uri, body: Bytes) -> Request<Bytes> {
+    let mut request = Request::new(body);
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
     *request.headers_mut() = std::mem::take(&mut parts.headers);
@@ -53,10 +53,9 @@ pub(super) fn outgoing_copy(parts: &http::request::Parts, uri: Uri, body: Bytes)
 }
 
 /// Puts the headers of `unsent`, a request [`outgoing`] made from `parts`, back into
-/// `parts` (without the `host` the connection added), so `parts` can be sent elsewhere.
-pub(super) fn restore(parts: &mut http::request::Parts, unsent: Request<Full<Bytes>>) {
+/// `parts`, so `parts` can be sent elsewhere.
+pub(super) fn restore(parts: &mut http::request::Parts, unsent: Request<Bytes>) {
     parts.headers = unsent.into_parts().0.headers;
-    parts.headers.remove(header::HOST);
 }
 
 /// A backend answer with only its end-to-end headers.

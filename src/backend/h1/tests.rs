@@ -85,10 +85,10 @@ fn conns(authority: Authority, idle_timeout: Duration, max_idle: usize) -> Conns
     Conns::new(authority, Duration::from_secs(1), idle_timeout, max_idle, None)
 }
 
-fn get() -> Request<Full<Bytes>> {
+fn get() -> Request<Bytes> {
     Request::builder()
         .uri("/v2/health/ready")
-        .body(Full::default())
+        .body(Bytes::new())
         .expect("request")
 }
 
@@ -214,4 +214,168 @@ fn a_connection_carries_calls_only_for_the_runtime_that_opened_it() {
     let expected = [0, 0, 1, 0].map(|n| Some(Event::Request(n)));
     assert_eq!(events, expected);
     assert_eq!(conns.idle_count(), 2);
+}
+
+/// A raw backend that answers every request with `answer` (then closes the connection
+/// when `close`), and reports each request as it arrived: its head and body, and on
+/// which connection.
+async fn scripted(answer: &'static [u8], close: bool) -> (Authority, mpsc::UnboundedReceiver<(usize, Vec<u8>)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let authority = listener
+        .local_addr()
+        .expect("bound")
+        .to_string()
+        .parse()
+        .expect("authority");
+    let (events, seen) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for n in 0.. {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let events = events.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(request) = read_request(&mut stream, &mut buf).await else {
+                        return;
+                    };
+                    let _ = events.send((n, request));
+                    if stream.write_all(answer).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (authority, seen)
+}
+
+/// One request off `stream` (its head, and as many body bytes as its content-length
+/// says), `None` at the end of the stream.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let mut chunk = [0u8; 65536];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |n| n.trim().parse::<usize>().expect("a length"));
+            if buf.len() >= end + 4 + length {
+                return Some(buf.drain(..end + 4 + length).collect());
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn post(body: impl Into<Bytes>) -> Request<Bytes> {
+    Request::post("/v2/models/m/infer?x=1")
+        .header("content-type", "application/json")
+        .header("x-custom", "v")
+        .body(body.into())
+        .expect("request")
+}
+
+#[tokio::test]
+async fn the_request_goes_out_as_written_with_its_host_and_length() {
+    let (authority, mut seen) = scripted(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false).await;
+    let conns = conns(authority.clone(), IDLE_TIMEOUT, 8);
+    let answer = conns.send(post("{\"inputs\":[]}"), LIMIT).await.expect("answered");
+    assert_eq!(answer.body().as_ref(), b"ok");
+    assert!(
+        answer.headers().get("content-length").is_none(),
+        "the gateway frames what it passes on"
+    );
+    let (_, request) = seen.recv().await.expect("a request");
+    let expected = format!(
+        "POST /v2/models/m/infer?x=1 HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\nx-custom: v\r\n\
+         content-length: 13\r\n\r\n{{\"inputs\":[]}}"
+    );
+    assert_eq!(String::from_utf8_lossy(&request), expected);
+    // A body larger than one write goes out whole, after its head.
+    let big = vec![b'7'; 100_000];
+    conns.send(post(big.clone()), LIMIT).await.expect("answered");
+    let (connection, request) = seen.recv().await.expect("a request");
+    assert_eq!(connection, 0, "the same connection");
+    assert!(request.ends_with(&big) && request.len() > big.len());
+}
+
+#[tokio::test]
+async fn chunked_answers_are_joined_and_informational_ones_skipped() {
+    let answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-kept: yes\r\n\r\n\
+                   5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nx-trailer: t\r\n\r\n";
+    let (authority, mut seen) = scripted(answer, false).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    for _ in 0..2 {
+        let answer = conns.send(get(), LIMIT).await.expect("answered");
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.body().as_ref(), b"hello world");
+        assert_eq!(answer.headers()["x-kept"], "yes");
+        assert_eq!(
+            seen.recv().await.map(|(n, _)| n),
+            Some(0),
+            "kept alive after a chunked answer"
+        );
+    }
+    let over = conns.send(get(), 10).await;
+    assert!(matches!(over, Err(Failure::Body(_))), "{over:?}");
+    assert_eq!(conns.idle_count(), 0, "a refused answer's connection is not kept");
+}
+
+#[tokio::test]
+async fn an_answer_that_ends_with_its_connection_is_read_to_the_end_and_not_reused() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\n\r\nto the end"[..],
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 10\r\n\r\nto the end",
+        b"HTTP/1.0 200 OK\r\ncontent-length: 10\r\n\r\nto the end",
+    ] {
+        let (authority, mut seen) = scripted(answer, true).await;
+        let conns = conns(authority, IDLE_TIMEOUT, 8);
+        for n in 0..2 {
+            let answer = conns.send(get(), LIMIT).await.expect("answered");
+            assert_eq!(answer.body().as_ref(), b"to the end");
+            assert_eq!(seen.recv().await.map(|(c, _)| c), Some(n), "a new connection each time");
+        }
+        assert_eq!(conns.idle_count(), 0);
+    }
+}
+
+#[tokio::test]
+async fn broken_answers_fail_and_are_never_reused() {
+    for (answer, body_fault) in [
+        (
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!"[..],
+            false,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", true),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", true),
+        (b"not http at all\r\n\r\n", false),
+        (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n", false),
+        (b"", false),
+    ] {
+        let (authority, _seen) = scripted(answer, true).await;
+        let conns = conns(authority, IDLE_TIMEOUT, 8);
+        let failed = conns.send(get(), LIMIT).await;
+        match failed {
+            Err(Failure::Body(_)) if body_fault => {}
+            Err(Failure::Other(_)) if !body_fault => {}
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(answer)),
+        }
+        assert_eq!(conns.idle_count(), 0);
+    }
+    // Bytes past a whole answer: it is passed on, the connection is out of step.
+    let (authority, mut seen) = scripted(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", false).await;
+    let conns = conns(authority, IDLE_TIMEOUT, 8);
+    assert_eq!(conns.send(get(), LIMIT).await.expect("answered").body().as_ref(), b"ok");
+    assert_eq!(conns.idle_count(), 0);
+    conns.send(get(), LIMIT).await.expect("answered");
+    assert_eq!(seen.recv().await.map(|(n, _)| n), Some(0));
+    assert_eq!(
+        seen.recv().await.map(|(n, _)| n),
+        Some(1),
+        "the next call on a new connection"
+    );
 }
