@@ -66,12 +66,17 @@ impl TraceParent {
 
     /// The header value.
     pub fn header(&self) -> HeaderValue {
+        HeaderValue::from_bytes(&self.bytes()).expect("hex digits and dashes are a valid header value")
+    }
+
+    /// The header's value as bytes, written on the stack.
+    pub fn bytes(&self) -> [u8; 55] {
         let mut value = [b'-'; 55];
         value[..2].copy_from_slice(b"00");
         value[3..35].copy_from_slice(&hex::<32>(self.trace_id));
         value[36..52].copy_from_slice(&hex::<16>(u128::from(self.span_id)));
         value[53..].copy_from_slice(&hex::<2>(u128::from(self.sampled)));
-        HeaderValue::from_bytes(&value).expect("hex digits and dashes are a valid header value")
+        value
     }
 }
 
@@ -200,9 +205,12 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
 /// every request; this is several times quicker than `format!`).
 pub fn hex<const N: usize>(value: u128) -> [u8; N] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    const { assert!(N % 2 == 0 && N <= 32, "whole bytes of a u128") };
+    let bytes = value.to_be_bytes();
     let mut out = [0; N];
-    for (i, digit) in out.iter_mut().enumerate() {
-        *digit = DIGITS[(value >> (4 * (N - 1 - i)) & 0xf) as usize];
+    for (pair, byte) in out.chunks_exact_mut(2).zip(&bytes[16 - N / 2..]) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
     out
 }

@@ -28,8 +28,9 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use super::endpoint::{chain, Failure};
-use super::message::{end_to_end, outgoing, path_and_query, restore};
+use super::message::{outgoing, path_and_query, restore};
 use super::tls::Handshake;
+pub(super) use wire::Trace;
 use wire::{Io, Sent, Wire};
 
 mod wire;
@@ -105,13 +106,14 @@ impl Conns {
         &self,
         parts: &mut http::request::Parts,
         body: Bytes,
+        trace: Option<&Trace>,
         max_body: usize,
     ) -> Result<Response<Bytes>, Failure> {
         let mut uri = http::uri::Parts::default();
         uri.path_and_query = Some(path_and_query(parts));
         let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        match self.send_or_back(outgoing(parts, uri, body), max_body).await {
-            Ok(response) => Ok(end_to_end(response)),
+        match self.send_or_back(outgoing(parts, uri, body), trace, max_body).await {
+            Ok(response) => Ok(response),
             Err((failure, unsent)) => {
                 if let Some(unsent) = unsent {
                     restore(parts, unsent);
@@ -124,7 +126,7 @@ impl Conns {
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
     pub(super) async fn send(&self, request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
-        self.send_or_back(request, max_body)
+        self.send_or_back(request, None, max_body)
             .await
             .map_err(|(failure, _)| failure)
     }
@@ -133,6 +135,7 @@ impl Conns {
     async fn send_or_back(
         &self,
         mut request: Request<Bytes>,
+        trace: Option<&Trace>,
         max_body: usize,
     ) -> Result<Response<Bytes>, (Failure, Option<Request<Bytes>>)> {
         let runtime = match Handle::try_current() {
@@ -147,7 +150,11 @@ impl Conns {
                     Err(failure) => return Err((failure, Some(request))),
                 },
             };
-            match conn.wire.exchange(request, &self.host, max_body, conn.used).await {
+            match conn
+                .wire
+                .exchange(request, &self.host, trace, max_body, conn.used)
+                .await
+            {
                 Sent::Done(answer) => {
                     // Only after a whole answer is the connection in step for another.
                     if answer.is_ok() && conn.wire.reusable {

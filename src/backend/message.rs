@@ -30,15 +30,16 @@ pub(super) fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
         .unwrap_or_else(|| PathAndQuery::from_static("/"))
 }
 
-/// The backend request for `parts`: its method, `uri`, end-to-end headers and `body`.
-/// The headers are moved out of `parts`, not copied: a caller that may send `parts`
-/// again puts them back from the request it gets back unsent ([`restore`]).
+/// The backend request for `parts`: its method, `uri`, headers and `body`, for the
+/// HTTP/1.1 writer, which writes only the end-to-end headers ([`is_hop_by_hop`],
+/// [`keep_end_to_end`]). The headers are moved out of `parts`, not copied: a caller
+/// that may send `parts` again puts them back from the request it gets back unsent
+/// ([`restore`]).
 pub(super) fn outgoing(parts: &mut http::request::Parts, uri: Uri, body: Bytes) -> Request<Bytes> {
     let mut request = Request::new(body);
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
     *request.headers_mut() = std::mem::take(&mut parts.headers);
-    keep_end_to_end(request.headers_mut());
     request
 }
 
@@ -101,10 +102,30 @@ fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
+/// Whether `name` is one of [`HOP_BY_HOP`]: one match on its text (the HTTP/1.1
+/// writer and reader ask it of every header).
+pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "cookie"
+    )
+}
+
 /// Leaves only end-to-end headers in `headers`, as [`copy_end_to_end`] would copy them:
 /// `content-length` and `host` (in nearly every message) are removed in place, and the
 /// map is copied only when another hop-by-hop header is there.
-fn keep_end_to_end(headers: &mut HeaderMap) {
+pub(super) fn keep_end_to_end(headers: &mut HeaderMap) {
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::HOST);
     if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
@@ -148,5 +169,15 @@ mod tests {
         keep_end_to_end(&mut plain);
         let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
         assert_eq!(kept, ["content-type"]);
+        for name in &HOP_BY_HOP {
+            assert!(is_hop_by_hop(name), "{name}");
+        }
+        for name in [
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            HeaderName::from_static("x-request-id"),
+        ] {
+            assert!(!is_hop_by_hop(&name), "{name}");
+        }
     }
 }

@@ -27,6 +27,15 @@ use crate::metrics::Instruments;
 use crate::policy::PoolSpec;
 use crate::protocol;
 
+/// A request fitted to a pool's backends: its parts and body, and for an HTTP/1.1 pool
+/// the `traceparent` and `x-request-id` its calls write (other transports carry them in
+/// the header map).
+struct Fitted {
+    parts: http::request::Parts,
+    body: Bytes,
+    trace: Option<(crate::trace::TraceParent, http::HeaderValue)>,
+}
+
 /// The endpoints of one tier of one route, with their connections and limit.
 #[derive(Debug)]
 pub struct Pool {
@@ -172,8 +181,8 @@ impl Pool {
             let sequence = sequence.clone();
             return Box::pin(self.forward_step(request, deadline, sequence)).await;
         }
-        let (_permit, parts, body, span) = self.take_slot(request)?;
-        self.call(parts, body, deadline).instrument(span).await
+        let (_permit, fitted, span) = self.take_slot(request)?;
+        self.call(fitted, deadline).instrument(span).await
     }
 
     /// As [`Pool::forward`], but at the concurrency limit it waits for a call slot until
@@ -191,8 +200,8 @@ impl Pool {
                 ),
             ));
         };
-        let (parts, body, span) = self.fit(request)?;
-        let answer = self.call(parts, body, deadline).instrument(span).await;
+        let (fitted, span) = self.fit(request)?;
+        let answer = self.call(fitted, deadline).instrument(span).await;
         drop(permit);
         answer
     }
@@ -201,10 +210,7 @@ impl Pool {
     /// and opens its span. Inlined: on the real-time path, a call returning the request's
     /// parts cost about 130 instructions per request in moves.
     #[inline(always)]
-    fn take_slot(
-        &self,
-        request: Request<Bytes>,
-    ) -> Result<(SemaphorePermit<'_>, http::request::Parts, Bytes, tracing::Span), Error> {
+    fn take_slot(&self, request: Request<Bytes>) -> Result<(SemaphorePermit<'_>, Fitted, tracing::Span), Error> {
         let Ok(permit) = self.limit.try_acquire() else {
             return Err(Error::new(
                 Kind::Shed,
@@ -216,20 +222,28 @@ impl Pool {
                 ),
             ));
         };
-        let (parts, body, span) = self.fit(request)?;
-        Ok((permit, parts, body, span))
+        let (fitted, span) = self.fit(request)?;
+        Ok((permit, fitted, span))
     }
 
-    /// Fits `request` to the pool's backends and opens its span.
+    /// Fits `request` to the pool's backends and opens its span. An HTTP/1.1 call
+    /// writes its trace headers itself; the others carry them in the header map.
     #[inline(always)]
-    fn fit(&self, request: Request<Bytes>) -> Result<(http::request::Parts, Bytes, tracing::Span), Error> {
+    fn fit(&self, request: Request<Bytes>) -> Result<(Fitted, tracing::Span), Error> {
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
         let span = tracing::info_span!("backend", route = %self.route, tier = self.role.as_str(), endpoint = tracing::field::Empty);
-        if let Some(ids) = parts.extensions.get::<crate::trace::Ids>() {
-            ids.to_backend(&span, &mut parts.headers);
-        }
-        Ok((parts, body, span))
+        let trace = match parts.extensions.get::<crate::trace::Ids>() {
+            Some(ids) if matches!(self.transport, Transport::Http1(_)) => {
+                Some((ids.outgoing(&span), ids.request_id.clone()))
+            }
+            Some(ids) => {
+                ids.to_backend(&span, &mut parts.headers);
+                None
+            }
+            None => None,
+        };
+        Ok((Fitted { parts, body, trace }, span))
     }
 
     /// Sends a step of a Triton sequence to the endpoint holding the sequence's state,
@@ -269,10 +283,10 @@ impl Pool {
             ));
         };
         self.meetable(deadline.saturating_duration_since(Instant::now()))?;
-        let (_permit, mut parts, body, span) = self.take_slot(request)?;
+        let (_permit, mut fitted, span) = self.take_slot(request)?;
         let at = pinned.to;
         let result = self
-            .send((at, false), &mut parts, body, deadline)
+            .send((at, false), &mut fitted, deadline)
             .instrument(span)
             .await
             .map_err(|f| self.error(at, f));
@@ -283,17 +297,12 @@ impl Pool {
     }
 
     /// Sends to one endpoint, and to a second one when the first cannot be reached.
-    async fn call(
-        &self,
-        mut parts: http::request::Parts,
-        body: Bytes,
-        deadline: Instant,
-    ) -> Result<Response<Bytes>, Error> {
+    async fn call(&self, mut fitted: Fitted, deadline: Instant) -> Result<Response<Bytes>, Error> {
         let first = self.pick(None)?;
-        match self.send(first, &mut parts, body.clone(), deadline).await {
+        match self.send(first, &mut fitted, deadline).await {
             Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
                 let second = self.pick(Some(first.0))?;
-                self.send(second, &mut parts, body, deadline)
+                self.send(second, &mut fitted, deadline)
                     .await
                     .map_err(|f| self.error(second.0, f))
             }
@@ -414,10 +423,11 @@ impl Pool {
     async fn send(
         &self,
         (at, probe): (usize, bool),
-        parts: &mut http::request::Parts,
-        body: Bytes,
+        fitted: &mut Fitted,
         deadline: Instant,
     ) -> Result<Response<Bytes>, Failure> {
+        let Fitted { parts, body, trace } = fitted;
+        let body = body.clone();
         // Read before the call, which may move the headers out of `parts`.
         let post = parts.method == http::Method::POST;
         let kserve = parts.uri.path().starts_with("/v2/");
@@ -434,7 +444,11 @@ impl Pool {
         // unboxed it would set the size of every call's future (moved on each request).
         let call = async {
             match &self.transport {
-                Transport::Http1(conns) => conns[at].send_call(parts, body, self.max_response_bytes).await,
+                Transport::Http1(conns) => {
+                    conns[at]
+                        .send_call(parts, body, trace.as_ref(), self.max_response_bytes)
+                        .await
+                }
                 Transport::Http2(client) => {
                     Box::pin(super::h2::send(
                         client,

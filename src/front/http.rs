@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::time::Instant;
 
@@ -187,13 +187,10 @@ impl HttpDoor {
             }
             (Target::AllStats, &Method::GET) => Box::pin(self.all_stats(id)).await,
             (Target::SharedMemory { region, action }, _) => shared_memory(method, region, action),
-            (Target::RepositoryIndex, &Method::POST) => {
-                let (parts, body) = req.into_parts();
-                match self.read_body(&parts.headers, body, REPOSITORY_BODY).await {
-                    Ok(body) => repository_index(&self.dispatch, &body),
-                    Err(e) => failure(&e),
-                }
-            }
+            (Target::RepositoryIndex, &Method::POST) => match self.read_body(req.into_body(), REPOSITORY_BODY).await {
+                Ok(body) => repository_index(&self.dispatch, &body),
+                Err(e) => failure(&e),
+            },
             (Target::ModelControl { name, action }, &Method::POST) if matches!(action, "load" | "unload") => {
                 failure(&super::extensions::model_control(action, name))
             }
@@ -270,9 +267,9 @@ impl HttpDoor {
             // Within the same budget as every door's bodies: an upload is held twice
             // (the body read, and the file taken out of its form) until it is stored.
             let mut ticket = self.dispatch.admission().admit_any()?;
-            let declared = content_length(&parts.headers).unwrap_or(0).min(max);
+            let declared = declared_length(&body).min(max);
             ticket.hold(declared.saturating_mul(2))?;
-            let body = self.read_body(&parts.headers, body, max).await?;
+            let body = self.read_body(body, max).await?;
             ticket.hold(body.len().saturating_sub(declared).saturating_mul(2))?;
             let asked = super::batch_api::Asked {
                 method: &parts.method,
@@ -329,11 +326,9 @@ impl HttpDoor {
         let prepared = async {
             // Hold the declared length before reading, so a flood of large bodies is
             // shed before it is in memory; a body without one is held once read.
-            let declared = content_length(&parts.headers)
-                .unwrap_or(0)
-                .min(self.limits.max_body_bytes);
+            let declared = declared_length(&body).min(self.limits.max_body_bytes);
             admitted.hold(declared)?;
-            let body = self.read_body(&parts.headers, body, self.limits.max_body_bytes).await?;
+            let body = self.read_body(body, self.limits.max_body_bytes).await?;
             admitted.hold(body.len().saturating_sub(declared))?;
             let body = match coded {
                 true => {
@@ -390,8 +385,8 @@ impl HttpDoor {
     }
 
     /// Reads a body of at most `max` bytes within the body read timeout.
-    async fn read_body<B: RequestBody>(&self, headers: &HeaderMap, body: B, max: usize) -> Result<Bytes, Error> {
-        let declared = content_length(headers).map(|n| n as u64);
+    async fn read_body<B: RequestBody>(&self, body: B, max: usize) -> Result<Bytes, Error> {
+        let declared = body.size_hint().exact();
         let too_large = || {
             Error::new(
                 Kind::TooLarge,
@@ -420,11 +415,12 @@ impl HttpDoor {
 }
 
 /// The declared body length, if any.
-fn content_length(headers: &HeaderMap) -> Option<usize> {
-    headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
+/// A body's declared length (its `content-length`, as the server read it), 0 when
+/// none is declared.
+fn declared_length<B: RequestBody>(body: &B) -> usize {
+    body.size_hint()
+        .exact()
+        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 fn bad_request(e: protocol::Error) -> Error {

@@ -326,7 +326,21 @@ impl<'a> Reader<'a> {
         Some(())
     }
 
+    /// Steps over a run of ASCII digits, eight bytes at a time while eight are left.
     fn digits(&mut self) {
+        while let Some(eight) = self.json.get(self.at..self.at + 8) {
+            let word = u64::from_le_bytes(eight.try_into().unwrap_or_default());
+            // A byte's top bit is set when it is below '0' (the subtraction borrows) or
+            // above '9' (the addition reaches 0x80). A borrow or carry only spills into
+            // the bytes after the first non-digit, so the lowest flagged byte is it.
+            let flagged = (word.wrapping_sub(0x3030_3030_3030_3030) | word.wrapping_add(0x4646_4646_4646_4646))
+                & 0x8080_8080_8080_8080;
+            if flagged != 0 {
+                self.at += (flagged.trailing_zeros() / 8) as usize;
+                return;
+            }
+            self.at += 8;
+        }
         while let Some(b'0'..=b'9') = self.peek() {
             self.at += 1;
         }
@@ -374,6 +388,29 @@ mod tests {
         assert_eq!(widest.inputs[0].shape, vec![999_999_999_999_999_999, 0]);
         let no_data = read(r#"{"inputs":[{"name":"a","shape":[0],"datatype":"FP32"}]}"#).expect("plain");
         assert_eq!(counts(&no_data), vec![None]);
+    }
+
+    #[test]
+    fn runs_of_digits_end_at_the_first_other_byte_whatever_follows() {
+        for text in ["", "7", "0123456789", "01234567", "012345678", "1234567890123456789x"] {
+            for tail in ["", ",", "]", "/", ":", "\u{7f}", "\u{ff}", ".5e3", " 99999999"] {
+                let json = format!("{text}{tail}");
+                let mut r = Reader {
+                    json: json.as_bytes(),
+                    at: 0,
+                };
+                r.digits();
+                let expected = json.bytes().take_while(u8::is_ascii_digit).count();
+                assert_eq!(r.at, expected, "{json:?}");
+            }
+        }
+        for byte in 0..=255u8 {
+            let json = [b'1', b'2', b'3', byte, b'4', b'5', b'6', b'7', b'8', b'9'];
+            let mut r = Reader { json: &json, at: 0 };
+            r.digits();
+            let expected = if byte.is_ascii_digit() { json.len() } else { 3 };
+            assert_eq!(r.at, expected, "byte {byte:#x}");
+        }
     }
 
     #[test]

@@ -379,3 +379,44 @@ async fn broken_answers_fail_and_are_never_reused() {
         "the next call on a new connection"
     );
 }
+
+#[tokio::test]
+async fn only_end_to_end_headers_go_out_and_the_calls_trace_replaces_the_clients() {
+    let (authority, mut seen) = scripted(
+        b"HTTP/1.1 200 OK\r\nconnection: x-hidden\r\nx-hidden: 1\r\nkeep-alive: timeout=5\r\nx-kept: 2\r\ncontent-length: 0\r\n\r\n",
+        false,
+    )
+    .await;
+    let conns = conns(authority.clone(), IDLE_TIMEOUT, 8);
+    let mut parts = post("{}").into_parts().0;
+    for (name, value) in [
+        ("connection", "x-private"),
+        ("x-private", "secret"),
+        ("host", "gateway.example"),
+        ("content-length", "2"),
+        ("cookie", "session=1"),
+        ("traceparent", "00-0000000000000000000000000000000a-000000000000000b-01"),
+        ("x-request-id", "client-id"),
+    ] {
+        parts.headers.append(name, HeaderValue::from_static(value));
+    }
+    let trace = crate::trace::TraceParent {
+        trace_id: 0xa,
+        span_id: 0xc,
+        sampled: true,
+    };
+    let trace = (trace, HeaderValue::from_static("the-id"));
+    let answer = conns
+        .send_call(&mut parts, Bytes::from_static(b"{}"), Some(&trace), LIMIT)
+        .await
+        .expect("answered");
+    let kept: Vec<&str> = answer.headers().keys().map(|k| k.as_str()).collect();
+    assert_eq!(kept, ["x-kept"], "the answer's hop-by-hop headers stay behind");
+    let (_, request) = seen.recv().await.expect("a request");
+    let expected = format!(
+        "POST /v2/models/m/infer?x=1 HTTP/1.1\r\nhost: {authority}\r\n\
+         traceparent: 00-0000000000000000000000000000000a-000000000000000c-01\r\nx-request-id: the-id\r\n\
+         content-type: application/json\r\nx-custom: v\r\ncontent-length: 2\r\n\r\n{{}}"
+    );
+    assert_eq!(String::from_utf8_lossy(&request), expected);
+}

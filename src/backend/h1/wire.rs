@@ -21,6 +21,7 @@
 //!   `keep-alive`), with nothing read past it.
 
 use std::future::poll_fn;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::Poll;
 
@@ -32,6 +33,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::backend::endpoint::Failure;
+use crate::backend::message::{is_hop_by_hop, keep_end_to_end};
+use crate::trace::{TraceParent, REQUEST_ID, TRACEPARENT};
+
+/// What an HTTP/1.1 call writes for its trace: its `traceparent` and `x-request-id`,
+/// in place of any the client sent.
+pub(crate) type Trace = (TraceParent, HeaderValue);
 
 /// The longest answer head read: as hyper's default read buffer limit allows.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -75,6 +82,7 @@ pub(super) enum Sent {
 }
 
 /// How an answer's body is delimited.
+#[derive(Clone, Copy)]
 enum Framing {
     None,
     Length(usize),
@@ -99,8 +107,9 @@ impl Wire {
     /// back, not sent.
     pub(super) async fn exchange(
         &mut self,
-        request: Request<Bytes>,
+        mut request: Request<Bytes>,
         host: &HeaderValue,
+        trace: Option<&Trace>,
         max_body: usize,
         reused: bool,
     ) -> Sent {
@@ -110,7 +119,7 @@ impl Wire {
                 return Sent::NotSent(request, why);
             }
         }
-        self.head(&request, host);
+        self.head(&mut request, host, trace);
         let body = request.body();
         let together = self.write.len() + body.len() <= ONE_WRITE;
         if together {
@@ -158,8 +167,9 @@ impl Wire {
         .await
     }
 
-    /// Writes the request head into the write buffer.
-    fn head(&mut self, request: &Request<Bytes>, host: &HeaderValue) {
+    /// Writes the request head into the write buffer: the request line, `host`, the
+    /// trace's headers, the request's end-to-end headers, `content-length`.
+    fn head(&mut self, request: &mut Request<Bytes>, host: &HeaderValue, trace: Option<&Trace>) {
         let w = &mut self.write;
         w.clear();
         w.extend_from_slice(request.method().as_str().as_bytes());
@@ -169,11 +179,32 @@ impl Wire {
         w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
         w.extend_from_slice(host.as_bytes());
         w.extend_from_slice(b"\r\n");
+        if let Some((traceparent, request_id)) = trace {
+            w.extend_from_slice(b"traceparent: ");
+            w.extend_from_slice(&traceparent.bytes());
+            w.extend_from_slice(b"\r\nx-request-id: ");
+            w.extend_from_slice(request_id.as_bytes());
+            w.extend_from_slice(b"\r\n");
+        }
+        let mut connection = false;
         for (name, value) in request.headers() {
+            if is_hop_by_hop(name) {
+                connection |= name == CONNECTION;
+                continue;
+            }
+            if trace.is_some() && (name == TRACEPARENT || name == REQUEST_ID) {
+                continue;
+            }
             w.extend_from_slice(name.as_str().as_bytes());
             w.extend_from_slice(b": ");
             w.extend_from_slice(value.as_bytes());
             w.extend_from_slice(b"\r\n");
+        }
+        if connection {
+            // `connection` may name more headers to leave out: the map is made end to
+            // end (then it has no `connection`), and the head written again.
+            keep_end_to_end(request.headers_mut());
+            return self.head(request, host, trace);
         }
         let body = request.body().len();
         let method = request.method();
@@ -187,14 +218,15 @@ impl Wire {
 
     /// Reads the answer: its head (informational ones skipped), then its whole body.
     async fn answer(&mut self, head_only: bool, max_body: usize) -> Result<Response<Bytes>, Failure> {
-        let (parts, framing, keep_alive) = loop {
-            if let Some(head) = parse_head(&mut self.read)? {
+        let ((parts, framing, keep_alive), rest) = loop {
+            if let Some((head, rest)) = parse_head(&mut self.read)? {
                 if !head.0.status.is_informational() {
-                    break head;
+                    break (head, rest);
                 }
                 if head.0.status == StatusCode::SWITCHING_PROTOCOLS {
                     return Err(Failure::Other("the backend switched protocols".into()));
                 }
+                self.read = BytesMut::from(&rest[..]);
                 continue;
             }
             if self.read.len() >= MAX_HEAD {
@@ -213,10 +245,24 @@ impl Wire {
             (false, framing) => framing,
         };
         let body = match framing {
-            Framing::None => Bytes::new(),
-            Framing::Length(n) => self.exact(n, max_body).await?,
-            Framing::Chunked => self.chunked(max_body).await?,
-            Framing::Close => self.until_close(max_body).await?,
+            // Read whole with its head (the common answer): a slice of what was read.
+            Framing::Length(n) if n <= rest.len() && n <= max_body => {
+                if rest.len() > n {
+                    self.read = BytesMut::from(&rest[n..]);
+                }
+                rest.slice(..n)
+            }
+            framing => {
+                if !rest.is_empty() {
+                    self.read = BytesMut::from(&rest[..]);
+                }
+                match framing {
+                    Framing::None => Bytes::new(),
+                    Framing::Length(n) => self.exact(n, max_body).await?,
+                    Framing::Chunked => self.chunked(max_body).await?,
+                    Framing::Close => self.until_close(max_body).await?,
+                }
+            }
         };
         let whole = matches!(framing, Framing::None | Framing::Length(_) | Framing::Chunked);
         self.reusable = keep_alive && whole && self.read.is_empty();
@@ -335,16 +381,24 @@ async fn write_some(io: &mut Io, bytes: &[u8]) -> std::io::Result<usize> {
 /// may be kept (as its version and `connection` header say).
 type Head = (http::response::Parts, Framing, bool);
 
-/// The answer head at the start of `read`, taken off it when whole; `None` while it is
-/// incomplete.
-fn parse_head(read: &mut BytesMut) -> Result<Option<Head>, Failure> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(read) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(Failure::Other(format!("the answer's head is not HTTP/1.1: {e}"))),
-    };
+/// The answer head at the start of `read` when it is whole, and the bytes read after
+/// it (`read` is left empty); `None` while it is incomplete (`read` left as it was).
+/// Header values are slices of what was read, not copies.
+fn parse_head(read: &mut BytesMut) -> Result<Option<(Head, Bytes)>, Failure> {
+    let frozen = std::mem::take(read).freeze();
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len =
+        match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, &frozen, &mut fields) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => {
+                *read = frozen
+                    .try_into_mut()
+                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+                return Ok(None);
+            }
+            Err(e) => return Err(Failure::Other(format!("the answer's head is not HTTP/1.1: {e}"))),
+        };
     let status = parsed
         .code
         .and_then(|c| StatusCode::from_u16(c).ok())
@@ -353,25 +407,15 @@ fn parse_head(read: &mut BytesMut) -> Result<Option<Head>, Failure> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // Where each field is within the head, so that names and values are taken from it
-    // by reference, not copied.
-    let base = read.as_ptr() as usize;
-    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
     let count = parsed.headers.len();
-    for (span, field) in spans.iter_mut().zip(parsed.headers.iter()) {
-        let name = field.name.as_ptr() as usize - base;
-        let value = field.value.as_ptr() as usize - base;
-        *span = (name, field.name.len(), value, field.value.len());
-    }
-    let head = read.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(count);
     let mut framing = None::<Framing>;
     let mut length = None::<usize>;
-    let (mut close, mut keep) = (false, false);
-    for &(name, name_len, value, value_len) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[name..name + name_len])
+    let (mut close, mut keep, mut hop) = (false, false, false);
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| Failure::Other("the answer has a header name that is not one".into()))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value..value + value_len))
+        let value = HeaderValue::from_maybe_shared(frozen.slice_ref(field.value))
             .map_err(|_| Failure::Other(format!("the answer's {name} header is not a header value")))?;
         if name == CONTENT_LENGTH {
             // Read here and left out: the gateway frames the body it passes on itself.
@@ -382,19 +426,27 @@ fn parse_head(read: &mut BytesMut) -> Result<Option<Head>, Failure> {
                 .ok_or_else(|| Failure::Other("the answer's content-length is not one number".into()))?;
             length = Some(n);
             continue;
-        } else if name == TRANSFER_ENCODING {
-            let last = value.as_bytes().rsplit(|b| *b == b',').next().unwrap_or_default();
-            framing = Some(match last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                true => Framing::Chunked,
-                false => Framing::Close,
-            });
-        } else if name == CONNECTION {
-            for token in value.as_bytes().split(|b| *b == b',') {
-                close |= token.trim_ascii().eq_ignore_ascii_case(b"close");
-                keep |= token.trim_ascii().eq_ignore_ascii_case(b"keep-alive");
+        }
+        if is_hop_by_hop(&name) {
+            hop = true;
+            if name == TRANSFER_ENCODING {
+                let last = value.as_bytes().rsplit(|b| *b == b',').next().unwrap_or_default();
+                framing = Some(match last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    true => Framing::Chunked,
+                    false => Framing::Close,
+                });
+            } else if name == CONNECTION {
+                for token in value.as_bytes().split(|b| *b == b',') {
+                    close |= token.trim_ascii().eq_ignore_ascii_case(b"close");
+                    keep |= token.trim_ascii().eq_ignore_ascii_case(b"keep-alive");
+                }
             }
         }
         headers.append(name, value);
+    }
+    if hop {
+        // Only end-to-end headers are passed on (and none a `connection` header names).
+        keep_end_to_end(&mut headers);
     }
     let framing = match () {
         _ if status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED => {
@@ -407,7 +459,7 @@ fn parse_head(read: &mut BytesMut) -> Result<Option<Head>, Failure> {
     parts.status = status;
     parts.version = version;
     parts.headers = headers;
-    Ok(Some((parts, framing, keep_alive)))
+    Ok(Some(((parts, framing, keep_alive), frozen.slice(len..))))
 }
 
 /// A chunk's size from its line (hexadecimal, then optional `;extensions`).
@@ -487,7 +539,7 @@ mod tests {
     }
 
     fn head(text: &str) -> Result<Option<Head>, Failure> {
-        parse_head(&mut BytesMut::from(text))
+        parse_head(&mut BytesMut::from(text)).map(|parsed| parsed.map(|(head, _)| head))
     }
 
     #[test]
@@ -554,9 +606,13 @@ mod tests {
     #[test]
     fn a_parsed_head_leaves_the_body_in_the_buffer_and_shares_its_values() {
         let mut read = BytesMut::from("HTTP/1.1 201 Created\r\nx-a: one\r\ncontent-length: 3\r\n\r\nabc");
-        let (parts, _, _) = parse_head(&mut read).expect("valid").expect("whole");
+        let ((parts, _, _), rest) = parse_head(&mut read).expect("valid").expect("whole");
         assert_eq!(parts.status, 201);
         assert_eq!(parts.headers["x-a"], "one");
-        assert_eq!(&read[..], b"abc");
+        assert_eq!(&rest[..], b"abc");
+        assert!(read.is_empty());
+        let mut partial = BytesMut::from("HTTP/1.1 200 OK\r\nx-a: o");
+        assert!(parse_head(&mut partial).expect("valid so far").is_none());
+        assert_eq!(&partial[..], b"HTTP/1.1 200 OK\r\nx-a: o", "left as it was");
     }
 }
