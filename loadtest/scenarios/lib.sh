@@ -58,6 +58,9 @@ realtime_policy() {
 # start_nginx PORT BACKEND_PORT http|grpc [COMMAND PREFIX...]: nginx with one worker as a
 # reverse proxy on PORT to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over
 # h2c), config in $WORK, started under the prefix (e.g. taskset -c 0) when one is given.
+# Over HTTP, bodies up to 64 MiB (tiergate's default limit) pass through as they arrive
+# (no request or answer buffering, which would spill a large tensor to disk), as a
+# platform team configures nginx in front of model servers.
 start_nginx() {
   nginx_config "$1" "$2" "$3"
   "${@:4}" nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
@@ -73,7 +76,8 @@ nginx_config() {
     site="upstream sim { server 127.0.0.1:$2; keepalive 64; }
   server {
     listen 127.0.0.1:$1;
-    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection \"\";
+                 client_max_body_size 64m; proxy_request_buffering off; proxy_buffering off; }
   }"
   fi
   mkdir -p "$WORK/nginx"

@@ -141,6 +141,9 @@ pub struct PayloadArgs {
     /// Triton binary tensor extension (JSON header + raw bytes) instead of JSON tensors.
     #[arg(long)]
     pub binary: bool,
+    /// Ask for the outputs in the binary section (`binary_data_output`).
+    #[arg(long, conflicts_with = "grpc")]
+    pub binary_output: bool,
     /// KServe v2 over gRPC (ModelInfer with raw contents, HTTP/2) instead of HTTP; the
     /// URL is the gRPC port. Implies --http2.
     #[arg(long, conflicts_with = "binary")]
@@ -190,6 +193,7 @@ impl PayloadArgs {
             rows: self.rows,
             cols: self.cols,
             binary: self.binary,
+            binary_output: self.binary_output,
             grpc: self.grpc,
             distinct: self.distinct,
         })

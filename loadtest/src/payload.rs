@@ -27,6 +27,9 @@ pub struct Payload {
     pub cols: usize,
     /// Triton binary tensor extension instead of JSON tensors.
     pub binary: bool,
+    /// Ask for every output in the binary section (`binary_data_output`), as Triton's
+    /// clients do for large tensors.
+    pub binary_output: bool,
     /// KServe v2 over gRPC (`ModelInfer`, raw contents) instead of HTTP.
     pub grpc: bool,
     /// Percent of requests (0 to 100) asking a question never asked before (a unique
@@ -64,13 +67,19 @@ impl Payload {
     /// The body, plus the `Inference-Header-Content-Length` value for binary bodies.
     pub fn encode(&self) -> anyhow::Result<(Bytes, Option<usize>)> {
         let mut input = json!({"name": INPUT_NAME, "shape": [self.rows, self.cols], "datatype": "FP32"});
+        let mut request = json!({});
+        if self.binary_output {
+            request["parameters"] = json!({"binary_data_output": true});
+        }
         if !self.binary {
             input["data"] = json!(self.values().collect::<Vec<_>>());
-            return Ok((serde_json::to_vec(&json!({"inputs": [input]}))?.into(), None));
+            request["inputs"] = json!([input]);
+            return Ok((serde_json::to_vec(&request)?.into(), None));
         }
         let tensor_bytes = self.rows * self.cols * size_of::<f32>();
         input["parameters"] = json!({"binary_data_size": tensor_bytes});
-        let header = serde_json::to_vec(&json!({"inputs": [input]}))?;
+        request["inputs"] = json!([input]);
+        let header = serde_json::to_vec(&request)?;
         let mut body = BytesMut::with_capacity(header.len() + tensor_bytes);
         body.put_slice(&header);
         self.values().for_each(|v| body.put_f32_le(v));
@@ -250,6 +259,7 @@ mod tests {
             rows: 2,
             cols: 300,
             binary: false,
+            binary_output: false,
             grpc: false,
             distinct: 0,
         };
@@ -270,6 +280,23 @@ mod tests {
     }
 
     #[test]
+    fn binary_output_asks_for_every_output_in_the_binary_section() -> anyhow::Result<()> {
+        let payload = Payload {
+            rows: 1,
+            cols: 4,
+            binary: true,
+            binary_output: true,
+            grpc: false,
+            distinct: 0,
+        };
+        let (body, header_len) = payload.encode()?;
+        let header: serde_json::Value = serde_json::from_slice(&body[..header_len.expect("binary")])?;
+        assert_eq!(header["parameters"]["binary_data_output"], true);
+        assert_eq!(body.len(), header_len.expect("binary") + 16);
+        Ok(())
+    }
+
+    #[test]
     fn a_distinct_share_of_requests_asks_questions_of_its_own() -> anyhow::Result<()> {
         use http_body_util::BodyExt as _;
         for binary in [false, true] {
@@ -277,6 +304,7 @@ mod tests {
                 rows: 1,
                 cols: 4,
                 binary,
+                binary_output: false,
                 grpc: false,
                 distinct: 25,
             };
@@ -314,6 +342,7 @@ mod tests {
             rows: 3,
             cols: 4,
             binary: true,
+            binary_output: false,
             grpc: false,
             distinct: 0,
         };
@@ -336,6 +365,7 @@ mod tests {
             rows: 1,
             cols: 2,
             binary: true,
+            binary_output: false,
             grpc: false,
             distinct: 0,
         };
@@ -353,6 +383,7 @@ mod tests {
             "m",
             &Payload {
                 binary: false,
+                binary_output: false,
                 grpc: false,
                 ..payload
             },
@@ -369,6 +400,7 @@ mod tests {
             rows: 1,
             cols: 1,
             binary: false,
+            binary_output: false,
             grpc: false,
             distinct: 0,
         };

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::batch_api::OfflineApi;
@@ -396,9 +396,10 @@ impl HttpDoor {
         if declared.is_some_and(|n| n > max as u64) {
             return Err(too_large());
         }
-        match tokio::time::timeout(self.limits.body_read_timeout, Limited::new(body, max).collect()).await {
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        let room = declared.map_or(0, |n| n as usize);
+        match tokio::time::timeout(self.limits.body_read_timeout, gather(body, room, max)).await {
+            Ok(Ok(Some(body))) => Ok(body),
+            Ok(Ok(None)) => Err(too_large()),
             Ok(Err(e)) => Err(Error::new(
                 Kind::BadRequest,
                 format!("could not read the request body: {e}"),
@@ -414,7 +415,33 @@ impl HttpDoor {
     }
 }
 
-/// The declared body length, if any.
+/// `body` whole, or `None` past `max` bytes. A body that arrives in one piece is kept
+/// as it came; one in several is gathered into one buffer of `room` bytes (its declared
+/// length) reserved once, each piece dropped once copied: at most one copy of the body
+/// is held, never the pieces and their concatenation together.
+async fn gather<B: RequestBody>(body: B, room: usize, max: usize) -> Result<Option<Bytes>, BoxError> {
+    let mut body = std::pin::pin!(body);
+    let (mut first, mut rest) = (None::<Bytes>, bytes::BytesMut::new());
+    while let Some(frame) = body.as_mut().frame().await {
+        let Ok(data) = frame.map_err(Into::into)?.into_data() else {
+            continue; // trailers: a model server has no use for them
+        };
+        let had = first.as_ref().map_or(rest.len(), Bytes::len);
+        if had.saturating_add(data.len()) > max {
+            return Ok(None);
+        }
+        if let Some(piece) = first.take() {
+            rest.reserve(room.max(piece.len() + data.len()));
+            rest.extend_from_slice(&piece);
+        } else if rest.is_empty() {
+            first = Some(data);
+            continue;
+        }
+        rest.extend_from_slice(&data);
+    }
+    Ok(Some(first.unwrap_or_else(|| rest.freeze())))
+}
+
 /// A body's declared length (its `content-length`, as the server read it), 0 when
 /// none is declared.
 fn declared_length<B: RequestBody>(body: &B) -> usize {
@@ -644,4 +671,37 @@ fn scoped(mut response: Response<Answered>) -> Response<Answered> {
     let scope = HeaderValue::from_static(headers::STATISTICS_SCOPE);
     response.headers_mut().insert(headers::STATISTICS, scope);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    use super::*;
+
+    fn pieces(
+        parts: &[&'static [u8]],
+    ) -> StreamBody<impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+        let frames: Vec<_> = parts.iter().map(|p| Ok(Frame::data(Bytes::from_static(p)))).collect();
+        StreamBody::new(tokio_stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_gathered_whole_from_its_pieces_within_its_limit() {
+        let one = gather(pieces(&[b"whole"]), 5, 5).await.expect("read");
+        assert_eq!(one.as_deref(), Some(&b"whole"[..]));
+        let several = gather(pieces(&[b"ab", b"cd", b"e"]), 5, 5).await.expect("read");
+        assert_eq!(several.as_deref(), Some(&b"abcde"[..]));
+        let undeclared = gather(pieces(&[b"ab", b"cd", b"e"]), 0, 5).await.expect("read");
+        assert_eq!(undeclared.as_deref(), Some(&b"abcde"[..]));
+        assert_eq!(gather(pieces(&[b"abc", b"def"]), 0, 5).await.expect("read"), None);
+        assert_eq!(gather(pieces(&[b"abcdef"]), 0, 5).await.expect("read"), None);
+        assert_eq!(
+            gather(pieces(&[]), 0, 5).await.expect("read").as_deref(),
+            Some(&b""[..])
+        );
+    }
 }

@@ -51,6 +51,24 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(c) => c.is_write_vectored(),
+            Conn::Tls(t) => t.is_write_vectored(),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(c) => Pin::new(c).poll_write_vectored(cx, bufs),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(c) => Pin::new(c).poll_write(cx, buf),

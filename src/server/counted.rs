@@ -444,21 +444,44 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let this = &mut *self;
-        let wrote = Pin::new(&mut this.stream).poll_write(cx, buf);
+impl Counted {
+    /// Counts what a write wrote while an answer is waiting, and watches a write that
+    /// must wait.
+    fn wrote(&mut self, cx: &mut Context<'_>, wrote: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
         match &wrote {
             // Counted only while an answer is waiting: a fast client never arms the watch.
             Poll::Ready(Ok(n)) => {
-                if let Some(sending) = &mut this.sending {
+                if let Some(sending) = &mut self.sending {
                     sending.written += *n as u64;
                 }
             }
-            Poll::Pending => this.check_sending(cx)?,
+            Poll::Pending => self.check_sending(cx)?,
             Poll::Ready(Err(_)) => {}
         }
         wrote
+    }
+}
+
+impl AsyncWrite for Counted {
+    /// Answers go out as the server queues them (head and body buffers in one
+    /// `writev`), so a large body is written from its own buffer, never copied into the
+    /// server's.
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let wrote = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(cx, wrote)
+    }
+
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let wrote = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(cx, wrote)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
