@@ -3,7 +3,7 @@
 //! headers are in [`crate::trace`], KServe's binary-extension header in
 //! [`crate::protocol`].)
 
-use http::HeaderName;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Request: the client's budget in milliseconds (first in the budget's order).
 pub const BUDGET: HeaderName = HeaderName::from_static("x-tiergate-budget-ms");
@@ -49,15 +49,77 @@ pub const STATISTICS: HeaderName = HeaderName::from_static("x-tiergate-statistic
 /// them, not the route's whole traffic (which is in tiergate's metrics).
 pub const STATISTICS_SCOPE: &str = "one-endpoint";
 
-/// True when a `Prefer` header asks for `respond-async` (RFC 7240).
-pub fn prefers_async(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(PREFER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| {
+/// What the request path reads of a request's head, found in one pass over its
+/// headers: a map lookup hashes the name and probes, and the path asks for nine names
+/// of a request that usually carries five to ten headers. Values are kept (a shared
+/// clone each), so the head can be read after the map has changed hands.
+#[derive(Debug, Clone, Default)]
+pub struct Head {
+    /// [`BUDGET`].
+    pub budget: Option<HeaderValue>,
+    /// `grpc-timeout`.
+    pub grpc_timeout: Option<HeaderValue>,
+    /// [`PRIORITY`].
+    pub priority: Option<HeaderValue>,
+    /// Whether a [`PREFER`] header asks for `respond-async`.
+    pub prefer_async: bool,
+    /// `traceparent` (W3C).
+    pub traceparent: Option<HeaderValue>,
+    /// `x-request-id`.
+    pub request_id: Option<HeaderValue>,
+    /// `inference-header-content-length` (Triton's binary extension).
+    pub header_len: Option<HeaderValue>,
+    /// Whether `content-encoding` or `accept-encoding` is there.
+    pub coded: bool,
+    /// The route's rollout key header.
+    pub rollout_key: Option<HeaderValue>,
+}
+
+impl Head {
+    /// Reads `headers` once; `rollout_key` names the route's rollout key header. The
+    /// first value of a name counts, as `HeaderMap::get` gives it.
+    pub fn scan(headers: &HeaderMap, rollout_key: &HeaderName) -> Head {
+        let mut head = Head::default();
+        for (name, value) in headers {
+            if name == rollout_key && head.rollout_key.is_none() {
+                head.rollout_key = Some(value.clone());
+            }
+            let slot = match name.as_str() {
+                "x-tiergate-budget-ms" => &mut head.budget,
+                "grpc-timeout" => &mut head.grpc_timeout,
+                "x-tiergate-priority" => &mut head.priority,
+                "traceparent" => &mut head.traceparent,
+                "x-request-id" => &mut head.request_id,
+                "inference-header-content-length" => &mut head.header_len,
+                "prefer" => {
+                    head.prefer_async |= asks_async(value);
+                    continue;
+                }
+                "content-encoding" | "accept-encoding" => {
+                    head.coded = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(value.clone());
+            }
+        }
+        head
+    }
+}
+
+/// Whether one `Prefer` value asks for `respond-async` (RFC 7240).
+fn asks_async(value: &HeaderValue) -> bool {
+    value.to_str().ok().is_some_and(|v| {
+        v.split(',').any(|p| {
             let token = p.split(';').next().unwrap_or("").trim();
             token.eq_ignore_ascii_case("respond-async")
         })
+    })
+}
+
+/// True when a `Prefer` header asks for `respond-async` (RFC 7240).
+pub fn prefers_async(headers: &http::HeaderMap) -> bool {
+    headers.get_all(PREFER).iter().any(asks_async)
 }

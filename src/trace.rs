@@ -110,12 +110,14 @@ pub struct Ids {
 impl Ids {
     /// Reads the ids from a request's headers, making up what is missing.
     pub fn read(headers: &HeaderMap) -> Ids {
-        let parent = headers
-            .get(TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(TraceParent::parse);
+        Ids::of(headers.get(TRACEPARENT), headers.get(REQUEST_ID))
+    }
+
+    /// [`Ids::read`] from the values of `traceparent` and `x-request-id`, when sent.
+    pub fn of(traceparent: Option<&HeaderValue>, request_id: Option<&HeaderValue>) -> Ids {
+        let parent = traceparent.and_then(|v| v.to_str().ok()).and_then(TraceParent::parse);
         Ids {
-            request_id: request_id(headers),
+            request_id: request_id_of(request_id),
             trace_id: parent.map_or_else(new_trace_id, |p| p.trace_id),
             parent: parent.map(|p| p.span_id),
             span_id: new_span_id(),
@@ -192,9 +194,12 @@ impl Ids {
 /// A request's id: the client's `x-request-id` when it sent a usable one (1 to 128
 /// visible ASCII characters), else a new random one.
 pub fn request_id(headers: &HeaderMap) -> HeaderValue {
-    headers
-        .get(REQUEST_ID)
-        .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.as_bytes().iter().all(u8::is_ascii_graphic))
+    request_id_of(headers.get(REQUEST_ID))
+}
+
+/// [`request_id`] from the value of `x-request-id`, when sent.
+pub fn request_id_of(sent: Option<&HeaderValue>) -> HeaderValue {
+    sent.filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.as_bytes().iter().all(u8::is_ascii_graphic))
         .cloned()
         .unwrap_or_else(|| {
             HeaderValue::from_bytes(&hex::<32>(rand::random::<u128>())).expect("hex is a valid header value")

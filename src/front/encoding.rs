@@ -35,13 +35,6 @@ impl Coding {
     }
 }
 
-/// Whether `headers` name a coding at all (`Content-Encoding` or `Accept-Encoding`):
-/// one pass over a request's few headers, cheaper than looking each up, so a request
-/// that names neither (nearly all of them) pays only this.
-pub fn named(headers: &HeaderMap) -> bool {
-    headers.keys().any(|k| k == CONTENT_ENCODING || k == ACCEPT_ENCODING)
-}
-
 /// The request body `body` decoded as its `Content-Encoding` says, at most `max` bytes
 /// once decoded; the header is removed, so what follows sees a plain body. 400 for a
 /// coding the door does not read or a body that does not decode, 413 past `max`.

@@ -22,7 +22,7 @@ use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door;
 use crate::error::{Error, Kind};
-use crate::headers;
+use crate::headers::{self, Head};
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
@@ -288,9 +288,13 @@ impl HttpDoor {
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Answered> {
-        let mut ids = trace::Ids::read(req.headers());
+        let head = Head::scan(req.headers(), &route.rollout_key_header);
+        let mut ids = trace::Ids::of(head.traceparent.as_ref(), head.request_id.as_ref());
         let span = ids.span(Door::Http);
-        let mut response = self.serve_traced(route, req, kind, &ids).instrument(span).await;
+        let mut response = self
+            .serve_traced(route, req, kind, (&ids, &head))
+            .instrument(span)
+            .await;
         ids.to_client(response.headers_mut());
         response
     }
@@ -302,7 +306,7 @@ impl HttpDoor {
         route: Arc<Route>,
         req: Request<B>,
         kind: Body,
-        ids: &trace::Ids,
+        (ids, head): (&trace::Ids, &Head),
     ) -> Response<Answered> {
         let received = Instant::now();
         let tenant = Tenant::of(&req);
@@ -312,7 +316,7 @@ impl HttpDoor {
             Body::Json => Shape::of(parts.uri.path()),
         };
         let check = route.body_check;
-        let coded = super::encoding::named(&parts.headers);
+        let coded = head.coded;
         let answer_coding = coded
             .then(|| super::encoding::take_accepted(&mut parts.headers))
             .flatten();
@@ -341,7 +345,7 @@ impl HttpDoor {
             };
             let (timeout_us, id, sequence) = match kind {
                 Body::Kserve => {
-                    let header_len = protocol::header_len(&parts.headers).map_err(bad_request)?;
+                    let header_len = protocol::header_len_of(head.header_len.as_ref()).map_err(bad_request)?;
                     let info = protocol::inspect_request(&body, header_len, check).map_err(bad_request)?;
                     (info.timeout_us, info.id, info.sequence)
                 }
@@ -362,7 +366,7 @@ impl HttpDoor {
                     (None, None, None)
                 }
             };
-            let meta = admitted.meta(&parts.headers, timeout_us, id.as_deref())?;
+            let meta = admitted.meta_of(head, timeout_us, id.as_deref())?;
             Ok::<_, Error>((body, meta, sequence))
         };
         let mut served = match prepared.await {
@@ -677,6 +681,7 @@ fn scoped(mut response: Response<Answered>) -> Response<Answered> {
 mod tests {
     use std::convert::Infallible;
 
+    use http::HeaderMap;
     use http_body_util::StreamBody;
     use hyper::body::Frame;
 
@@ -687,6 +692,48 @@ mod tests {
     ) -> StreamBody<impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
         let frames: Vec<_> = parts.iter().map(|p| Ok(Frame::data(Bytes::from_static(p)))).collect();
         StreamBody::new(tokio_stream::iter(frames))
+    }
+
+    #[test]
+    fn one_scan_of_the_head_finds_what_each_lookup_would() {
+        let mut map = HeaderMap::new();
+        for (name, value) in [
+            ("x-tiergate-budget-ms", "250"),
+            ("x-tiergate-budget-ms", "999"),
+            ("grpc-timeout", "1S"),
+            ("x-tiergate-priority", "critical"),
+            ("prefer", "wait=5"),
+            ("prefer", "handling=lenient, respond-async"),
+            ("traceparent", "00-0000000000000000000000000000000a-000000000000000b-01"),
+            ("x-request-id", "r-1"),
+            ("inference-header-content-length", "42"),
+            ("accept-encoding", "gzip"),
+            ("x-user", "u-7"),
+        ] {
+            map.append(http::HeaderName::from_static(name), HeaderValue::from_static(value));
+        }
+        let head = Head::scan(&map, &http::HeaderName::from_static("x-user"));
+        assert_eq!(
+            head.budget.as_ref(),
+            map.get(headers::BUDGET),
+            "the first value, as get gives"
+        );
+        assert_eq!(head.grpc_timeout.as_ref(), map.get(super::super::meta::GRPC_TIMEOUT));
+        assert_eq!(head.priority.as_ref(), map.get(headers::PRIORITY));
+        assert_eq!(head.traceparent.as_ref(), map.get(trace::TRACEPARENT));
+        assert_eq!(head.request_id.as_ref(), map.get(trace::REQUEST_ID));
+        assert_eq!(head.header_len.as_ref(), map.get(protocol::HEADER_LEN));
+        assert_eq!(head.rollout_key.as_ref(), map.get("x-user"));
+        assert_eq!(head.prefer_async, headers::prefers_async(&map));
+        assert!(head.prefer_async && head.coded);
+        let bare = Head::scan(&HeaderMap::new(), &trace::REQUEST_ID);
+        assert!(bare.budget.is_none() && bare.rollout_key.is_none() && !bare.prefer_async && !bare.coded);
+        // The rollout key may be a header the path reads for itself too.
+        let by_id = Head::scan(&map, &trace::REQUEST_ID);
+        assert_eq!(
+            (by_id.rollout_key.as_ref(), by_id.request_id.as_ref()),
+            (map.get("x-request-id"), map.get("x-request-id"))
+        );
     }
 
     #[tokio::test]

@@ -14,7 +14,7 @@ use http::HeaderMap;
 use crate::decision::key_hash;
 use crate::decision::{BudgetSource, Meta};
 use crate::error::{Error, Kind};
-use crate::headers;
+use crate::headers::{self, Head};
 use crate::policy::Route;
 
 /// The header asking for an asynchronous answer (RFC 7240 `respond-async`).
@@ -35,7 +35,12 @@ pub fn read(
     id: Option<&str>,
     route: &Route,
 ) -> Result<Meta, Error> {
-    let budget = if let Some(v) = headers.get(headers::BUDGET) {
+    read_head(&Head::scan(headers, &route.rollout_key_header), kserve_timeout_us, id)
+}
+
+/// [`read`] from a head already scanned (with the route's rollout key header).
+pub fn read_head(head: &Head, kserve_timeout_us: Option<u64>, id: Option<&str>) -> Result<Meta, Error> {
+    let budget = if let Some(v) = &head.budget {
         let ms = v
             .to_str()
             .ok()
@@ -60,7 +65,7 @@ pub fn read(
             ));
         }
         Some((Duration::from_millis(ms), BudgetSource::Header))
-    } else if let Some(v) = headers.get(GRPC_TIMEOUT) {
+    } else if let Some(v) = &head.grpc_timeout {
         let d = v.to_str().ok().and_then(grpc_timeout).ok_or_else(|| {
             Error::new(
                 Kind::BadRequest,
@@ -85,7 +90,7 @@ pub fn read(
             .map(|us| (Duration::from_micros(us), BudgetSource::KserveTimeout))
     };
     // One rule for every tier: a band only the micro-batch tier uses is still checked.
-    if let Some(v) = headers.get(headers::PRIORITY) {
+    if let Some(v) = &head.priority {
         if v.to_str().ok().and_then(crate::policy::Priority::parse).is_none() {
             return Err(Error::new(
                 Kind::BadRequest,
@@ -97,8 +102,9 @@ pub fn read(
             ));
         }
     }
-    let key = match headers
-        .get(&route.rollout_key_header)
+    let key = match head
+        .rollout_key
+        .as_ref()
         .map(|v| v.as_bytes())
         .or(id.map(str::as_bytes))
     {
@@ -107,7 +113,7 @@ pub fn read(
     };
     Ok(Meta {
         budget: budget.map(|(d, source)| (d.min(MAX_BUDGET), source)),
-        prefer_async: prefers_async(headers),
+        prefer_async: head.prefer_async,
         key,
     })
 }

@@ -10,7 +10,12 @@ use super::{Error, HEADER_LEN};
 /// Reads the JSON header length from request or response headers: `None` when the
 /// header is absent (the whole body is JSON).
 pub fn header_len(headers: &http::HeaderMap) -> Result<Option<usize>, Error> {
-    let Some(value) = headers.get(HEADER_LEN) else {
+    header_len_of(headers.get(HEADER_LEN))
+}
+
+/// [`header_len`] from the header's value, when sent.
+pub fn header_len_of(value: Option<&http::HeaderValue>) -> Result<Option<usize>, Error> {
+    let Some(value) = value else {
         return Ok(None);
     };
     let bad = || Error::BadHeaderLen {

@@ -36,7 +36,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use binary::header_len;
+pub use binary::{header_len, header_len_of};
 pub use datatype::{Datatype, ParseDatatypeError};
 pub use error::Error;
 pub use inspect::{answer_envelope, inspect_request, BodyCheck, RequestInfo};

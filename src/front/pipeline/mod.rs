@@ -71,6 +71,17 @@ impl Admitted<'_> {
         meta::read(headers, timeout_us, id, &self.route)
     }
 
+    /// Step 4 from a head the door has scanned already (with the route's rollout key
+    /// header).
+    pub fn meta_of(
+        &self,
+        head: &crate::headers::Head,
+        timeout_us: Option<u64>,
+        id: Option<&str>,
+    ) -> Result<Meta, Error> {
+        meta::read_head(head, timeout_us, id)
+    }
+
     /// Step 5: classifies `request` by `meta` and serves it.
     pub fn serve(&self, request: Request<Bytes>, meta: Meta) -> impl Future<Output = Served> + Send + '_ {
         self.serve_as(Ask::Classify(meta), request)
