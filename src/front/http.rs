@@ -9,7 +9,9 @@
 //! `x-tiergate-reason`; every error is `{"error": "..."}` with the status from
 //! [`crate::error`].
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -401,7 +403,14 @@ impl HttpDoor {
             return Err(too_large());
         }
         let room = declared.map_or(0, |n| n as usize);
-        match tokio::time::timeout(self.limits.body_read_timeout, gather(body, room, max)).await {
+        let mut reading = std::pin::pin!(gather(body, room, max));
+        // A body that came whole with its head (nearly every small one) is read at the
+        // first poll, and needs no timer.
+        let read = match std::future::poll_fn(|cx| Poll::Ready(reading.as_mut().poll(cx))).await {
+            Poll::Ready(read) => Ok(read),
+            Poll::Pending => tokio::time::timeout(self.limits.body_read_timeout, reading).await,
+        };
+        match read {
             Ok(Ok(Some(body))) => Ok(body),
             Ok(Ok(None)) => Err(too_large()),
             Ok(Err(e)) => Err(Error::new(

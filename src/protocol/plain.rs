@@ -34,7 +34,7 @@ pub(crate) fn request(json: &[u8]) -> Option<WireRequest<Counted>> {
     let (mut id, mut inputs, mut outputs) = (None, None, None);
     r.object(|r, key| match key {
         b"id" if id.is_none() => {
-            id = Some(r.string()?.to_owned());
+            id = Some(r.string()?);
             Some(())
         }
         b"inputs" if inputs.is_none() => {
@@ -118,8 +118,9 @@ impl<'a> Reader<'a> {
         (self.peek()? == byte).then(|| self.at += 1)
     }
 
-    /// Whitespace, then a string of printable ASCII with no escape; its text.
-    fn string(&mut self) -> Option<&'a str> {
+    /// Whitespace, then a string of printable ASCII with no escape; its bytes (a key
+    /// is compared as they are).
+    fn raw_string(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         let start = self.at;
         loop {
@@ -131,7 +132,13 @@ impl<'a> Reader<'a> {
         }
         let text = &self.json[start..self.at];
         self.at += 1;
-        std::str::from_utf8(text).ok()
+        Some(text)
+    }
+
+    /// [`Reader::raw_string`] as an owned string.
+    fn string(&mut self) -> Option<String> {
+        let text = self.raw_string()?;
+        std::str::from_utf8(text).ok().map(str::to_owned)
     }
 
     /// An object, each member's value read by `member` (given the key) up to its end.
@@ -143,9 +150,9 @@ impl<'a> Reader<'a> {
             return Some(());
         }
         loop {
-            let key = self.string()?;
+            let key = self.raw_string()?;
             self.eat(b':')?;
-            member(self, key.as_bytes())?;
+            member(self, key)?;
             self.space();
             match self.peek()? {
                 b',' => self.at += 1,
@@ -186,11 +193,11 @@ impl<'a> Reader<'a> {
         let (mut name, mut datatype, mut shape, mut data) = (None, None, None, None);
         self.object(|r, key| match key {
             b"name" if name.is_none() => {
-                name = Some(r.string()?.to_owned());
+                name = Some(r.string()?);
                 Some(())
             }
             b"datatype" if datatype.is_none() => {
-                datatype = Some(r.string()?.to_owned());
+                datatype = Some(r.string()?);
                 Some(())
             }
             b"shape" if shape.is_none() => {
@@ -217,7 +224,7 @@ impl<'a> Reader<'a> {
         let mut name = None;
         self.object(|r, key| match key {
             b"name" if name.is_none() => {
-                name = Some(r.string()?.to_owned());
+                name = Some(r.string()?);
                 Some(())
             }
             _ => None,
