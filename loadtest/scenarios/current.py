@@ -31,11 +31,19 @@ def scenario(name):
 def overhead(text):
     targets = {t["name"]: t for t in json.load(open(OUT / "overhead/results.json"))["targets"]}
     added = lambda name: (targets[name]["added_p50_us"], targets[name]["added_p99_us"])
-    tg, bare, nginx = added("tiergate"), added("bare_hyper"), added("nginx")
+    tg, bare, nginx, haproxy = added("tiergate"), added("bare_hyper"), added("nginx"), added("haproxy")
     p99 = targets["direct"]["summary"]["latency_ms"]["p99"]
+    large = []
+    for size in ("1MiB", "16MiB"):
+        path = OUT / f"overhead/large-{size}.json"
+        if path.exists():
+            by = {t["name"]: t["added_p99_us"] / 1000 for t in json.load(open(path))["targets"]}
+            large.append(f"{size} each way, added p99: tiergate +{by['tiergate']:.1f}, nginx +{by['nginx']:.1f}, "
+                         f"HAProxy +{by['haproxy']:.1f} ms")
     return ("real-time overhead: added p50 / p99 over calling the backend directly",
-        f"tiergate +{tg[0]} / +{tg[1]} µs; bare hyper proxy +{bare[0]} / +{bare[1]} µs; nginx +{nginx[0]} / +{nginx[1]} µs "
-        f"(direct p99 {p99:.2f} ms)", "added p99 no worse than nginx's")
+        f"tiergate +{tg[0]} / +{tg[1]} µs; bare hyper proxy +{bare[0]} / +{bare[1]} µs; nginx +{nginx[0]} / +{nginx[1]} µs; "
+        f"HAProxy +{haproxy[0]} / +{haproxy[1]} µs (direct p99 {p99:.2f} ms)" + "".join(f"; {l}" for l in large),
+        "added p50 no worse than nginx's; large tensors' added p99 no worse than the better of nginx and HAProxy")
 
 
 def instructions(text):

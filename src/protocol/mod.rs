@@ -50,6 +50,7 @@ pub use tensor::Tensor;
 /// whole body (a gRPC door renders it as a message).
 pub type Reply = http::Response<bytes::Bytes>;
 pub(crate) use tensor::{fmt_shape, le};
+pub(crate) use wire::decimal;
 
 /// Header carrying the JSON header length of a binary-extension body.
 pub const HEADER_LEN: http::HeaderName = http::HeaderName::from_static("inference-header-content-length");

@@ -419,3 +419,11 @@ fn the_envelope_check_counts_what_the_full_parse_counts() {
         }
     }
 }
+
+#[test]
+fn numbers_are_written_in_decimal_without_a_formatter() {
+    for n in [0, 7, 10, 1_048_576, usize::MAX] {
+        assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+    }
+    assert_eq!(wire::At::new("inputs", 12).as_str(), "inputs[12]");
+}

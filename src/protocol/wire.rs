@@ -245,24 +245,26 @@ impl At {
         };
         kind.bytes().take(8).for_each(&mut push);
         push(b'[');
-        let mut digits = [0u8; 20];
-        let mut n = index;
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        digits[i..].iter().copied().for_each(&mut push);
+        decimal(index, &mut [0u8; 20]).iter().copied().for_each(&mut push);
         push(b']');
         at
     }
 
     pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("?")
+    }
+}
+
+/// `n` in decimal, written into `buf`: no formatter, no allocation.
+pub(crate) fn decimal(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
     }
 }
 

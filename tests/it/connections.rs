@@ -281,3 +281,40 @@ async fn an_idle_http2_connection_is_sent_goaway_before_it_closes() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_answered_408_at_the_body_read_timeout() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.body_read_timeout = Duration::from_millis(300);
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
+    // A body that came whole with its head is read without the timer, and served.
+    assert_eq!(infer(gw.http_addr(), "m", &[], BODY).await.status, 200);
+    let mut stalled = TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let head = format!(
+        "POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        BODY.len()
+    );
+    stalled.write_all(head.as_bytes()).await.expect("write");
+    stalled.write_all(&BODY.as_bytes()[..10]).await.expect("write");
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") || !String::from_utf8_lossy(&answer).contains("}") {
+        let n = tokio::time::timeout(BOUND, stalled.read(&mut buf))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(n > 0, "closed without an answer: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("took longer than"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "not before the timeout"
+    );
+    // The door is still open to everyone else.
+    assert_eq!(infer(gw.http_addr(), "m", &[], BODY).await.status, 200);
+}

@@ -29,8 +29,8 @@ enum Mode {
     Silent,
 }
 
-/// A raw HTTP/1.1 backend reporting every request and every closed connection.
-async fn backend(mode: Mode) -> (Authority, mpsc::UnboundedReceiver<Event>) {
+/// A listener on a free loopback port, and its authority.
+async fn listener() -> (TcpListener, Authority) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let authority = listener
         .local_addr()
@@ -38,6 +38,12 @@ async fn backend(mode: Mode) -> (Authority, mpsc::UnboundedReceiver<Event>) {
         .to_string()
         .parse()
         .expect("authority");
+    (listener, authority)
+}
+
+/// A raw HTTP/1.1 backend reporting every request and every closed connection.
+async fn backend(mode: Mode) -> (Authority, mpsc::UnboundedReceiver<Event>) {
+    let (listener, authority) = listener().await;
     let (events, seen) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         for n in 0.. {
@@ -220,13 +226,7 @@ fn a_connection_carries_calls_only_for_the_runtime_that_opened_it() {
 /// when `close`), and reports each request as it arrived: its head and body, and on
 /// which connection.
 async fn scripted(answer: &'static [u8], close: bool) -> (Authority, mpsc::UnboundedReceiver<(usize, Vec<u8>)>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let authority = listener
-        .local_addr()
-        .expect("bound")
-        .to_string()
-        .parse()
-        .expect("authority");
+    let (listener, authority) = listener().await;
     let (events, seen) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         for n in 0.. {

@@ -210,7 +210,7 @@ impl Wire {
         let method = request.method();
         if body > 0 || *method == Method::POST || *method == Method::PUT || *method == Method::PATCH {
             w.extend_from_slice(b"content-length: ");
-            w.extend_from_slice(itoa(body, &mut [0u8; 20]));
+            w.extend_from_slice(crate::protocol::decimal(body, &mut [0u8; 20]));
             w.extend_from_slice(b"\r\n");
         }
         w.extend_from_slice(b"\r\n");
@@ -472,19 +472,6 @@ fn chunk_size(line: &[u8]) -> Option<usize> {
     usize::from_str_radix(text, 16).ok()
 }
 
-/// `n` in decimal, written into `buf`.
-fn itoa(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
-}
-
 impl AsyncRead for Io {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -534,8 +521,6 @@ mod tests {
         assert_eq!(chunk_size(b""), None);
         assert_eq!(chunk_size(b"-1"), None);
         assert_eq!(chunk_size(b"1000000000000000"), None, "past 15 digits");
-        assert_eq!(itoa(0, &mut [0; 20]), b"0");
-        assert_eq!(itoa(1_048_576, &mut [0; 20]), b"1048576");
     }
 
     fn head(text: &str) -> Result<Option<Head>, Failure> {
