@@ -107,16 +107,27 @@ where
         let closing = closing.clone();
         connections.spawn(async move {
             tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => Some(ended),
-                () = closing.cancelled() => None,
-                // Idle, or closed to make room: an HTTP/1.1 connection between requests
-                // closes at once, an HTTP/2 one is sent GOAWAY and closes once its
-                // streams end (its socket closes on its own if it lingers).
-                () = activity.closing() => {
-                    connection.as_mut().graceful_shutdown();
-                    Some(connection.as_mut().await)
+            // The two stops are looked at only when one of them wakes the task, not on
+            // every wake of the connection's own (its reads and writes).
+            let stop = Rarely::new(async {
+                tokio::select! {
+                    () = closing.cancelled() => Stop::Gateway,
+                    () = activity.closing() => Stop::Connection,
                 }
+            });
+            let ended = tokio::select! {
+                biased;
+                ended = connection.as_mut() => Some(ended),
+                stop = stop => match stop {
+                    Stop::Gateway => None,
+                    // Idle, or closed to make room: an HTTP/1.1 connection between
+                    // requests closes at once, an HTTP/2 one is sent GOAWAY and closes
+                    // once its streams end (its socket closes on its own if it lingers).
+                    Stop::Connection => {
+                        connection.as_mut().graceful_shutdown();
+                        Some(connection.as_mut().await)
+                    }
+                },
             };
             let ended = match ended {
                 Some(ended) => ended,
@@ -180,6 +191,73 @@ pub async fn keep_timers_due(shutdown: CancellationToken) -> std::io::Result<()>
     }
 }
 
+/// Why a connection is asked to stop: the gateway stops, or the connection is closed
+/// (idle, or to make room).
+enum Stop {
+    Gateway,
+    Connection,
+}
+
+/// A future polled only when it woke its task itself: `inner` waits on rare events (a
+/// stop) beside a busy future in the same task (a connection), and would otherwise be
+/// polled again on every wake of that one, about 175 instructions each time, for
+/// nothing. Its first poll registers `inner`'s wakers; after that a poll is a flag's
+/// swap, until `inner`'s own waker sets it.
+struct Rarely<F> {
+    inner: std::pin::Pin<Box<F>>,
+    flag: std::sync::Arc<Flag>,
+}
+
+/// Whether `inner`'s waker fired since it was last polled, and the task to wake.
+struct Flag {
+    fired: std::sync::atomic::AtomicBool,
+    task: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl<F: Future> Rarely<F> {
+    fn new(inner: F) -> Self {
+        Rarely {
+            inner: Box::pin(inner),
+            flag: std::sync::Arc::new(Flag {
+                fired: std::sync::atomic::AtomicBool::new(true),
+                task: std::sync::Mutex::new(None),
+            }),
+        }
+    }
+}
+
+impl<F: Future> Future for Rarely<F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.get_mut();
+        {
+            let mut task = this.flag.task.lock().unwrap_or_else(|e| e.into_inner());
+            if !task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        if !this.flag.fired.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            return std::task::Poll::Pending;
+        }
+        let waker = std::task::Waker::from(this.flag.clone());
+        this.inner.as_mut().poll(&mut std::task::Context::from_waker(&waker))
+    }
+}
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.fired.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            task.wake_by_ref();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +270,48 @@ mod tests {
         assert!(!tick.is_finished(), "it keeps a timer due while serving");
         stop.cancel();
         tick.await.expect("no panic").expect("ends cleanly");
+    }
+
+    #[tokio::test]
+    async fn a_rare_future_is_polled_when_it_wakes_and_not_when_its_neighbour_does() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let polls = std::sync::Arc::new(AtomicUsize::new(0));
+        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+        let counted = polls.clone();
+        let waited = notify.clone();
+        let rare = Rarely::new(async move {
+            let mut notified = std::pin::pin!(waited.notified());
+            std::future::poll_fn(|cx| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                notified.as_mut().poll(cx)
+            })
+            .await;
+            "stopped"
+        });
+        tokio::pin!(rare);
+        // A busy neighbour in the same task: it wakes the task 100 times.
+        let mut ticks = 0;
+        let busy = std::future::poll_fn(|cx| {
+            ticks += 1;
+            if ticks > 100 {
+                return std::task::Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        });
+        tokio::pin!(busy);
+        tokio::select! {
+            biased;
+            () = &mut busy => {}
+            _ = &mut rare => panic!("nothing woke it"),
+        }
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            1,
+            "polled once, to register, not on each of the neighbour's wakes"
+        );
+        notify.notify_one();
+        assert_eq!(rare.await, "stopped");
+        assert_eq!(polls.load(Ordering::Relaxed), 2);
     }
 }
