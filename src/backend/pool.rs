@@ -432,7 +432,7 @@ impl Pool {
         let post = parts.method == http::Method::POST;
         let kserve = parts.uri.path().starts_with("/v2/");
         let endpoint = &self.endpoints[at];
-        tracing::Span::current().record("endpoint", tracing::field::display(&endpoint.authority));
+        crate::telemetry::current_span().record("endpoint", tracing::field::display(&endpoint.authority));
         let _in_flight = InFlight::enter(&endpoint.in_flight);
         let mut verdict = Verdict {
             health: &endpoint.health,

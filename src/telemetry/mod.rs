@@ -25,6 +25,16 @@ pub mod logs;
 /// Whether an exporting layer is installed.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
+/// The span a step runs in, to record fields on, when spans are exported; else a
+/// disabled one (recording on it does nothing), without asking the subscriber which
+/// span is current (about 90 instructions a time).
+pub fn current_span() -> Span {
+    match ENABLED.load(Ordering::Acquire) {
+        true => Span::current(),
+        false => Span::none(),
+    }
+}
+
 /// The running exporter; flushes what it holds when dropped.
 pub struct Exporter(SdkTracerProvider);
 

@@ -285,7 +285,7 @@ impl Dispatch {
         request: Request<Bytes>,
         received: Instant,
     ) -> Served {
-        let request_span = tracing::Span::current();
+        let request_span = crate::telemetry::current_span();
         request_span.record("route", route.name.as_str());
         let instruments = self.instruments(route);
         let decision = match to {
