@@ -65,25 +65,6 @@ pub(super) fn end_to_end(mut response: Response<Bytes>) -> Response<Bytes> {
     response
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
-/// `host` (the client sets it for the backend), `content-length` (recomputed) and
-/// `cookie` (the client's session with whatever site set it, nothing a model server
-/// needs, and not the gateway's to pass on).
-const HOP_BY_HOP: [HeaderName; 12] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::HOST,
-    header::CONTENT_LENGTH,
-    header::COOKIE,
-];
-
 /// Copies end-to-end headers from `from` to `to`, leaving out hop-by-hop ones and any
 /// named in `Connection`.
 fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
@@ -96,14 +77,17 @@ fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
             .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
     };
     for (name, value) in from {
-        if !HOP_BY_HOP.contains(name) && !named(name) {
+        if !is_hop_by_hop(name) && !named(name) {
             to.append(name.clone(), value.clone());
         }
     }
 }
 
-/// Whether `name` is one of [`HOP_BY_HOP`]: one match on its text (the HTTP/1.1
-/// writer and reader ask it of every header).
+/// Whether `name` describes one connection, not the message (RFC 9110 §7.6.1), or is
+/// `host` (the client sets it for the backend), `content-length` (recomputed) or
+/// `cookie` (the client's session with whatever site set it, nothing a model server
+/// needs, and not the gateway's to pass on). One match on its text: the HTTP/1.1 writer
+/// and reader ask it of every header.
 pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
@@ -128,7 +112,7 @@ pub(super) fn is_hop_by_hop(name: &HeaderName) -> bool {
 pub(super) fn keep_end_to_end(headers: &mut HeaderMap) {
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::HOST);
-    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    if headers.keys().any(is_hop_by_hop) {
         let all = std::mem::take(headers);
         copy_end_to_end(&all, headers);
     }
@@ -169,8 +153,21 @@ mod tests {
         keep_end_to_end(&mut plain);
         let kept: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
         assert_eq!(kept, ["content-type"]);
-        for name in &HOP_BY_HOP {
-            assert!(is_hop_by_hop(name), "{name}");
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "host",
+            "content-length",
+            "cookie",
+        ] {
+            assert!(is_hop_by_hop(&HeaderName::from_static(name)), "{name}");
         }
         for name in [
             header::CONTENT_TYPE,

@@ -33,18 +33,9 @@ pub(crate) fn request(json: &[u8]) -> Option<WireRequest<Counted>> {
     let mut r = Reader { json, at: 0 };
     let (mut id, mut inputs, mut outputs) = (None, None, None);
     r.object(|r, key| match key {
-        b"id" if id.is_none() => {
-            id = Some(r.string()?);
-            Some(())
-        }
-        b"inputs" if inputs.is_none() => {
-            inputs = Some(r.list(Reader::tensor)?);
-            Some(())
-        }
-        b"outputs" if outputs.is_none() => {
-            outputs = Some(r.list(Reader::output)?);
-            Some(())
-        }
+        b"id" => fill(&mut id, r.string()),
+        b"inputs" => fill(&mut inputs, r.list(Reader::tensor)),
+        b"outputs" => fill(&mut outputs, r.list(Reader::output)),
         _ => None,
     })?;
     r.space();
@@ -92,6 +83,16 @@ pub fn agrees_with_serde(json: &[u8]) -> bool {
         && serde.parameters.is_none()
         && plain.inputs.iter().map(tensor).eq(serde.inputs.iter().map(tensor))
         && outputs(&plain.outputs) == outputs(&serde.outputs)
+}
+
+/// Sets `slot` to `value` (a member's value, `None` when it is not plain): `None` when
+/// either is, or the member came before (serde refuses a key twice).
+fn fill<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
+    if slot.is_some() {
+        return None;
+    }
+    *slot = Some(value?);
+    Some(())
 }
 
 /// A position in the body.
@@ -192,22 +193,10 @@ impl<'a> Reader<'a> {
     fn tensor(&mut self) -> Option<WireTensor<Counted>> {
         let (mut name, mut datatype, mut shape, mut data) = (None, None, None, None);
         self.object(|r, key| match key {
-            b"name" if name.is_none() => {
-                name = Some(r.string()?);
-                Some(())
-            }
-            b"datatype" if datatype.is_none() => {
-                datatype = Some(r.string()?);
-                Some(())
-            }
-            b"shape" if shape.is_none() => {
-                shape = Some(r.list(Reader::dimension)?);
-                Some(())
-            }
-            b"data" if data.is_none() => {
-                data = Some(Data(Counted::elements(r.elements()?)));
-                Some(())
-            }
+            b"name" => fill(&mut name, r.string()),
+            b"datatype" => fill(&mut datatype, r.string()),
+            b"shape" => fill(&mut shape, r.list(Reader::dimension)),
+            b"data" => fill(&mut data, r.elements().map(|n| Data(Counted::elements(n)))),
             _ => None,
         })?;
         Some(WireTensor {
@@ -223,10 +212,7 @@ impl<'a> Reader<'a> {
     fn output(&mut self) -> Option<WireOutput> {
         let mut name = None;
         self.object(|r, key| match key {
-            b"name" if name.is_none() => {
-                name = Some(r.string()?);
-                Some(())
-            }
+            b"name" => fill(&mut name, r.string()),
             _ => None,
         })?;
         Some(WireOutput {

@@ -25,6 +25,10 @@ pub use counted::{Activity, Counted, InFlight};
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -204,23 +208,23 @@ enum Stop {
 /// nothing. Its first poll registers `inner`'s wakers; after that a poll is a flag's
 /// swap, until `inner`'s own waker sets it.
 struct Rarely<F> {
-    inner: std::pin::Pin<Box<F>>,
-    flag: std::sync::Arc<Flag>,
+    inner: Pin<Box<F>>,
+    flag: Arc<Flag>,
 }
 
 /// Whether `inner`'s waker fired since it was last polled, and the task to wake.
 struct Flag {
-    fired: std::sync::atomic::AtomicBool,
-    task: std::sync::Mutex<Option<std::task::Waker>>,
+    fired: AtomicBool,
+    task: Mutex<Option<Waker>>,
 }
 
 impl<F: Future> Rarely<F> {
     fn new(inner: F) -> Self {
         Rarely {
             inner: Box::pin(inner),
-            flag: std::sync::Arc::new(Flag {
-                fired: std::sync::atomic::AtomicBool::new(true),
-                task: std::sync::Mutex::new(None),
+            flag: Arc::new(Flag {
+                fired: AtomicBool::new(true),
+                task: Mutex::new(None),
             }),
         }
     }
@@ -229,7 +233,7 @@ impl<F: Future> Rarely<F> {
 impl<F: Future> Future for Rarely<F> {
     type Output = F::Output;
 
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         {
             let mut task = this.flag.task.lock().unwrap_or_else(|e| e.into_inner());
@@ -237,21 +241,21 @@ impl<F: Future> Future for Rarely<F> {
                 *task = Some(cx.waker().clone());
             }
         }
-        if !this.flag.fired.swap(false, std::sync::atomic::Ordering::AcqRel) {
-            return std::task::Poll::Pending;
+        if !this.flag.fired.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
         }
-        let waker = std::task::Waker::from(this.flag.clone());
-        this.inner.as_mut().poll(&mut std::task::Context::from_waker(&waker))
+        let waker = Waker::from(this.flag.clone());
+        this.inner.as_mut().poll(&mut Context::from_waker(&waker))
     }
 }
 
-impl std::task::Wake for Flag {
-    fn wake(self: std::sync::Arc<Self>) {
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
 
-    fn wake_by_ref(self: &std::sync::Arc<Self>) {
-        self.fired.store(true, std::sync::atomic::Ordering::Release);
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
         if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             task.wake_by_ref();
         }
