@@ -90,8 +90,7 @@ pub async fn listen(
     crate::server::listen(
         listener,
         crate::server::Connections::small(64).with_tls(tls),
-        shutdown.clone(),
-        shutdown,
+        (shutdown.clone(), shutdown),
         answer,
     )
     .await

@@ -466,8 +466,16 @@ fn http_door(
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
-        let answer = move |req| door.clone().answer(req);
-        Box::pin(crate::server::listen(listener, allow, closing, ending, answer))
+        let hyper_door = door.clone();
+        let answer = move |req| hyper_door.clone().answer(req);
+        let lean = move |req| door.clone().answer(req);
+        Box::pin(crate::server::listen_lean(
+            listener,
+            allow,
+            (closing, ending),
+            answer,
+            lean,
+        ))
     }
 }
 
@@ -491,7 +499,7 @@ fn grpc_door(
                 }
             }
         };
-        Box::pin(crate::server::listen(listener, allow, closing, ending, answer))
+        Box::pin(crate::server::listen(listener, allow, (closing, ending), answer))
     }
 }
 

@@ -39,8 +39,7 @@ pub(super) async fn listen(
     crate::server::listen(
         listener,
         crate::server::Connections::small(256),
-        shutdown.clone(),
-        shutdown,
+        (shutdown.clone(), shutdown),
         answer,
     )
     .await

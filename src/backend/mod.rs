@@ -89,7 +89,8 @@ impl Role {
 pub struct Pools {
     role: Role,
     settings: Settings,
-    by_route: DashMap<String, (Arc<PoolSpec>, Arc<Pool>)>,
+    /// Hashed with foldhash (see `policy::model::Index`): one lookup per call.
+    by_route: DashMap<String, (Arc<PoolSpec>, Arc<Pool>), foldhash::fast::RandomState>,
 }
 
 impl Pools {
@@ -98,7 +99,7 @@ impl Pools {
         Pools {
             role,
             settings,
-            by_route: DashMap::new(),
+            by_route: DashMap::default(),
         }
     }
 

@@ -13,6 +13,11 @@ use std::time::Duration;
 
 use http::Uri;
 
+/// Routes by model name or path. Hashed with foldhash, not SipHash: every inference
+/// request looks its route up here, the keys are the policy's (a client only looks
+/// up, so it cannot flood a bucket), and foldhash's seeds are random per process.
+pub(super) type Index = HashMap<String, Arc<Route>, foldhash::fast::RandomState>;
+
 /// The whole running policy: every route and the indexes that find them.
 #[derive(Debug, Default)]
 pub struct Policy {
@@ -20,8 +25,8 @@ pub struct Policy {
     /// with, one more for each swap); 0 before it is stored.
     pub(super) version: u64,
     pub(super) routes: Vec<Arc<Route>>,
-    pub(super) by_model: HashMap<String, Arc<Route>>,
-    pub(super) by_path: HashMap<String, Arc<Route>>,
+    pub(super) by_model: Index,
+    pub(super) by_path: Index,
     /// The texts it was built from, each with its file, in load order.
     pub(super) sources: Vec<(PathBuf, String)>,
 }

@@ -3,7 +3,6 @@
 //! Validation never stops at the first mistake: an operator fixing a policy sees the
 //! whole list at once, each line as `FILE: routes.NAME.KEY: what is wrong`.
 
-use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -739,7 +738,7 @@ const RESERVED: [&str; 3] = ["/v1/jobs", "/v1/files", "/v1/batches"];
 
 fn claim(
     check: &mut Check<'_>,
-    index: &mut HashMap<String, Arc<Route>>,
+    index: &mut super::model::Index,
     route: &Arc<Route>,
     keys: &[String],
     at: &str,

@@ -17,11 +17,13 @@ mod accept;
 mod clients;
 mod conn;
 mod counted;
+mod lean;
 pub mod tls;
 
 pub use accept::Connections;
 pub use conn::{Conn, TrackedBody};
 pub use counted::{Activity, Counted, InFlight};
+pub use lean::Whole;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -53,24 +55,67 @@ const FIRST_REQUEST: Duration = Duration::from_secs(1);
 /// end gave them, before they are closed.
 pub const FLUSH: Duration = Duration::from_millis(500);
 
+/// An answer's body, as hyper and the lean server write it.
+pub trait AnswerBody:
+    hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + Unpin + 'static
+{
+}
+
+impl<B> AnswerBody for B where
+    B: hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + Unpin + 'static
+{
+}
+
+/// What answers a listener's requests whose bodies are `R`: a function cloned into
+/// every connection.
+pub trait Answers<R, B>: Fn(::http::Request<R>) -> Self::Answer + Clone + Send + Sync + 'static {
+    /// The answer's future.
+    type Answer: Future<Output = ::http::Response<B>> + Send + 'static;
+}
+
+impl<R, B, F, Fut> Answers<R, B> for F
+where
+    F: Fn(::http::Request<R>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ::http::Response<B>> + Send + 'static,
+{
+    type Answer = Fut;
+}
+
 /// Accepts connections on `listener` within `allow`'s limits and deadlines, and answers
 /// each request with `answer`, until
 /// `closing` fires; then stops accepting and lets open exchanges finish (idle
 /// keep-alive connections are closed, HTTP/2 ones are sent GOAWAY) until `ending`
 /// fires; what is still open then gets [`FLUSH`] to write its last answer, and is closed.
-pub async fn listen<F, Fut, B>(
+pub async fn listen<B: AnswerBody>(
     listener: TcpListener,
     allow: Connections,
-    closing: CancellationToken,
-    ending: CancellationToken,
+    (closing, ending): (CancellationToken, CancellationToken),
+    answer: impl Answers<Incoming, B>,
+) -> std::io::Result<()> {
+    let lean = None::<fn(::http::Request<Whole>) -> std::future::Pending<::http::Response<B>>>;
+    run(listener, allow, (closing, ending), answer, lean).await
+}
+
+/// [`listen`], with the common HTTP/1.1 request served by the project's own server
+/// (`lean`; see `server::lean`) and every other by hyper (`answer`).
+pub async fn listen_lean<B: AnswerBody>(
+    listener: TcpListener,
+    allow: Connections,
+    stops: (CancellationToken, CancellationToken),
+    answer: impl Answers<Incoming, B>,
+    lean: impl Answers<Whole, B>,
+) -> std::io::Result<()> {
+    run(listener, allow, stops, answer, Some(lean)).await
+}
+
+/// The connection loop of [`listen`] and [`listen_lean`].
+async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
+    listener: TcpListener,
+    allow: Connections,
+    (closing, ending): (CancellationToken, CancellationToken),
     answer: F,
-) -> std::io::Result<()>
-where
-    F: Fn(::http::Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ::http::Response<B>> + Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+    lean: Option<L>,
+) -> std::io::Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No header read timeout of hyper's: it also times the wait for a kept-alive
     // connection's next request, so it would close idle connections long before
@@ -89,11 +134,14 @@ where
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
+    let builder = Arc::new(builder);
     let connections = TaskTracker::new();
     let first_request = allow.first_request.min(FIRST_REQUEST);
     let mut accepted = accept::accept(listener, allow, closing.clone());
-    while let Some(stream) = accepted.recv().await {
+    while let Some(mut stream) = accepted.recv().await {
         let answer = answer.clone();
+        let lean = lean.clone();
+        let builder = builder.clone();
         // Told of every request: its deadlines, and a stop, need to know.
         let activity = stream.activity();
         let told = activity.clone();
@@ -107,35 +155,44 @@ where
             }
         });
         let peer = stream.peer();
-        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let closing = closing.clone();
         connections.spawn(async move {
-            tokio::pin!(connection);
             // The two stops are looked at only when one of them wakes the task, not on
             // every wake of the connection's own (its reads and writes).
-            let stop = Rarely::new(async {
+            let mut stop = Rarely::new(async {
                 tokio::select! {
                     () = closing.cancelled() => Stop::Gateway,
                     () = activity.closing() => Stop::Connection,
                 }
             });
-            let ended = tokio::select! {
-                biased;
-                ended = connection.as_mut() => Some(ended),
-                stop = stop => match stop {
-                    Stop::Gateway => None,
-                    // Idle, or closed to make room: an HTTP/1.1 connection between
-                    // requests closes at once, an HTTP/2 one is sent GOAWAY and closes
-                    // once its streams end (its socket closes on its own if it lingers).
-                    Stop::Connection => {
-                        connection.as_mut().graceful_shutdown();
-                        Some(connection.as_mut().await)
-                    }
+            let (read, stopped) = match lean {
+                Some(lean) => match lean::serve(&mut stream, &lean, &activity, &mut stop, first_request).await {
+                    lean::Ended::Closed => return,
+                    lean::Ended::Handed(read, stopped) => (read, stopped),
+                },
+                None => (BytesMut::new(), None),
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(lean::Replay::new(read, stream)), service)
+                .into_owned();
+            tokio::pin!(connection);
+            let stopped = match stopped {
+                Some(stop) => stop,
+                None => tokio::select! {
+                    biased;
+                    ended = connection.as_mut() => return log_end(peer, ended),
+                    stop = &mut stop => stop,
                 },
             };
-            let ended = match ended {
-                Some(ended) => ended,
-                None => {
+            let ended = match stopped {
+                // Idle, or closed to make room: an HTTP/1.1 connection between
+                // requests closes at once, an HTTP/2 one is sent GOAWAY and closes
+                // once its streams end (its socket closes on its own if it lingers).
+                Stop::Connection => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.as_mut().await
+                }
+                Stop::Gateway => {
                     // A connection that has not had its first request yet (just accepted,
                     // from the backlog) gets until it comes: its client may have sent it.
                     tokio::select! {

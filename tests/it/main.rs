@@ -23,6 +23,7 @@ mod door;
 mod grpc;
 mod grpc_backends;
 mod health;
+mod http1;
 mod jobs_cli;
 mod kafka;
 mod kafka_queue;

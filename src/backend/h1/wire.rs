@@ -408,7 +408,9 @@ fn parse_head(read: &mut BytesMut) -> Result<Option<(Head, Bytes)>, Failure> {
         _ => Version::HTTP_11,
     };
     let count = parsed.headers.len();
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for the gateway's own headers on the answer (tier, reason, policy version,
+    // request id, trace), so adding them does not grow the map.
+    let mut headers = HeaderMap::with_capacity(count + 8);
     let mut framing = None::<Framing>;
     let mut length = None::<usize>;
     let (mut close, mut keep, mut hop) = (false, false, false);

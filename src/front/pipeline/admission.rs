@@ -57,7 +57,7 @@ pub struct Admission {
 #[derive(Debug)]
 pub struct Ticket {
     _request: OwnedSemaphorePermit,
-    bytes: Vec<OwnedSemaphorePermit>,
+    bytes: Option<OwnedSemaphorePermit>,
     admission: Arc<Admission>,
 }
 
@@ -123,7 +123,7 @@ impl Admission {
         };
         Ok(Ticket {
             _request: request,
-            bytes: Vec::new(),
+            bytes: None,
             admission: self.clone(),
         })
     }
@@ -154,7 +154,11 @@ impl Ticket {
         let units = u32::try_from(units).unwrap_or(u32::MAX);
         match self.admission.bytes.clone().try_acquire_many_owned(units) {
             Ok(permit) => {
-                self.bytes.push(permit);
+                // One permit for all a request holds (merged: no list to grow).
+                match self.bytes.as_mut() {
+                    Some(held) => held.merge(permit),
+                    None => self.bytes = Some(permit),
+                }
                 Ok(())
             }
             Err(_) => {
