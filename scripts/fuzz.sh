@@ -24,7 +24,7 @@ if [ "$SECONDS_EACH" = build ]; then BUILD_ONLY=1 SECONDS_EACH=0; fi
 CACHE=${TIERGATE_FUZZ_CACHE:-/var/tmp/tiergate-fuzz}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kserve_json binary_tensors grpc_message headers batch_lines multipart policy_toml cache_key)
+  TARGETS=(kserve_json binary_tensors grpc_message headers batch_lines multipart policy_toml cache_key lean_head)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

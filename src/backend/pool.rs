@@ -169,6 +169,18 @@ impl Pool {
     /// `backend::latency`); a connect failure is retried once on another endpoint while
     /// time remains.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
+        self.in_time(deadline)?;
+        if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
+            let sequence = sequence.clone();
+            return Box::pin(self.forward_step(request, deadline, sequence)).await;
+        }
+        let slot = self.slot()?;
+        self.send_in(slot, request, deadline).await
+    }
+
+    /// What [`Pool::forward`] checks first: that `deadline` has not passed and that the
+    /// time left covers what the pool's calls take.
+    pub fn in_time(&self, deadline: Instant) -> Result<(), Error> {
         let now = Instant::now();
         if now >= deadline {
             return Err(Error::new(
@@ -176,13 +188,41 @@ impl Pool {
                 "the budget was spent before the request reached a backend",
             ));
         }
-        self.meetable(deadline - now)?;
-        if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
-            let sequence = sequence.clone();
-            return Box::pin(self.forward_step(request, deadline, sequence)).await;
-        }
-        let (_permit, fitted, span) = self.take_slot(request)?;
-        self.call(fitted, deadline).instrument(span).await
+        self.meetable(deadline - now)
+    }
+
+    /// A call slot, or the pool's refusal ([`Kind::Shed`]) when every one is taken: a
+    /// caller that may send the request elsewhere asks for the slot before it gives the
+    /// request away.
+    pub fn slot(&self) -> Result<SemaphorePermit<'_>, Error> {
+        self.limit.try_acquire().map_err(|_| self.full())
+    }
+
+    #[cold]
+    fn full(&self) -> Error {
+        Error::new(
+            Kind::Shed,
+            format!(
+                "route {} {} pool is at its concurrency limit ({} calls in flight)",
+                self.route,
+                self.role.as_str(),
+                self.max_concurrency
+            ),
+        )
+    }
+
+    /// Sends `request` in `slot` (taken with [`Pool::slot`] after [`Pool::in_time`]), as
+    /// [`Pool::forward`] does.
+    pub async fn send_in(
+        &self,
+        slot: SemaphorePermit<'_>,
+        request: Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, Error> {
+        let (fitted, span) = self.fit(request)?;
+        let answer = self.call(fitted, deadline).instrument(span).await;
+        drop(slot);
+        answer
     }
 
     /// As [`Pool::forward`], but at the concurrency limit it waits for a call slot until
@@ -204,26 +244,6 @@ impl Pool {
         let answer = self.call(fitted, deadline).instrument(span).await;
         drop(permit);
         answer
-    }
-
-    /// Takes a call slot (shedding at the limit), fits `request` to the pool's backends
-    /// and opens its span. Inlined: on the real-time path, a call returning the request's
-    /// parts cost about 130 instructions per request in moves.
-    #[inline(always)]
-    fn take_slot(&self, request: Request<Bytes>) -> Result<(SemaphorePermit<'_>, Fitted, tracing::Span), Error> {
-        let Ok(permit) = self.limit.try_acquire() else {
-            return Err(Error::new(
-                Kind::Shed,
-                format!(
-                    "route {} {} pool is at its concurrency limit ({} calls in flight)",
-                    self.route,
-                    self.role.as_str(),
-                    self.max_concurrency
-                ),
-            ));
-        };
-        let (fitted, span) = self.fit(request)?;
-        Ok((permit, fitted, span))
     }
 
     /// Fits `request` to the pool's backends and opens its span. An HTTP/1.1 call
@@ -283,7 +303,8 @@ impl Pool {
             ));
         };
         self.meetable(deadline.saturating_duration_since(Instant::now()))?;
-        let (_permit, mut fitted, span) = self.take_slot(request)?;
+        let _slot = self.slot()?;
+        let (mut fitted, span) = self.fit(request)?;
         let at = pinned.to;
         let result = self
             .send((at, false), &mut fitted, deadline)

@@ -154,6 +154,38 @@ where
     }
 }
 
+/// Whether this path reads `bytes` as it should: what it takes (a request), it takes
+/// whole and as httparse reads it (method, path, every field in order, the body of its
+/// declared length, nothing more); what it leaves (half a head, anything for hyper), it
+/// leaves byte for byte. For the unit tests and the `lean_head` fuzz target.
+#[doc(hidden)]
+pub fn reads_as_httparse(bytes: &[u8]) -> bool {
+    let mut read = BytesMut::from(bytes);
+    let Parsed::Request(request, _) = parse(&mut read) else {
+        return read[..] == *bytes;
+    };
+    let mut fields = [httparse::EMPTY_HEADER; FIELDS];
+    let mut parsed = httparse::Request::new(&mut fields);
+    let Ok(httparse::Status::Complete(len)) = parsed.parse(bytes) else {
+        return false;
+    };
+    let body = request.body().size_hint().exact().unwrap_or(u64::MAX);
+    // Every field, each name's values in the order sent (a map keeps them by name).
+    let same_fields = request.headers().len() == parsed.headers.len()
+        && parsed.headers.iter().all(|field| {
+            let sent = parsed
+                .headers
+                .iter()
+                .filter(|f| f.name.eq_ignore_ascii_case(field.name));
+            let kept = request.headers().get_all(field.name).iter();
+            sent.map(|f| f.value).eq(kept.map(HeaderValue::as_bytes))
+        });
+    parsed.method == Some(request.method().as_str())
+        && parsed.path.is_some_and(|p| request.uri() == p)
+        && same_fields
+        && usize::try_from(body).is_ok_and(|body| read[..] == bytes[len + body..])
+}
+
 /// Ready at `at` (never, without one).
 async fn until(at: Option<tokio::time::Instant>) {
     match at {
@@ -637,6 +669,20 @@ mod tests {
             let (got, rest) = parsed(head.as_bytes());
             assert!(matches!(got, Parsed::Other), "{head:?} is hyper's");
             assert_eq!(&rest[..], head.as_bytes(), "{head:?}: every byte left for hyper");
+        }
+    }
+
+    #[test]
+    fn what_is_taken_is_taken_as_httparse_reads_it_and_the_rest_is_left() {
+        for bytes in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"POST /a?b HTTP/1.1\r\nA: 1\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\n",
+            b"POST /a HTTP/1.1\r\ncontent-length: 3\r\n\r\nab",
+            b"GET / HTTP/1.1\r\nx: \xff\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nx: 1\r\nhost: b\r\n\r\n",
+            b"\r\nGET / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(reads_as_httparse(bytes), "{:?}", String::from_utf8_lossy(bytes));
         }
     }
 

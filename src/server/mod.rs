@@ -23,7 +23,7 @@ pub mod tls;
 pub use accept::Connections;
 pub use conn::{Conn, TrackedBody};
 pub use counted::{Activity, Counted, InFlight};
-pub use lean::Whole;
+pub use lean::{reads_as_httparse, Whole};
 
 use std::convert::Infallible;
 use std::future::Future;

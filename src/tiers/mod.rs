@@ -79,6 +79,14 @@ impl Tiers {
     }
 }
 
+impl Tiers {
+    /// Serves a real-time `call` that may go elsewhere when the real-time pool is full:
+    /// shed for want of a slot, it comes back untouched ([`Realtime::serve_or_back`]).
+    pub async fn realtime_or_back(&self, call: Call) -> Result<Reply, (Error, Option<Call>)> {
+        self.realtime.serve_or_back(call).await
+    }
+}
+
 impl std::fmt::Debug for Tiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tiers")

@@ -86,6 +86,36 @@ impl Realtime {
         }
     }
 
+    /// [`Realtime::serve`] for a call its caller may send elsewhere when the pool is
+    /// full: a call the pool sheds for want of a slot comes back untouched beside the
+    /// refusal, so no copy is made before. (A route with its shadow on keeps one: its
+    /// call may be served by either pool.)
+    pub async fn serve_or_back(&self, call: Call) -> Result<Reply, (Error, Option<Call>)> {
+        if self.inner.shadow.is_some() && Shadow::on(&call.route, call.tier).is_some() {
+            let spare = Call {
+                request: crate::backend::copy(&call.request),
+                route: call.route.clone(),
+                ..call
+            };
+            return match self.serve(call).await {
+                Err(e) if e.kind == Kind::Shed => Err((e, Some(spare))),
+                answer => answer.map_err(|e| (e, None)),
+            };
+        }
+        let pool = pool(&self.inner.pools, &call).map_err(|e| (e, None))?;
+        Box::pin(async move {
+            pool.in_time(call.deadline).map_err(|e| (e, None))?;
+            let slot = match pool.slot() {
+                Ok(slot) => slot,
+                Err(e) => return Err((e, Some(call))),
+            };
+            pool.send_in(slot, call.request, call.deadline)
+                .await
+                .map_err(|e| (e, None))
+        })
+        .await
+    }
+
     /// A call of a route with its shadow on: the canary's variant when it runs one, and
     /// a copy for the shadow when its share takes the call.
     async fn shadowed(&self, shadow: &Shadow, call: Call) -> Result<Reply, Error> {

@@ -335,10 +335,10 @@ impl Dispatch {
             .unwrap_or_else(|| received + MAX_BUDGET);
         let handles = instruments.handles(&route.name, decision.tier);
         handles.in_flight.increment(1.0);
-        // Keep a copy only when the route may send real-time overflow elsewhere (never a
-        // sequence's step: it must reach the endpoint that holds its state).
+        // A route that may send real-time overflow elsewhere (never a sequence's step: it
+        // must reach the endpoint that holds its state) gets the call back untouched
+        // when the real-time pool is full.
         let overflow = decision.tier == Tier::Realtime && route.borrow.realtime_overflow && sequence.is_none();
-        let spare = overflow.then(|| crate::backend::copy(&request));
         let call = Call {
             route: route.clone(),
             tier: decision.tier,
@@ -347,30 +347,35 @@ impl Dispatch {
             request,
         };
         let mut decision = decision;
-        let mut result = self.tiers.serve(call).instrument(tier_span(decision.tier)).await;
-        if let (Some(request), Err(e)) = (spare, &result) {
-            if e.kind == Kind::Shed {
-                // The real-time pool is full: the micro-batch tier serves it if its
-                // learned cost says the budget can still be met (else it refuses at once).
-                decision = Decision {
-                    tier: Tier::MicroBatch,
-                    reason: Reason::RealtimeOverflow,
-                    ..decision
-                };
-                instruments.decided(&route.name, decision.tier, decision.reason);
-                ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
-                let call = Call {
-                    route: route.clone(),
-                    tier: decision.tier,
-                    door,
-                    deadline,
-                    request,
-                };
-                request_span.record("tier", decision.tier.as_str());
-                request_span.record("reason", decision.reason.as_str());
-                result = self.tiers.serve(call).instrument(tier_span(decision.tier)).await;
-            }
-        }
+        let result = match overflow {
+            false => self.tiers.serve(call).instrument(tier_span(decision.tier)).await,
+            true => match self
+                .tiers
+                .realtime_or_back(call)
+                .instrument(tier_span(decision.tier))
+                .await
+            {
+                Err((_, Some(call))) => {
+                    // The real-time pool is full: the micro-batch tier serves it if its
+                    // learned cost says the budget can still be met (else it refuses at once).
+                    decision = Decision {
+                        tier: Tier::MicroBatch,
+                        reason: Reason::RealtimeOverflow,
+                        ..decision
+                    };
+                    instruments.decided(&route.name, decision.tier, decision.reason);
+                    ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
+                    request_span.record("tier", decision.tier.as_str());
+                    request_span.record("reason", decision.reason.as_str());
+                    let call = Call {
+                        tier: decision.tier,
+                        ..call
+                    };
+                    self.tiers.serve(call).instrument(tier_span(decision.tier)).await
+                }
+                answered => answered.map_err(|(e, _)| e),
+            },
+        };
         handles.in_flight.decrement(1.0);
         let elapsed = received.elapsed();
         handles.request_seconds.record(elapsed.as_secs_f64());
