@@ -240,10 +240,7 @@ impl Pool {
                 ),
             ));
         };
-        let (fitted, span) = self.fit(request)?;
-        let answer = self.call(fitted, deadline).instrument(span).await;
-        drop(permit);
-        answer
+        self.send_in(permit, request, deadline).await
     }
 
     /// Fits `request` to the pool's backends and opens its span. An HTTP/1.1 call

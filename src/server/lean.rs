@@ -83,7 +83,7 @@ where
     let mut read = BytesMut::with_capacity(READ);
     let mut head = Vec::with_capacity(256);
     let mut stopping: Option<Stopping> = None;
-    let mut served = 0u64;
+    let mut asked = false;
     loop {
         // The next head: parsed from what was read, or read for.
         let (request, close) = loop {
@@ -110,7 +110,7 @@ where
                     // way is answered first. One that has had no request yet gets
                     // `first_request` for it when the gateway stops (its client may
                     // have sent it already).
-                    let first = matches!(stop, Stop::Gateway) && served == 0;
+                    let first = matches!(stop, Stop::Gateway) && !asked;
                     if read.is_empty() && !first {
                         return Ended::Closed;
                     }
@@ -119,7 +119,7 @@ where
                 }
             }
         };
-        served += 1;
+        asked = true;
         let in_flight = activity.begin();
         // The answer, while the socket is watched for the client's hang-up (which
         // cancels it) and later requests are read ahead.

@@ -77,9 +77,7 @@ impl Tiers {
             Tier::Offline => Box::pin(self.offline.serve(call)).await,
         }
     }
-}
 
-impl Tiers {
     /// Serves a real-time `call` that may go elsewhere when the real-time pool is full:
     /// shed for want of a slot, it comes back untouched ([`Realtime::serve_or_back`]).
     pub async fn realtime_or_back(&self, call: Call) -> Result<Reply, (Error, Option<Call>)> {

@@ -67,12 +67,7 @@ impl Realtime {
     /// answers; that path is boxed, so a call of a route without one keeps the plain
     /// future. Admission happens in the pool: a full pool sheds its own callers at once.
     pub async fn serve(&self, call: Call) -> Result<Reply, Error> {
-        let shadow = self
-            .inner
-            .shadow
-            .as_ref()
-            .filter(|_| Shadow::on(&call.route, call.tier).is_some());
-        match shadow {
+        match self.shadow_of(&call) {
             // A sequence's steps stay on the primary (it holds their state) and are
             // never mirrored (the candidate would see a sequence with steps missing).
             Some(shadow) if !super::step(&call.request) => Box::pin(self.shadowed(shadow, call)).await,
@@ -91,7 +86,7 @@ impl Realtime {
     /// refusal, so no copy is made before. (A route with its shadow on keeps one: its
     /// call may be served by either pool.)
     pub async fn serve_or_back(&self, call: Call) -> Result<Reply, (Error, Option<Call>)> {
-        if self.inner.shadow.is_some() && Shadow::on(&call.route, call.tier).is_some() {
+        if self.shadow_of(&call).is_some() {
             let spare = Call {
                 request: crate::backend::copy(&call.request),
                 route: call.route.clone(),
@@ -114,6 +109,14 @@ impl Realtime {
                 .map_err(|e| (e, None))
         })
         .await
+    }
+
+    /// The shadow, when `call`'s route has its shadow on for the call's tier.
+    fn shadow_of(&self, call: &Call) -> Option<&Shadow> {
+        self.inner
+            .shadow
+            .as_ref()
+            .filter(|_| Shadow::on(&call.route, call.tier).is_some())
     }
 
     /// A call of a route with its shadow on: the canary's variant when it runs one, and
