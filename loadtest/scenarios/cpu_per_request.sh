@@ -34,15 +34,10 @@ TICK_US=$((1000000 / $(getconf CLK_TCK)))
 SIM=$(free_port); GW=$(free_port); BARE=$(free_port); NGX=$(free_port); PREV_GW=$(free_port); BARE_INLINE=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-trt 2>"$WORK/sim.log" & PIDS+=($!)
 realtime_policy "http://127.0.0.1:$SIM"
-gateway() { # gateway BINARY PORT NAME: a one-worker gateway; prints its PID
-  TIERGATE_THREADS__WORKERS=1 "$1" serve --policy-dir "$WORK/policy" --data-dir "$WORK/$3" \
-    --http "127.0.0.1:$2" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" >/dev/null 2>"$WORK/$3.log" &
-  echo $!
-}
 TARGETS=()
-pid=$(gateway "$BIN/tiergate" "$GW" tiergate); PIDS+=("$pid"); TARGETS+=("tiergate $pid $GW")
+pid=$(one_worker_gateway "$BIN/tiergate" "$GW" tiergate); PIDS+=("$pid"); TARGETS+=("tiergate $pid $GW")
 if [ -n "${PREV:-}" ]; then
-  pid=$(gateway "$PREV" "$PREV_GW" tiergate_prev); PIDS+=("$pid"); TARGETS+=("tiergate_prev $pid $PREV_GW")
+  pid=$(one_worker_gateway "$PREV" "$PREV_GW" tiergate_prev); PIDS+=("$pid"); TARGETS+=("tiergate_prev $pid $PREV_GW")
 fi
 TOKIO_WORKER_THREADS=1 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" & PIDS+=($!)
 TARGETS+=("bare_hyper $! $BARE")

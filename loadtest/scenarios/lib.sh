@@ -14,6 +14,14 @@ start_gateway() {
     --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
   PIDS+=($!)
 }
+# one_worker_gateway BINARY PORT NAME: `BINARY serve` with one worker thread on PORT,
+# the realtime_policy in $WORK/policy, its store in $WORK/NAME, its log $WORK/NAME.log;
+# prints its PID (the caller adds it to PIDS).
+one_worker_gateway() {
+  TIERGATE_THREADS__WORKERS=1 "$1" serve --policy-dir "$WORK/policy" --data-dir "$WORK/$3" \
+    --http "127.0.0.1:$2" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" >/dev/null 2>"$WORK/$3.log" &
+  echo $!
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wait_port PORT: until something accepts TCP connections on it (5 s at most).
