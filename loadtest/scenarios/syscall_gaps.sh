@@ -69,13 +69,18 @@ mkdir -p "$OUT"
       perf trace -t "$2" -o "$trace" >/dev/null 2>&1 &
       tracer=$!
       sleep 1 # perf trace attaches
+      # The proxies' sockets to the simulator (their inodes), to tell a proxy's reads
+      # apart: listed every 200 ms, as a proxy may open new ones during the round.
+      sockets="$OUT/backend-$1-$round.txt"
+      : > "$sockets"
+      (while :; do ss -tnieH "dport = :$SIM" | grep -o 'ino:[0-9]*' | cut -d: -f2 >> "$sockets"; sleep 0.2; done) &
+      lister=$!
       latency=$("$BIN/loadtest" run --url "http://127.0.0.1:$3" --model resnet50 --rate "$RATE" \
         --duration "${SECONDS_PER_ROUND}s" --warmup 0s --budget-ms 200 2>&1 | grep '^latency' | sed 's/latency ms *//; s/ *(mean.*//')
-      # The proxy's sockets to the simulator (their inodes), to tell its reads apart.
-      ss -tnieH "dport = :$SIM" | grep -o 'ino:[0-9]*' | cut -d: -f2 > "$OUT/backend-$1-$round.txt"
+      kill "$lister"; wait "$lister" 2>/dev/null || true
       kill -INT "$tracer"; wait "$tracer" 2>/dev/null || true
       echo "round $round  $1 | latency ms $latency"
-      python3 loadtest/scenarios/syscall_gaps.py "$trace" "$OUT/backend-$1-$round.txt"
+      python3 loadtest/scenarios/syscall_gaps.py "$trace" "$sockets"
     done
   done
 } | tee "$OUT/summary.txt"
