@@ -50,8 +50,7 @@ wait_ready "$SIM" /v2/health/ready
 for t in "${TARGETS[@]}"; do set -- $t; wait_ready "$3" /v2/health/ready 30; done
 wait_port "$NGX"
 sleep 0.5
-# nginx's work happens in its worker process, the master's only child.
-NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx/nginx.pid")" | head -1)
+NGINX_WORKER=$(nginx_worker)
 TARGETS+=("nginx $NGINX_WORKER $NGX")
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

@@ -74,6 +74,10 @@ start_nginx() {
   "${@:4}" nginx -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
 }
 
+# nginx_worker: the PID of start_nginx's worker process (the master's only child),
+# where nginx's work happens.
+nginx_worker() { pgrep -P "$(cat "$WORK/nginx/nginx.pid")" | head -1; }
+
 # nginx_config PORT BACKEND_PORT http|grpc: writes start_nginx's config to $WORK/nginx/nginx.conf.
 nginx_config() {
   local site

@@ -54,8 +54,7 @@ wait_ready "$SIM" /v2/health/ready
 wait_port "$NGX"
 wait_port "$HAP"
 sleep 0.5
-# nginx's work happens in its worker process, the master's only child.
-TARGETS+=("nginx $(pgrep -P "$(cat "$WORK/nginx/nginx.pid")" | head -1) $NGX")
+TARGETS+=("nginx $(nginx_worker) $NGX")
 TARGETS+=("haproxy $HAP_PID $HAP")
 
 mkdir -p "$OUT"
