@@ -205,6 +205,11 @@ impl Pending {
 /// with it. So the first message read must not lie past the committed offset; when it
 /// does, reading goes back further (1, 2, 4... offsets before it) until one does, and
 /// messages before the committed offset (done already) are skipped.
+///
+/// A partition given up is forgotten, and its messages are skipped from then on: the
+/// client may still hand over some fetched before it let go, and taking one would let
+/// this replica commit offsets of a partition another replica now reads, past jobs that
+/// replica has not finished (lost if it then dies).
 #[derive(Debug, Default)]
 pub struct Starts(HashMap<i32, Start>);
 
@@ -220,7 +225,7 @@ struct Start {
 pub enum Take {
     /// Take it as a job.
     Keep,
-    /// Before the committed offset: done already.
+    /// Before the committed offset (done already), or of a partition not read here.
     Skip,
     /// The read skipped past the committed offset: read again from this offset.
     Rewind(i64),
@@ -248,7 +253,7 @@ impl Starts {
     /// What to do with the message at `offset` of `partition`.
     pub fn check(&mut self, partition: i32, offset: i64) -> Take {
         let Some(start) = self.0.get_mut(&partition) else {
-            return Take::Keep;
+            return Take::Skip; // not this replica's (any more)
         };
         if !start.confirmed {
             if offset > start.committed && start.tried > 0 {
@@ -338,7 +343,7 @@ mod tests {
             "the job at the committed offset is read"
         );
         assert_eq!(starts.check(0, 70), Take::Keep);
-        assert_eq!(starts.check(1, 5), Take::Keep, "a partition not being started");
+        assert_eq!(starts.check(1, 5), Take::Skip, "a partition never taken");
 
         starts.begin(2, 10);
         assert_eq!(starts.check(2, 10), Take::Keep, "a read that starts where it should");
@@ -352,7 +357,11 @@ mod tests {
             "nothing before 0: what is there is read"
         );
         starts.end(0);
-        assert_eq!(starts.check(0, 1), Take::Keep, "given up");
+        assert_eq!(
+            starts.check(0, 71),
+            Take::Skip,
+            "given up: a message fetched before is left to the new owner"
+        );
     }
 
     #[test]
