@@ -172,6 +172,15 @@ impl Error {
         }
     }
 
+    /// The same error, its message saying the call was tried on `endpoints` endpoints
+    /// (when more than one).
+    pub fn tried(mut self, endpoints: usize) -> Self {
+        if endpoints > 1 {
+            self.message = format!("{} (tried on {endpoints} endpoints)", self.message);
+        }
+        self
+    }
+
     /// The same error, saying to retry after `after` (rounded up to whole seconds on HTTP).
     pub fn retry_in(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);

@@ -66,6 +66,12 @@ families! {
     /// Endpoint ejections, by `route`, `tier`, `endpoint` and `reason` (unreachable,
     /// status_5xx, timeout, slow, broken_answer, check).
     BACKEND_EJECTIONS = "tiergate_backend_ejections_total", Counter;
+    /// Failed backend calls sent again to another endpoint of their pool, by `route`,
+    /// `tier` and `reason` (unreachable, reset, unavailable).
+    BACKEND_RETRIES = "tiergate_backend_retries_total", Counter;
+    /// Retries not sent, by `route`, `tier` and `why`: `budget` (the pool's retry budget
+    /// was spent) or `deadline` (the budget left would not cover another call).
+    BACKEND_RETRIES_REFUSED = "tiergate_backend_retries_refused_total", Counter;
     /// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
     /// body_bytes, rss: global limits; connections, connections_per_client: closed at
     /// accept).

@@ -29,6 +29,9 @@ pub(super) struct InFlight<'a>(&'a AtomicUsize);
 pub(super) enum Failure {
     /// No connection could be made: the request never left, so it may go elsewhere.
     Connect(String),
+    /// The request may have left, and no byte of an answer came: the connection closed
+    /// or failed first.
+    Unanswered(String),
     /// The exchange failed after connecting.
     Other(String),
     /// The response body was unreadable or too large.

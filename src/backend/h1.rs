@@ -100,8 +100,8 @@ impl Conns {
     /// Sends the call of `parts` and `body` (in origin form, the path shared, not parsed
     /// again) with only its end-to-end headers, and reads the whole answer (at most
     /// `max_body` bytes), keeping only its end-to-end headers. The headers are moved into
-    /// the backend request; when no connection could be opened (the one failure the pool
-    /// tries on another endpoint) they are back in `parts`.
+    /// the backend request and back into `parts` after, so the pool can send the call
+    /// again elsewhere.
     pub(super) async fn send_call(
         &self,
         parts: &mut http::request::Parts,
@@ -112,43 +112,33 @@ impl Conns {
         let mut uri = http::uri::Parts::default();
         uri.path_and_query = Some(path_and_query(parts));
         let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
-        match self.send_or_back(outgoing(parts, uri, body), trace, max_body).await {
-            Ok(response) => Ok(response),
-            Err((failure, unsent)) => {
-                if let Some(unsent) = unsent {
-                    restore(parts, unsent);
-                }
-                Err(failure)
-            }
-        }
+        let mut request = outgoing(parts, uri, body);
+        let answer = self.exchange(&mut request, trace, max_body).await;
+        restore(parts, request);
+        answer
     }
 
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
-    pub(super) async fn send(&self, request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
-        self.send_or_back(request, None, max_body)
-            .await
-            .map_err(|(failure, _)| failure)
+    pub(super) async fn send(&self, mut request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
+        self.exchange(&mut request, None, max_body).await
     }
 
-    /// [`Conns::send`], giving the request back with a failure to connect.
-    async fn send_or_back(
+    /// [`Conns::send`] of a request the caller keeps.
+    async fn exchange(
         &self,
-        mut request: Request<Bytes>,
+        request: &mut Request<Bytes>,
         trace: Option<&Trace>,
         max_body: usize,
-    ) -> Result<Response<Bytes>, (Failure, Option<Request<Bytes>>)> {
+    ) -> Result<Response<Bytes>, Failure> {
         let runtime = match Handle::try_current() {
             Ok(handle) => handle.id(),
-            Err(e) => return Err((Failure::Other(e.to_string()), None)),
+            Err(e) => return Err(Failure::Other(e.to_string())),
         };
         loop {
             let mut conn = match self.take(runtime) {
                 Some(idle) => idle,
-                None => match self.connect(runtime).await {
-                    Ok(conn) => conn,
-                    Err(failure) => return Err((failure, Some(request))),
-                },
+                None => self.connect(runtime).await?,
             };
             match conn
                 .wire
@@ -161,12 +151,11 @@ impl Conns {
                         conn.used = true;
                         self.put(conn);
                     }
-                    return answer.map_err(|failure| (failure, None));
+                    return answer;
                 }
                 // A stale idle connection: try the next one, or a new one.
-                Sent::NotSent(back, why) => {
+                Sent::NotSent(why) => {
                     tracing::debug!(endpoint = %self.authority, "{why}: the request goes on another connection");
-                    request = back;
                 }
             }
         }

@@ -32,9 +32,8 @@ pub(super) fn path_and_query(parts: &http::request::Parts) -> PathAndQuery {
 
 /// The backend request for `parts`: its method, `uri`, headers and `body`, for the
 /// HTTP/1.1 writer, which writes only the end-to-end headers ([`is_hop_by_hop`],
-/// [`keep_end_to_end`]). The headers are moved out of `parts`, not copied: a caller
-/// that may send `parts` again puts them back from the request it gets back unsent
-/// ([`restore`]).
+/// [`keep_end_to_end`]). The headers are moved out of `parts`, not copied, and put back
+/// after the call ([`restore`]) so `parts` can be sent again.
 pub(super) fn outgoing(parts: &mut http::request::Parts, uri: Uri, body: Bytes) -> Request<Bytes> {
     let mut request = Request::new(body);
     *request.method_mut() = parts.method.clone();
@@ -53,10 +52,10 @@ pub(super) fn outgoing_copy(parts: &http::request::Parts, uri: Uri, body: Bytes)
     request
 }
 
-/// Puts the headers of `unsent`, a request [`outgoing`] made from `parts`, back into
+/// Puts the headers of `sent`, a request [`outgoing`] made from `parts`, back into
 /// `parts`, so `parts` can be sent elsewhere.
-pub(super) fn restore(parts: &mut http::request::Parts, unsent: Request<Bytes>) {
-    parts.headers = unsent.into_parts().0.headers;
+pub(super) fn restore(parts: &mut http::request::Parts, sent: Request<Bytes>) {
+    parts.headers = sent.into_parts().0.headers;
 }
 
 /// A backend answer with only its end-to-end headers.

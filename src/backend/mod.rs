@@ -20,6 +20,7 @@ mod latency;
 mod message;
 pub use message::copy;
 mod pool;
+mod retry;
 pub(crate) mod sequences;
 mod tls;
 

@@ -21,10 +21,11 @@ use tracing::Instrument;
 use super::checks::Probe;
 use super::endpoint::{Endpoint, Failure, InFlight, Verdict};
 use super::health::{Admit, Health};
+use super::retry::{Budget, Reason};
 use super::Role;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
-use crate::policy::PoolSpec;
+use crate::policy::{PoolSpec, RetryOn, RetrySpec};
 use crate::protocol;
 
 /// A request fitted to a pool's backends: its parts and body, and for an HTTP/1.1 pool
@@ -52,6 +53,10 @@ pub struct Pool {
     sequences: super::sequences::Sequences<usize>,
     /// What the pool's answered calls took (see [`super::latency`]).
     latency: super::latency::Latency,
+    /// Which failed calls go again to another endpoint.
+    retry: RetrySpec,
+    /// How many may, for the calls made (see [`super::retry`]).
+    budget: Budget,
 }
 
 /// How the pool talks to its endpoints.
@@ -135,6 +140,25 @@ impl Pool {
         if spec.health.check_path.is_some() && tier.is_some() {
             super::checks::start(Arc::downgrade(&endpoints), probe, spec.health.check_interval);
         }
+        if let Some(tier) = tier {
+            // Every series of retries at 0 from the start, so a rate over them has a base.
+            for reason in [Reason::Unreachable, Reason::Reset, Reason::Unavailable] {
+                let labels = [
+                    ("route", route.to_owned()),
+                    ("tier", tier.to_owned()),
+                    ("reason", reason.as_str().to_owned()),
+                ];
+                ::metrics::counter!(crate::metrics::BACKEND_RETRIES, &labels).absolute(0);
+            }
+            for why in ["budget", "deadline"] {
+                let labels = [
+                    ("route", route.to_owned()),
+                    ("tier", tier.to_owned()),
+                    ("why", why.to_owned()),
+                ];
+                ::metrics::counter!(crate::metrics::BACKEND_RETRIES_REFUSED, &labels).absolute(0);
+            }
+        }
         Pool {
             route: route.to_owned(),
             role,
@@ -147,6 +171,8 @@ impl Pool {
             instruments: tier.map_or_else(Instruments::unexported, |tier| Instruments::new(route, tier)),
             sequences: super::sequences::Sequences::default(),
             latency: super::latency::Latency::default(),
+            retry: spec.retry,
+            budget: Budget::new(&spec.retry),
         }
     }
 
@@ -166,8 +192,8 @@ impl Pool {
     /// Sheds with [`Kind::Shed`] at the concurrency limit, with [`Kind::Deadline`] when
     /// `deadline` has already passed, and with [`Kind::DeadlineUnmeetable`] when the
     /// time left is below what the pool's calls take (its learned floor, see
-    /// `backend::latency`); a connect failure is retried once on another endpoint while
-    /// time remains.
+    /// `backend::latency`); a failed call goes again to another endpoint as the pool's
+    /// retry policy says ([`Pool::call`]).
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
         self.in_time(deadline)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
@@ -274,7 +300,7 @@ impl Pool {
     ) -> Result<Response<Bytes>, Error> {
         let pinned = self
             .sequences
-            .pin(&sequence.id, || self.pick(None).map(|(at, _)| at))?
+            .pin(&sequence.id, || self.pick().map(|(at, _)| at))?
             .ok_or_else(|| {
                 Error::new(
                     Kind::Shed,
@@ -314,17 +340,109 @@ impl Pool {
         result
     }
 
-    /// Sends to one endpoint, and to a second one when the first cannot be reached.
+    /// Sends to one endpoint, and when that fails in a way the pool retries, again to
+    /// others ([`Pool::again`]).
     async fn call(&self, mut fitted: Fitted, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        let first = self.pick(None)?;
-        match self.send(first, &mut fitted, deadline).await {
-            Err(Failure::Connect(_)) if self.endpoints.len() > 1 && Instant::now() < deadline => {
-                let second = self.pick(Some(first.0))?;
-                self.send(second, &mut fitted, deadline)
-                    .await
-                    .map_err(|f| self.error(second.0, f))
+        let first = self.pick()?;
+        let result = self.send(first, &mut fitted, deadline).await;
+        match self.retryable(&result, &fitted.parts) {
+            None => result.map_err(|f| self.error(first.0, f)),
+            // Boxed: a retry is rare, and its state would make every call's future larger.
+            Some(reason) => Box::pin(self.again(fitted, deadline, first.0, result, reason)).await,
+        }
+    }
+
+    /// Retries a call that failed on endpoint `first` for `reason`: on an endpoint it
+    /// has not tried, while the pool allows another retry (`max_retries`), the budget
+    /// left covers what the pool's calls take, and the retry budget has one to give.
+    /// The last outcome is the answer.
+    #[cold]
+    async fn again(
+        &self,
+        mut fitted: Fitted,
+        deadline: Instant,
+        first: usize,
+        mut result: Result<Response<Bytes>, Failure>,
+        mut reason: Reason,
+    ) -> Result<Response<Bytes>, Error> {
+        let mut tried = vec![first];
+        loop {
+            let last = tried[tried.len() - 1];
+            let Some(next) = self.retry_to(&tried, reason, deadline) else {
+                return result.map_err(|f| self.error(last, f).tried(tried.len()));
+            };
+            tried.push(next.0);
+            result = self.send(next, &mut fitted, deadline).await;
+            match self.retryable(&result, &fitted.parts) {
+                Some(again) => reason = again,
+                None => return result.map_err(|f| self.error(next.0, f).tried(tried.len())),
             }
-            other => other.map_err(|f| self.error(first.0, f)),
+        }
+    }
+
+    /// The endpoint a retry for `reason` goes to, having `tried` these, or `None` when
+    /// it may not go (refusals for the deadline or the retry budget counted).
+    fn retry_to(&self, tried: &[usize], reason: Reason, deadline: Instant) -> Option<(usize, bool)> {
+        if tried.len() > self.retry.max_retries as usize || tried.len() >= self.endpoints.len() {
+            return None;
+        }
+        let now = Instant::now();
+        if now >= deadline || self.meetable(deadline - now).is_err() {
+            self.count_refused("deadline");
+            return None;
+        }
+        if !self.budget.withdraw(now) {
+            self.count_refused("budget");
+            return None;
+        }
+        let next = self.pick_untried(tried, now)?;
+        self.count_retry(reason);
+        Some(next)
+    }
+
+    /// Why `result` of a call with `parts` may go again to another endpoint, if it may:
+    /// a call that never left always may; one that may have left when the pool's
+    /// `retry.on` says (by default, KServe v2 inference only).
+    #[inline(always)]
+    fn retryable(&self, result: &Result<Response<Bytes>, Failure>, parts: &http::request::Parts) -> Option<Reason> {
+        match result {
+            Ok(answer) if answer.status() != http::StatusCode::SERVICE_UNAVAILABLE => None,
+            Ok(_) => self.retried_on(parts).unavailable.then_some(Reason::Unavailable),
+            Err(Failure::Connect(_)) => Some(Reason::Unreachable),
+            Err(Failure::Unanswered(_)) => self.retried_on(parts).reset.then_some(Reason::Reset),
+            Err(_) => None,
+        }
+    }
+
+    /// The failures after a call may have left that are retried for `parts`.
+    fn retried_on(&self, parts: &http::request::Parts) -> RetryOn {
+        self.retry.on.unwrap_or_else(|| {
+            let path = parts.uri.path();
+            let inference = parts.method == http::Method::POST && path.starts_with("/v2/") && path.ends_with("/infer");
+            RetryOn {
+                reset: inference,
+                unavailable: inference,
+            }
+        })
+    }
+
+    /// Counts a retry sent for `reason` (tier pools only, as every series of a pool).
+    #[cold]
+    fn count_retry(&self, reason: Reason) {
+        if !matches!(self.role, Role::Control) {
+            let (route, tier) = (self.route.clone(), self.role.as_str());
+            ::metrics::counter!(crate::metrics::BACKEND_RETRIES, "route" => route, "tier" => tier, "reason" => reason.as_str())
+                .increment(1);
+        }
+    }
+
+    /// Counts a retry refused for `why` (`deadline`, `budget`).
+    #[cold]
+    fn count_refused(&self, why: &'static str) {
+        if !matches!(self.role, Role::Control) {
+            let (route, tier) = (self.route.clone(), self.role.as_str());
+            ::metrics::counter!(crate::metrics::BACKEND_RETRIES_REFUSED, "route" => route, "tier" => tier, "why" => why)
+                .increment(1);
         }
     }
 
@@ -391,43 +509,56 @@ impl Pool {
     }
 
     /// Power of two choices on outstanding calls among the endpoints whose circuit
-    /// admits a call, never `avoid` when another exists; `Unavailable` when every
-    /// endpoint is ejected. Returns the endpoint and whether the call is its probe.
-    fn pick(&self, avoid: Option<usize>) -> Result<(usize, bool), Error> {
+    /// admits a call; `Unavailable` when every endpoint is ejected. Returns the endpoint
+    /// and whether the call is its probe.
+    fn pick(&self) -> Result<(usize, bool), Error> {
         let now = Instant::now();
         let n = self.endpoints.len();
         let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
-        // Candidates are every endpoint but `avoid` (all of them when that leaves none),
-        // numbered 0..m without allocating: candidate k is endpoint k, or k + 1 past `avoid`.
-        let skip = avoid.filter(|a| *a < n && n > 1);
-        let m = n - usize::from(skip.is_some());
-        let index = |k: usize| if skip.is_some_and(|a| k >= a) { k + 1 } else { k };
-        // Two random candidates first, the less loaded one first (the common case: both
+        // Two random endpoints first, the less loaded one first (the common case: both
         // circuits closed); then the rest, should both be ejected.
-        let a = rand::random_range(0..m.max(1));
-        let b = match m {
+        let a = rand::random_range(0..n.max(1));
+        let b = match n {
             0 | 1 => a,
             _ => {
-                let b = rand::random_range(0..m - 1);
+                let b = rand::random_range(0..n - 1);
                 b + usize::from(b >= a)
             }
         };
-        let (first, second) = match load(index(b)) < load(index(a)) {
+        let (first, second) = match load(b) < load(a) {
             true => (b, a),
             false => (a, b),
         };
-        let rest = (0..m).filter(|k| *k != first && *k != second);
+        let rest = (0..n).filter(|i| *i != first && *i != second);
         let mut reopens = None::<Instant>;
-        for k in [first, second].into_iter().take(if m > 1 { 2 } else { 1 }).chain(rest) {
-            let i = index(k);
+        for i in [first, second].into_iter().take(if n > 1 { 2 } else { 1 }).chain(rest) {
             match self.endpoints[i].health.admit(now) {
                 Admit::Yes => return Ok((i, false)),
                 Admit::Probe => return Ok((i, true)),
                 Admit::No(until) => reopens = Some(reopens.map_or(until, |r| r.min(until))),
             }
         }
+        Err(self.all_ejected_error(reopens, now))
+    }
+
+    /// The least loaded endpoint not in `tried` whose circuit admits a call (ties to
+    /// the first), for a retry; with whether the call is its probe.
+    fn pick_untried(&self, tried: &[usize], now: Instant) -> Option<(usize, bool)> {
+        let mut order: Vec<usize> = (0..self.endpoints.len()).filter(|i| !tried.contains(i)).collect();
+        order.sort_by_key(|i| self.endpoints[*i].in_flight.load(Ordering::Relaxed));
+        order
+            .into_iter()
+            .find_map(|i| match self.endpoints[i].health.admit(now) {
+                Admit::Yes => Some((i, false)),
+                Admit::Probe => Some((i, true)),
+                Admit::No(_) => None,
+            })
+    }
+
+    #[cold]
+    fn all_ejected_error(&self, reopens: Option<Instant>, now: Instant) -> Error {
         let wait = reopens.map_or(Duration::from_secs(1), |r| r.saturating_duration_since(now));
-        Err(Error::new(
+        Error::new(
             Kind::Unavailable,
             format!(
                 "every endpoint of route {}'s {} pool is ejected after failing; the first may be tried again in {} ms",
@@ -435,7 +566,7 @@ impl Pool {
                 self.role.as_str(),
                 wait.as_millis()
             ),
-        ))
+        )
     }
 
     async fn send(
@@ -458,6 +589,7 @@ impl Pool {
             given: false,
         };
         let started = Instant::now();
+        self.budget.deposit(started);
         // The gRPC and HTTP/2 calls are boxed: the gRPC one's future is the largest, and
         // unboxed it would set the size of every call's future (moved on each request).
         let call = async {
@@ -530,7 +662,9 @@ impl Pool {
                     verdict.fail("timeout");
                 }
             }
-            Err(Failure::Other(_) | Failure::Body(_) | Failure::Garbled(_)) => verdict.fail("broken_answer"),
+            Err(Failure::Unanswered(_) | Failure::Other(_) | Failure::Body(_) | Failure::Garbled(_)) => {
+                verdict.fail("broken_answer")
+            }
         }
         result
     }
@@ -539,7 +673,9 @@ impl Pool {
         let backend = &self.endpoints[at].authority;
         match failure {
             Failure::Connect(why) => Error::new(Kind::Backend, format!("backend {backend} is unreachable: {why}")),
-            Failure::Other(why) => Error::new(Kind::Backend, format!("backend {backend} failed: {why}")),
+            Failure::Unanswered(why) | Failure::Other(why) => {
+                Error::new(Kind::Backend, format!("backend {backend} failed: {why}"))
+            }
             Failure::Body(why) => Error::new(
                 Kind::Backend,
                 format!(

@@ -239,6 +239,23 @@ pub struct PoolFile {
     pub connect_timeout: Option<Duration>,
     /// Outlier ejection, circuit breaking and active health checks per endpoint.
     pub health: Option<HealthFile>,
+    /// Retries of failed calls on other endpoints.
+    pub retry: Option<RetryFile>,
+}
+
+/// When a pool's failed calls go again to another endpoint.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryFile {
+    /// The failures after the request may have left that are retried: `reset`,
+    /// `unavailable` (default: both for KServe v2 inference, neither for other paths).
+    pub on: Option<Vec<String>>,
+    /// Most retries of one call (default 2).
+    pub max_retries: Option<i64>,
+    /// Retries per 100 calls of the pool over the last 10 s (default 10).
+    pub budget_percent: Option<f64>,
+    /// Retries per second allowed whatever the calls (default 3).
+    pub min_per_second: Option<i64>,
 }
 
 /// How a pool finds and sets aside endpoints that fail or stall.
@@ -277,6 +294,8 @@ pub struct BatchFile {
     pub connect_timeout: Option<Duration>,
     /// Outlier ejection, circuit breaking and active health checks per endpoint.
     pub health: Option<HealthFile>,
+    /// Retries of failed calls on other endpoints.
+    pub retry: Option<RetryFile>,
     /// Most rows in one batch.
     pub max_batch: Option<i64>,
     /// Longest a request may wait for its batch to fill (a ceiling, never a floor).

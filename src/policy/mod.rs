@@ -23,7 +23,7 @@ pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
     Abort, BatchSpec, Borrow, Budgets, CacheSpec, Flags, Gate, HealthSpec, JsonAdapter, Member, Policy, PoolSpec,
-    Priority, Rate, RateLimits, Route, Scheduling, ShadowSpec, Tolerance, WhenUnmet,
+    Priority, Rate, RateLimits, RetryOn, RetrySpec, Route, Scheduling, ShadowSpec, Tolerance, WhenUnmet,
 };
 pub(crate) use problems::one_a_line;
 pub use problems::{Problem, Problems};

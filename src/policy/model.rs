@@ -213,6 +213,32 @@ pub struct PoolSpec {
     pub connect_timeout: Duration,
     /// How failing and stalled endpoints are found and set aside.
     pub health: HealthSpec,
+    /// When a failed call goes again to another endpoint, and how many may.
+    pub retry: RetrySpec,
+}
+
+/// Retries of a pool's failed calls on its other endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetrySpec {
+    /// Which failures after the request may have left are retried; `None`: both kinds
+    /// for KServe v2 inference calls (`POST .../infer`, idempotent), neither for any
+    /// other path. A call that never left (its endpoint unreachable) is always retried.
+    pub on: Option<RetryOn>,
+    /// Most retries of one call, each on an endpoint the call has not tried.
+    pub max_retries: u32,
+    /// Retries allowed per 1,000 calls of the pool over the last 10 s ...
+    pub budget_per_mille: u32,
+    /// ... and at least this many per second whatever the calls.
+    pub min_per_second: u32,
+}
+
+/// The failures after a request may have left that are retried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryOn {
+    /// The connection closed or was reset before any byte of the answer (`reset`).
+    pub reset: bool,
+    /// The backend answered 503 or gRPC `UNAVAILABLE` (`unavailable`).
+    pub unavailable: bool,
 }
 
 /// Borrowing rules: every one is off unless the route turns it on.

@@ -11,12 +11,12 @@ use std::time::Duration;
 use http::Uri;
 
 use super::file::{
-    BatchFile, CacheFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RouteFile,
-    WhenUnmetFile,
+    BatchFile, CacheFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RetryFile,
+    RouteFile, WhenUnmetFile,
 };
 use super::model::{
     BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Priority, Rate,
-    RateLimits, Route, Scheduling, WhenUnmet,
+    RateLimits, RetryOn, RetrySpec, Route, Scheduling, WhenUnmet,
 };
 use super::problems::{Check, Problem, Problems};
 
@@ -459,6 +459,61 @@ fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile, kserve: bool) -> PoolS
         binary_tensors: file.binary_tensors.unwrap_or(true),
         connect_timeout: connect_timeout(check, at, file.connect_timeout),
         health: health(check, at, file.health.as_ref(), kserve),
+        retry: retry(check, at, file.retry.as_ref()),
+    }
+}
+
+/// Retry defaults: at most 2 retries, within 10% of the calls over 10 s, at least 3 a
+/// second; which failures by the call's path.
+fn retry(check: &mut Check<'_>, at: &str, file: Option<&RetryFile>) -> RetrySpec {
+    let empty = RetryFile::default();
+    let file = file.unwrap_or(&empty);
+    let at = format!("{at}.retry");
+    let on = file.on.as_ref().map(|kinds| {
+        let mut on = RetryOn::default();
+        for (i, kind) in kinds.iter().enumerate() {
+            match kind.as_str() {
+                "reset" => on.reset = true,
+                "unavailable" => on.unavailable = true,
+                other => check.fail(
+                    format!("{at}.on[{i}]"),
+                    format!(
+                        "must be \"reset\" or \"unavailable\", got {other:?} (an unreachable endpoint is always \
+                         retried)"
+                    ),
+                ),
+            }
+        }
+        on
+    });
+    let max_retries = match file.max_retries {
+        None => 2,
+        Some(n) => u32::try_from(n).ok().filter(|n| *n <= 10).unwrap_or_else(|| {
+            check.fail(format!("{at}.max_retries"), format!("must be 0 to 10, got {n}"));
+            2
+        }),
+    };
+    let budget_per_mille = match file.budget_percent {
+        None => 100,
+        // Within 0..=100, so the rounded per-mille fits.
+        Some(p) if (0.0..=100.0).contains(&p) => (p * 10.0).round() as u32,
+        Some(p) => {
+            check.fail(format!("{at}.budget_percent"), format!("must be 0 to 100, got {p}"));
+            100
+        }
+    };
+    let min_per_second = match file.min_per_second {
+        None => 3,
+        Some(n) => u32::try_from(n).ok().filter(|n| *n <= 10_000).unwrap_or_else(|| {
+            check.fail(format!("{at}.min_per_second"), format!("must be 0 to 10000, got {n}"));
+            3
+        }),
+    };
+    RetrySpec {
+        on,
+        max_retries,
+        budget_per_mille,
+        min_per_second,
     }
 }
 
@@ -541,6 +596,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
             binary_tensors: file.binary_tensors.unwrap_or(true),
             connect_timeout: connect_timeout(check, at, file.connect_timeout),
             health: health(check, at, file.health.as_ref(), kserve),
+            retry: retry(check, at, file.retry.as_ref()),
         }),
         max_batch,
         max_wait,

@@ -37,6 +37,7 @@ mod policy_check;
 mod readiness;
 mod realtime;
 mod reload;
+mod retries;
 mod scheduling;
 mod serve_check;
 mod shadow;

@@ -78,7 +78,7 @@ pub(super) enum Sent {
     /// The answer, or why there is none.
     Done(Result<Response<Bytes>, Failure>),
     /// Nothing was written: the connection had closed (or failed) before.
-    NotSent(Request<Bytes>, String),
+    NotSent(String),
 }
 
 /// How an answer's body is delimited.
@@ -103,11 +103,11 @@ impl Wire {
 
     /// Sends `request` (its URI in origin form) with `host`, and reads the whole answer,
     /// refusing a body over `max_body` bytes. `reused`: the connection carried an answer
-    /// before and may have been closed by the backend since; if so the request is given
-    /// back, not sent.
+    /// before and may have been closed by the backend since; if so the request is not
+    /// sent. The request stays the caller's, to send again elsewhere should it fail.
     pub(super) async fn exchange(
         &mut self,
-        mut request: Request<Bytes>,
+        request: &mut Request<Bytes>,
         host: &HeaderValue,
         trace: Option<&Trace>,
         max_body: usize,
@@ -116,10 +116,10 @@ impl Wire {
         self.reusable = false;
         if reused {
             if let Err(why) = self.still_open().await {
-                return Sent::NotSent(request, why);
+                return Sent::NotSent(why);
             }
         }
-        self.head(&mut request, host, trace);
+        self.head(request, host, trace);
         let body = request.body();
         let together = self.write.len() + body.len() <= ONE_WRITE;
         if together {
@@ -128,11 +128,13 @@ impl Wire {
         // The first write decides whether anything left: if it fails, nothing did.
         let first = match write_some(&mut self.io, &self.write).await {
             Ok(n) => n,
-            Err(e) if reused => return Sent::NotSent(request, format!("the idle connection had failed: {e}")),
-            Err(e) => return Sent::Done(Err(Failure::Other(format!("could not send the request: {e}")))),
+            Err(e) if reused => return Sent::NotSent(format!("the idle connection had failed: {e}")),
+            Err(e) => return Sent::Done(Err(Failure::Connect(format!("could not send the request: {e}")))),
         };
         if let Err(e) = self.write_rest(first, (!together).then_some(body)).await {
-            return Sent::Done(Err(Failure::Other(format!("could not send the request: {e}"))));
+            return Sent::Done(Err(Failure::Unanswered(format!(
+                "could not send the whole request: {e}"
+            ))));
         }
         let head_only = request.method() == Method::HEAD;
         Sent::Done(self.answer(head_only, max_body).await)
@@ -218,6 +220,8 @@ impl Wire {
 
     /// Reads the answer: its head (informational ones skipped), then its whole body.
     async fn answer(&mut self, head_only: bool, max_body: usize) -> Result<Response<Bytes>, Failure> {
+        // Whether any byte of an answer came (an informational one counts).
+        let mut heard = false;
         let ((parts, framing, keep_alive), rest) = loop {
             if let Some((head, rest)) = parse_head(&mut self.read)? {
                 if !head.0.status.is_informational() {
@@ -227,17 +231,28 @@ impl Wire {
                     return Err(Failure::Other("the backend switched protocols".into()));
                 }
                 self.read = BytesMut::from(&rest[..]);
+                heard = true;
                 continue;
             }
             if self.read.len() >= MAX_HEAD {
                 return Err(Failure::Other(format!("the answer's head is over {MAX_HEAD} bytes")));
             }
             self.read.reserve(READ_CHUNK);
-            if self.fill().await? == 0 {
-                return Err(Failure::Other(match self.read.is_empty() {
-                    true => "the backend closed the connection before answering".into(),
-                    false => "the backend closed the connection in the middle of the answer's head".into(),
-                }));
+            let silent = !heard && self.read.is_empty();
+            match self.fill().await {
+                Ok(0) if silent => {
+                    return Err(Failure::Unanswered(
+                        "the backend closed the connection before answering".into(),
+                    ))
+                }
+                Ok(0) => {
+                    return Err(Failure::Other(
+                        "the backend closed the connection in the middle of the answer's head".into(),
+                    ))
+                }
+                Ok(_) => {}
+                Err(Failure::Other(why)) if silent => return Err(Failure::Unanswered(why)),
+                Err(failure) => return Err(failure),
             }
         };
         let framing = match (head_only, framing) {
