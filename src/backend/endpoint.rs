@@ -3,19 +3,60 @@
 //! and how an error reads ([`chain`]). A leaf under the pool, its transports
 //! (`h1`, `h2`, `grpc`) and its checks.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use http::uri::Authority;
 use tokio::time::Instant;
 
 use super::health::Health;
 
-/// One backend endpoint of a pool: where it is, its load and its circuit.
+/// One backend endpoint of a pool: where it is, its load, its cost and its circuit.
 #[derive(Debug)]
 pub(super) struct Endpoint {
     pub(super) authority: Authority,
     pub(super) in_flight: AtomicUsize,
     pub(super) health: Health,
+    pub(super) cost: Cost,
+}
+
+/// What a call to one endpoint takes, as it has answered lately: a moving average of
+/// its answered calls (each new one weighs 1/8) that halves every 4.096 s
+/// ([`Cost::HALF_LIFE_MS`], a power of two) without an answer, so an endpoint that was slow and got no calls for it is tried
+/// again. Kept in one word: the average in microseconds (high 32 bits, saturating at
+/// about 71 minutes) and when it was last updated, in milliseconds of the pool's clock
+/// (wrapping).
+#[derive(Debug, Default)]
+pub(super) struct Cost(AtomicU64);
+
+impl Cost {
+    /// How long the cost takes to halve without an answer, in milliseconds.
+    pub(super) const HALF_LIFE_MS: u32 = 1 << 12;
+
+    /// A call answered in `took`, at `at` (ms of the pool's clock).
+    pub(super) fn answered(&self, took: Duration, at: u32) {
+        let micros = took.as_secs().saturating_mul(1_000_000) + u64::from(took.subsec_micros());
+        let took = micros.min(u64::from(u32::MAX));
+        let now = self.at(at);
+        let average = match now {
+            0 => took,
+            now => now - now / 8 + took / 8,
+        };
+        self.0.store(average << 32 | u64::from(at), Ordering::Relaxed);
+    }
+
+    /// The cost at `at` (ms of the pool's clock) in microseconds; 0 when not known.
+    #[inline]
+    pub(super) fn at(&self, at: u32) -> u64 {
+        let word = self.0.load(Ordering::Relaxed);
+        // Wrapping: the clock wraps after 49 days; a time a little ahead (another
+        // call's update racing this read) is now.
+        let since = match at.wrapping_sub(word as u32) {
+            ahead if ahead > u32::MAX / 2 => 0,
+            since => since >> Self::HALF_LIFE_MS.trailing_zeros(),
+        };
+        (word >> 32).checked_shr(since).unwrap_or(0)
+    }
 }
 
 /// A pool's endpoints, shared with its health checks.
@@ -108,5 +149,23 @@ mod tests {
         #[error("connect failed")]
         struct Outer(#[source] std::io::Error);
         assert_eq!(chain(&Outer(io)), "connect failed: refused");
+    }
+
+    #[test]
+    fn an_endpoints_cost_follows_its_answers_and_fades_without_them() {
+        let cost = Cost::default();
+        assert_eq!(cost.at(0), 0, "not known before an answer");
+        cost.answered(Duration::from_micros(8_000), 100);
+        assert_eq!(cost.at(100), 8_000, "the first answer is the cost");
+        cost.answered(Duration::from_micros(16_000), 200);
+        assert_eq!(cost.at(200), 9_000, "each later answer weighs 1/8");
+        assert_eq!(cost.at(200 + 4_095), 9_000);
+        assert_eq!(cost.at(200 + 4_096), 4_500, "halved after 4.096 s without an answer");
+        assert_eq!(cost.at(200 + 3 * 4_096), 1_125);
+        assert_eq!(cost.at(199), 9_000, "a read racing a later update sees it as now");
+        assert_eq!(cost.at(200 + 200_000), 0, "forgotten after long enough");
+        let slow = Cost::default();
+        slow.answered(Duration::from_secs(10_000), u32::MAX);
+        assert_eq!(slow.at(5), u64::from(u32::MAX), "saturates; the clock wraps");
     }
 }

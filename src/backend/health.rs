@@ -109,6 +109,16 @@ impl Health {
         }
     }
 
+    /// Whether [`Health::admit`] would let a call through at `now`, asked without
+    /// taking a probe's place.
+    pub fn would_admit(&self, now: Instant) -> bool {
+        match self.lock().circuit {
+            Circuit::Closed | Circuit::HalfOpen { probing: false } => true,
+            Circuit::Open { until } => now >= until,
+            Circuit::HalfOpen { probing: true } => false,
+        }
+    }
+
     /// A call (or probe) succeeded: the failure count resets and the circuit closes.
     pub fn succeeded(&self) {
         let mut s = self.lock();

@@ -57,6 +57,8 @@ pub struct Pool {
     retry: RetrySpec,
     /// How many may, for the calls made (see [`super::retry`]).
     budget: Budget,
+    /// The pool's clock for its endpoints' costs (see [`Pool::clock`]).
+    born: Instant,
 }
 
 /// How the pool talks to its endpoints.
@@ -93,6 +95,7 @@ impl Pool {
                 },
                 authority,
                 in_flight: AtomicUsize::new(0),
+                cost: Default::default(),
             })
             .collect();
         let endpoints = Arc::new(endpoints);
@@ -173,12 +176,33 @@ impl Pool {
             latency: super::latency::Latency::default(),
             retry: spec.retry,
             budget: Budget::new(&spec.retry),
+            born: Instant::now(),
         }
     }
 
     /// Whether every endpoint of the pool is ejected, so every call would be refused.
     pub fn all_ejected(&self) -> bool {
         self.endpoints.iter().all(|e| e.health.is_ejected())
+    }
+
+    /// Whether no endpoint would take a call now (each ejected, its time not up, or
+    /// being probed).
+    pub fn all_ejected_now(&self) -> bool {
+        let now = Instant::now();
+        !self.endpoints.iter().any(|e| e.health.would_admit(now))
+    }
+
+    /// Why a call sent now with `deadline` would be refused before it left (every
+    /// endpoint ejected, the budget left too short, every call slot taken), if it would;
+    /// for a caller that can serve it elsewhere instead (a canary's primary).
+    pub fn would_refuse(&self, deadline: Instant) -> Option<Error> {
+        if self.all_ejected_now() {
+            return Some(self.all_ejected_error(None, Instant::now()));
+        }
+        if let Err(refused) = self.in_time(deadline) {
+            return Some(refused);
+        }
+        (self.limit.available_permits() == 0).then(|| self.full())
     }
 
     /// Calls now in flight across the pool.
@@ -508,13 +532,22 @@ impl Pool {
         }
     }
 
-    /// Power of two choices on outstanding calls among the endpoints whose circuit
-    /// admits a call; `Unavailable` when every endpoint is ejected. Returns the endpoint
-    /// and whether the call is its probe.
+    /// Power of two choices among the endpoints whose circuit admits a call, on each
+    /// one's calls in flight weighed by what its calls take
+    /// ([`Cost`](super::endpoint::Cost), as Finagle's peak EWMA balancer: the cost times
+    /// one more than the calls in flight). When the two weigh within a quarter of each
+    /// other, or either cost is not known yet, the one with fewer calls in flight (ties
+    /// to a random one), so like endpoints share the work evenly. `Unavailable` when
+    /// every endpoint is ejected. Returns the endpoint and whether the call is its probe.
     fn pick(&self) -> Result<(usize, bool), Error> {
         let now = Instant::now();
         let n = self.endpoints.len();
-        let load = |i: usize| self.endpoints[i].in_flight.load(Ordering::Relaxed);
+        let clock = self.clock(now);
+        let load = |i: usize| {
+            let e = &self.endpoints[i];
+            let in_flight = e.in_flight.load(Ordering::Relaxed) as u64;
+            (in_flight, e.cost.at(clock))
+        };
         // Two random endpoints first, the less loaded one first (the common case: both
         // circuits closed); then the rest, should both be ejected.
         let a = rand::random_range(0..n.max(1));
@@ -525,7 +558,18 @@ impl Pool {
                 b + usize::from(b >= a)
             }
         };
-        let (first, second) = match load(b) < load(a) {
+        let b_first = n > 1 && {
+            let ((calls_a, cost_a), (calls_b, cost_b)) = (load(a), load(b));
+            let (weight_a, weight_b) = ((calls_a + 1) * cost_a, (calls_b + 1) * cost_b);
+            match cost_a == 0 || cost_b == 0 {
+                true => calls_b < calls_a,
+                // One clearly dearer (by a quarter): the other.
+                false if weight_b * 5 < weight_a * 4 => true,
+                false if weight_a * 5 < weight_b * 4 => false,
+                false => calls_b < calls_a,
+            }
+        };
+        let (first, second) = match b_first {
             true => (b, a),
             false => (a, b),
         };
@@ -545,7 +589,11 @@ impl Pool {
     /// the first), for a retry; with whether the call is its probe.
     fn pick_untried(&self, tried: &[usize], now: Instant) -> Option<(usize, bool)> {
         let mut order: Vec<usize> = (0..self.endpoints.len()).filter(|i| !tried.contains(i)).collect();
-        order.sort_by_key(|i| self.endpoints[*i].in_flight.load(Ordering::Relaxed));
+        let clock = self.clock(now);
+        order.sort_by_key(|i| {
+            let e = &self.endpoints[*i];
+            (e.in_flight.load(Ordering::Relaxed) as u64 + 1) * e.cost.at(clock).max(1)
+        });
         order
             .into_iter()
             .find_map(|i| match self.endpoints[i].health.admit(now) {
@@ -553,6 +601,15 @@ impl Pool {
                 Admit::Probe => Some((i, true)),
                 Admit::No(_) => None,
             })
+    }
+
+    /// Milliseconds since the pool was made, wrapping: the clock of its endpoints' costs.
+    #[inline]
+    fn clock(&self, now: Instant) -> u32 {
+        let since = now.saturating_duration_since(self.born);
+        (since.as_secs() as u32)
+            .wrapping_mul(1000)
+            .wrapping_add(since.subsec_millis())
     }
 
     #[cold]
@@ -651,12 +708,19 @@ impl Pool {
             Ok(_) => {
                 verdict.pass();
                 self.latency.answered(took);
+                endpoint.cost.answered(took, self.clock(started));
             }
             Err(Failure::Connect(_)) => verdict.fail("unreachable"),
             // Cut by the caller's deadline: the endpoint's fault only when it took longer
             // than the pool's own limit (`slow_call`, else its learned p99); a budget the
             // caller made too short says nothing about the endpoint.
             Err(Failure::Deadline) => {
+                // It took at least `took`: news only when that is above its cost (a
+                // caller's short budget never makes an endpoint look cheaper).
+                let clock = self.clock(started);
+                if took.as_micros() > u128::from(endpoint.cost.at(clock)) {
+                    endpoint.cost.answered(took, clock);
+                }
                 let limit = endpoint.health.spec().slow_call.or_else(|| self.latency.p99());
                 if limit.is_some_and(|limit| took > limit) {
                     verdict.fail("timeout");

@@ -5,6 +5,7 @@
 //! backend call when the deadline passes (see [`crate::backend::Pool::forward`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backend::{Pools, Role};
 use crate::decision::Tier;
@@ -123,20 +124,28 @@ impl Realtime {
     /// a copy for the shadow when its share takes the call.
     async fn shadowed(&self, shadow: &Shadow, call: Call) -> Result<Reply, Error> {
         // A route running a canary: the call is served by the variant its key falls to,
-        // and counted.
-        let canary = Shadow::variant(&call.route, Tier::Realtime, &call.request);
-        if let Some((spec, Variant::Candidate)) = canary {
-            let started = tokio::time::Instant::now();
-            let answer = shadow.serve(&call.route.name, &spec, call.request, call.deadline).await;
-            let took = started.elapsed();
-            shadow.counted(
-                &call.route.name,
-                &spec,
-                (Tier::Realtime, Variant::Candidate),
-                &answer,
-                took,
-            );
-            return answer;
+        // and counted. The candidate's failures (refused before sending: every endpoint
+        // ejected, no slot, too slow for the budget left; or an error or 5xx answer) are
+        // counted as its own and the call is served by the primary, so no caller sees them.
+        let mut canary = Shadow::variant(&call.route, Tier::Realtime, &call.request);
+        let mut call = call;
+        if let Some((spec, Variant::Candidate)) = &canary {
+            let route = &call.route.name;
+            let key = (Tier::Realtime, Variant::Candidate);
+            match shadow.candidate(route, spec).would_refuse(call.deadline) {
+                Some(refused) => shadow.counted(route, spec, key, &Err(refused), Duration::ZERO),
+                None => {
+                    let spare = crate::backend::copy(&call.request);
+                    let started = tokio::time::Instant::now();
+                    let answer = shadow.serve(route, spec, call.request, call.deadline).await;
+                    shadow.counted(route, spec, key, &answer, started.elapsed());
+                    if answer.as_ref().is_ok_and(|a| !a.status().is_server_error()) {
+                        return answer;
+                    }
+                    call.request = spare;
+                }
+            }
+            canary = None;
         }
         // The primary serves it, with a copy for the shadow when its share takes the call.
         let mirror = Shadow::wants(&call.route, call.tier, &call.request).cloned();

@@ -7,6 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
+use tiergate::sim::{ModelSpec, Profile};
 use tokio::time::Instant;
 
 /// Route `r` for model `m`, its real-time pool on `endpoints` (16 calls at once), its
@@ -226,25 +227,48 @@ async fn a_callers_short_budget_ejects_no_endpoint_and_is_refused_once_the_pool_
 
 #[tokio::test]
 async fn an_endpoint_that_stalls_past_the_pools_learned_p99_is_still_ejected_without_slow_call() {
-    let (a, b) = (five_ms_backend().await, five_ms_backend().await);
-    let gw = gateway(&health_route(&[&a.url(), &b.url()], &ejecting(2, "1m"))).await;
+    // Alone in its pool, so every call goes to it (beside another endpoint, its cost
+    // would send the calls there after the first cut one: the test below).
+    let a = five_ms_backend().await;
+    let gw = gateway(&health_route(&[&a.url()], &ejecting(2, "1m"))).await;
     let budget = [("x-tiergate-budget-ms", "100")];
     for _ in 0..40 {
         assert_eq!(infer(gw.http_addr(), "m", &budget, BODY).await.status, 200);
     }
     a.sim.hold(); // a stalls: its calls run to the callers' 100 ms, far past the pool's p99
     let mut statuses = Vec::new();
-    for _ in 0..30 {
+    for _ in 0..5 {
         statuses.push(infer(gw.http_addr(), "m", &budget, BODY).await.status);
     }
-    let timeouts = statuses.iter().filter(|s| **s == 504).count();
-    assert!(timeouts <= 2, "two cut calls eject it, then b serves: {statuses:?}");
+    assert_eq!(statuses, [504, 504, 503, 503, 503], "two cut calls eject it");
     let scrape = get(gw.metrics_addr(), "/metrics").await.text();
     let ejected = format!(
         "tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"{}\",reason=\"timeout\"}} 1",
         a.addr
     );
     assert!(scrape.contains(&ejected), "{ejected} in\n{scrape}");
+    a.sim.release();
+}
+
+#[tokio::test]
+async fn a_stalled_endpoint_beside_another_costs_one_cut_call_then_gets_no_work() {
+    let (a, b) = (five_ms_backend().await, five_ms_backend().await);
+    let gw = gateway(&health_route(&[&a.url(), &b.url()], &ejecting(2, "1m"))).await;
+    let budget = [("x-tiergate-budget-ms", "100")];
+    for _ in 0..40 {
+        assert_eq!(infer(gw.http_addr(), "m", &budget, BODY).await.status, 200);
+    }
+    a.sim.hold();
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(infer(gw.http_addr(), "m", &budget, BODY).await.status);
+    }
+    let timeouts = statuses.iter().filter(|s| **s == 504).count();
+    assert!(
+        timeouts <= 1,
+        "its cost rose with the cut call, so b serves: {statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 30 - timeouts);
     a.sim.release();
 }
 
@@ -346,4 +370,31 @@ async fn an_endpoint_answering_200_with_garbage_is_refused_as_broken_and_ejected
         "tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"{bad}\",reason=\"broken_answer\"}} 1"
     );
     assert!(scrape.contains(&ejected), "{ejected} in\n{scrape}");
+}
+
+#[tokio::test]
+async fn a_slower_endpoint_gets_less_work_before_it_is_slow_enough_to_be_ejected() {
+    let slow = |factor: u64| {
+        ModelSpec::new(
+            "m",
+            Profile {
+                a: Duration::from_millis(factor),
+                ..Profile::default()
+            },
+        )
+    };
+    let (fast, slower) = (backend_with(vec![slow(1)]).await, backend_with(vec![slow(10)]).await);
+    let gw = gateway(&health_route(&[&fast.url(), &slower.url()], &ejecting(0, "1s"))).await;
+    for _ in 0..100 {
+        let r = infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let (to_fast, to_slow) = (
+        fast.sim.stats("m").expect("stats").requests,
+        slower.sim.stats("m").expect("stats").requests,
+    );
+    assert_eq!(to_fast + to_slow, 100);
+    // On calls in flight alone (one call at a time: always 0 and 0) each would get
+    // about half; by cost, the slower one only until its cost is known.
+    assert!(to_slow <= 10, "the 10x slower endpoint got {to_slow} of 100 calls");
 }

@@ -708,3 +708,47 @@ async fn a_micro_batch_canary_batches_its_share_on_the_candidate() {
     assert_eq!(sizes.get(&8), Some(&1), "one batch of the four queued calls: {sizes:?}");
     s.gw.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn a_canary_with_a_dead_candidate_answers_every_caller_from_the_primary() {
+    for tier in ["realtime", "micro_batch"] {
+        let primary = backend(&["m"]).await;
+        let dead = dead_addr().await;
+        let route = match tier {
+            "realtime" => "deadrt",
+            _ => "deadmb",
+        };
+        let text = format!(
+            "[defaults]\nrealtime_below = \"300ms\"\n\
+             [routes.{route}]\nmodels = [\"m\"]\n\
+             [routes.{route}.flags]\nrealtime = {rt}\nmicro_batch = {mb}\nshadow = true\n\
+             [routes.{route}.{tier}]\nendpoints = [\"{p}\"]\n\
+             [routes.{route}.shadow]\ntiers = [\"{tier}\"]\npercent = 0\ncanary_percent = 50\n\
+             [routes.{route}.shadow.abort]\nmin_requests = 1000\n\
+             [routes.{route}.shadow.candidate]\nendpoints = [\"http://{dead}\"]\n",
+            rt = tier == "realtime",
+            mb = tier == "micro_batch",
+            p = primary.url(),
+        );
+        let s = with_policy(route, &text).await;
+        let budget = if tier == "realtime" { "100" } else { "2000" };
+        for i in 0..40 {
+            let answer = s.call(&format!("k{i}"), budget).await;
+            assert_eq!(answer.status, 200, "{tier}: {}", answer.text());
+            assert_eq!(answer.header("x-tiergate-tier"), Some(tier));
+            assert_eq!(answer.header("x-tiergate-variant"), None, "{tier}");
+        }
+        let series = |variant: &str, result: &str| {
+            format!("tiergate_canary_requests_total{{route=\"{route}\",tier=\"{tier}\",variant=\"{variant}\",result=\"{result}\"}}")
+        };
+        let failed = metric(&s.gw, &series("candidate", "error")).await;
+        let primary_ok = metric(&s.gw, &series("primary", "ok")).await;
+        assert!(
+            (8.0..=32.0).contains(&failed),
+            "{tier}: the candidate's share, about half: {failed}"
+        );
+        assert_eq!(failed + primary_ok, 40.0, "{tier}: every call counted once");
+        assert_eq!(primary.sim.stats("m").expect("stats").requests, 40, "{tier}");
+        s.gw.stop().await.expect("stops");
+    }
+}

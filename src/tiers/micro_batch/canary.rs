@@ -17,7 +17,10 @@ use crate::shadow::{self, Shadow, Variant};
 use crate::tiers::Call;
 
 impl Inner {
-    /// Serves `call` of a route running a canary from `variant`, and counts it.
+    /// Serves `call` of a route running a canary from `variant`, and counts it. The
+    /// candidate's failures (every endpoint ejected before the call is queued; an error
+    /// or 5xx answer) are counted as its own and the call is served by the primary, so
+    /// no caller sees them.
     pub(super) async fn serve_canary(
         &self,
         shadow: &Shadow,
@@ -27,9 +30,23 @@ impl Inner {
     ) -> Result<Reply, Error> {
         let started = Instant::now();
         let route = call.route.name.clone();
-        let answer = match variant {
-            Variant::Primary => async { self.enqueue(call, false)?.answer().await }.await,
-            Variant::Candidate => {
+        if variant == Variant::Primary {
+            let answer = self.enqueue(call, false)?.answer().await;
+            shadow.counted(&route, spec, (Tier::MicroBatch, variant), &answer, started.elapsed());
+            return answer;
+        }
+        let candidate = shadow.candidate(&route, spec);
+        let spare = Call {
+            request: crate::backend::copy(&call.request),
+            route: call.route.clone(),
+            ..call
+        };
+        let answer = match candidate.all_ejected_now() {
+            true => Err(Error::new(
+                crate::error::Kind::Unavailable,
+                "every endpoint of the canary's candidate is ejected",
+            )),
+            false => {
                 async {
                     let batch = super::batch_spec(&call)?.clone();
                     let (lanes, batch) = self.canary_lanes(&route, &batch, shadow, spec);
@@ -40,7 +57,10 @@ impl Inner {
             }
         };
         shadow.counted(&route, spec, (Tier::MicroBatch, variant), &answer, started.elapsed());
-        answer
+        match answer {
+            Ok(answer) if !answer.status().is_server_error() => Ok(answer),
+            _ => self.enqueue(spare, false)?.answer().await,
+        }
     }
 
     /// The lanes of `route`'s canary: the route's batch settings, the candidate's pool.
