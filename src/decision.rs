@@ -74,6 +74,9 @@ pub enum Reason {
     /// A later step of a Triton sequence: served by the tier that served its first step
     /// (whose pool holds the endpoint with the sequence's state), whatever its budget.
     Sequence,
+    /// Real-time was called for, every endpoint of its pool was ejected or the pool was
+    /// full, and the route's `[fallback]` pool served it.
+    Fallback,
 }
 
 /// The classifier's answer for one request.
@@ -128,7 +131,7 @@ impl Tier {
 
 impl Reason {
     /// Every reason, in the order of [`Reason::index`].
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::BudgetRealtime,
         Reason::BudgetMicroBatch,
         Reason::BudgetOffline,
@@ -140,6 +143,7 @@ impl Reason {
         Reason::RealtimeOverflow,
         Reason::KafkaSource,
         Reason::Sequence,
+        Reason::Fallback,
     ];
 
     /// Its position in [`Reason::ALL`], for tables indexed by reason.
@@ -156,6 +160,7 @@ impl Reason {
             Reason::RealtimeOverflow => 8,
             Reason::KafkaSource => 9,
             Reason::Sequence => 10,
+            Reason::Fallback => 11,
         }
     }
 
@@ -173,6 +178,7 @@ impl Reason {
             Reason::RealtimeOverflow => "realtime_overflow",
             Reason::KafkaSource => "kafka_source",
             Reason::Sequence => "sequence",
+            Reason::Fallback => "fallback",
         }
     }
 }

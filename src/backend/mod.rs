@@ -71,16 +71,20 @@ pub enum Role {
     /// A route's shadow candidate: its own connections, circuits and checks, exported
     /// with `tier="shadow"`.
     Shadow,
+    /// A route's fallback pool, serving its real-time calls while the real-time pool
+    /// cannot: its own connections, circuits and checks, exported with `tier="fallback"`.
+    Fallback,
 }
 
 impl Role {
     /// The name used in messages, spans and metrics (`realtime`, `micro_batch`,
-    /// `control`, `shadow`).
+    /// `control`, `shadow`, `fallback`).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Tier(tier) => tier.as_str(),
             Role::Control => "control",
             Role::Shadow => "shadow",
+            Role::Fallback => "fallback",
         }
     }
 }

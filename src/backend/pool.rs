@@ -82,7 +82,7 @@ impl Pool {
         // The label of the pool's series; the control pool has none.
         let tier = match role {
             Role::Control => None,
-            Role::Tier(_) | Role::Shadow => Some(role.as_str()),
+            Role::Tier(_) | Role::Shadow | Role::Fallback => Some(role.as_str()),
         };
         let endpoints: Vec<Endpoint> = spec
             .endpoints

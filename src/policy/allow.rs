@@ -72,6 +72,7 @@ impl Allowlist {
                 ("realtime", route.realtime.as_deref()),
                 ("micro_batch", route.micro_batch.as_ref().map(|b| &*b.pool)),
                 ("shadow.candidate", route.shadow.as_ref().map(|s| &*s.candidate)),
+                ("fallback", route.fallback.as_deref()),
             ];
             for (tier, pool) in pools {
                 for (i, endpoint) in pool.iter().flat_map(|p| p.endpoints.iter().enumerate()) {

@@ -79,6 +79,8 @@ pub struct RouteFile {
     pub shadow: Option<ShadowFile>,
     /// Answers kept and given again to the same question.
     pub cache: Option<CacheFile>,
+    /// The pool serving real-time calls while the real-time pool cannot.
+    pub fallback: Option<PoolFile>,
     /// The header naming the caller's tenant when the data plane does not authenticate
     /// (default `x-api-key`): one rule for the cache, rate limits and fair shares.
     pub tenant_header: Option<String>,

@@ -70,6 +70,9 @@ pub struct Route {
     pub shadow: Option<Arc<ShadowSpec>>,
     /// The route's prediction cache; present whenever the `cache` flag is on.
     pub cache: Option<Arc<CacheSpec>>,
+    /// The pool serving the route's real-time calls while its real-time pool cannot
+    /// (every endpoint ejected, or full).
+    pub fallback: Option<Arc<PoolSpec>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -505,6 +508,7 @@ impl Route {
             borrow: Borrow::default(),
             shadow: None,
             cache: None,
+            fallback: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

@@ -443,3 +443,49 @@ cvr = { prob = "cvr_prob" }
         ],
     );
 }
+
+#[test]
+fn retry_and_fallback_tables_are_checked() {
+    let bad = r#"
+[routes.r]
+models = ["m"]
+[routes.r.flags]
+realtime = false
+micro_batch = true
+[routes.r.micro_batch]
+endpoints = ["http://b:1"]
+[routes.r.micro_batch.retry]
+on = ["reset", "always"]
+max_retries = 11
+budget_percent = 150
+min_per_second = -1
+[routes.r.fallback]
+endpoints = ["http://f:1"]
+"#;
+    reports(
+        "r.toml",
+        bad,
+        &[
+            "r.toml: routes.r.micro_batch.retry.on[1]: must be \"reset\" or \"unavailable\", got \"always\"",
+            "r.toml: routes.r.micro_batch.retry.max_retries: must be 0 to 10, got 11",
+            "r.toml: routes.r.micro_batch.retry.budget_percent: must be 0 to 100, got 150",
+            "r.toml: routes.r.micro_batch.retry.min_per_second: must be 0 to 10000, got -1",
+            "r.toml: routes.r.fallback: stands in for the [realtime] pool, and the route has none",
+        ],
+    );
+    let good = "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://a:1\"]\n\
+                [routes.r.realtime.retry]\non = []\n[routes.r.fallback]\nendpoints = [\"http://f:1\"]\n";
+    let policy = load(&[("r.toml", good)]).expect("valid");
+    let route = &policy.routes()[0];
+    let retry = route.realtime.as_ref().expect("pool").retry;
+    assert_eq!(
+        (
+            retry.on,
+            retry.max_retries,
+            retry.budget_per_mille,
+            retry.min_per_second
+        ),
+        (Some(RetryOn::default()), 2, 100, 3)
+    );
+    assert!(route.fallback.is_some());
+}

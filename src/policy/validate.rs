@@ -218,6 +218,16 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             "needs a [micro_batch] pool to overflow into",
         );
     }
+    let fallback = file
+        .fallback
+        .as_ref()
+        .map(|p| Arc::new(pool(check, &format!("{at}.fallback"), p, kserve)));
+    if fallback.is_some() && realtime.is_none() {
+        check.fail(
+            format!("{at}.fallback"),
+            "stands in for the [realtime] pool, and the route has none",
+        );
+    }
     if borrow.offline_on_realtime && realtime.is_none() {
         check.fail(
             format!("{at}.borrow.offline_on_realtime"),
@@ -247,6 +257,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         borrow,
         shadow,
         cache,
+        fallback,
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }

@@ -83,10 +83,11 @@ impl Realtime {
     }
 
     /// [`Realtime::serve`] for a call its caller may send elsewhere when the pool is
-    /// full: a call the pool sheds for want of a slot comes back untouched beside the
-    /// refusal, so no copy is made before. (A route with its shadow on keeps one: its
+    /// full (or, on a route with a fallback pool, when its every endpoint is ejected):
+    /// such a call comes back untouched beside the refusal, so no copy is made before. (A route with its shadow on keeps one: its
     /// call may be served by either pool.)
     pub async fn serve_or_back(&self, call: Call) -> Result<Reply, (Error, Option<Call>)> {
+        let fallback = call.route.fallback.is_some();
         if self.shadow_of(&call).is_some() {
             let spare = Call {
                 request: crate::backend::copy(&call.request),
@@ -94,11 +95,15 @@ impl Realtime {
                 ..call
             };
             return match self.serve(call).await {
-                Err(e) if e.kind == Kind::Shed => Err((e, Some(spare))),
+                Err(e) if e.kind == Kind::Shed || (fallback && e.kind == Kind::Unavailable) => Err((e, Some(spare))),
                 answer => answer.map_err(|e| (e, None)),
             };
         }
         let pool = pool(&self.inner.pools, &call).map_err(|e| (e, None))?;
+        if fallback && pool.all_ejected_now() {
+            let why = format!("every endpoint of route {}'s realtime pool is ejected", call.route.name);
+            return Err((Error::new(Kind::Unavailable, why), Some(call)));
+        }
         Box::pin(async move {
             pool.in_time(call.deadline).map_err(|e| (e, None))?;
             let slot = match pool.slot() {

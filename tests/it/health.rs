@@ -398,3 +398,59 @@ async fn a_slower_endpoint_gets_less_work_before_it_is_slow_enough_to_be_ejected
     // about half; by cost, the slower one only until its cost is known.
     assert!(to_slow <= 10, "the 10x slower endpoint got {to_slow} of 100 calls");
 }
+
+#[tokio::test]
+async fn a_fallback_pool_serves_while_the_realtime_pool_is_ejected_or_full() {
+    // Ejected: the one real-time endpoint is dead; its first call ejects it.
+    let dead = dead_addr().await;
+    let spare = backend(&["m"]).await;
+    let toml = Route::new("fb")
+        .model("m")
+        .set("realtime.endpoints", vec![format!("http://{dead}")])
+        .set("realtime.health.eject_after", 1)
+        .set("realtime.health.eject_for", "1m")
+        .set("realtime.health.check_path", "")
+        .set("fallback.endpoints", vec![spare.url()])
+        .toml();
+    let gw = gateway(&toml).await;
+    let budget = [("x-tiergate-budget-ms", "250")];
+    assert_eq!(
+        infer(gw.http_addr(), "m", &budget, BODY).await.status,
+        502,
+        "the call that ejects it"
+    );
+    for _ in 0..10 {
+        let r = infer(gw.http_addr(), "m", &budget, BODY).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.tier(), (Some("realtime"), Some("fallback")));
+    }
+    assert_eq!(spare.sim.stats("m").expect("stats").requests, 10);
+    let decided = "tiergate_decisions_total{route=\"fb\",tier=\"realtime\",reason=\"fallback\"}";
+    assert_eq!(metric(&gw, decided).await, 10.0);
+
+    // Full: the real-time pool's one call slot is taken by a call its backend holds.
+    let (held, spare) = (backend(&["m"]).await, backend(&["m"]).await);
+    let toml = Route::new("fbfull")
+        .model("m")
+        .set("realtime.endpoints", vec![held.url()])
+        .set("realtime.max_concurrency", 1)
+        .set("realtime.health.check_path", "")
+        .set("fallback.endpoints", vec![spare.url()])
+        .toml();
+    let gw = gateway(&toml).await;
+    held.sim.hold();
+    let addr = gw.http_addr();
+    let first = tokio::spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", "250")], BODY).await });
+    wait_for(&held, |s| s.requests == 1).await;
+    let second = infer(gw.http_addr(), "m", &budget, BODY).await;
+    assert_eq!(
+        (second.status, second.tier()),
+        (200, (Some("realtime"), Some("fallback")))
+    );
+    held.sim.release();
+    let first = first.await.expect("task");
+    assert_eq!(
+        (first.status, first.tier()),
+        (200, (Some("realtime"), Some("budget_realtime")))
+    );
+}

@@ -46,6 +46,8 @@ pub struct Dispatch {
     admission: Arc<Admission>,
     tiers: Tiers,
     control: Pools,
+    /// Routes' fallback pools (see [`Reason::Fallback`]).
+    fallback: Pools,
     readiness: Arc<Readiness>,
     /// Each route's request instruments.
     instruments: InstrumentTable,
@@ -173,7 +175,8 @@ impl Dispatch {
             policy,
             admission,
             tiers,
-            control: Pools::new(Role::Control, backends),
+            control: Pools::new(Role::Control, backends.clone()),
+            fallback: Pools::new(Role::Fallback, backends),
             readiness,
             instruments: InstrumentTable::default(),
             reserve: 0.0,
@@ -335,10 +338,11 @@ impl Dispatch {
             .unwrap_or_else(|| received + MAX_BUDGET);
         let handles = instruments.handles(&route.name, decision.tier);
         handles.in_flight.increment(1.0);
-        // A route that may send real-time overflow elsewhere (never a sequence's step: it
-        // must reach the endpoint that holds its state) gets the call back untouched
-        // when the real-time pool is full.
-        let overflow = decision.tier == Tier::Realtime && route.borrow.realtime_overflow && sequence.is_none();
+        // A route that may send real-time overflow elsewhere, or has a fallback pool
+        // (never for a sequence's step: it must reach the endpoint that holds its state),
+        // gets the call back untouched when the real-time pool is full (or, with a
+        // fallback, when its every endpoint is ejected).
+        let realtime = decision.tier == Tier::Realtime && sequence.is_none();
         let call = Call {
             route: route.clone(),
             tier: decision.tier,
@@ -346,35 +350,14 @@ impl Dispatch {
             deadline,
             request,
         };
-        let mut decision = decision;
-        let result = match overflow {
-            false => self.tiers.serve(call).instrument(tier_span(decision.tier)).await,
-            true => match self
-                .tiers
-                .realtime_or_back(call)
-                .instrument(tier_span(decision.tier))
-                .await
-            {
-                Err((_, Some(call))) => {
-                    // The real-time pool is full: the micro-batch tier serves it if its
-                    // learned cost says the budget can still be met (else it refuses at once).
-                    decision = Decision {
-                        tier: Tier::MicroBatch,
-                        reason: Reason::RealtimeOverflow,
-                        ..decision
-                    };
-                    instruments.decided(&route.name, decision.tier, decision.reason);
-                    ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
-                    request_span.record("tier", decision.tier.as_str());
-                    request_span.record("reason", decision.reason.as_str());
-                    let call = Call {
-                        tier: decision.tier,
-                        ..call
-                    };
-                    self.tiers.serve(call).instrument(tier_span(decision.tier)).await
-                }
-                answered => answered.map_err(|(e, _)| e),
-            },
+        let (decision, result) = match realtime && (route.borrow.realtime_overflow || route.fallback.is_some()) {
+            false => (
+                decision,
+                self.tiers.serve(call).instrument(tier_span(decision.tier)).await,
+            ),
+            // Boxed: its futures would set the size of every request's future, copied
+            // whole into the door's box (measured: docs/performance-history.md).
+            true => Box::pin(self.realtime_or_elsewhere(call, decision, &instruments)).await,
         };
         handles.in_flight.decrement(1.0);
         let elapsed = received.elapsed();
@@ -391,6 +374,65 @@ impl Dispatch {
             policy_version: route.policy_version(),
         };
         count(route, door, &instruments, served, ids.as_ref())
+    }
+
+    /// A real-time `call` of a route that lets a refused one be served elsewhere: by
+    /// the micro-batch tier when the real-time pool is full (`borrow.realtime_overflow`,
+    /// if its learned cost says the budget can still be met, else it refuses at once),
+    /// else by the route's fallback pool when the pool is full or its every endpoint is
+    /// ejected; with the decision that served it.
+    async fn realtime_or_elsewhere(
+        &self,
+        call: Call,
+        decision: Decision,
+        instruments: &RouteInstruments,
+    ) -> (Decision, Result<Reply, Error>) {
+        let route = call.route.clone();
+        let request_span = crate::telemetry::current_span();
+        let (error, call) = match self
+            .tiers
+            .realtime_or_back(call)
+            .instrument(tier_span(decision.tier))
+            .await
+        {
+            Err((e, Some(call))) => (e, call),
+            answered => return (decision, answered.map_err(|(e, _)| e)),
+        };
+        let overflow = route.borrow.realtime_overflow && error.kind == Kind::Shed;
+        let decision = match (overflow, &route.fallback) {
+            (true, _) => Decision {
+                tier: Tier::MicroBatch,
+                reason: Reason::RealtimeOverflow,
+                ..decision
+            },
+            (false, Some(_)) => Decision {
+                reason: Reason::Fallback,
+                ..decision
+            },
+            (false, None) => return (decision, Err(error)),
+        };
+        drop(error);
+        instruments.decided(&route.name, decision.tier, decision.reason);
+        request_span.record("tier", decision.tier.as_str());
+        request_span.record("reason", decision.reason.as_str());
+        let answer = match &route.fallback {
+            Some(spec) if !overflow => {
+                // Within the same deadline, on pools of their own.
+                let pool = self.fallback.get(&route.name, spec);
+                pool.forward(call.request, call.deadline)
+                    .instrument(tier_span(decision.tier))
+                    .await
+            }
+            _ => {
+                ::metrics::counter!(metrics::BORROWED, "route" => route.name.clone(), "from" => "micro_batch", "to" => "realtime").increment(1);
+                let call = Call {
+                    tier: decision.tier,
+                    ..call
+                };
+                self.tiers.serve(call).instrument(tier_span(decision.tier)).await
+            }
+        };
+        (decision, answer)
     }
 
     /// A request on `route` answered without a tier (from the cache), counted.
