@@ -217,7 +217,7 @@ impl Pool {
     /// `deadline` has already passed, and with [`Kind::DeadlineUnmeetable`] when the
     /// time left is below what the pool's calls take (its learned floor, see
     /// `backend::latency`); a failed call goes again to another endpoint as the pool's
-    /// retry policy says ([`Pool::call`]).
+    /// retry policy says (its `retry` table).
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
         self.in_time(deadline)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
