@@ -38,6 +38,10 @@ struct GateState {
     closed: bool,
     /// Every batch fails with an injected fault (see `Simulator::fail`).
     failing: bool,
+    /// Every inference request is answered 503 at once (see `Simulator::unavailable`).
+    unavailable: bool,
+    /// Every batch takes this many times its cost (0 and 1: as its model says).
+    slow: u32,
 }
 
 /// What one instance thread needs.
@@ -67,6 +71,28 @@ impl Gate {
 
     fn failing(&self) -> bool {
         lock(&self.state).failing
+    }
+
+    pub(crate) fn set_unavailable(&self, unavailable: bool) {
+        lock(&self.state).unavailable = unavailable;
+    }
+
+    /// The faults set from outside (see `sim::server`), as JSON.
+    pub(crate) fn faults(&self) -> serde_json::Value {
+        let state = lock(&self.state);
+        serde_json::json!({"unavailable": state.unavailable, "slow": state.slow.max(1)})
+    }
+
+    pub(crate) fn unavailable(&self) -> bool {
+        lock(&self.state).unavailable
+    }
+
+    pub(crate) fn set_slow(&self, factor: u32) {
+        lock(&self.state).slow = factor;
+    }
+
+    fn slow(&self) -> u32 {
+        lock(&self.state).slow.max(1)
     }
 
     pub(crate) fn close(&self) {
@@ -136,7 +162,7 @@ impl Instance {
         let cost = if rng.random::<f64>() < self.faults.stall_rate {
             self.faults.stall
         } else {
-            jittered(self.profile.cost(rows), self.jitter, &mut rng)
+            jittered(self.profile.cost(rows), self.jitter, &mut rng) * self.gate.slow()
         };
         if !cost.is_zero() {
             thread::sleep(cost);

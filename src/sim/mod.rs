@@ -161,6 +161,18 @@ impl Simulator {
         self.inner.gate.set_failing(failing);
     }
 
+    /// Test hook: from now on every inference request is answered 503 at once, as by
+    /// a server shutting down (`true`), or served again (`false`).
+    pub fn unavailable(&self, unavailable: bool) {
+        self.inner.gate.set_unavailable(unavailable);
+    }
+
+    /// Test hook: from now on every batch takes `factor` times its cost (1: as its
+    /// model says).
+    pub fn slow(&self, factor: u32) {
+        self.inner.gate.set_slow(factor);
+    }
+
     /// Lets instances start batches again, in queue order.
     pub fn release(&self) {
         self.inner.gate.set_held(false);

@@ -74,6 +74,15 @@ async fn connection(sim: Simulator, stream: TcpStream, shutdown: CancellationTok
 
 async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
     let path = req.uri().path().to_owned();
+    if path == FAULTS {
+        return faults(sim, req).await;
+    }
+    if sim.inner.gate.unavailable() && (path.ends_with("/infer") || super::json::parse(&path).is_some()) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is unavailable (an injected fault)",
+        );
+    }
     if let Some(service) = super::json::parse(&path) {
         if req.method() != Method::POST {
             let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes POST"));
@@ -119,6 +128,45 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             Err(unknown) => *unknown,
         },
     }
+}
+
+/// The path that sets the simulator's faults from outside its process (load-test
+/// scenarios): `POST {"unavailable": bool, "slow": factor}`, each key optional; the
+/// answer is the faults in force. A test tool: the simulator has no authentication.
+const FAULTS: &str = "/sim/faults";
+
+async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
+    use http_body_util::BodyExt as _;
+    if req.method() != Method::POST {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "/sim/faults takes POST");
+    }
+    let body = match http_body_util::Limited::new(req.into_body(), 4096).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("the body could not be read: {e}")),
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Faults {
+        unavailable: Option<bool>,
+        slow: Option<u32>,
+    }
+    let faults: Faults = match serde_json::from_slice(&body) {
+        Ok(f) => f,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("expected {{\"unavailable\": bool, \"slow\": factor}}: {e}"),
+            )
+        }
+    };
+    let gate = &sim.inner.gate;
+    if let Some(unavailable) = faults.unavailable {
+        gate.set_unavailable(unavailable);
+    }
+    if let Some(factor) = faults.slow {
+        gate.set_slow(factor);
+    }
+    json_reply(StatusCode::OK, &gate.faults())
 }
 
 /// Parses `/v2/...` paths; `None` for anything else.

@@ -470,3 +470,36 @@ async fn a_combined_model_answers_per_head_and_says_so() {
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn faults_set_from_outside_answer_503_and_slow_every_batch() {
+    let five_ms = ModelSpec::new(
+        "m",
+        Profile {
+            a: Duration::from_millis(5),
+            ..Profile::default()
+        },
+    );
+    let h = start(vec![five_ms]).await;
+    let set = |body: &'static str| h.caller.send(Method::POST, "/sim/faults", Bytes::from(body), None);
+    let on = set(r#"{"unavailable": true}"#).await;
+    assert_eq!(
+        (on.status, on.json()),
+        (StatusCode::OK, json!({"unavailable": true, "slow": 1}))
+    );
+    let refused = h.caller.infer("m", &rows_request("a", 1), false).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h.sim.stats("m").unwrap().requests, 0, "refused before the queue");
+
+    let slow = set(r#"{"unavailable": false, "slow": 10}"#).await;
+    assert_eq!(slow.json(), json!({"unavailable": false, "slow": 10}));
+    let started = std::time::Instant::now();
+    h.caller.infer("m", &rows_request("b", 1), false).await.response();
+    assert!(started.elapsed() >= Duration::from_millis(50), "10 times its 5 ms");
+
+    assert_eq!(set(r#"{"slow": "x"}"#).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(set(r#"{"other": 1}"#).await.status, StatusCode::BAD_REQUEST);
+    let get = h.caller.get("/sim/faults").await;
+    assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+    h.stop().await;
+}
