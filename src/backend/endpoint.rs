@@ -22,8 +22,8 @@ pub(super) struct Endpoint {
 
 /// What a call to one endpoint takes, as it has answered lately: a moving average of
 /// its answered calls (each new one weighs 1/8) that halves every 4.096 s
-/// ([`Cost::HALF_LIFE_MS`], a power of two) without an answer, so an endpoint that was slow and got no calls for it is tried
-/// again. Kept in one word: the average in microseconds (high 32 bits, saturating at
+/// ([`Cost::HALF_LIFE_MS`], a power of two) without an answer, so an endpoint that was
+/// slow and got no calls for it is tried again. Kept in one word: the average in microseconds (high 32 bits, saturating at
 /// about 71 minutes) and when it was last updated, in milliseconds of the pool's clock
 /// (wrapping).
 #[derive(Debug, Default)]
@@ -45,6 +45,14 @@ impl Cost {
         self.0.store(average << 32 | u64::from(at), Ordering::Relaxed);
     }
 
+    /// A call cut at `at` after `took`: it took at least that, which is news only when
+    /// above the cost (a caller's short budget never makes an endpoint look cheaper).
+    pub(super) fn at_least(&self, took: Duration, at: u32) {
+        if took.as_micros() > u128::from(self.at(at)) {
+            self.answered(took, at);
+        }
+    }
+
     /// The cost at `at` (ms of the pool's clock) in microseconds; 0 when not known.
     #[inline]
     pub(super) fn at(&self, at: u32) -> u64 {
@@ -56,6 +64,14 @@ impl Cost {
             since => since >> Self::HALF_LIFE_MS.trailing_zeros(),
         };
         (word >> 32).checked_shr(since).unwrap_or(0)
+    }
+}
+
+impl Endpoint {
+    /// Its calls in flight and its cost at `at` (ms of the pool's clock; 0: not known).
+    #[inline]
+    pub(super) fn load(&self, at: u32) -> (u64, u64) {
+        (self.in_flight.load(Ordering::Relaxed) as u64, self.cost.at(at))
     }
 }
 

@@ -8,7 +8,7 @@
 //! request under the caller's deadline: when the deadline passes the backend call is
 //! dropped, which closes its connection. Every outcome feeds the endpoint's circuit.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,20 +146,10 @@ impl Pool {
         if let Some(tier) = tier {
             // Every series of retries at 0 from the start, so a rate over them has a base.
             for reason in [Reason::Unreachable, Reason::Reset, Reason::Unavailable] {
-                let labels = [
-                    ("route", route.to_owned()),
-                    ("tier", tier.to_owned()),
-                    ("reason", reason.as_str().to_owned()),
-                ];
-                ::metrics::counter!(crate::metrics::BACKEND_RETRIES, &labels).absolute(0);
+                retry_counter(route, tier, RETRIED, reason.as_str()).absolute(0);
             }
             for why in ["budget", "deadline"] {
-                let labels = [
-                    ("route", route.to_owned()),
-                    ("tier", tier.to_owned()),
-                    ("why", why.to_owned()),
-                ];
-                ::metrics::counter!(crate::metrics::BACKEND_RETRIES_REFUSED, &labels).absolute(0);
+                retry_counter(route, tier, REFUSED, why).absolute(0);
             }
         }
         Pool {
@@ -185,19 +175,21 @@ impl Pool {
         self.endpoints.iter().all(|e| e.health.is_ejected())
     }
 
-    /// Whether no endpoint would take a call now (each ejected, its time not up, or
-    /// being probed).
-    pub fn all_ejected_now(&self) -> bool {
+    /// The refusal a call would get now because no endpoint would take it (each
+    /// ejected, its time not up, or being probed), if so: for a caller that can serve
+    /// the call elsewhere instead (a fallback pool, a canary's primary).
+    pub fn ejected(&self) -> Option<Error> {
         let now = Instant::now();
-        !self.endpoints.iter().any(|e| e.health.would_admit(now))
+        let none = !self.endpoints.iter().any(|e| e.health.would_admit(now));
+        none.then(|| self.all_ejected_error(None, now))
     }
 
     /// Why a call sent now with `deadline` would be refused before it left (every
     /// endpoint ejected, the budget left too short, every call slot taken), if it would;
     /// for a caller that can serve it elsewhere instead (a canary's primary).
     pub fn would_refuse(&self, deadline: Instant) -> Option<Error> {
-        if self.all_ejected_now() {
-            return Some(self.all_ejected_error(None, Instant::now()));
+        if let Some(ejected) = self.ejected() {
+            return Some(ejected);
         }
         if let Err(refused) = self.in_time(deadline) {
             return Some(refused);
@@ -412,15 +404,15 @@ impl Pool {
         }
         let now = Instant::now();
         if now >= deadline || self.meetable(deadline - now).is_err() {
-            self.count_refused("deadline");
+            self.count_retry(REFUSED, "deadline");
             return None;
         }
         if !self.budget.withdraw(now) {
-            self.count_refused("budget");
+            self.count_retry(REFUSED, "budget");
             return None;
         }
         let next = self.pick_untried(tried, now)?;
-        self.count_retry(reason);
+        self.count_retry(RETRIED, reason.as_str());
         Some(next)
     }
 
@@ -450,23 +442,12 @@ impl Pool {
         })
     }
 
-    /// Counts a retry sent for `reason` (tier pools only, as every series of a pool).
+    /// Counts a retry of `family` ([`RETRIED`] for `reason`, [`REFUSED`] for `why`), on
+    /// a tier pool only (as every series of a pool).
     #[cold]
-    fn count_retry(&self, reason: Reason) {
+    fn count_retry(&self, family: RetryFamily, value: &'static str) {
         if !matches!(self.role, Role::Control) {
-            let (route, tier) = (self.route.clone(), self.role.as_str());
-            ::metrics::counter!(crate::metrics::BACKEND_RETRIES, "route" => route, "tier" => tier, "reason" => reason.as_str())
-                .increment(1);
-        }
-    }
-
-    /// Counts a retry refused for `why` (`deadline`, `budget`).
-    #[cold]
-    fn count_refused(&self, why: &'static str) {
-        if !matches!(self.role, Role::Control) {
-            let (route, tier) = (self.route.clone(), self.role.as_str());
-            ::metrics::counter!(crate::metrics::BACKEND_RETRIES_REFUSED, "route" => route, "tier" => tier, "why" => why)
-                .increment(1);
+            retry_counter(&self.route, self.role.as_str(), family, value).increment(1);
         }
     }
 
@@ -543,11 +524,7 @@ impl Pool {
         let now = Instant::now();
         let n = self.endpoints.len();
         let clock = self.clock(now);
-        let load = |i: usize| {
-            let e = &self.endpoints[i];
-            let in_flight = e.in_flight.load(Ordering::Relaxed) as u64;
-            (in_flight, e.cost.at(clock))
-        };
+        let load = |i: usize| self.endpoints[i].load(clock);
         // Two random endpoints first, the less loaded one first (the common case: both
         // circuits closed); then the rest, should both be ejected.
         let a = rand::random_range(0..n.max(1));
@@ -591,8 +568,8 @@ impl Pool {
         let mut order: Vec<usize> = (0..self.endpoints.len()).filter(|i| !tried.contains(i)).collect();
         let clock = self.clock(now);
         order.sort_by_key(|i| {
-            let e = &self.endpoints[*i];
-            (e.in_flight.load(Ordering::Relaxed) as u64 + 1) * e.cost.at(clock).max(1)
+            let (calls, cost) = self.endpoints[*i].load(clock);
+            (calls + 1) * cost.max(1)
         });
         order
             .into_iter()
@@ -715,12 +692,7 @@ impl Pool {
             // than the pool's own limit (`slow_call`, else its learned p99); a budget the
             // caller made too short says nothing about the endpoint.
             Err(Failure::Deadline) => {
-                // It took at least `took`: news only when that is above its cost (a
-                // caller's short budget never makes an endpoint look cheaper).
-                let clock = self.clock(started);
-                if took.as_micros() > u128::from(endpoint.cost.at(clock)) {
-                    endpoint.cost.answered(took, clock);
-                }
+                endpoint.cost.at_least(took, self.clock(started));
                 let limit = endpoint.health.spec().slow_call.or_else(|| self.latency.p99());
                 if limit.is_some_and(|limit| took > limit) {
                     verdict.fail("timeout");
@@ -757,4 +729,20 @@ impl Pool {
             ),
         }
     }
+}
+
+/// The two families of retry counters, by their label: `reason` for retries sent,
+/// `why` for retries refused.
+type RetryFamily = (&'static str, &'static str);
+const RETRIED: RetryFamily = (crate::metrics::BACKEND_RETRIES, "reason");
+const REFUSED: RetryFamily = (crate::metrics::BACKEND_RETRIES_REFUSED, "why");
+
+/// The counter of `family` for `route`'s `tier` pool with its label at `value`.
+fn retry_counter(route: &str, tier: &str, (family, label): RetryFamily, value: &str) -> ::metrics::Counter {
+    let labels = [
+        ("route", route.to_owned()),
+        ("tier", tier.to_owned()),
+        (label, value.to_owned()),
+    ];
+    ::metrics::counter!(family, &labels)
 }

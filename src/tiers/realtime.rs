@@ -100,9 +100,8 @@ impl Realtime {
             };
         }
         let pool = pool(&self.inner.pools, &call).map_err(|e| (e, None))?;
-        if fallback && pool.all_ejected_now() {
-            let why = format!("every endpoint of route {}'s realtime pool is ejected", call.route.name);
-            return Err((Error::new(Kind::Unavailable, why), Some(call)));
+        if let Some(ejected) = pool.ejected().filter(|_| fallback) {
+            return Err((ejected, Some(call)));
         }
         Box::pin(async move {
             pool.in_time(call.deadline).map_err(|e| (e, None))?;

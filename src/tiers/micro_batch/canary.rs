@@ -41,12 +41,9 @@ impl Inner {
             route: call.route.clone(),
             ..call
         };
-        let answer = match candidate.all_ejected_now() {
-            true => Err(Error::new(
-                crate::error::Kind::Unavailable,
-                "every endpoint of the canary's candidate is ejected",
-            )),
-            false => {
+        let answer = match candidate.ejected() {
+            Some(ejected) => Err(ejected),
+            None => {
                 async {
                     let batch = super::batch_spec(&call)?.clone();
                     let (lanes, batch) = self.canary_lanes(&route, &batch, shadow, spec);
