@@ -76,6 +76,10 @@ pub struct Error {
     pub retry_after: Option<Duration>,
     /// The rate limit that refused the request, if one did.
     pub quota: Option<Quota>,
+    /// The setting whose limit refused the request, when a limit did (`max_concurrency`,
+    /// `queue_capacity`, `deadline`: the learned cost, ...): the `knob` label of
+    /// `tiergate_refusals_total`.
+    pub knob: Option<&'static str>,
 }
 
 impl Kind {
@@ -169,7 +173,14 @@ impl Error {
             message: message.into(),
             retry_after: None,
             quota: None,
+            knob: None,
         }
+    }
+
+    /// The same error, saying `knob`'s limit refused the request.
+    pub fn knob(mut self, knob: &'static str) -> Self {
+        self.knob = Some(knob);
+        self
     }
 
     /// The same error, its message saying the call was tried on `endpoints` endpoints

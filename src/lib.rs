@@ -30,7 +30,8 @@
 //! to the running policy: validated, written back, versioned, audited), [`reload`]
 //! (watching the policy directory), [`admin`] (the admin API), [`metrics`], [`config`]
 //! (startup settings), [`cpu`] (where and how urgently threads run), [`error`] (one
-//! table from failure to status), [`headers`] (tiergate's own header names), [`tenant`]
+//! table from failure to status), [`headers`] (tiergate's own header names), [`timing`]
+//! (an answer's `Server-Timing`: where its time went), [`tenant`]
 //! (whose a request's work is), [`files`] (private files and directories), [`trace`]
 //! (request ids, trace context and spans) and [`telemetry`] (logs and span export);
 //! [`sim`], the simulated model server; and [`app`], which composes a running
@@ -66,4 +67,5 @@ pub mod reload;
 pub mod sim;
 pub mod telemetry;
 pub mod tenant;
+pub mod timing;
 pub mod trace;

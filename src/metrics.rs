@@ -72,6 +72,18 @@ families! {
     /// Retries not sent, by `route`, `tier` and `why`: `budget` (the pool's retry budget
     /// was spent) or `deadline` (the budget left would not cover another call).
     BACKEND_RETRIES_REFUSED = "tiergate_backend_retries_refused_total", Counter;
+    /// Hedged calls of a pool, by `route`, `tier` and `outcome`: `sent` (a second copy
+    /// of a slow call went to another endpoint), `won` (the copy's answer was taken),
+    /// `cancelled` (a call dropped unfinished because the other answered first),
+    /// `over_budget` (a copy not sent: the duplicate-work budget was spent).
+    BACKEND_HEDGES = "tiergate_backend_hedges_total", Counter;
+    /// Requests refused by a limit, by `route`, `tier` (`none` before classification)
+    /// and `knob`: the setting whose limit it was (`max_concurrency`, `queue_capacity`,
+    /// `shed_above`, `deadline` (the learned cost), `signatures`, `sequences`,
+    /// `limits.rate`, `limits.tenant_rate`, `limits.max_in_flight_requests`,
+    /// `limits.max_in_flight_body_bytes`, `limits.max_rss_bytes`,
+    /// `offline.max_queued_jobs`).
+    REFUSALS = "tiergate_refusals_total", Counter;
     /// Requests refused at admission, by `reason` (route, tenant: rate limits; requests,
     /// body_bytes, rss: global limits; connections, connections_per_client: closed at
     /// accept).

@@ -5,16 +5,18 @@
 //! histogram (four buckets per doubling, 25% wide) of two generations: the one filling
 //! and the one before it, so the figures follow the last 512 to 1,024 answers and a pool
 //! whose backends speed up or slow down is read afresh within a generation. From it the
-//! pool keeps two figures, refreshed every 32 answers so a call reads one atomic each:
+//! pool keeps three figures, refreshed every 32 answers so a call reads one atomic each:
 //!
 //! - **p99**, the limit a call cut by its deadline must have passed before the cut
 //!   counts against the endpoint (a caller's 1 ms budget on a 5 ms backend says nothing
 //!   about the backend);
+//! - **p95**, how long a hedged call runs before its second copy goes (unless the
+//!   pool's `hedge.after` sets it);
 //! - **the floor**, the time nine calls in ten take: a call whose budget left is below
 //!   it is refused before it is sent (it would only load the backend and then fail).
 //!
-//! Until [`WARM_UP`] calls were answered both are unknown: no deadline cut counts and
-//! nobody is refused on the pool's word.
+//! Until [`WARM_UP`] calls were answered all are unknown: no deadline cut counts,
+//! nobody is refused on the pool's word and no call is hedged on it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -41,6 +43,7 @@ pub struct Latency {
     seen: AtomicU32,
     /// The figures, in microseconds ([`UNKNOWN`] until warmed up).
     p99: AtomicU64,
+    p95: AtomicU64,
     floor: AtomicU64,
 }
 
@@ -52,6 +55,7 @@ impl Default for Latency {
             filled: AtomicU32::new(0),
             seen: AtomicU32::new(0),
             p99: AtomicU64::new(UNKNOWN),
+            p95: AtomicU64::new(UNKNOWN),
             floor: AtomicU64::new(UNKNOWN),
         }
     }
@@ -85,6 +89,12 @@ impl Latency {
         known(self.p99.load(Ordering::Relaxed))
     }
 
+    /// The time 19 calls in 20 take at most, once learned: when a hedged call's
+    /// second copy goes.
+    pub fn p95(&self) -> Option<Duration> {
+        known(self.p95.load(Ordering::Relaxed))
+    }
+
     /// The time 9 calls in 10 take at least, once learned.
     pub fn floor(&self) -> Option<Duration> {
         known(self.floor.load(Ordering::Relaxed))
@@ -107,12 +117,15 @@ impl Latency {
         }
         // The floor is the lower edge of the bucket holding the 10th percentile, p99
         // the upper edge of the one holding the 99th: each errs toward the caller.
-        let (mut floor, mut p99) = (None, None);
+        let (mut floor, mut p95, mut p99) = (None, None, None);
         let mut below = 0;
         for (i, n) in counts.iter().enumerate() {
             below += n;
             if floor.is_none() && below * 10 >= total {
                 floor = Some(bounds(i).0);
+            }
+            if p95.is_none() && below * 100 >= total * 95 {
+                p95 = Some(bounds(i).1);
             }
             if below * 100 >= total * 99 {
                 p99 = Some(bounds(i).1);
@@ -121,6 +134,7 @@ impl Latency {
         }
         self.floor.store(floor.unwrap_or(0), Ordering::Relaxed);
         self.p99.store(p99.unwrap_or(UNKNOWN), Ordering::Relaxed);
+        self.p95.store(p95.unwrap_or(UNKNOWN), Ordering::Relaxed);
     }
 }
 
@@ -189,6 +203,8 @@ mod tests {
         }
         let p99 = latency.p99().expect("learned");
         assert!(p99 >= ms(40) && p99 <= ms(50), "{p99:?}");
+        let p95 = latency.p95().expect("learned");
+        assert!(p95 >= ms(5) && p95 <= ms(7), "a 2% tail is past p95: {p95:?}");
         assert!(latency.floor().expect("learned") <= ms(5));
     }
 

@@ -25,16 +25,20 @@ use super::retry::{Budget, Reason};
 use super::Role;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
-use crate::policy::{PoolSpec, RetryOn, RetrySpec};
+use crate::policy::{HedgeSpec, PoolSpec, RetryOn, RetrySpec};
 use crate::protocol;
+use crate::timing::Spent;
 
 /// A request fitted to a pool's backends: its parts and body, and for an HTTP/1.1 pool
 /// the `traceparent` and `x-request-id` its calls write (other transports carry them in
-/// the header map).
+/// the header map). Cloned for a hedge.
+#[derive(Clone)]
 struct Fitted {
     parts: http::request::Parts,
     body: Bytes,
     trace: Option<(crate::trace::TraceParent, http::HeaderValue)>,
+    /// When it was last sent (for the answer's `Server-Timing`).
+    sent_at: Option<Instant>,
 }
 
 /// The endpoints of one tier of one route, with their connections and limit.
@@ -55,7 +59,9 @@ pub struct Pool {
     latency: super::latency::Latency,
     /// Which failed calls go again to another endpoint.
     retry: RetrySpec,
-    /// How many may, for the calls made (see [`super::retry`]).
+    /// When a slow call is sent again to a second endpoint.
+    hedge: Option<HedgeSpec>,
+    /// How many retries and hedges may go, for the calls made (see [`super::retry`]).
     budget: Budget,
     /// The pool's clock for its endpoints' costs (see [`Pool::clock`]).
     born: Instant,
@@ -151,6 +157,9 @@ impl Pool {
             for why in ["budget", "deadline"] {
                 retry_counter(route, tier, REFUSED, why).absolute(0);
             }
+            for outcome in ["sent", "won", "cancelled", "over_budget"] {
+                retry_counter(route, tier, HEDGED, outcome).absolute(0);
+            }
         }
         Pool {
             route: route.to_owned(),
@@ -165,7 +174,8 @@ impl Pool {
             sequences: super::sequences::Sequences::default(),
             latency: super::latency::Latency::default(),
             retry: spec.retry,
-            budget: Budget::new(&spec.retry),
+            hedge: spec.hedge,
+            budget: Budget::new(&spec.retry, spec.hedge.map_or(0, |h| h.budget_per_mille)),
             born: Instant::now(),
         }
     }
@@ -245,12 +255,14 @@ impl Pool {
         Error::new(
             Kind::Shed,
             format!(
-                "route {} {} pool is at its concurrency limit ({} calls in flight)",
+                "max_concurrency {} reached on route {}'s {} pool ({} calls in flight)",
+                self.max_concurrency,
                 self.route,
                 self.role.as_str(),
-                self.max_concurrency
+                self.in_flight()
             ),
         )
+        .knob("max_concurrency")
     }
 
     /// Sends `request` in `slot` (taken with [`Pool::slot`] after [`Pool::in_time`]), as
@@ -302,7 +314,15 @@ impl Pool {
             }
             None => None,
         };
-        Ok((Fitted { parts, body, trace }, span))
+        Ok((
+            Fitted {
+                parts,
+                body,
+                trace,
+                sent_at: None,
+            },
+            span,
+        ))
     }
 
     /// Sends a step of a Triton sequence to the endpoint holding the sequence's state,
@@ -316,17 +336,19 @@ impl Pool {
     ) -> Result<Response<Bytes>, Error> {
         let pinned = self
             .sequences
-            .pin(&sequence.id, || self.pick().map(|(at, _)| at))?
+            .pin(&sequence.id, || self.pick(Instant::now()).map(|(at, _)| at))?
             .ok_or_else(|| {
                 Error::new(
                     Kind::Shed,
                     format!(
-                        "route {} {} pool keeps {} live sequences, its most; end sequences with sequence_end",
+                        "live sequences {} reached on route {}'s {} pool (each held until its sequence_end step or \
+                         60 s idle); end sequences with sequence_end",
+                        super::sequences::MAX_LIVE,
                         self.route,
                         self.role.as_str(),
-                        super::sequences::MAX_LIVE
                     ),
                 )
+                .knob("sequences")
             })?;
         let waiting = &self.instruments.sequence_steps_waiting;
         waiting.increment(1.0);
@@ -346,7 +368,7 @@ impl Pool {
         let (mut fitted, span) = self.fit(request)?;
         let at = pinned.to;
         let result = self
-            .send((at, false), &mut fitted, deadline)
+            .send((at, false), &mut fitted, deadline, Instant::now())
             .instrument(span)
             .await
             .map_err(|f| self.error(at, f));
@@ -357,41 +379,165 @@ impl Pool {
     }
 
     /// Sends to one endpoint, and when that fails in a way the pool retries, again to
-    /// others ([`Pool::again`]).
+    /// others ([`Pool::again`]); a call the pool hedges goes through [`Pool::hedged`].
     async fn call(&self, mut fitted: Fitted, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        let first = self.pick()?;
-        let result = self.send(first, &mut fitted, deadline).await;
+        // One reading of the clock for the choice and the call's start.
+        let now = Instant::now();
+        let first = self.pick(now)?;
+        if let Some(after) = self.hedge_after(&fitted.parts) {
+            // Boxed, as a retry: a hedged pool is rare, its state large.
+            return Box::pin(self.hedged(fitted, deadline, (first, now), after)).await;
+        }
+        let result = self.send(first, &mut fitted, deadline, now).await;
         match self.retryable(&result, &fitted.parts) {
             None => result.map_err(|f| self.error(first.0, f)),
             // Boxed: a retry is rare, and its state would make every call's future larger.
-            Some(reason) => Box::pin(self.again(fitted, deadline, first.0, result, reason)).await,
+            Some(reason) => Box::pin(self.again(fitted, deadline, vec![first.0], first.0, result, reason)).await,
         }
     }
 
-    /// Retries a call that failed on endpoint `first` for `reason`: on an endpoint it
-    /// has not tried, while the pool allows another retry (`max_retries`), the budget
-    /// left covers what the pool's calls take, and the retry budget has one to give.
-    /// The last outcome is the answer.
+    /// How long a call with `parts` runs before it is hedged, when the pool hedges and
+    /// the call is safe to repeat (its `retry.on` has `reset`) and the delay is known.
+    #[inline(always)]
+    fn hedge_after(&self, parts: &http::request::Parts) -> Option<Duration> {
+        let hedge = self.hedge?;
+        if !self.retried_on(parts).reset {
+            return None;
+        }
+        hedge.after.or_else(|| self.latency.p95())
+    }
+
+    /// Sends a hedged call: when the call to `first` has not answered after `after` and
+    /// a second copy may go ([`Pool::hedge_to`]), the copy goes to another endpoint and
+    /// the first answer that is not a failure is taken. The other call is dropped
+    /// unfinished, which closes its HTTP/1.1 connection or resets its HTTP/2 stream, so
+    /// the backend stops working on it (and its endpoint's cost learns what it took so
+    /// far). When both fail, the call is retried as any other.
+    #[cold]
+    async fn hedged(
+        &self,
+        mut fitted: Fitted,
+        deadline: Instant,
+        (first, started): ((usize, bool), Instant),
+        after: Duration,
+    ) -> Result<Response<Bytes>, Error> {
+        let mut copy = fitted.clone();
+        let (tried, at, mut result) = {
+            let one = self.send(first, &mut fitted, deadline, started);
+            tokio::pin!(one);
+            let early = tokio::select! {
+                biased;
+                done = &mut one => Some(done),
+                () = tokio::time::sleep_until(started + after) => None,
+            };
+            let second = match early {
+                Some(done) => Err(Some(done)),
+                None => self.hedge_to(first.0, deadline).ok_or(None),
+            };
+            match second {
+                Err(Some(done)) => (vec![first.0], first.0, done),
+                Err(None) => (vec![first.0], first.0, one.await),
+                Ok(second) => {
+                    let hedged_at = Instant::now();
+                    let two = self.send(second, &mut copy, deadline, hedged_at);
+                    tokio::pin!(two);
+                    let (done, by_hedge) = tokio::select! {
+                        done = &mut one => (done, false),
+                        done = &mut two => (done, true),
+                    };
+                    let answered = matches!(&done, Ok(answer) if !answer.status().is_server_error());
+                    // The taken outcome: the first answer, else the other call's.
+                    let (result, hedge_taken) = match (answered, by_hedge) {
+                        (true, _) => {
+                            let (loser, since) = match by_hedge {
+                                true => (first.0, started),
+                                false => (second.0, hedged_at),
+                            };
+                            self.cancelled(loser, since);
+                            (done, by_hedge)
+                        }
+                        (false, true) => (one.await, false),
+                        (false, false) => (two.await, true),
+                    };
+                    if hedge_taken {
+                        self.count(HEDGED, "won");
+                    }
+                    let at = if hedge_taken { second.0 } else { first.0 };
+                    (vec![first.0, second.0], at, result)
+                }
+            }
+        };
+        if let (Ok(answer), Some(first), Some(copy)) = (&mut result, fitted.sent_at, copy.sent_at) {
+            if at != tried[0] {
+                crate::timing::set(
+                    answer.extensions_mut(),
+                    &[(Spent::Backend, copy.elapsed()), (Spent::Hedge, copy - first)],
+                );
+            }
+        }
+        match self.retryable(&result, &fitted.parts) {
+            None => result.map_err(|f| self.error(at, f).tried(tried.len())),
+            Some(reason) => self.again(fitted, deadline, tried, at, result, reason).await,
+        }
+    }
+
+    /// The endpoint a hedge of a call on `first` goes to, or `None` when none may go:
+    /// the budget left does not cover the pool's calls, the duplicate-work budget is
+    /// spent (counted), or no other endpoint takes a call.
+    fn hedge_to(&self, first: usize, deadline: Instant) -> Option<(usize, bool)> {
+        let now = Instant::now();
+        if now >= deadline || self.meetable(deadline - now).is_err() {
+            return None;
+        }
+        if !self.budget.hedge(now) {
+            self.count(HEDGED, "over_budget");
+            return None;
+        }
+        let next = self.pick_untried(&[first], now)?;
+        self.count(HEDGED, "sent");
+        Some(next)
+    }
+
+    /// A call on endpoint `at`, sent at `since`, dropped unfinished because its hedge
+    /// (or the call it hedged) answered first: counted, and what it ran so far taught
+    /// to the endpoint's cost.
+    #[cold]
+    fn cancelled(&self, at: usize, since: Instant) {
+        self.count(HEDGED, "cancelled");
+        self.endpoints[at].cost.at_least(since.elapsed(), self.clock(since));
+    }
+
+    /// Retries a call that failed on endpoint `last` (having `tried` these) for
+    /// `reason`: on an endpoint it has not tried, while the pool allows another retry
+    /// (`max_retries`), the budget left covers what the pool's calls take, and the retry
+    /// budget has one to give. The last outcome is the answer.
     #[cold]
     async fn again(
         &self,
         mut fitted: Fitted,
         deadline: Instant,
-        first: usize,
+        mut tried: Vec<usize>,
+        mut last: usize,
         mut result: Result<Response<Bytes>, Failure>,
         mut reason: Reason,
     ) -> Result<Response<Bytes>, Error> {
-        let mut tried = vec![first];
+        let first_sent = fitted.sent_at;
         loop {
-            let last = tried[tried.len() - 1];
             let Some(next) = self.retry_to(&tried, reason, deadline) else {
                 return result.map_err(|f| self.error(last, f).tried(tried.len()));
             };
             tried.push(next.0);
-            result = self.send(next, &mut fitted, deadline).await;
+            last = next.0;
+            result = self.send(next, &mut fitted, deadline, Instant::now()).await;
+            if let (Ok(answer), Some(first), Some(this)) = (&mut result, first_sent, fitted.sent_at) {
+                crate::timing::set(
+                    answer.extensions_mut(),
+                    &[(Spent::Backend, this.elapsed()), (Spent::Retry, this - first)],
+                );
+            }
             match self.retryable(&result, &fitted.parts) {
                 Some(again) => reason = again,
-                None => return result.map_err(|f| self.error(next.0, f).tried(tried.len())),
+                None => return result.map_err(|f| self.error(last, f).tried(tried.len())),
             }
         }
     }
@@ -404,15 +550,15 @@ impl Pool {
         }
         let now = Instant::now();
         if now >= deadline || self.meetable(deadline - now).is_err() {
-            self.count_retry(REFUSED, "deadline");
+            self.count(REFUSED, "deadline");
             return None;
         }
         if !self.budget.withdraw(now) {
-            self.count_retry(REFUSED, "budget");
+            self.count(REFUSED, "budget");
             return None;
         }
         let next = self.pick_untried(tried, now)?;
-        self.count_retry(RETRIED, reason.as_str());
+        self.count(RETRIED, reason.as_str());
         Some(next)
     }
 
@@ -442,10 +588,10 @@ impl Pool {
         })
     }
 
-    /// Counts a retry of `family` ([`RETRIED`] for `reason`, [`REFUSED`] for `why`), on
-    /// a tier pool only (as every series of a pool).
+    /// Counts a retry or hedge of `family` ([`RETRIED`] for `reason`, [`REFUSED`] for
+    /// `why`, [`HEDGED`] for `outcome`), on a tier pool only (as every series of a pool).
     #[cold]
-    fn count_retry(&self, family: RetryFamily, value: &'static str) {
+    fn count(&self, family: RetryFamily, value: &'static str) {
         if !matches!(self.role, Role::Control) {
             retry_counter(&self.route, self.role.as_str(), family, value).increment(1);
         }
@@ -467,14 +613,15 @@ impl Pool {
         Error::new(
             Kind::DeadlineUnmeetable,
             format!(
-                "deadline unmeetable: {:.1} ms of the budget is left, and route {}'s {} pool takes at least {:.1} ms \
-                 for nine calls in ten; send a longer budget",
-                left.as_secs_f64() * 1e3,
+                "deadline unmeetable: learned cost {:.1} ms (nine calls in ten of route {}'s {} pool take longer) > \
+                 {:.1} ms left of the budget; send a longer budget",
+                floor.as_secs_f64() * 1e3,
                 self.route,
                 self.role.as_str(),
-                floor.as_secs_f64() * 1e3
+                left.as_secs_f64() * 1e3
             ),
         )
+        .knob("deadline")
     }
 
     /// Fits an infer request to what the pool's HTTP backends read: JSON bodies get the
@@ -520,8 +667,7 @@ impl Pool {
     /// other, or either cost is not known yet, the one with fewer calls in flight (ties
     /// to a random one), so like endpoints share the work evenly. `Unavailable` when
     /// every endpoint is ejected. Returns the endpoint and whether the call is its probe.
-    fn pick(&self) -> Result<(usize, bool), Error> {
-        let now = Instant::now();
+    fn pick(&self, now: Instant) -> Result<(usize, bool), Error> {
         let n = self.endpoints.len();
         let clock = self.clock(now);
         let load = |i: usize| self.endpoints[i].load(clock);
@@ -603,13 +749,21 @@ impl Pool {
         )
     }
 
+    /// One call to endpoint `at` (`probe`: the call is its circuit's probe), sent at
+    /// `started`, under `deadline`; its outcome feeds the endpoint's circuit and cost.
     async fn send(
         &self,
         (at, probe): (usize, bool),
         fitted: &mut Fitted,
         deadline: Instant,
+        started: Instant,
     ) -> Result<Response<Bytes>, Failure> {
-        let Fitted { parts, body, trace } = fitted;
+        let Fitted {
+            parts,
+            body,
+            trace,
+            sent_at,
+        } = fitted;
         let body = body.clone();
         // Read before the call, which may move the headers out of `parts`.
         let post = parts.method == http::Method::POST;
@@ -622,7 +776,7 @@ impl Pool {
             probe,
             given: false,
         };
-        let started = Instant::now();
+        *sent_at = Some(started);
         self.budget.deposit(started);
         // The gRPC and HTTP/2 calls are boxed: the gRPC one's future is the largest, and
         // unboxed it would set the size of every call's future (moved on each request).
@@ -731,11 +885,12 @@ impl Pool {
     }
 }
 
-/// The two families of retry counters, by their label: `reason` for retries sent,
-/// `why` for retries refused.
+/// The families of retry and hedge counters, by their label: `reason` for retries
+/// sent, `why` for retries refused, `outcome` for hedges.
 type RetryFamily = (&'static str, &'static str);
 const RETRIED: RetryFamily = (crate::metrics::BACKEND_RETRIES, "reason");
 const REFUSED: RetryFamily = (crate::metrics::BACKEND_RETRIES_REFUSED, "why");
+const HEDGED: RetryFamily = (crate::metrics::BACKEND_HEDGES, "outcome");
 
 /// The counter of `family` for `route`'s `tier` pool with its label at `value`.
 fn retry_counter(route: &str, tier: &str, (family, label): RetryFamily, value: &str) -> ::metrics::Counter {

@@ -5,7 +5,9 @@
 //! stay under `budget_per_mille` of the calls plus `min_per_second` per second of the
 //! window. So a pool whose endpoints all fail is called at most about 10% harder (the
 //! default), never twice as hard, while a pool with one bad endpoint among many has its
-//! few failures retried. A call costs one atomic add in the slot of its second.
+//! few failures retried. A call costs one atomic add in the slot of its second. Hedges
+//! (a second copy of a slow call) are counted against the same calls in their own
+//! share, the duplicate-work budget, with no floor.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -39,14 +41,17 @@ impl Reason {
     }
 }
 
-/// Calls and retries per second over the window, each slot tagged with its second.
+/// Calls, retries and hedges per second over the window, each slot tagged with its
+/// second.
 #[derive(Debug)]
 pub(super) struct Budget {
     started: Instant,
     per_mille: u64,
     min_per_second: u64,
+    hedge_per_mille: u64,
     calls: Slots,
     retries: Slots,
+    hedges: Slots,
 }
 
 /// One counter per second of the window: the second (high 32 bits) and the count.
@@ -54,14 +59,16 @@ pub(super) struct Budget {
 struct Slots([AtomicU64; WINDOW as usize]);
 
 impl Budget {
-    /// The budget `spec` sets, empty.
-    pub(super) fn new(spec: &RetrySpec) -> Budget {
+    /// The budget `spec` sets for retries, and `hedge_per_mille` for hedges; empty.
+    pub(super) fn new(spec: &RetrySpec, hedge_per_mille: u32) -> Budget {
         Budget {
             started: Instant::now(),
             per_mille: u64::from(spec.budget_per_mille),
             min_per_second: u64::from(spec.min_per_second),
+            hedge_per_mille: u64::from(hedge_per_mille),
             calls: Slots::default(),
             retries: Slots::default(),
+            hedges: Slots::default(),
         }
     }
 
@@ -74,14 +81,17 @@ impl Budget {
     /// Takes a retry at `now` out of the budget; `false` when the window has none left.
     pub(super) fn withdraw(&self, now: Instant) -> bool {
         let second = self.second(now);
-        let calls = self.calls.sum(second);
-        let retries = self.retries.sum(second);
-        let allowed = calls * self.per_mille / 1000 + self.min_per_second * WINDOW;
-        if retries >= allowed {
-            return false;
-        }
-        self.retries.add(second);
-        true
+        let allowed = self.calls.sum(second) * self.per_mille / 1000 + self.min_per_second * WINDOW;
+        self.retries.take(second, allowed)
+    }
+
+    /// Takes a hedge at `now` out of the duplicate-work budget (hedges within
+    /// `hedge_per_mille` of the calls over the window, no floor); `false` when the
+    /// window has none left.
+    pub(super) fn hedge(&self, now: Instant) -> bool {
+        let second = self.second(now);
+        let allowed = self.calls.sum(second) * self.hedge_per_mille / 1000;
+        self.hedges.take(second, allowed)
     }
 
     /// Seconds since the budget began, as kept in a slot (wraps after 136 years).
@@ -105,6 +115,15 @@ impl Slots {
                 Err(now) => seen = now,
             }
         }
+    }
+
+    /// One more in `second`'s slot if the window holds fewer than `allowed`.
+    fn take(&self, second: u64, allowed: u64) -> bool {
+        if self.sum(second) >= allowed {
+            return false;
+        }
+        self.add(second);
+        true
     }
 
     /// The counts of the window ending at `second`.
@@ -135,7 +154,7 @@ mod tests {
 
     #[test]
     fn retries_stay_within_their_share_of_the_calls() {
-        let budget = Budget::new(&spec(100, 0));
+        let budget = Budget::new(&spec(100, 0), 0);
         let t0 = budget.started;
         assert!(!budget.withdraw(t0), "no calls yet: no retries");
         for _ in 0..50 {
@@ -152,7 +171,7 @@ mod tests {
 
     #[test]
     fn the_window_forgets_what_is_older_than_ten_seconds() {
-        let budget = Budget::new(&spec(100, 0));
+        let budget = Budget::new(&spec(100, 0), 0);
         let t0 = budget.started;
         for _ in 0..20 {
             budget.deposit(t0);
@@ -170,9 +189,25 @@ mod tests {
 
     #[test]
     fn a_floor_per_second_holds_without_calls() {
-        let budget = Budget::new(&spec(0, 3));
+        let budget = Budget::new(&spec(0, 3), 0);
         let t0 = budget.started;
         let allowed = (0..100).take_while(|_| budget.withdraw(t0)).count();
         assert_eq!(allowed, 30, "3 a second over the 10 s window");
+    }
+
+    #[test]
+    fn hedges_stay_within_their_own_share_without_a_floor() {
+        let budget = Budget::new(&spec(100, 3), 20);
+        let t0 = budget.started;
+        assert!(
+            !budget.hedge(t0),
+            "no calls yet: no hedges, whatever the retries' floor"
+        );
+        for _ in 0..100 {
+            budget.deposit(t0);
+        }
+        let allowed = (0..10).take_while(|_| budget.hedge(t0)).count();
+        assert_eq!(allowed, 2, "2% of 100 calls");
+        assert!(budget.withdraw(t0), "hedges take nothing from the retries");
     }
 }

@@ -327,7 +327,7 @@ impl HttpDoor {
             .admit(Door::Http, route, (&parts.headers, &tenant), ids, received)
         {
             Ok(admitted) => admitted,
-            Err(refused) => return render(*refused, shape),
+            Err(refused) => return render(*refused, shape, received),
         };
         let prepared = async {
             // Hold the declared length before reading, so a flood of large bodies is
@@ -385,7 +385,7 @@ impl HttpDoor {
         if let (Some(coding), Ok(reply)) = (answer_coding, served.result.as_mut()) {
             super::encoding::encode(reply, coding);
         }
-        let response = render(served, shape);
+        let response = render(served, shape, received);
         drop(admitted);
         response
     }
@@ -468,11 +468,20 @@ fn bad_request(e: protocol::Error) -> Error {
 }
 
 /// Renders a served request: the backend's answer or the error, with the decision's
-/// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only).
-fn render(served: Served, shape: Shape) -> Response<Answered> {
+/// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only), and
+/// `Server-Timing` closed with the time since `received` (see [`crate::timing`]).
+fn render(served: Served, shape: Shape, received: Instant) -> Response<Answered> {
     let mut response = match served.result {
-        Ok(reply) => reply.map(Answered::from),
-        Err(e) => failure_as(&e, shape),
+        Ok(mut reply) => {
+            let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
+            crate::timing::close(reply.headers_mut(), parts, received.elapsed(), served.tier_took);
+            reply.map(Answered::from)
+        }
+        Err(e) => {
+            let mut response = failure_as(&e, shape);
+            crate::timing::close_error(response.headers_mut(), received.elapsed());
+            response
+        }
     };
     let headers = response.headers_mut();
     if let Some(d) = served.decision {

@@ -243,6 +243,22 @@ pub struct PoolFile {
     pub health: Option<HealthFile>,
     /// Retries of failed calls on other endpoints.
     pub retry: Option<RetryFile>,
+    /// Hedged calls: a slow call sent again to a second endpoint.
+    pub hedge: Option<HedgeFile>,
+    /// (`[fallback]` only) The model the pool serves the route's calls as: another
+    /// route's, or another server's, model.
+    pub model: Option<String>,
+}
+
+/// When a pool's slow calls are sent again to a second endpoint.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeFile {
+    /// How long a call runs before its hedge is sent (default: the pool's learned p95).
+    #[serde(default, with = "humantime_serde")]
+    pub after: Option<Duration>,
+    /// Hedges per 100 calls of the pool over the last 10 s (default 2).
+    pub budget_percent: Option<f64>,
 }
 
 /// When a pool's failed calls go again to another endpoint.

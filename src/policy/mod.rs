@@ -22,8 +22,8 @@ use arc_swap::ArcSwap;
 pub use allow::Allowlist;
 pub use file::PolicyFile;
 pub use model::{
-    Abort, BatchSpec, Borrow, Budgets, CacheSpec, Flags, Gate, HealthSpec, JsonAdapter, Member, Policy, PoolSpec,
-    Priority, Rate, RateLimits, RetryOn, RetrySpec, Route, Scheduling, ShadowSpec, Tolerance, WhenUnmet,
+    Abort, BatchSpec, Borrow, Budgets, CacheSpec, Flags, Gate, HealthSpec, HedgeSpec, JsonAdapter, Member, Policy,
+    PoolSpec, Priority, Rate, RateLimits, RetryOn, RetrySpec, Route, Scheduling, ShadowSpec, Tolerance, WhenUnmet,
 };
 pub(crate) use problems::one_a_line;
 pub use problems::{Problem, Problems};

@@ -218,6 +218,25 @@ pub struct PoolSpec {
     pub health: HealthSpec,
     /// When a failed call goes again to another endpoint, and how many may.
     pub retry: RetrySpec,
+    /// When a slow call is sent again to a second endpoint, the first answer taken;
+    /// `None`: never (the default, and always for a micro-batch pool).
+    pub hedge: Option<HedgeSpec>,
+    /// The model a route's `[fallback]` pool serves its KServe v2 inference calls as
+    /// (`/v2/models/MODEL/infer`); `None`: the model the caller named (always for
+    /// other pools).
+    pub model: Option<String>,
+}
+
+/// Hedged calls: a call not answered in time is sent again to another endpoint and the
+/// first answer is taken, the other call dropped. Only for calls the route's `retry.on`
+/// says are safe to repeat (`reset`), never for a step of a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgeSpec {
+    /// How long a call runs before its hedge is sent; `None`: the pool's learned p95.
+    pub after: Option<Duration>,
+    /// Hedges allowed per 1,000 calls of the pool over the last 10 s: the
+    /// duplicate-work budget.
+    pub budget_per_mille: u32,
 }
 
 /// Retries of a pool's failed calls on its other endpoints.

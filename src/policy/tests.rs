@@ -461,6 +461,10 @@ budget_percent = 150
 min_per_second = -1
 [routes.r.fallback]
 endpoints = ["http://f:1"]
+model = "m/../x"
+[routes.r.fallback.hedge]
+after = "2m"
+budget_percent = -2
 "#;
     reports(
         "r.toml",
@@ -470,11 +474,15 @@ endpoints = ["http://f:1"]
             "r.toml: routes.r.micro_batch.retry.max_retries: must be 0 to 10, got 11",
             "r.toml: routes.r.micro_batch.retry.budget_percent: must be 0 to 100, got 150",
             "r.toml: routes.r.micro_batch.retry.min_per_second: must be 0 to 10000, got -1",
+            "r.toml: routes.r.fallback.model: must be a model name (letters, digits, '-', '_' and '.', at most 256), got \"m/../x\"",
+            "r.toml: routes.r.fallback.hedge.after: must be 1ms to 60s, got 120s",
+            "r.toml: routes.r.fallback.hedge.budget_percent: must be 0 to 100, got -2",
             "r.toml: routes.r.fallback: stands in for the [realtime] pool, and the route has none",
         ],
     );
     let good = "[routes.r]\nmodels = [\"m\"]\n[routes.r.realtime]\nendpoints = [\"http://a:1\"]\n\
-                [routes.r.realtime.retry]\non = []\n[routes.r.fallback]\nendpoints = [\"http://f:1\"]\n";
+                [routes.r.realtime.retry]\non = []\n[routes.r.realtime.hedge]\n\
+                [routes.r.fallback]\nendpoints = [\"http://f:1\"]\n";
     let policy = load(&[("r.toml", good)]).expect("valid");
     let route = &policy.routes()[0];
     let retry = route.realtime.as_ref().expect("pool").retry;
@@ -487,5 +495,14 @@ endpoints = ["http://f:1"]
         ),
         (Some(RetryOn::default()), 2, 100, 3)
     );
-    assert!(route.fallback.is_some());
+    let hedge = route.realtime.as_ref().expect("pool").hedge;
+    assert_eq!(
+        hedge,
+        Some(HedgeSpec {
+            after: None,
+            budget_per_mille: 20
+        }),
+        "the p95, within 2%"
+    );
+    assert_eq!(route.fallback.as_ref().expect("fallback").hedge, None, "off unless set");
 }

@@ -11,11 +11,11 @@ use std::time::Duration;
 use http::Uri;
 
 use super::file::{
-    BatchFile, CacheFile, DefaultsFile, HealthFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile, RetryFile,
-    RouteFile, WhenUnmetFile,
+    BatchFile, CacheFile, DefaultsFile, HealthFile, HedgeFile, JsonAdapterFile, LimitsFile, PolicyFile, PoolFile,
+    RetryFile, RouteFile, WhenUnmetFile,
 };
 use super::model::{
-    BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, JsonAdapter, Policy, PoolSpec, Priority, Rate,
+    BatchSpec, Borrow, Budgets, CacheSpec, Flags, HealthSpec, HedgeSpec, JsonAdapter, Policy, PoolSpec, Priority, Rate,
     RateLimits, RetryOn, RetrySpec, Route, Scheduling, WhenUnmet,
 };
 use super::problems::{Check, Problem, Problems};
@@ -471,6 +471,63 @@ fn pool(check: &mut Check<'_>, at: &str, file: &PoolFile, kserve: bool) -> PoolS
         connect_timeout: connect_timeout(check, at, file.connect_timeout),
         health: health(check, at, file.health.as_ref(), kserve),
         retry: retry(check, at, file.retry.as_ref()),
+        hedge: file.hedge.as_ref().map(|hedge| hedge_spec(check, at, hedge)),
+        model: file
+            .model
+            .as_ref()
+            .and_then(|model| served_as(check, at, model, kserve)),
+    }
+}
+
+/// A `[fallback]` pool's `model`: a KServe v2 route's, a model name that fits a path.
+fn served_as(check: &mut Check<'_>, at: &str, model: &str, kserve: bool) -> Option<String> {
+    let key = format!("{at}.model");
+    if !at.ends_with(".fallback") {
+        check.fail(key, "only a [fallback] pool serves the calls as another model");
+        return None;
+    }
+    if !kserve {
+        check.fail(
+            key,
+            "serves KServe v2 inference as another model; the route has no `models`",
+        );
+        return None;
+    }
+    let fits = !model.is_empty()
+        && model.len() <= 256
+        && model.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !fits {
+        check.fail(
+            key,
+            format!("must be a model name (letters, digits, '-', '_' and '.', at most 256), got {model:?}"),
+        );
+        return None;
+    }
+    Some(model.to_owned())
+}
+
+/// Hedge defaults: after the pool's learned p95, within 2% more calls.
+fn hedge_spec(check: &mut Check<'_>, at: &str, file: &HedgeFile) -> HedgeSpec {
+    let at = format!("{at}.hedge");
+    let after = file.after.filter(|after| {
+        let fits = (Duration::from_millis(1)..=Duration::from_secs(60)).contains(after);
+        if !fits {
+            check.fail(format!("{at}.after"), format!("must be 1ms to 60s, got {after:?}"));
+        }
+        fits
+    });
+    let budget_per_mille = match file.budget_percent {
+        None => 20,
+        // Within 0..=100, so the rounded per-mille fits.
+        Some(p) if (0.0..=100.0).contains(&p) => (p * 10.0).round() as u32,
+        Some(p) => {
+            check.fail(format!("{at}.budget_percent"), format!("must be 0 to 100, got {p}"));
+            20
+        }
+    };
+    HedgeSpec {
+        after,
+        budget_per_mille,
     }
 }
 
@@ -608,6 +665,8 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
             connect_timeout: connect_timeout(check, at, file.connect_timeout),
             health: health(check, at, file.health.as_ref(), kserve),
             retry: retry(check, at, file.retry.as_ref()),
+            hedge: None,
+            model: None,
         }),
         max_batch,
         max_wait,

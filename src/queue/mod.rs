@@ -250,7 +250,7 @@ pub fn idempotency_scope(stored: &str) -> &str {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The store holds its limit of unfinished jobs.
-    #[error("the offline queue is full ({0} unfinished jobs); retry later")]
+    #[error("offline.max_queued_jobs {0} reached (the offline queue holds that many unfinished jobs); retry later")]
     Full(u64),
     /// SQLite failed (disk full, I/O error...).
     #[error("the offline store failed: {0}")]

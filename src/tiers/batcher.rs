@@ -255,12 +255,13 @@ impl<L, T, R> Queue<L, T, R> {
             return Err(Error::new(
                 Kind::QueueFull,
                 format!(
-                    "the micro-batch queue is under pressure ({} rows waiting; sheddable requests are refused past \
-                     {}); retry later or send a higher x-tiergate-priority",
+                    "shed_above {} reached ({} rows waiting): the micro-batch queue refuses sheddable requests past \
+                     it; retry later or send a higher x-tiergate-priority",
+                    self.settings.shed_at,
                     after.saturating_sub(rows),
-                    self.settings.shed_at
                 ),
-            ));
+            )
+            .knob("shed_above"));
         }
         let mut over = after.saturating_sub(self.settings.capacity);
         if over > 0 && class.priority > Priority::Sheddable {
@@ -278,11 +279,12 @@ impl<L, T, R> Queue<L, T, R> {
             return Err(Error::new(
                 Kind::QueueFull,
                 format!(
-                    "the micro-batch queue is full ({} rows waiting, capacity {})",
+                    "queue_capacity {} reached ({} rows waiting, this request's {rows} would not fit); retry later",
+                    self.settings.capacity,
                     after.saturating_sub(rows),
-                    self.settings.capacity
                 ),
-            ));
+            )
+            .knob("queue_capacity"));
         }
         self.shared.depth.increment(rows as f64);
         self.shared
@@ -298,9 +300,12 @@ impl<L, T, R> Queue<L, T, R> {
     /// Answers callers evicted from a full queue with [`Kind::QueueFull`] saying `why`.
     fn refuse_evicted(&self, evicted: Vec<Entry<T, R>>, rows: u64, why: &str) {
         self.shared.release(rows);
-        let message = format!("the micro-batch queue was full and {why}; retry later");
+        let message = format!(
+            "queue_capacity {} reached and {why}; retry later",
+            self.settings.capacity
+        );
         for entry in evicted {
-            entry.refuse(Kind::QueueFull, &message);
+            entry.refuse(Error::new(Kind::QueueFull, &message).knob("queue_capacity"));
         }
     }
 
@@ -406,7 +411,7 @@ impl<L: Send + Sync + 'static, T: Send + 'static, R: Send + 'static> Worker<L, T
         let (all, rows) = self.line.lock().drain();
         self.shared.release(rows);
         for entry in all {
-            entry.refuse(Kind::Unavailable, "the gateway is shutting down");
+            entry.refuse(Error::new(Kind::Unavailable, "the gateway is shutting down"));
         }
     }
 

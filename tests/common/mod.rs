@@ -159,6 +159,64 @@ impl Answer {
     pub fn tier(&self) -> (Option<&str>, Option<&str>) {
         (self.header("x-tiergate-tier"), self.header("x-tiergate-reason"))
     }
+    /// The parts of its `Server-Timing`, checked to add up (see [`timing_parts`]).
+    pub fn timing(&self) -> Vec<(String, f64)> {
+        timing_parts(self.header("server-timing").expect("every answer has Server-Timing"))
+    }
+}
+
+/// The parts of a `Server-Timing` value (`name;dur=ms, ...`) in order, in milliseconds;
+/// fails unless it ends with `total` and, when it has more parts, they add up to the
+/// total within 1 ms.
+pub fn timing_parts(value: &str) -> Vec<(String, f64)> {
+    let parts: Vec<(String, f64)> = value
+        .split(',')
+        .map(|part| {
+            let (name, dur) = part.trim().split_once(";dur=").unwrap_or_else(|| panic!("{value}"));
+            (name.to_owned(), dur.parse().unwrap_or_else(|_| panic!("{value}")))
+        })
+        .collect();
+    let (last, total) = parts.last().cloned().unwrap_or_else(|| panic!("{value}"));
+    assert_eq!(last, "total", "{value}");
+    if parts.len() > 1 {
+        let sum: f64 = parts[..parts.len() - 1].iter().map(|(_, d)| d).sum();
+        assert!((sum - total).abs() <= 1.0, "the parts add up to the total: {value}");
+    }
+    parts
+}
+
+/// `n` sequences of one step each (`sequence_start` and `sequence_end`, ids 1 to `n`)
+/// to model `m`, one after another, each with `budget` ms: their statuses.
+pub async fn one_step_sequences(gw: &tiergate::app::Gateway, n: u64, budget: &str) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for id in 1..=n {
+        let body = serde_json::json!({"id": format!("s{id}"),
+            "parameters": {"sequence_id": id, "sequence_start": true, "sequence_end": true},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [id]}]});
+        let r = infer(
+            gw.http_addr(),
+            "m",
+            &[("x-tiergate-budget-ms", budget)],
+            &body.to_string(),
+        )
+        .await;
+        statuses.push(r.status);
+    }
+    statuses
+}
+
+/// The names of `parts`, in order.
+pub fn part_names(parts: &[(String, f64)]) -> Vec<&str> {
+    parts.iter().map(|(name, _)| name.as_str()).collect()
+}
+
+/// The duration of part `name` in `parts`, in milliseconds.
+pub fn part(parts: &[(String, f64)], name: &str) -> f64 {
+    parts
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, d)| *d)
+        .unwrap_or_else(|| panic!("no {name} in {parts:?}"))
 }
 
 pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {

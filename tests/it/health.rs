@@ -453,4 +453,44 @@ async fn a_fallback_pool_serves_while_the_realtime_pool_is_ejected_or_full() {
         (first.status, first.tier()),
         (200, (Some("realtime"), Some("budget_realtime")))
     );
+
+    // Another model: the fallback pool serves the calls as `m-cpu`, the one model its
+    // server has (a version the caller named is that model's, not the fallback's).
+    let cpu = backend(&["m-cpu"]).await;
+    let toml = Route::new("fbmodel")
+        .model("m")
+        .set("realtime.endpoints", vec![format!("http://{}", dead_addr().await)])
+        .set("realtime.health.eject_after", 1)
+        .set("realtime.health.eject_for", "1m")
+        .set("realtime.health.check_path", "")
+        .set("fallback.endpoints", vec![cpu.url()])
+        .set("fallback.model", "m-cpu")
+        .toml();
+    let gw = gateway(&toml).await;
+    assert_eq!(
+        infer(gw.http_addr(), "m", &budget, BODY).await.status,
+        502,
+        "the call that ejects it"
+    );
+    let served = infer(gw.http_addr(), "m", &budget, BODY).await;
+    assert_eq!(
+        (served.status, served.tier().1),
+        (200, Some("fallback")),
+        "{}",
+        served.text()
+    );
+    assert_eq!(served.json()["model_name"], "m-cpu");
+    let versioned = send(
+        "POST",
+        gw.http_addr(),
+        "/v2/models/m/versions/3/infer",
+        &[("x-tiergate-budget-ms", "250"), ("content-type", "application/json")],
+        BODY.to_owned(),
+    )
+    .await;
+    assert_eq!(
+        (versioned.status, versioned.json()["model_name"].clone()),
+        (200, "m-cpu".into())
+    );
+    assert_eq!(cpu.sim.stats("m-cpu").expect("stats").requests, 2);
 }

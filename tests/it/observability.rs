@@ -325,11 +325,13 @@ endpoints = ["{live}"]
     let documented: BTreeSet<String> = docs
         .lines()
         // Kafka source metrics exist only while sources run (tests/it/kafka.rs checks them),
-        // canary metrics while a canary runs (tests/it/shadow.rs checks them).
+        // canary metrics while a canary runs (tests/it/shadow.rs checks them), refusals
+        // by a limit once one refused (tests/it/refusals.rs checks them).
         .filter(|l| {
             l.starts_with("| `tiergate_")
                 && !l.starts_with("| `tiergate_kafka_")
                 && !l.starts_with("| `tiergate_canary_")
+                && !l.starts_with("| `tiergate_refusals_")
         })
         .flat_map(names)
         .collect();

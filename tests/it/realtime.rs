@@ -25,7 +25,7 @@ async fn sheds_at_the_concurrency_limit_and_never_calls_past_it() {
         assert!(a.json()["error"]
             .as_str()
             .expect("error")
-            .contains("concurrency limit (4"));
+            .contains("max_concurrency 4 reached"));
     }
     rt.sim.release();
     for h in held {

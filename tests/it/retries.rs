@@ -139,13 +139,24 @@ async fn counted(gw: &Gateway, series: &str) -> u64 {
 async fn an_inference_call_reset_before_its_answer_or_answered_503_goes_to_another_endpoint() {
     for (act, reason) in [(Act::Close, "reset"), (Act::Answer(503), "unavailable")] {
         let (gw, bad_calls, good) = failing_beside_good("retried", act, &[]).await;
-        let statuses = infer_calls(&gw, 20).await;
+        let mut answers = Vec::new();
+        for _ in 0..20 {
+            answers.push(infer(gw.http_addr(), "m", &[("x-tiergate-budget-ms", "250")], BODY).await);
+        }
+        let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
         assert!(statuses.iter().all(|s| *s == 200), "{reason}: {statuses:?}");
         let failed = bad_calls.load(Ordering::SeqCst);
         assert!(
             failed > 0,
             "{reason}: the failing endpoint was never chosen in 20 calls"
         );
+        // A retried answer says how long the failed call took before the one that answered.
+        let retried = answers
+            .iter()
+            .map(Answer::timing)
+            .filter(|parts| part_names(parts) == ["backend", "retry", "gateway", "total"])
+            .count() as u64;
+        assert_eq!(retried, failed, "{reason}");
         assert_eq!(good.sim.stats("m").expect("stats").requests, 20, "{reason}");
         let retries =
             format!("tiergate_backend_retries_total{{route=\"retried\",tier=\"realtime\",reason=\"{reason}\"}}");
@@ -255,20 +266,7 @@ async fn the_retry_budget_refuses_retries_past_its_share() {
 #[tokio::test]
 async fn a_step_of_a_sequence_is_never_retried_on_another_endpoint() {
     let (gw, bad_calls, good) = failing_beside_good("sequence", Act::Answer(503), &[]).await;
-    let mut statuses = Vec::new();
-    for id in 1..=16 {
-        let body = serde_json::json!({"id": format!("s{id}"),
-            "parameters": {"sequence_id": id, "sequence_start": true, "sequence_end": true},
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [id]}]});
-        let r = infer(
-            gw.http_addr(),
-            "m",
-            &[("x-tiergate-budget-ms", "250")],
-            &body.to_string(),
-        )
-        .await;
-        statuses.push(r.status);
-    }
+    let statuses = one_step_sequences(&gw, 16, "250").await;
     let failed = bad_calls.load(Ordering::SeqCst);
     assert!(failed > 0, "no sequence was pinned to the failing endpoint in 16");
     assert_eq!(

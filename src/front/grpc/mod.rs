@@ -107,10 +107,10 @@ impl GrpcDoor {
         let carried = [route.tenant_header.clone(), headers::PRIORITY];
         let mut admitted = match self.dispatch.admit(Door::Grpc, route, (headers, tenant), ids, received) {
             Ok(admitted) => admitted,
-            Err(refused) => return render(*refused),
+            Err(refused) => return render(*refused, received),
         };
         if let Err(e) = admitted.hold(prost::Message::encoded_len(&msg)) {
-            return render(admitted.failed(e));
+            return render(admitted.failed(e), received);
         }
         let model = msg.model_name.clone();
         let version = Some(msg.model_version.clone()).filter(|v| !v.is_empty());
@@ -140,7 +140,7 @@ impl GrpcDoor {
             }
             Err(e) => admitted.failed(e),
         };
-        let rendered = render(served);
+        let rendered = render(served, received);
         drop(admitted);
         rendered
     }
@@ -208,8 +208,9 @@ enum Answer {
 }
 
 /// Renders a served request for gRPC, with the decision as metadata (the HTTP door's
-/// `render` does the same in headers).
-fn render(served: Served) -> Rendered {
+/// `render` does the same in headers), and `server-timing` closed with the time since
+/// `received` (see [`crate::timing`]): in the answer's metadata, or an error's.
+fn render(mut served: Served, received: Instant) -> Rendered {
     let mut pairs: Vec<(http::HeaderName, &'static str)> = Vec::with_capacity(2);
     if let Some(d) = served.decision {
         pairs.extend([(headers::TIER, d.tier.as_str()), (headers::REASON, d.reason.as_str())]);
@@ -230,12 +231,21 @@ fn render(served: Served) -> Rendered {
         bridge::metadata_key(&headers::POLICY_VERSION),
         served.policy_version.into(),
     );
+    let mut timing = HeaderMap::new();
+    match &mut served.result {
+        Ok(reply) => {
+            let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
+            crate::timing::close(reply.headers_mut(), parts, received.elapsed(), served.tier_took)
+        }
+        Err(_) => crate::timing::close_error(&mut timing, received.elapsed()),
+    }
     if let Ok(reply) = &served.result {
         // How a batched request was batched, and how the cache took part, as on HTTP.
         for key in [
             headers::BATCH_SIZE,
             headers::BATCH_ID,
             headers::QUEUE_MS,
+            crate::timing::SERVER_TIMING,
             headers::CACHE,
             // An answer the cache gave says so as its reason (it had no decision).
             headers::REASON,
@@ -252,6 +262,13 @@ fn render(served: Served) -> Rendered {
         .and_then(bridge::infer_response_from_http);
     let result = result.map_err(|mut s| {
         tag(s.metadata_mut());
+        if let Some(value) = timing
+            .get(crate::timing::SERVER_TIMING)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+        {
+            s.metadata_mut()
+                .insert(bridge::metadata_key(&crate::timing::SERVER_TIMING), value);
+        }
         s
     });
     tag(&mut metadata);

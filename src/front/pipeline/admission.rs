@@ -111,15 +111,16 @@ impl Admission {
         if self.over_memory.load(Ordering::Relaxed) {
             return Err(shed(
                 "rss",
-                "the gateway is above its memory limit (limits.max_rss_bytes)",
-            ));
+                "limits.max_rss_bytes reached: the gateway's resident memory is above its limit",
+            )
+            .knob("limits.max_rss_bytes"));
         }
         let Ok(request) = self.requests.clone().try_acquire_owned() else {
             let message = format!(
-                "the gateway has {} requests in flight (limits.max_in_flight_requests)",
-                self.max_requests
+                "limits.max_in_flight_requests {} reached ({} requests in flight)",
+                self.max_requests, self.max_requests
             );
-            return Err(shed("requests", &message));
+            return Err(shed("requests", &message).knob("limits.max_in_flight_requests"));
         };
         Ok(Ticket {
             _request: request,
@@ -163,10 +164,11 @@ impl Ticket {
             }
             Err(_) => {
                 let message = format!(
-                    "the gateway holds its limit of request bodies in memory ({} KiB, limits.max_in_flight_body_bytes)",
+                    "limits.max_in_flight_body_bytes reached: the gateway holds its limit of request bodies in memory \
+                     ({} KiB)",
                     self.admission.max_bytes
                 );
-                Err(shed("body_bytes", &message))
+                Err(shed("body_bytes", &message).knob("limits.max_in_flight_body_bytes"))
             }
         }
     }
@@ -180,8 +182,11 @@ impl RouteLimiter {
         if let (Some(limiter), Some(rate)) = (&self.route, self.spec.route) {
             if let Err(not_until) = limiter.check() {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
-                let message = format!("route {route} is at its rate limit ({})", describe(rate));
-                return Err(limited("route", &message, wait, rate));
+                let message = format!(
+                    "limits.rate reached: route {route} is at its rate limit ({})",
+                    describe(rate)
+                );
+                return Err(limited("route", &message, wait, rate).knob("limits.rate"));
             }
         }
         if let (Some(tenants), Some(rate)) = (&self.tenants, self.spec.tenant) {
@@ -196,10 +201,10 @@ impl RouteLimiter {
             if let Err(not_until) = tenants.check_key(&key) {
                 let wait = not_until.wait_time_from(DefaultClock::default().now());
                 let message = format!(
-                    "your tenant ({name:?}) is at its rate limit on route {route} ({})",
+                    "limits.tenant_rate reached: your tenant ({name:?}) is at its rate limit on route {route} ({})",
                     describe(rate)
                 );
-                return Err(limited("tenant", &message, wait, rate));
+                return Err(limited("tenant", &message, wait, rate).knob("limits.tenant_rate"));
             }
         }
         Ok(())

@@ -20,6 +20,7 @@ use crate::decision::Door;
 use crate::error::{Error, Kind};
 use crate::headers;
 use crate::policy::{CacheSpec, Route};
+use crate::timing::Spent;
 
 /// Serves `request` on `route` through the route's cache (see the module's docs).
 pub(super) fn serve<'a>(
@@ -31,16 +32,17 @@ pub(super) fn serve<'a>(
     (received, spec): (Instant, Arc<CacheSpec>),
 ) -> Pin<Box<dyn Future<Output = Served> + Send + 'a>> {
     Box::pin(async move {
+        let looked = Instant::now();
         let store = dispatch.cache().route(&route.name, &spec);
         let Some((key, question)) = cache::asked(route, &spec, &request) else {
             store.counted("bypass");
             let served = dispatch.serve(route, door, to, request, received).await;
-            return marked(served, "bypass");
+            return marked(served, "bypass", std::time::Duration::ZERO);
         };
         if !entry::wants_fresh(request.headers()) {
             if let Some(entry) = store.get(&key) {
                 store.counted("hit");
-                return answered(dispatch, route, door, &request, &entry, &question, "hit");
+                return answered(dispatch, route, door, &request, &entry, (&question, looked), "hit");
             }
         }
         let deadline = received + budget(route, &to);
@@ -48,11 +50,20 @@ pub(super) fn serve<'a>(
             Joined::Follow(follower) => {
                 store.counted("coalesced");
                 match tokio::time::timeout_at(deadline, follower.answer()).await {
-                    Ok(Some(entry)) => answered(dispatch, route, door, &request, &entry, &question, "coalesced"),
+                    Ok(Some(entry)) => answered(
+                        dispatch,
+                        route,
+                        door,
+                        &request,
+                        &entry,
+                        (&question, looked),
+                        "coalesced",
+                    ),
                     // The call it waited for brought nothing to share: it asks for itself.
                     Ok(None) => {
+                        let waited = looked.elapsed();
                         let served = dispatch.serve(route, door, to, request, received).await;
-                        marked(served, "miss")
+                        marked(served, "miss", waited)
                     }
                     Err(_) => {
                         let error = Error::new(
@@ -74,30 +85,33 @@ pub(super) fn serve<'a>(
                     if let Ok(Some(entry)) = shared.await {
                         flight.share(Some(entry.clone()));
                         store.counted("hit");
-                        return answered(dispatch, route, door, &request, &entry, &question, "hit");
+                        return answered(dispatch, route, door, &request, &entry, (&question, looked), "hit");
                     }
                 }
                 store.counted("miss");
+                let lookup = looked.elapsed();
                 let served = dispatch.serve(route, door, to, request, received).await;
                 let kept = served.result.as_ref().ok().and_then(|r| Entry::of(&question, r));
                 flight.land(kept.map(Arc::new));
-                marked(served, "miss")
+                marked(served, "miss", lookup)
             }
         }
     })
 }
 
-/// A request answered by `entry`, as `question` asks, counted.
+/// A request answered by `entry`, as `question` asks, counted; the cache's part of its
+/// time is all since it was `looked` up.
 fn answered(
     dispatch: &Dispatch,
     route: &Route,
     door: Door,
     request: &Request<Bytes>,
     entry: &Entry,
-    question: &key::Question,
+    (question, looked): (&key::Question, Instant),
     how: &'static str,
 ) -> Served {
     let mut reply = entry.answer(question);
+    crate::timing::set(reply.extensions_mut(), &[(Spent::Cache, looked.elapsed())]);
     let headers = reply.headers_mut();
     headers.insert(headers::CACHE, HeaderValue::from_static(how));
     // No tier served it: its reason says where the answer came from.
@@ -105,12 +119,15 @@ fn answered(
     dispatch.counted(route, door, Ok(reply), request.extensions().get())
 }
 
-/// `served`'s answer marked with how the cache took part.
-fn marked(mut served: Served, how: &'static str) -> Served {
+/// `served`'s answer marked with how the cache took part, and the time it took
+/// (`cache` in `Server-Timing`, when any).
+fn marked(mut served: Served, how: &'static str, took: std::time::Duration) -> Served {
     if let Ok(reply) = &mut served.result {
-        reply
-            .headers_mut()
-            .insert(headers::CACHE, HeaderValue::from_static(how));
+        let headers = reply.headers_mut();
+        headers.insert(headers::CACHE, HeaderValue::from_static(how));
+        if !took.is_zero() {
+            crate::timing::add(reply.extensions_mut(), &[(Spent::Cache, took)]);
+        }
     }
     served
 }

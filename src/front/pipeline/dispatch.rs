@@ -118,6 +118,9 @@ pub struct Served {
     pub result: Result<Reply, Error>,
     /// The version of the policy snapshot that served it.
     pub policy_version: u64,
+    /// How long the tier that served it took, when one did: the answer's `backend` in
+    /// `Server-Timing` unless the tier said more (see [`crate::timing`]).
+    pub tier_took: Option<std::time::Duration>,
 }
 
 impl Served {
@@ -301,6 +304,7 @@ impl Dispatch {
                         refusal: Some(refusal),
                         result: Err(refused(route, refusal)),
                         policy_version: route.policy_version(),
+                        tier_took: None,
                     };
                     return count(route, door, &instruments, served, debug_ids(&request));
                 }
@@ -327,6 +331,7 @@ impl Dispatch {
                     ),
                 )),
                 policy_version: route.policy_version(),
+                tier_took: None,
             };
             return count(route, door, &instruments, served, ids.as_ref());
         }
@@ -350,6 +355,7 @@ impl Dispatch {
             deadline,
             request,
         };
+        let sent = Instant::now();
         let (decision, result) = match realtime && (route.borrow.realtime_overflow || route.fallback.is_some()) {
             false => (
                 decision,
@@ -360,7 +366,8 @@ impl Dispatch {
             true => Box::pin(self.realtime_or_elsewhere(call, decision, &instruments)).await,
         };
         handles.in_flight.decrement(1.0);
-        let elapsed = received.elapsed();
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(received);
         handles.request_seconds.record(elapsed.as_secs_f64());
         if decision.tier != Tier::Offline {
             // An offline acceptance is not the job's end: jobs count when they finish.
@@ -372,6 +379,7 @@ impl Dispatch {
             refusal: None,
             result,
             policy_version: route.policy_version(),
+            tier_took: Some(now.saturating_duration_since(sent)),
         };
         count(route, door, &instruments, served, ids.as_ref())
     }
@@ -417,9 +425,14 @@ impl Dispatch {
         request_span.record("reason", decision.reason.as_str());
         let answer = match &route.fallback {
             Some(spec) if !overflow => {
-                // Within the same deadline, on pools of their own.
+                // Within the same deadline, on pools of their own; as the model the
+                // pool serves, when it names one.
                 let pool = self.fallback.get(&route.name, spec);
-                pool.forward(call.request, call.deadline)
+                let mut request = call.request;
+                if let Some(model) = &spec.model {
+                    served_as(&mut request, model);
+                }
+                pool.forward(request, call.deadline)
                     .instrument(tier_span(decision.tier))
                     .await
             }
@@ -448,6 +461,7 @@ impl Dispatch {
             refusal: None,
             result,
             policy_version: route.policy_version(),
+            tier_took: None,
         };
         count(route, door, &self.instruments(route), served, ids)
     }
@@ -460,6 +474,7 @@ impl Dispatch {
             refusal: None,
             result: Err(error),
             policy_version: route.policy_version(),
+            tier_took: None,
         };
         count(route, door, &self.instruments(route), served, ids)
     }
@@ -540,6 +555,32 @@ fn refused(route: &Route, refusal: Refusal) -> Error {
 /// and writes its `served` debug line, which carries the request's ids, route and
 /// decision as fields: the request's own span is for the exporter only. (A 5xx is
 /// logged by the door, [`Served::log_failure`].)
+/// Points a KServe v2 inference `request` (`/v2/models/NAME[/versions/V]/infer`) at
+/// `model` instead, its query kept; any other request is left as it is.
+fn served_as(request: &mut Request<Bytes>, model: &str) {
+    let uri = request.uri();
+    if !matches!(
+        crate::front::paths::target(uri.path()),
+        crate::front::paths::Target::Model { rest: "/infer", .. }
+    ) {
+        return;
+    }
+    let path = match uri.query() {
+        Some(query) => format!("/v2/models/{model}/infer?{query}"),
+        None => format!("/v2/models/{model}/infer"),
+    };
+    if let Ok(path) = path.parse() {
+        *request.uri_mut() = path;
+    }
+}
+
+/// Counts a request on `route` refused by `knob`'s limit.
+#[cold]
+fn refused_by(route: &str, tier: Option<Tier>, knob: &'static str) {
+    let tier = tier.map_or("none", Tier::as_str);
+    ::metrics::counter!(metrics::REFUSALS, "route" => route.to_owned(), "tier" => tier, "knob" => knob).increment(1);
+}
+
 fn count(
     route: &Route,
     door: Door,
@@ -553,7 +594,12 @@ fn count(
             400..=499 => "backend_rejected",
             _ => "backend_error",
         },
-        Err(e) => e.kind.outcome(),
+        Err(e) => {
+            if let Some(knob) = e.knob {
+                refused_by(&route.name, served.decision.map(|d| d.tier), knob);
+            }
+            e.kind.outcome()
+        }
     };
     instruments.request(&route.name, served.decision.map(|d| d.tier), outcome);
     if tracing::enabled!(tracing::Level::DEBUG) {

@@ -83,8 +83,8 @@ impl<T, R> Entry<T, R> {
     }
 
     /// Answers it with a failure of `kind`.
-    pub(super) fn refuse(self, kind: Kind, message: &str) {
-        let _ = self.reply.send(Err(Error::new(kind, message)));
+    pub(super) fn refuse(self, error: Error) {
+        let _ = self.reply.send(Err(error));
     }
 }
 
@@ -474,14 +474,21 @@ impl<L, T, R> Waiting<L, T, R> {
                     continue; // nothing to answer, nothing to send
                 }
                 match deadline <= rule.now {
-                    true => entry.refuse(
+                    true => entry.refuse(Error::new(
                         Kind::Deadline,
                         "the budget ran out while the request waited for its batch",
-                    ),
+                    )),
                     false => entry.refuse(
-                        Kind::DeadlineUnmeetable,
-                        "the micro-batch tier can no longer answer in time: the learned cost of a batch is more \
-                         than the budget left; send a larger budget or retry later",
+                        Error::new(
+                            Kind::DeadlineUnmeetable,
+                            format!(
+                                "deadline unmeetable: learned cost of a batch > {:.1} ms left of the budget (the \
+                                 request waited {:.1} ms); send a larger budget or retry later",
+                                deadline.saturating_duration_since(rule.now).as_secs_f64() * 1e3,
+                                rule.now.saturating_duration_since(queued_at).as_secs_f64() * 1e3,
+                            ),
+                        )
+                        .knob("deadline"),
                     ),
                 }
                 continue;
@@ -600,10 +607,10 @@ impl<L, T, R> Waiting<L, T, R> {
                 if entry.reply.is_closed() || entry.deadline <= now {
                     let entry = queue.pop_front().expect("front");
                     if !entry.reply.is_closed() {
-                        entry.refuse(
+                        entry.refuse(Error::new(
                             Kind::Deadline,
                             "the budget ran out while the request waited for its batch",
-                        );
+                        ));
                     }
                     continue;
                 }

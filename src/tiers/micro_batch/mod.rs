@@ -675,15 +675,16 @@ impl RouteLanes {
         Err(Error::new(
             Kind::DeadlineUnmeetable,
             format!(
-                "route {}: the micro-batch tier expects to answer in about {} ms ({queued} rows queued, learned cost \
-                 {:.2} ms + {:.4} ms per row), but the budget leaves {} ms; send a larger budget or retry later",
-                self.route,
+                "deadline unmeetable: learned cost {} ms > {} ms left of the budget (route {}'s micro-batch tier: \
+                 {queued} rows queued, a batch costs {:.2} ms + {:.4} ms per row); send a larger budget or retry later",
                 expected.as_millis(),
+                left.as_millis(),
+                self.route,
                 ms(cost.fixed),
                 ms(cost.per_row),
-                left.as_millis()
             ),
-        ))
+        )
+        .knob("deadline"))
     }
 
     /// A slot of the pool taken when it is free and no micro-batch request is waiting:
@@ -713,10 +714,12 @@ impl RouteLanes {
                 return Err(Error::new(
                     Kind::Shed,
                     format!(
-                        "route {} has {MAX_LANES} distinct request shapes waiting to be batched; retry later",
+                        "signatures {MAX_LANES} reached: route {} has {MAX_LANES} distinct request shapes waiting to \
+                         be batched; retry later",
                         self.route
                     ),
-                ));
+                )
+                .knob("signatures"));
             }
         }
         let (path, form) = match &key {
@@ -757,10 +760,20 @@ impl RouteLanes {
             ));
         };
         let waited = queued_at.elapsed();
+        let sent = Instant::now();
         let mut reply = self.forward_alone(call, why).await?;
+        let took = sent.elapsed();
         if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
             reply.headers_mut().insert(headers::QUEUE_MS, ms);
         }
+        // The slot's wait is the queue (a retry's part, if any, is inside the backend's).
+        crate::timing::set(
+            reply.extensions_mut(),
+            &[
+                (crate::timing::Spent::Queue, waited),
+                (crate::timing::Spent::Backend, took),
+            ],
+        );
         Ok(reply)
     }
 

@@ -22,6 +22,7 @@ use crate::protocol;
 use crate::protocol::Reply;
 use crate::shadow::Primary;
 use crate::tiers::batcher::{Batch, Entry, Flush};
+use crate::timing::Spent;
 use tracing::Instrument;
 
 type Callers = Batch<Part, Reply>;
@@ -72,7 +73,7 @@ fn run<'a>(
         let Some(mut request) = request else {
             // The cache held every row: no backend call.
             let replies = plan.as_ref().map(|p| p.answers(lane.form, None, &callers));
-            return scattered(callers, replies, (0, None), sent);
+            return scattered(callers, replies, (0, None), (sent, Duration::ZERO));
         };
         let total = plan.as_ref().map_or(rows.iter().sum(), |p| p.sent() as u64);
         let deadline = callers.iter().map(|e| e.deadline).max().unwrap_or(sent);
@@ -121,7 +122,7 @@ fn run<'a>(
                     Some(plan) => plan.answers(lane.form, Some(&reply), &callers),
                     None => scatter(lane, &reply, &callers, &rows),
                 };
-                scattered(callers, Some(replies), (total, Some(&id)), sent);
+                scattered(callers, Some(replies), (total, Some(&id)), (sent, took));
             }
             Ok(reply) if refused(reply.status()) && callers.len() > 1 => {
                 lane.metrics.isolations.increment(1);
@@ -131,13 +132,13 @@ fn run<'a>(
             }
             Ok(reply) if callers.len() == 1 => {
                 for caller in callers {
-                    answer(caller, reply.clone(), (total, Some(&id)), sent);
+                    answer(caller, reply.clone(), (total, Some(&id)), (sent, took));
                 }
             }
             Ok(reply) => {
                 let shared = batch_failure(&reply, callers.len(), total);
                 for caller in callers {
-                    answer(caller, shared.clone(), (total, Some(&id)), sent);
+                    answer(caller, shared.clone(), (total, Some(&id)), (sent, took));
                 }
             }
             Err(e) => {
@@ -229,12 +230,13 @@ fn prepare(lane: &Lane, callers: &Callers) -> Result<Prepared, (Option<usize>, E
     }
 }
 
-/// Answers every caller with its share of a batch's answer, or all with one error.
+/// Answers every caller with its share of a batch's answer, or all with one error;
+/// the batch went at `sent` and its backend call took `took` (zero: none was made).
 fn scattered(
     callers: Callers,
     replies: Option<Result<Vec<Result<Reply, Error>>, Error>>,
     batch: (u64, Option<&str>),
-    sent: Instant,
+    sent: (Instant, Duration),
 ) {
     match replies {
         Some(Ok(replies)) => {
@@ -333,9 +335,22 @@ fn batch_failure(reply: &Reply, requests: usize, rows: u64) -> Reply {
 }
 
 /// Answers `caller` with `reply`, saying the batch's rows and id (none when the cache
-/// held every row) and how long the caller waited.
-fn answer(caller: Entry<Part, Reply>, mut reply: Reply, (rows, id): (u64, Option<&str>), sent: Instant) {
+/// held every row), how long the caller waited for the batch sent at `sent`, and how
+/// long its backend call took (`Server-Timing`: `queue`, `backend`).
+fn answer(
+    caller: Entry<Part, Reply>,
+    mut reply: Reply,
+    (rows, id): (u64, Option<&str>),
+    (sent, took): (Instant, Duration),
+) {
     let waited = sent.saturating_duration_since(caller.queued_at);
+    match took.is_zero() {
+        true => crate::timing::set(reply.extensions_mut(), &[(Spent::Queue, waited)]),
+        false => crate::timing::set(
+            reply.extensions_mut(),
+            &[(Spent::Queue, waited), (Spent::Backend, took)],
+        ),
+    }
     let headers = reply.headers_mut();
     headers.insert(headers::BATCH_SIZE, HeaderValue::from(rows));
     if let Some(id) = id.and_then(|id| HeaderValue::from_str(id).ok()) {

@@ -170,7 +170,7 @@ pub fn reused(submitted: &queue::Submitted) -> Result<(), Error> {
 /// The door's error for a store failure.
 pub fn store_error(e: StoreError) -> Error {
     match e {
-        StoreError::Full(_) => Error::new(Kind::StoreFull, e.to_string()),
+        StoreError::Full(_) => Error::new(Kind::StoreFull, e.to_string()).knob("offline.max_queued_jobs"),
         StoreError::Io(_) | StoreError::Closed => Error::new(Kind::Unavailable, e.to_string()),
     }
 }
