@@ -12,14 +12,14 @@
 //! sent). A step with parts to say notes them ([`Noted`]) in the answer's extensions;
 //! the real-time tier's plain call notes none (the door is given the tier's time beside
 //! the answer, so the common path adds nothing to the answer before the door). The door
-//! [`close`]s: the parts, `gateway` (the rest of the total: the gateway's own work) and
-//! `total` (from the request's head read to the answer), so the parts add up to the
-//! total to the microsecond. A backend's own `Server-Timing` is replaced. An error
-//! answer carries `total` only. A leaf, as [`crate::headers`].
+//! settles the [`Line`]: the parts, `gateway` (the rest of the total: the gateway's own
+//! work) and `total` (from the request's head read to the answer), so the parts add up
+//! to the total to the microsecond; the server writes it with the answer's head, or
+//! the door into the header map ([`close`]). A backend's own `Server-Timing` is
+//! replaced. An error answer carries `total` only. A leaf, as [`crate::headers`].
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue};
 
 /// `Server-Timing`.
@@ -38,20 +38,6 @@ pub enum Spent {
     Retry,
     /// How long the call ran before the copy that answered was sent.
     Hedge,
-}
-
-impl Spent {
-    const ALL: [Spent; 5] = [Spent::Queue, Spent::Cache, Spent::Backend, Spent::Retry, Spent::Hedge];
-
-    fn name(self) -> &'static [u8] {
-        match self {
-            Spent::Queue => b"queue",
-            Spent::Cache => b"cache",
-            Spent::Backend => b"backend",
-            Spent::Retry => b"retry",
-            Spent::Hedge => b"hedge",
-        }
-    }
 }
 
 /// The parts of an answer's time noted for it, in its extensions until the door
@@ -79,37 +65,93 @@ pub fn add(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
     extensions.insert(noted);
 }
 
-/// Writes `headers`' `Server-Timing` for an answer that took `total`: the `parts` noted
-/// (taken from its extensions), `backend` as `tier` when they do not name it and a tier
-/// served the answer, `gateway` (what the other parts do not account for) and `total`.
-pub fn close(headers: &mut HeaderMap, parts: Option<Noted>, total: Duration, tier: Option<Duration>) {
-    let mut parts = parts.unwrap_or_default();
-    if parts.0[Spent::Backend as usize].is_none() {
-        parts.0[Spent::Backend as usize] = tier;
+/// An answer's `Server-Timing` as the door settles it: each part in microseconds
+/// (saturating at about 71 minutes, past any real-time or micro-batch budget), in the
+/// field's order: the [`Spent`] parts, `gateway`, `total`; `u32::MAX` for a part it
+/// does not have. Small and `Copy`, so it rides with the answer to the server that
+/// writes the head (see `front::body::Stamp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line([u32; 7]);
+
+impl Line {
+    const NAMES: [&'static [u8]; 7] = [b"queue", b"cache", b"backend", b"retry", b"hedge", b"gateway", b"total"];
+    const ABSENT: u32 = u32::MAX;
+
+    /// An answer that took `total`: the `noted` parts, `backend` as `tier` when they
+    /// do not name it and a tier served the answer, `gateway` (what the other parts do
+    /// not account for) and `total`.
+    pub fn answer(noted: Option<Noted>, total: Duration, tier: Option<Duration>) -> Line {
+        let mut noted = noted.unwrap_or_default();
+        if noted.0[Spent::Backend as usize].is_none() {
+            noted.0[Spent::Backend as usize] = tier;
+        }
+        let mut line = [Self::ABSENT; 7];
+        let mut spent = Duration::ZERO;
+        for (slot, took) in line.iter_mut().zip(noted.0) {
+            if let Some(took) = took {
+                spent = spent.saturating_add(took);
+                *slot = micros(took);
+            }
+        }
+        line[5] = micros(total.saturating_sub(spent));
+        line[6] = micros(total);
+        Line(line)
     }
-    let mut field = Field::default();
-    let mut spent = Duration::ZERO;
-    for part in Spent::ALL {
-        if let Some(took) = parts.0[part as usize] {
-            spent += took;
-            field.part(part.name(), took);
+
+    /// An error answer that took `total`: `total` alone (the parts of a call that failed
+    /// are not known to the door).
+    pub fn error(total: Duration) -> Line {
+        let mut line = [Self::ABSENT; 7];
+        line[6] = micros(total);
+        Line(line)
+    }
+
+    /// Writes the field, `server-timing: ...\r\n`, into an answer's `head`.
+    pub fn write(&self, head: &mut Vec<u8>) {
+        head.extend_from_slice(b"server-timing: ");
+        head.extend_from_slice(self.field().bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+
+    /// The field as `headers`' `Server-Timing` (replacing a backend's own).
+    pub fn store(&self, headers: &mut HeaderMap) {
+        if let Ok(value) = HeaderValue::from_bytes(self.field().bytes()) {
+            headers.insert(SERVER_TIMING, value);
         }
     }
-    field.part(b"gateway", total.saturating_sub(spent));
-    field.part(b"total", total);
-    field.store(headers);
+
+    fn field(&self) -> Field {
+        let mut field = Field::default();
+        for (name, took) in Self::NAMES.iter().zip(self.0) {
+            if took != Self::ABSENT {
+                field.part(name, u64::from(took));
+            }
+        }
+        field
+    }
 }
 
-/// Writes `headers`' `Server-Timing` for an error answer that took `total`: `total`
-/// alone (the parts of a call that failed are not known to the door).
+/// `took` in microseconds, saturating below [`Line::ABSENT`].
+fn micros(took: Duration) -> u32 {
+    u32::try_from(took.as_micros())
+        .unwrap_or(u32::MAX)
+        .min(Line::ABSENT - 1)
+}
+
+/// Writes `headers`' `Server-Timing` for an answer that took `total` (see
+/// [`Line::answer`]): for a door that answers through the header map (gRPC).
+pub fn close(headers: &mut HeaderMap, parts: Option<Noted>, total: Duration, tier: Option<Duration>) {
+    Line::answer(parts, total, tier).store(headers);
+}
+
+/// Writes `headers`' `Server-Timing` for an error answer that took `total` (see
+/// [`Line::error`]).
 pub fn close_error(headers: &mut HeaderMap, total: Duration) {
-    let mut field = Field::default();
-    field.part(b"total", total);
-    field.store(headers);
+    Line::error(total).store(headers);
 }
 
-/// Room for a field: seven parts of at most 28 bytes each.
-const MAX: usize = 7 * 28;
+/// Room for a field: seven parts of at most 26 bytes each.
+const MAX: usize = 7 * 26;
 
 /// A field being written, on the stack.
 struct Field {
@@ -124,11 +166,10 @@ impl Default for Field {
 }
 
 impl Field {
-    /// `name;dur=MS.mmm`, after `, ` when not first. A name is at most 7 bytes and a
-    /// duration at most 10^8 ms (27 hours, more than any budget): 28 bytes at most.
-    fn part(&mut self, name: &[u8], took: Duration) {
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).min(99_999_999_999);
-        let Some(out) = self.buf.get_mut(self.len..self.len + 28) else {
+    /// `name;dur=MS.mmm`, after `, ` when not first: at most 2 + 7 + 5 + 8 + 4 bytes
+    /// (a name is at most 7 bytes, a part under 2^32 µs).
+    fn part(&mut self, name: &[u8], micros: u64) {
+        let Some(out) = self.buf.get_mut(self.len..self.len + 26) else {
             return;
         };
         let mut at = 0;
@@ -154,29 +195,9 @@ impl Field {
         self.len += at + 4;
     }
 
-    /// Stores the field as `headers`' `Server-Timing` (replacing a backend's own), its
-    /// bytes cut from this thread's chunk (see [`shared`]).
-    fn store(&self, headers: &mut HeaderMap) {
-        if let Ok(value) = HeaderValue::from_maybe_shared(shared(&self.buf[..self.len])) {
-            headers.insert(SERVER_TIMING, value);
-        }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
-}
-
-/// `bytes` as shared bytes cut from a chunk this thread keeps for answers' fields, as
-/// a buffer pool does: a chunk serves forty fields or more before the next is
-/// allocated, and is freed when the last answer cut from it is gone. (A field
-/// allocated on its own would add an allocation to every request.)
-fn shared(bytes: &[u8]) -> Bytes {
-    const CHUNK: usize = 8 << 10;
-    thread_local!(static CHUNK_LEFT: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new()));
-    CHUNK_LEFT.with_borrow_mut(|chunk| {
-        if chunk.capacity() < bytes.len() {
-            *chunk = BytesMut::with_capacity(CHUNK.max(bytes.len()));
-        }
-        chunk.extend_from_slice(bytes);
-        chunk.split().freeze()
-    })
 }
 
 #[cfg(test)]
@@ -226,36 +247,22 @@ mod tests {
     }
 
     #[test]
-    fn every_part_and_the_longest_durations_fit() {
+    fn every_part_and_the_longest_durations_fit_and_the_line_writes_the_same_field() {
         let mut extensions = Extensions::new();
-        let parts: Vec<_> = Spent::ALL.iter().map(|p| (*p, Duration::from_secs(100_000))).collect();
+        let all = [Spent::Queue, Spent::Cache, Spent::Backend, Spent::Retry, Spent::Hedge];
+        let parts: Vec<_> = all.iter().map(|p| (*p, Duration::from_secs(100_000))).collect();
         set(&mut extensions, &parts);
+        let line = Line::answer(extensions.remove::<Noted>(), Duration::from_secs(u64::MAX), None);
         let mut headers = HeaderMap::new();
-        close(
-            &mut headers,
-            extensions.remove::<Noted>(),
-            Duration::from_secs(u64::MAX),
-            None,
-        );
+        line.store(&mut headers);
         let field = headers[SERVER_TIMING].to_str().expect("ascii").to_owned();
         assert_eq!(field.matches(";dur=").count(), 7, "{field}");
-        assert!(field.ends_with("total;dur=99999999.999"), "{field}");
-    }
-
-    #[test]
-    fn fields_cut_from_one_chunk_stay_apart() {
-        let values: Vec<_> = (0..500u64)
-            .map(|i| {
-                let mut headers = HeaderMap::new();
-                close(&mut headers, None, us(i), None);
-                headers.remove(SERVER_TIMING).expect("made")
-            })
-            .collect();
-        for (i, value) in values.iter().enumerate() {
-            assert!(
-                value.to_str().expect("ascii").ends_with(&format!("total;dur=0.{i:03}")),
-                "{value:?}"
-            );
-        }
+        assert!(field.ends_with("total;dur=4294967.294"), "saturates: {field}");
+        let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+        line.write(&mut head);
+        assert_eq!(
+            head,
+            format!("HTTP/1.1 200 OK\r\nserver-timing: {field}\r\n").into_bytes()
+        );
     }
 }

@@ -282,7 +282,9 @@ impl Gateway {
         self.bulk.grpc
     }
 
-    /// The HTTP door, to drive without a socket (`HttpDoor::answer` takes any request body).
+    /// The HTTP door, to drive without a socket (`HttpDoor::answer` takes any request body;
+    /// its answers' own fields ride in their bodies, `Answered::stamp_headers` puts them
+    /// in the header map).
     pub fn door(&self) -> &Arc<HttpDoor> {
         &self.door
     }
@@ -473,8 +475,8 @@ fn http_door(
             listener,
             allow,
             (closing, ending),
-            answer,
-            lean,
+            (answer, lean),
+            crate::front::body::STAMPING,
         ))
     }
 }
@@ -494,7 +496,7 @@ fn grpc_door(
             let service = service.clone();
             async move {
                 match tower::ServiceExt::oneshot(service, req).await {
-                    Ok(answer) => crate::front::grpc::client_codes(answer),
+                    Ok(answer) => crate::front::grpc::trailing_timing(crate::front::grpc::client_codes(answer)),
                     Err(never) => match never {},
                 }
             }

@@ -1,20 +1,27 @@
 //! The body of an answer the HTTP door writes: whole, as nearly every answer is, or
 //! streamed in chunks from the offline store (a Batch API file's content), so a large
 //! file is never held whole in memory while its client reads it slowly. Its length is
-//! known either way, so the answer carries `Content-Length`.
+//! known either way, so the answer carries `Content-Length`. A whole answer of the
+//! inference path carries its [`Stamp`]: tiergate's own fields, written by the server
+//! with the head rather than put in the header map (four names hashed and a value
+//! made, on every request, for fields the server can write as it goes).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
+
+use crate::headers;
+use crate::timing::Line;
 
 /// An answer's body (see the module's docs).
 #[derive(Debug)]
 pub enum Answered {
-    /// All of it, written at once (`None` once written).
-    Whole(Option<Bytes>),
+    /// All of it, written at once (`None` once written), and its fields, if stamped.
+    Whole(Option<Bytes>, Option<Stamp>),
     /// Chunks as they are read, `left` bytes of them still to come.
     Streamed {
         /// The chunks, in order; an error ends the answer (and its connection).
@@ -24,22 +31,114 @@ pub enum Answered {
     },
 }
 
+/// What tiergate says of an inference answer in fields of its own: `x-tiergate-tier`,
+/// `x-tiergate-reason`, `x-tiergate-policy-version` and `server-timing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The tier that served it.
+    pub tier: Option<&'static str>,
+    /// Why (or why none did).
+    pub reason: Option<&'static str>,
+    /// The policy version that served it.
+    pub policy_version: u64,
+    /// Where its time went.
+    pub timing: Line,
+}
+
+impl Stamp {
+    /// Writes the fields, `name: value\r\n` each, into an answer's `head`.
+    pub fn write(&self, head: &mut Vec<u8>) {
+        for (name, value) in [(&headers::TIER, self.tier), (&headers::REASON, self.reason)] {
+            if let Some(value) = value {
+                head.extend_from_slice(name.as_str().as_bytes());
+                head.extend_from_slice(b": ");
+                head.extend_from_slice(value.as_bytes());
+                head.extend_from_slice(b"\r\n");
+            }
+        }
+        head.extend_from_slice(headers::POLICY_VERSION.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        let mut digits = [0u8; 20];
+        let version = usize::try_from(self.policy_version).unwrap_or(usize::MAX);
+        head.extend_from_slice(crate::protocol::decimal(version, &mut digits));
+        head.extend_from_slice(b"\r\n");
+        self.timing.write(head);
+    }
+
+    /// Puts the fields into `headers` (replacing any of the same names), for a server
+    /// that writes the head from the header map.
+    pub fn store(&self, headers: &mut HeaderMap) {
+        for (name, value) in [(headers::TIER, self.tier), (headers::REASON, self.reason)] {
+            if let Some(value) = value {
+                headers.insert(name, HeaderValue::from_static(value));
+            }
+        }
+        headers.insert(headers::POLICY_VERSION, HeaderValue::from(self.policy_version));
+        self.timing.store(headers);
+    }
+}
+
+/// The names of a [`Stamp`]'s fields.
+pub static STAMPED: [http::HeaderName; 4] = [
+    headers::TIER,
+    headers::REASON,
+    headers::POLICY_VERSION,
+    crate::timing::SERVER_TIMING,
+];
+
+/// How the HTTP door's answers carry their stamps, for its listeners.
+pub const STAMPING: crate::server::Stamping<Answered> = crate::server::Stamping {
+    write: |body, head| body.write_stamp(head),
+    store: Answered::stamp_headers,
+    names: &STAMPED,
+};
+
 impl Answered {
     /// A body of `len` bytes that `chunks` will bring.
     pub fn streamed(chunks: mpsc::Receiver<std::io::Result<Bytes>>, len: u64) -> Self {
         Answered::Streamed { chunks, left: len }
     }
+
+    /// The same body carrying `stamp` (a streamed body carries none).
+    pub fn stamped(self, stamp: Stamp) -> Self {
+        match self {
+            Answered::Whole(bytes, _) => Answered::Whole(bytes, Some(stamp)),
+            streamed => streamed,
+        }
+    }
+
+    /// Writes the body's stamp, if it has one, into its answer's `head`: the HTTP/1.1
+    /// server's hook ([`STAMPING`]); whether it had one.
+    pub fn write_stamp(&self, head: &mut Vec<u8>) -> bool {
+        match self {
+            Answered::Whole(_, Some(stamp)) => {
+                stamp.write(head);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves the body's stamp, if it has one, into its answer's `headers`: for hyper
+    /// (HTTP/2, TLS) and for callers of the door without a server.
+    pub fn stamp_headers(&mut self, headers: &mut HeaderMap) {
+        if let Answered::Whole(_, stamp) = self {
+            if let Some(stamp) = stamp.take() {
+                stamp.store(headers);
+            }
+        }
+    }
 }
 
 impl From<Bytes> for Answered {
     fn from(bytes: Bytes) -> Self {
-        Answered::Whole(Some(bytes))
+        Answered::Whole(Some(bytes), None)
     }
 }
 
 impl Default for Answered {
     fn default() -> Self {
-        Answered::Whole(None)
+        Answered::Whole(None, None)
     }
 }
 
@@ -49,7 +148,9 @@ impl Body for Answered {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<std::io::Result<Frame<Bytes>>>> {
         match &mut *self {
-            Answered::Whole(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            Answered::Whole(bytes, _) => {
+                Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))))
+            }
             Answered::Streamed { chunks, left } => match chunks.poll_recv(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(Ok(chunk))) => {
@@ -69,14 +170,14 @@ impl Body for Answered {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Answered::Whole(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Answered::Whole(bytes, _) => bytes.as_ref().is_none_or(Bytes::is_empty),
             Answered::Streamed { left, .. } => *left == 0,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Answered::Whole(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Answered::Whole(bytes, _) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Answered::Streamed { left, .. } => SizeHint::with_exact(*left),
         }
     }

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::batch_api::OfflineApi;
 pub use super::body::Answered;
+use super::body::Stamp;
 use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door;
@@ -29,6 +30,7 @@ use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
 use crate::tenant::Tenant;
+use crate::timing::Line;
 use crate::trace;
 use tracing::Instrument;
 
@@ -150,7 +152,7 @@ impl HttpDoor {
         let mut response = Box::pin(self.other(req, &path, &method, &id)).await;
         if response.status().is_server_error() {
             let detail = match response.body() {
-                Answered::Whole(Some(body)) => String::from_utf8_lossy(body).into_owned(),
+                Answered::Whole(Some(body), _) => String::from_utf8_lossy(body).into_owned(),
                 _ => String::new(),
             };
             super::failures::log_answer(Door::Http, &path, response.status().as_u16(), &detail, &id);
@@ -467,47 +469,35 @@ fn bad_request(e: protocol::Error) -> Error {
     Error::new(Kind::BadRequest, e.to_string())
 }
 
-/// Renders a served request: the backend's answer or the error, with the decision's
-/// `x-tiergate-tier` and `x-tiergate-reason` (a refusal carries its reason only), and
-/// `Server-Timing` closed with the time since `received` (see [`crate::timing`]).
+/// Renders a served request: the backend's answer or the error, stamped (see
+/// [`super::body::Stamp`]) with the decision's `x-tiergate-tier` and `x-tiergate-reason`
+/// (a refusal carries its reason only; an answer the cache gave keeps the `cache`
+/// reason it has), the policy version, and where the time since `received` went.
 fn render(served: Served, shape: Shape, received: Instant) -> Response<Answered> {
-    let mut response = match served.result {
+    let (response, timing) = match served.result {
         Ok(mut reply) => {
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
-            crate::timing::close(reply.headers_mut(), parts, received.elapsed(), served.tier_took);
-            reply.map(Answered::from)
+            let timing = Line::answer(parts, received.elapsed(), served.tier_took);
+            (reply.map(Answered::from), timing)
         }
-        Err(e) => {
-            let mut response = failure_as(&e, shape);
-            crate::timing::close_error(response.headers_mut(), received.elapsed());
-            response
-        }
+        Err(e) => (failure_as(&e, shape), Line::error(received.elapsed())),
     };
-    let headers = response.headers_mut();
-    if let Some(d) = served.decision {
-        headers.insert(headers::TIER, HeaderValue::from_static(d.tier.as_str()));
-        headers.insert(headers::REASON, HeaderValue::from_static(d.reason.as_str()));
-    }
-    if let Some(refusal) = served.refusal {
-        headers.insert(headers::REASON, HeaderValue::from_static(refusal.as_str()));
-    }
-    headers.insert(headers::POLICY_VERSION, version_header(served.policy_version));
-    response
-}
-
-/// `version` as a header value. The last one made on this thread is kept and shared:
-/// nearly every answer names the same version, and a shared value is cloned without
-/// formatting or allocating.
-fn version_header(version: u64) -> HeaderValue {
-    thread_local!(static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> = const { std::cell::RefCell::new(None) });
-    LAST.with_borrow_mut(|last| match last {
-        Some((made, value)) if *made == version => value.clone(),
-        _ => {
-            let value = HeaderValue::from(version);
-            *last = Some((version, value.clone()));
-            value
-        }
-    })
+    let (tier, reason) = match (served.decision, served.refusal) {
+        (Some(d), _) => (Some(d.tier.as_str()), Some(d.reason.as_str())),
+        (None, Some(refusal)) => (None, Some(refusal.as_str())),
+        // An answer the cache gave says so (it had no decision).
+        (None, None) => match response.headers().contains_key(headers::REASON) {
+            true => (None, Some(crate::decision::CACHE_REASON)),
+            false => (None, None),
+        },
+    };
+    let stamp = Stamp {
+        tier,
+        reason,
+        policy_version: served.policy_version,
+        timing,
+    };
+    response.map(|body| body.stamped(stamp))
 }
 
 fn not_found(method: &Method, path: &str, shape: Shape) -> Response<Answered> {

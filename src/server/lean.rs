@@ -69,7 +69,7 @@ struct Stopping {
 /// gateway stops.
 pub(super) async fn serve<L, Fut, B, S>(
     io: &mut Conn,
-    answer: &L,
+    (answer, stamping): (&L, super::Stamping<B>),
     activity: &Arc<Activity>,
     stop: &mut S,
     first_request: Duration,
@@ -145,7 +145,7 @@ where
             }
         }
         let close = close || stopping.is_some();
-        let written = write(io, &mut head, response, close).await;
+        let written = write(io, &mut head, response, (close, stamping)).await;
         drop(in_flight);
         if !matches!(written, Ok(false)) {
             let _ = io.shutdown().await;
@@ -391,7 +391,12 @@ fn says_close(value: &HeaderValue) -> bool {
 /// the answer has none, `connection: close` when `close` (the connection closes after
 /// it). Whether the connection closes now: `close`, or the answer's own `connection`
 /// said so.
-async fn write<B>(io: &mut Conn, head: &mut Vec<u8>, response: Response<B>, close: bool) -> std::io::Result<bool>
+async fn write<B>(
+    io: &mut Conn,
+    head: &mut Vec<u8>,
+    response: Response<B>,
+    (close, stamping): (bool, super::Stamping<B>),
+) -> std::io::Result<bool>
 where
     B: Body<Data = Bytes> + Unpin,
 {
@@ -405,10 +410,16 @@ where
     head.push(b' ');
     head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
+    // The answer's own fields first, from its body; the same names in its header map
+    // (a backend's own) are left out.
+    let stamped = (stamping.write)(&body, head);
     let (mut closes, mut dated) = (close, false);
     for (name, value) in &parts.headers {
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
             continue; // framed here
+        }
+        if stamped && stamping.names.contains(name) {
+            continue;
         }
         if name == CONNECTION {
             if close {

@@ -92,20 +92,47 @@ pub async fn listen<B: AnswerBody>(
     (closing, ending): (CancellationToken, CancellationToken),
     answer: impl Answers<Incoming, B>,
 ) -> std::io::Result<()> {
-    let lean = None::<fn(::http::Request<Whole>) -> std::future::Pending<::http::Response<B>>>;
+    let lean = None::<(
+        fn(::http::Request<Whole>) -> std::future::Pending<::http::Response<B>>,
+        Stamping<B>,
+    )>;
     run(listener, allow, (closing, ending), answer, lean).await
 }
 
+/// How a listener's answers carry fields of their own in their bodies rather than in
+/// their header maps (the HTTP door's `front::body::Stamp`): the project's own server
+/// writes them with the head, straight from the body; for hyper they are moved into
+/// the header map first.
+pub struct Stamping<B> {
+    /// Writes the body's fields, `name: value\r\n` each, into its answer's head;
+    /// `false` when it has none.
+    pub write: fn(&B, &mut Vec<u8>) -> bool,
+    /// Moves the body's fields into its answer's header map.
+    pub store: fn(&mut B, &mut ::http::HeaderMap),
+    /// The names of those fields: a stamped answer's header map entries of the same
+    /// names (a backend's own) are not written.
+    pub names: &'static [::http::HeaderName],
+}
+
+impl<B> Clone for Stamping<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Stamping<B> {}
+
 /// [`listen`], with the common HTTP/1.1 request served by the project's own server
-/// (`lean`; see `server::lean`) and every other by hyper (`answer`).
+/// (`lean`; see `server::lean`) and every other by hyper (`answer`), their answers'
+/// own fields carried as `stamping` says.
 pub async fn listen_lean<B: AnswerBody>(
     listener: TcpListener,
     allow: Connections,
     stops: (CancellationToken, CancellationToken),
-    answer: impl Answers<Incoming, B>,
-    lean: impl Answers<Whole, B>,
+    (answer, lean): (impl Answers<Incoming, B>, impl Answers<Whole, B>),
+    stamping: Stamping<B>,
 ) -> std::io::Result<()> {
-    run(listener, allow, stops, answer, Some(lean)).await
+    run(listener, allow, stops, answer, Some((lean, stamping))).await
 }
 
 /// The connection loop of [`listen`] and [`listen_lean`].
@@ -114,8 +141,9 @@ async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
     allow: Connections,
     (closing, ending): (CancellationToken, CancellationToken),
     answer: F,
-    lean: Option<L>,
+    lean: Option<(L, Stamping<B>)>,
 ) -> std::io::Result<()> {
+    let stamping = lean.as_ref().map(|(_, stamping)| *stamping);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No header read timeout of hyper's: it also times the wait for a kept-alive
     // connection's next request, so it would close idle connections long before
@@ -149,8 +177,12 @@ async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
             let in_flight = told.begin();
             let answer = answer.clone();
             async move {
-                let answer = answer(req).await;
+                let (mut head, mut body) = answer(req).await.into_parts();
+                if let Some(stamping) = stamping {
+                    (stamping.store)(&mut body, &mut head.headers);
+                }
                 // In flight until the answer's body is written (a gRPC stream, a file).
+                let answer = ::http::Response::from_parts(head, body);
                 Ok::<_, Infallible>(answer.map(|body| TrackedBody::new(body, in_flight)))
             }
         });
@@ -166,10 +198,12 @@ async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
                 }
             });
             let (read, stopped) = match lean {
-                Some(lean) => match lean::serve(&mut stream, &lean, &activity, &mut stop, first_request).await {
-                    lean::Ended::Closed => return,
-                    lean::Ended::Handed(read, stopped) => (read, stopped),
-                },
+                Some((lean, stamping)) => {
+                    match lean::serve(&mut stream, (&lean, stamping), &activity, &mut stop, first_request).await {
+                        lean::Ended::Closed => return,
+                        lean::Ended::Handed(read, stopped) => (read, stopped),
+                    }
+                }
                 None => (BytesMut::new(), None),
             };
             let connection = builder

@@ -13,7 +13,17 @@ use tiergate::front::http::HttpDoor;
 
 async fn door_call(door: &Arc<HttpDoor>, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
     let door = door.clone();
-    oneshot(|r| door.answer(r), method, path, headers, body.to_owned()).await
+    // The door's own fields ride in the answer's body for the server to write; a caller
+    // without a server puts them in the header map.
+    let answer = |r| {
+        let door = door.clone();
+        async move {
+            let (mut head, mut body) = door.answer(r).await.into_parts();
+            body.stamp_headers(&mut head.headers);
+            http::Response::from_parts(head, body)
+        }
+    };
+    oneshot(answer, method, path, headers, body.to_owned()).await
 }
 
 #[tokio::test]

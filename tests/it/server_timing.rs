@@ -132,4 +132,117 @@ async fn a_cached_answer_an_error_and_a_grpc_answer_say_where_their_time_went() 
     let parts = timing_parts(value.to_str().expect("ascii"));
     assert_eq!(part_names(&parts), ["backend", "gateway", "total"]);
     assert!(part(&parts, "backend") >= 20.0, "{parts:?}");
+    // The same field in the answer's trailers, read off the wire (tonic's client merges
+    // trailers into the answer's metadata).
+    let (headers, trailers) = raw_grpc_infer(gw.grpc_addr()).await;
+    let leading = headers.get("server-timing").expect("in the headers");
+    assert_eq!(trailers.get("server-timing"), Some(leading), "{trailers:?}");
+    assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
+}
+
+/// An HTTP/1.1 endpoint on loopback answering every request with a KServe v2 answer
+/// that carries a `Server-Timing` and an `x-tiergate-tier` of its own.
+async fn boastful() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = stream.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    let body = r#"{"model_name":"m","outputs":[]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nserver-timing: db;dur=99\r\n\
+                         x-tiergate-tier: elsewhere\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_backends_own_fields_are_replaced_on_http1_and_http2_alike() {
+    let backend = boastful().await;
+    let toml = Route::new("timing_own")
+        .model("m")
+        .only(&["realtime"])
+        .set("realtime.endpoints", vec![format!("http://{backend}")])
+        .set("realtime.health.check_path", "")
+        .toml();
+    let gw = gateway(&toml).await;
+    let (http1, _) = timed(gw.http_addr(), "250").await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("http://{}/v2/models/m/infer", gw.http_addr()))
+        .header("x-tiergate-budget-ms", "250")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(BODY.as_bytes())))
+        .expect("request");
+    let http2 = Answer::read(h2.request(request).await.expect("answered over HTTP/2")).await;
+    for (answer, protocol) in [(http1, "HTTP/1.1"), (http2, "HTTP/2")] {
+        assert_eq!(answer.status, 200, "{protocol}: {}", answer.text());
+        let fields = |name: &str| answer.headers.get_all(name).iter().count();
+        assert_eq!(
+            (fields("server-timing"), fields("x-tiergate-tier")),
+            (1, 1),
+            "{protocol}: {:?}",
+            answer.headers
+        );
+        assert_eq!(answer.tier(), (Some("realtime"), Some("budget_realtime")), "{protocol}");
+        assert_eq!(
+            part_names(&answer.timing()),
+            ["backend", "gateway", "total"],
+            "{protocol}"
+        );
+        assert_eq!(answer.header("x-tiergate-policy-version"), Some("1"), "{protocol}");
+    }
+}
+
+/// One ModelInfer call over h2c, read off the wire: the answer's headers and trailers.
+async fn raw_grpc_infer(addr: std::net::SocketAddr) -> (http::HeaderMap, http::HeaderMap) {
+    use http_body_util::{BodyExt, Full};
+    let message = prost::Message::encode_to_vec(&common::grpc::fp32_request("raw", &[[1.0, 2.0]]));
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&message);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("x-tiergate-budget-ms", "250")
+        .body(Full::new(bytes::Bytes::from(frame)))
+        .expect("request");
+    let response = client.request(request).await.expect("exchange");
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.expect("body");
+    (headers, collected.trailers().cloned().unwrap_or_default())
 }

@@ -294,6 +294,58 @@ pub fn client_codes<B>(mut response: http::Response<B>) -> http::Response<B> {
     response
 }
 
+/// `response` with its `server-timing` (the answer's metadata) in its trailers too:
+/// tonic sends a unary answer's metadata as headers only, and gRPC clients read an
+/// answer's timing from its trailing metadata as well. For the gRPC door's server,
+/// after [`client_codes`].
+pub fn trailing_timing<B>(response: http::Response<B>) -> http::Response<TimingTrailer<B>> {
+    let timing = response.headers().get(crate::timing::SERVER_TIMING).cloned();
+    response.map(|body| TimingTrailer { body, timing })
+}
+
+/// An answer's body with a `server-timing` trailer added to its trailers (see
+/// [`trailing_timing`]).
+#[derive(Debug)]
+pub struct TimingTrailer<B> {
+    body: B,
+    timing: Option<HeaderValue>,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for TimingTrailer<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        let std::task::Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        let frame = match (frame.into_trailers(), self.timing.take()) {
+            (Ok(mut trailers), Some(timing)) => {
+                trailers.insert(crate::timing::SERVER_TIMING, timing);
+                hyper::body::Frame::trailers(trailers)
+            }
+            (Ok(trailers), None) => hyper::body::Frame::trailers(trailers),
+            (Err(data), timing) => {
+                self.timing = timing;
+                data
+            }
+        };
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The gRPC status for a gateway error, with `RetryInfo` when waiting helps.
 pub fn status(e: &Error) -> Status {
     match e.retry() {
