@@ -18,16 +18,17 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+mod again;
+
 use super::checks::Probe;
 use super::endpoint::{Endpoint, Failure, InFlight, Verdict};
 use super::health::{Admit, Health};
-use super::retry::{Budget, Reason};
+use super::retry::{retry_counter, Budget, Reason, HEDGED, REFUSED, RETRIED};
 use super::Role;
 use crate::error::{Error, Kind};
 use crate::metrics::Instruments;
-use crate::policy::{HedgeSpec, PoolSpec, RetryOn, RetrySpec};
+use crate::policy::{HedgeSpec, PoolSpec, RetrySpec};
 use crate::protocol;
-use crate::timing::Spent;
 
 /// A request fitted to a pool's backends: its parts and body, and for an HTTP/1.1 pool
 /// the `traceparent` and `x-request-id` its calls write (other transports carry them in
@@ -396,207 +397,6 @@ impl Pool {
         }
     }
 
-    /// How long a call with `parts` runs before it is hedged, when the pool hedges and
-    /// the call is safe to repeat (its `retry.on` has `reset`) and the delay is known.
-    #[inline(always)]
-    fn hedge_after(&self, parts: &http::request::Parts) -> Option<Duration> {
-        let hedge = self.hedge?;
-        if !self.retried_on(parts).reset {
-            return None;
-        }
-        hedge.after.or_else(|| self.latency.p95())
-    }
-
-    /// Sends a hedged call: when the call to `first` has not answered after `after` and
-    /// a second copy may go ([`Pool::hedge_to`]), the copy goes to another endpoint and
-    /// the first answer that is not a failure is taken. The other call is dropped
-    /// unfinished, which closes its HTTP/1.1 connection or resets its HTTP/2 stream, so
-    /// the backend stops working on it (and its endpoint's cost learns what it took so
-    /// far). When both fail, the call is retried as any other.
-    #[cold]
-    async fn hedged(
-        &self,
-        mut fitted: Fitted,
-        deadline: Instant,
-        (first, started): ((usize, bool), Instant),
-        after: Duration,
-    ) -> Result<Response<Bytes>, Error> {
-        let mut copy = fitted.clone();
-        let (tried, at, mut result) = {
-            let one = self.send(first, &mut fitted, deadline, started);
-            tokio::pin!(one);
-            let early = tokio::select! {
-                biased;
-                done = &mut one => Some(done),
-                () = tokio::time::sleep_until(started + after) => None,
-            };
-            let second = match early {
-                Some(done) => Err(Some(done)),
-                None => self.hedge_to(first.0, deadline).ok_or(None),
-            };
-            match second {
-                Err(Some(done)) => (vec![first.0], first.0, done),
-                Err(None) => (vec![first.0], first.0, one.await),
-                Ok(second) => {
-                    let hedged_at = Instant::now();
-                    let two = self.send(second, &mut copy, deadline, hedged_at);
-                    tokio::pin!(two);
-                    let (done, by_hedge) = tokio::select! {
-                        done = &mut one => (done, false),
-                        done = &mut two => (done, true),
-                    };
-                    let answered = matches!(&done, Ok(answer) if !answer.status().is_server_error());
-                    // The taken outcome: the first answer, else the other call's.
-                    let (result, hedge_taken) = match (answered, by_hedge) {
-                        (true, _) => {
-                            let (loser, since) = match by_hedge {
-                                true => (first.0, started),
-                                false => (second.0, hedged_at),
-                            };
-                            self.cancelled(loser, since);
-                            (done, by_hedge)
-                        }
-                        (false, true) => (one.await, false),
-                        (false, false) => (two.await, true),
-                    };
-                    if hedge_taken {
-                        self.count(HEDGED, "won");
-                    }
-                    let at = if hedge_taken { second.0 } else { first.0 };
-                    (vec![first.0, second.0], at, result)
-                }
-            }
-        };
-        if let (Ok(answer), Some(first), Some(copy)) = (&mut result, fitted.sent_at, copy.sent_at) {
-            if at != tried[0] {
-                crate::timing::set(
-                    answer.extensions_mut(),
-                    &[(Spent::Backend, copy.elapsed()), (Spent::Hedge, copy - first)],
-                );
-            }
-        }
-        match self.retryable(&result, &fitted.parts) {
-            None => result.map_err(|f| self.error(at, f).tried(tried.len())),
-            Some(reason) => self.again(fitted, deadline, tried, at, result, reason).await,
-        }
-    }
-
-    /// The endpoint a hedge of a call on `first` goes to, or `None` when none may go:
-    /// the budget left does not cover the pool's calls, the duplicate-work budget is
-    /// spent (counted), or no other endpoint takes a call.
-    fn hedge_to(&self, first: usize, deadline: Instant) -> Option<(usize, bool)> {
-        let now = Instant::now();
-        if now >= deadline || self.meetable(deadline - now).is_err() {
-            return None;
-        }
-        if !self.budget.hedge(now) {
-            self.count(HEDGED, "over_budget");
-            return None;
-        }
-        let next = self.pick_untried(&[first], now)?;
-        self.count(HEDGED, "sent");
-        Some(next)
-    }
-
-    /// A call on endpoint `at`, sent at `since`, dropped unfinished because its hedge
-    /// (or the call it hedged) answered first: counted, and what it ran so far taught
-    /// to the endpoint's cost.
-    #[cold]
-    fn cancelled(&self, at: usize, since: Instant) {
-        self.count(HEDGED, "cancelled");
-        self.endpoints[at].cost.at_least(since.elapsed(), self.clock(since));
-    }
-
-    /// Retries a call that failed on endpoint `last` (having `tried` these) for
-    /// `reason`: on an endpoint it has not tried, while the pool allows another retry
-    /// (`max_retries`), the budget left covers what the pool's calls take, and the retry
-    /// budget has one to give. The last outcome is the answer.
-    #[cold]
-    async fn again(
-        &self,
-        mut fitted: Fitted,
-        deadline: Instant,
-        mut tried: Vec<usize>,
-        mut last: usize,
-        mut result: Result<Response<Bytes>, Failure>,
-        mut reason: Reason,
-    ) -> Result<Response<Bytes>, Error> {
-        let first_sent = fitted.sent_at;
-        loop {
-            let Some(next) = self.retry_to(&tried, reason, deadline) else {
-                return result.map_err(|f| self.error(last, f).tried(tried.len()));
-            };
-            tried.push(next.0);
-            last = next.0;
-            result = self.send(next, &mut fitted, deadline, Instant::now()).await;
-            if let (Ok(answer), Some(first), Some(this)) = (&mut result, first_sent, fitted.sent_at) {
-                crate::timing::set(
-                    answer.extensions_mut(),
-                    &[(Spent::Backend, this.elapsed()), (Spent::Retry, this - first)],
-                );
-            }
-            match self.retryable(&result, &fitted.parts) {
-                Some(again) => reason = again,
-                None => return result.map_err(|f| self.error(last, f).tried(tried.len())),
-            }
-        }
-    }
-
-    /// The endpoint a retry for `reason` goes to, having `tried` these, or `None` when
-    /// it may not go (refusals for the deadline or the retry budget counted).
-    fn retry_to(&self, tried: &[usize], reason: Reason, deadline: Instant) -> Option<(usize, bool)> {
-        if tried.len() > self.retry.max_retries as usize || tried.len() >= self.endpoints.len() {
-            return None;
-        }
-        let now = Instant::now();
-        if now >= deadline || self.meetable(deadline - now).is_err() {
-            self.count(REFUSED, "deadline");
-            return None;
-        }
-        if !self.budget.withdraw(now) {
-            self.count(REFUSED, "budget");
-            return None;
-        }
-        let next = self.pick_untried(tried, now)?;
-        self.count(RETRIED, reason.as_str());
-        Some(next)
-    }
-
-    /// Why `result` of a call with `parts` may go again to another endpoint, if it may:
-    /// a call that never left always may; one that may have left when the pool's
-    /// `retry.on` says (by default, KServe v2 inference only).
-    #[inline(always)]
-    fn retryable(&self, result: &Result<Response<Bytes>, Failure>, parts: &http::request::Parts) -> Option<Reason> {
-        match result {
-            Ok(answer) if answer.status() != http::StatusCode::SERVICE_UNAVAILABLE => None,
-            Ok(_) => self.retried_on(parts).unavailable.then_some(Reason::Unavailable),
-            Err(Failure::Connect(_)) => Some(Reason::Unreachable),
-            Err(Failure::Unanswered(_)) => self.retried_on(parts).reset.then_some(Reason::Reset),
-            Err(_) => None,
-        }
-    }
-
-    /// The failures after a call may have left that are retried for `parts`.
-    fn retried_on(&self, parts: &http::request::Parts) -> RetryOn {
-        self.retry.on.unwrap_or_else(|| {
-            let path = parts.uri.path();
-            let inference = parts.method == http::Method::POST && path.starts_with("/v2/") && path.ends_with("/infer");
-            RetryOn {
-                reset: inference,
-                unavailable: inference,
-            }
-        })
-    }
-
-    /// Counts a retry or hedge of `family` ([`RETRIED`] for `reason`, [`REFUSED`] for
-    /// `why`, [`HEDGED`] for `outcome`), on a tier pool only (as every series of a pool).
-    #[cold]
-    fn count(&self, family: RetryFamily, value: &'static str) {
-        if !matches!(self.role, Role::Control) {
-            retry_counter(&self.route, self.role.as_str(), family, value).increment(1);
-        }
-    }
-
     /// `Ok` unless `left` is below the time nine calls of the pool in ten take: such a
     /// call is refused before it is sent, so a budget too short for the backend neither
     /// loads it nor, cut short, counts against it.
@@ -883,21 +683,4 @@ impl Pool {
             ),
         }
     }
-}
-
-/// The families of retry and hedge counters, by their label: `reason` for retries
-/// sent, `why` for retries refused, `outcome` for hedges.
-type RetryFamily = (&'static str, &'static str);
-const RETRIED: RetryFamily = (crate::metrics::BACKEND_RETRIES, "reason");
-const REFUSED: RetryFamily = (crate::metrics::BACKEND_RETRIES_REFUSED, "why");
-const HEDGED: RetryFamily = (crate::metrics::BACKEND_HEDGES, "outcome");
-
-/// The counter of `family` for `route`'s `tier` pool with its label at `value`.
-fn retry_counter(route: &str, tier: &str, (family, label): RetryFamily, value: &str) -> ::metrics::Counter {
-    let labels = [
-        ("route", route.to_owned()),
-        ("tier", tier.to_owned()),
-        (label, value.to_owned()),
-    ];
-    ::metrics::counter!(family, &labels)
 }

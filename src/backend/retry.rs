@@ -7,7 +7,8 @@
 //! default), never twice as hard, while a pool with one bad endpoint among many has its
 //! few failures retried. A call costs one atomic add in the slot of its second. Hedges
 //! (a second copy of a slow call) are counted against the same calls in their own
-//! share, the duplicate-work budget, with no floor.
+//! share, the duplicate-work budget, with no floor. The counters of retries and hedges
+//! are made here too, for the pool and its calls sent again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -135,6 +136,23 @@ impl Slots {
             .map(|v| v & u64::from(u32::MAX))
             .sum()
     }
+}
+
+/// The families of retry and hedge counters, by their label: `reason` for retries
+/// sent, `why` for retries refused, `outcome` for hedges.
+pub(super) type RetryFamily = (&'static str, &'static str);
+pub(super) const RETRIED: RetryFamily = (crate::metrics::BACKEND_RETRIES, "reason");
+pub(super) const REFUSED: RetryFamily = (crate::metrics::BACKEND_RETRIES_REFUSED, "why");
+pub(super) const HEDGED: RetryFamily = (crate::metrics::BACKEND_HEDGES, "outcome");
+
+/// The counter of `family` for `route`'s `tier` pool with its label at `value`.
+pub(super) fn retry_counter(route: &str, tier: &str, (family, label): RetryFamily, value: &str) -> ::metrics::Counter {
+    let labels = [
+        ("route", route.to_owned()),
+        ("tier", tier.to_owned()),
+        (label, value.to_owned()),
+    ];
+    ::metrics::counter!(family, &labels)
 }
 
 #[cfg(test)]
