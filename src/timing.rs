@@ -15,7 +15,7 @@
 //! settles the [`Line`]: the parts, `gateway` (the rest of the total: the gateway's own
 //! work) and `total` (from the request's head read to the answer), so the parts add up
 //! to the total to the microsecond; the server writes it with the answer's head, or
-//! the door into the header map ([`close`]). A backend's own `Server-Timing` is
+//! into the header map for hyper ([`Line::store`]); the gRPC door puts it in metadata. A backend's own `Server-Timing` is
 //! replaced. An error answer carries `total` only. A leaf, as [`crate::headers`].
 
 use std::time::Duration;
@@ -138,16 +138,13 @@ fn micros(took: Duration) -> u32 {
         .min(Line::ABSENT - 1)
 }
 
-/// Writes `headers`' `Server-Timing` for an answer that took `total` (see
-/// [`Line::answer`]): for a door that answers through the header map (gRPC).
-pub fn close(headers: &mut HeaderMap, parts: Option<Noted>, total: Duration, tier: Option<Duration>) {
-    Line::answer(parts, total, tier).store(headers);
-}
-
-/// Writes `headers`' `Server-Timing` for an error answer that took `total` (see
-/// [`Line::error`]).
-pub fn close_error(headers: &mut HeaderMap, total: Duration) {
-    Line::error(total).store(headers);
+/// The field's text (`backend;dur=1.311, gateway;dur=0.339, total;dur=1.651`): for
+/// the gRPC door's metadata.
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only ASCII names, digits and punctuation are written.
+        f.write_str(std::str::from_utf8(self.field().bytes()).map_err(|_| std::fmt::Error)?)
+    }
 }
 
 /// Room for a field: seven parts of at most 26 bytes each.
@@ -206,6 +203,15 @@ mod tests {
 
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
+    }
+
+    /// `headers`' field for an answer, as the hyper path stores it.
+    fn close(headers: &mut HeaderMap, parts: Option<Noted>, total: Duration, tier: Option<Duration>) {
+        Line::answer(parts, total, tier).store(headers);
+    }
+
+    fn close_error(headers: &mut HeaderMap, total: Duration) {
+        Line::error(total).store(headers);
     }
 
     #[test]

@@ -31,6 +31,7 @@ use crate::error::{Error, Kind};
 use crate::protocol::grpc::pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::grpc::{bridge, config, pb, request_from_grpc};
 use crate::protocol::Reply;
+use crate::timing::Line;
 
 use super::meta;
 use super::pipeline::dispatch::{unmatched_model, Dispatch, Served};
@@ -231,13 +232,18 @@ fn render(mut served: Served, received: Instant) -> Rendered {
         bridge::metadata_key(&headers::POLICY_VERSION),
         served.policy_version.into(),
     );
-    let mut timing = HeaderMap::new();
-    match &mut served.result {
+    // Where the time went: in the answer's metadata, or a refusal's status.
+    let (timing, answered) = match &mut served.result {
         Ok(reply) => {
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
-            crate::timing::close(reply.headers_mut(), parts, received.elapsed(), served.tier_took)
+            (Line::answer(parts, received.elapsed(), served.tier_took), true)
         }
-        Err(_) => crate::timing::close_error(&mut timing, received.elapsed()),
+        Err(_) => (Line::error(received.elapsed()), false),
+    };
+    let timing: Option<tonic::metadata::MetadataValue<_>> = timing.to_string().parse().ok();
+    let timing_key = bridge::metadata_key(&crate::timing::SERVER_TIMING);
+    if let (Some(value), true) = (&timing, answered) {
+        metadata.insert(timing_key.clone(), value.clone());
     }
     if let Ok(reply) = &served.result {
         // How a batched request was batched, and how the cache took part, as on HTTP.
@@ -245,7 +251,6 @@ fn render(mut served: Served, received: Instant) -> Rendered {
             headers::BATCH_SIZE,
             headers::BATCH_ID,
             headers::QUEUE_MS,
-            crate::timing::SERVER_TIMING,
             headers::CACHE,
             // An answer the cache gave says so as its reason (it had no decision).
             headers::REASON,
@@ -262,12 +267,8 @@ fn render(mut served: Served, received: Instant) -> Rendered {
         .and_then(bridge::infer_response_from_http);
     let result = result.map_err(|mut s| {
         tag(s.metadata_mut());
-        if let Some(value) = timing
-            .get(crate::timing::SERVER_TIMING)
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-        {
-            s.metadata_mut()
-                .insert(bridge::metadata_key(&crate::timing::SERVER_TIMING), value);
+        if let (Some(value), false) = (timing, answered) {
+            s.metadata_mut().insert(timing_key, value);
         }
         s
     });
