@@ -321,8 +321,81 @@ titles = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
 for row in ["Real-time tier", "Micro-batch tier", "Offline (acceptance) tier", "Shadow candidates", "Prediction cache"]:
     check(row in titles, f"grafana: no row for {row}")
 
+# --- scaling a pool on the capacity signal (k8s/autoscaling) ---
+# KEDA's ScaledObject is validated against KEDA's CRD schema as npm's
+# @kubernetes-models/keda carries it (generated from KEDA's CRDs; installed by check.sh,
+# KEDA_MODELS names its node_modules), and its keys against the fields KEDA documents
+# (the schema lets unknown keys through).
+SCALED_OBJECT_FIELDS = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
+                        "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+TRIGGER_FIELDS = {"type", "name", "metadata", "metricType", "useCachedMetrics", "authenticationRef"}
+PROMETHEUS_FIELDS = {"serverAddress", "query", "queryParameters", "threshold", "activationThreshold", "namespace",
+                     "customHeaders", "ignoreNullValues", "unsafeSsl", "timeout"}
+KEDA_VALIDATE = """
+const {ScaledObject} = require(process.env.KEDA_MODELS + "/@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject");
+const version = require(process.env.KEDA_MODELS + "/@kubernetes-models/keda/package.json").version;
+let failed = 0;
+for (const o of JSON.parse(require("fs").readFileSync(0, "utf8"))) {
+  try { new ScaledObject(o).validate(); } catch (e) { failed = 1; console.log(o.metadata.name + ": " + e.message); }
+}
+if (!failed) console.log(version);
+process.exit(failed);
+"""
+policy_routes = {}
+for text in yaml.safe_load((K8S / "base/policies.yaml").read_text())["data"].values():
+    policy_routes.update(tomllib.loads(text).get("routes", {}))
+autoscaled = {}
+for way in ("keda", "hpa"):
+    objs, text = render(f"autoscaling/{way}")
+    if not objs:
+        continue
+    validate(f"autoscaling/{way}", text)
+    triton = objs.get(("Deployment", "triton-realtime"))
+    service = objs.get(("Service", "triton-realtime"))
+    if not check(triton is not None and service is not None, f"k8s autoscaling/{way}: no triton-realtime Deployment and Service"):
+        continue
+    # The Service is the one the example policy's real-time pool sends to.
+    host = f"{service['metadata']['name']}.{service['metadata'].get('namespace')}.svc.cluster.local"
+    pools = {r: p for r, p in policy_routes.items() if any(urlparse(u).hostname == host for u in p.get("realtime", {}).get("endpoints", []))}
+    check(len(pools) == 1, f"k8s autoscaling/{way}: no route's real-time pool sends to {host}")
+    check(service["spec"]["selector"].items() <= triton["spec"]["template"]["metadata"]["labels"].items(), f"k8s autoscaling/{way}: the Service selects no Triton pod")
+    if way == "keda":
+        so = objs.get(("ScaledObject", "triton-realtime"))
+        if not check(so is not None, "k8s autoscaling/keda: no ScaledObject"):
+            continue
+        spec = so["spec"]
+        check(set(spec) <= SCALED_OBJECT_FIELDS, f"k8s autoscaling/keda: ScaledObject fields KEDA does not document: {set(spec) - SCALED_OBJECT_FIELDS}")
+        for trigger in spec["triggers"]:
+            check(set(trigger) <= TRIGGER_FIELDS, f"k8s autoscaling/keda: trigger fields KEDA does not document: {set(trigger) - TRIGGER_FIELDS}")
+            check(trigger["type"] != "prometheus" or set(trigger["metadata"]) <= PROMETHEUS_FIELDS,
+                  f"k8s autoscaling/keda: prometheus trigger fields KEDA does not document: {set(trigger['metadata']) - PROMETHEUS_FIELDS}")
+        run = subprocess.run(["node", "-e", KEDA_VALIDATE], input=json.dumps([so]), capture_output=True, text=True)
+        check(run.returncode == 0, f"k8s autoscaling/keda: the ScaledObject fails KEDA's CRD schema:\n{run.stdout}{run.stderr}")
+        keda_models = run.stdout.strip()
+        target, [trigger] = spec["scaleTargetRef"], spec["triggers"]
+        query, kind = trigger["metadata"]["query"], trigger.get("metricType")
+        check(kind == "AverageValue" and float(trigger["metadata"]["threshold"]) == 1.0, "k8s autoscaling/keda: not one replica per endpoint needed (AverageValue, threshold 1)")
+    else:
+        hpa = objs.get(("HorizontalPodAutoscaler", "triton-realtime"))
+        if not check(hpa is not None, "k8s autoscaling/hpa: no HorizontalPodAutoscaler"):
+            continue
+        target, [metric] = hpa["spec"]["scaleTargetRef"], hpa["spec"]["metrics"]
+        ext = metric["external"]
+        labels = ext["metric"]["selector"]["matchLabels"]
+        query = f'{ext["metric"]["name"]}{{route="{labels.get("route")}",tier="{labels.get("tier")}"}}'
+        check(ext["target"] == {"type": "AverageValue", "averageValue": "1"}, "k8s autoscaling/hpa: not one replica per endpoint needed (AverageValue 1)")
+        rules = yaml.safe_load((K8S / "autoscaling/hpa/prometheus-adapter-rules.yaml").read_text())["externalRules"]
+        check(any(r["name"]["as"] == ext["metric"]["name"] and r["seriesQuery"].startswith(ext["metric"]["name"]) and "sum(" in r["metricsQuery"] for r in rules),
+              "k8s autoscaling/hpa: prometheus-adapter's rules do not serve the metric, summed over the gateway replicas")
+    check(target.get("kind") == "Deployment" and target.get("name") == "triton-realtime", f"k8s autoscaling/{way}: it does not scale the Triton Deployment")
+    route = next(iter(pools), None)
+    check(f'tiergate_endpoints_needed{{route="{route}",tier="realtime"}}' in query, f"k8s autoscaling/{way}: it does not read the capacity signal of route {route}'s real-time pool: {query}")
+    autoscaled[way] = True
+
 if problems:
     print("deploy/ problems:\n- " + "\n- ".join(problems), file=sys.stderr)
     sys.exit(1)
 print(f"deploy/: Kubernetes single and replicated (with and without monitoring) valid for {', '.join(K8S_VERSIONS)} and start as `tiergate serve`; "
-      f"compose ({len(services)} services) wired; Dockerfile checked")
+      f"compose ({len(services)} services) wired; Dockerfile checked; the Triton pool's autoscalers "
+      f"({', '.join(autoscaled)}) read the capacity signal, the ScaledObject valid against KEDA's CRD schema "
+      f"(@kubernetes-models/keda {keda_models}, from KEDA's CRDs) and KEDA's documented fields")

@@ -73,16 +73,22 @@ pub struct Head {
     pub coded: bool,
     /// The route's rollout key header.
     pub rollout_key: Option<HeaderValue>,
+    /// The route's tenant header (the tenant a caller claims when the data plane does
+    /// not authenticate).
+    pub tenant: Option<HeaderValue>,
 }
 
 impl Head {
-    /// Reads `headers` once; `rollout_key` names the route's rollout key header. The
-    /// first value of a name counts, as `HeaderMap::get` gives it.
-    pub fn scan(headers: &HeaderMap, rollout_key: &HeaderName) -> Head {
+    /// Reads `headers` once; `route_names` are the route's rollout key header and
+    /// tenant header. The first value of a name counts, as `HeaderMap::get` gives it.
+    pub fn scan(headers: &HeaderMap, (rollout_key, tenant): (&HeaderName, &HeaderName)) -> Head {
         let mut head = Head::default();
         for (name, value) in headers {
             if name == rollout_key && head.rollout_key.is_none() {
                 head.rollout_key = Some(value.clone());
+            }
+            if name == tenant && head.tenant.is_none() {
+                head.tenant = Some(value.clone());
             }
             let slot = match name.as_str() {
                 "x-tiergate-budget-ms" => &mut head.budget,

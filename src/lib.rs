@@ -69,3 +69,4 @@ pub mod telemetry;
 pub mod tenant;
 pub mod timing;
 pub mod trace;
+pub mod usage;

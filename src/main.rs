@@ -1,10 +1,10 @@
 //! The `tiergate` command: `main` and the command enum; each command lives in `cli/`
 //! (`serve`, `demo`, `sim`, `policy`, `jobs`, `flags`, `explain`, `shadow`, `cache`,
-//! `top`, `auth`, `infer` and `health`).
+//! `usage`, `top`, `auth`, `infer` and `health`).
 
 mod cli;
 
-use cli::{admin, auth, cache, demo, health, infer, jobs, policy, serve, shadow, sim, top};
+use cli::{admin, auth, cache, demo, health, infer, jobs, policy, serve, shadow, sim, top, usage};
 
 use std::process::ExitCode;
 
@@ -75,6 +75,9 @@ enum Command {
         #[command(subcommand)]
         command: cache::CacheCommand,
     },
+    /// What the backends did for whom and what was saved (through the admin API): the
+    /// usage ledger's table.
+    Usage(usage::UsageArgs),
     /// A live view of a running gateway (per route and tier: rate, p50/p99, SLO, shed
     /// rate, queue depth, batch size), read from its metrics endpoint.
     Top(top::TopArgs),
@@ -136,6 +139,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Shadow { command } => cli::runtime(1)?.block_on(shadow::run(command)),
         Command::Cache { command } => cli::runtime(1)?.block_on(cache::run(command)),
         Command::Top(args) => cli::runtime(1)?.block_on(top::run(args)),
+        Command::Usage(args) => cli::runtime(1)?.block_on(usage::run(args)),
         Command::Health(args) => cli::runtime(1)?.block_on(health::run(args)),
     }
 }

@@ -226,6 +226,34 @@ families! {
     /// A route's batch pool's progressive batch size: most rows a batch carries now, by
     /// `route` (`max_batch` until a batch fails, times out or runs far over its learned cost).
     BATCH_SIZE_LIMIT = "tiergate_batch_size_limit", Gauge;
+
+    /// Requests the usage ledger counted (refused ones too), by `route` and `tier`
+    /// (`cache`: answered by the route's cache, no tier).
+    USAGE_REQUESTS = "tiergate_usage_requests_total", Counter;
+    /// Rows the usage ledger counted answered, by `route` and `tier`.
+    USAGE_ROWS = "tiergate_usage_rows_total", Counter;
+    /// Backend time charged to requests since start, by `route` and `tier` (a
+    /// micro-batch's time split over its rows), seconds; it only grows (`increase()`
+    /// reads it as a counter).
+    USAGE_BACKEND_SECONDS = "tiergate_usage_backend_seconds", Gauge;
+    /// What the rows sent would have cost served one by one since start (`t(1)` per
+    /// row of the pool's learned cost), by `route` and `tier`, seconds: less the
+    /// backend seconds, what batching saved.
+    USAGE_ALONE_SECONDS = "tiergate_usage_alone_seconds", Gauge;
+    /// What rows answered without a call of their own would have cost since start, by
+    /// `route`, `tier` and `cause` (`cache`, `precomputed`, `dedupe`), seconds.
+    USAGE_SAVED_SECONDS = "tiergate_usage_saved_seconds", Gauge;
+    /// Requests the usage ledger counted, by `route` and `tenant` (`other` past
+    /// `metrics.max_tenant_series`); only with `metrics.tenant_labels = true`.
+    USAGE_TENANT_REQUESTS = "tiergate_usage_tenant_requests_total", Counter;
+    /// Backend seconds charged since start, by `route` and `tenant`; only with
+    /// `metrics.tenant_labels = true`.
+    USAGE_TENANT_BACKEND_SECONDS = "tiergate_usage_tenant_backend_seconds", Gauge;
+    /// Endpoints a pool needs for the load it sees (arrivals × cost per request ÷
+    /// target utilisation), by `route` and `tier`: the autoscaler's signal.
+    ENDPOINTS_NEEDED = "tiergate_endpoints_needed", Gauge;
+    /// A pool's endpoints not ejected now, by `route` and `tier`.
+    ENDPOINTS_HEALTHY = "tiergate_endpoints_healthy", Gauge;
 }
 
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.
@@ -370,6 +398,73 @@ pub fn count_slo(route: &str, tier: Tier, met: bool) {
 /// Counts one classifier decision.
 pub fn count_decision(route: &str, tier: Tier, reason: &'static str) {
     metrics::counter!(DECISIONS, "route" => route.to_owned(), "tier" => tier.as_str(), "reason" => reason).increment(1);
+}
+
+/// One pool's usage totals (route and tier), registered once: requests and rows,
+/// backend and one-by-one seconds, seconds saved by the cache, precomputed answers and
+/// dedupe.
+#[derive(Debug)]
+pub struct UsageHandles {
+    counts: [metrics::Counter; 2],
+    spent: [metrics::Gauge; 2],
+    saved: [metrics::Gauge; 3],
+}
+
+impl UsageHandles {
+    /// The handles of `route` and `tier`.
+    pub fn new(route: &str, tier: &'static str) -> Self {
+        let labels = [("route", route.to_owned()), ("tier", tier.to_owned())];
+        let saved = |cause: &'static str| {
+            let labels = [labels[0].clone(), labels[1].clone(), ("cause", cause.to_owned())];
+            metrics::gauge!(USAGE_SAVED_SECONDS, &labels)
+        };
+        UsageHandles {
+            counts: [
+                metrics::counter!(USAGE_REQUESTS, &labels),
+                metrics::counter!(USAGE_ROWS, &labels),
+            ],
+            spent: [
+                metrics::gauge!(USAGE_BACKEND_SECONDS, &labels),
+                metrics::gauge!(USAGE_ALONE_SECONDS, &labels),
+            ],
+            saved: [saved("cache"), saved("precomputed"), saved("dedupe")],
+        }
+    }
+
+    /// Adds a second of the ledger's figures: requests and rows; backend and
+    /// one-by-one nanoseconds; nanoseconds saved by the cache, precomputed answers and
+    /// dedupe.
+    pub fn add(&self, (counts, spent, saved): ([u64; 2], [u64; 2], [u64; 3])) {
+        for (counter, n) in self.counts.iter().zip(counts) {
+            counter.increment(n);
+        }
+        for (gauge, ns) in self.spent.iter().zip(spent).chain(self.saved.iter().zip(saved)) {
+            gauge.increment(ns as f64 / 1e9);
+        }
+    }
+}
+
+/// Adds a second of the usage ledger's requests and backend nanoseconds for `tenant`
+/// on `route` (`metrics.tenant_labels`).
+pub fn tenant_usage_added(route: &str, tenant: &str, (requests, ns): (u64, u64)) {
+    let labels = [("route", route.to_owned()), ("tenant", tenant.to_owned())];
+    metrics::counter!(USAGE_TENANT_REQUESTS, &labels).increment(requests);
+    add_seconds(USAGE_TENANT_BACKEND_SECONDS, &labels, ns);
+}
+
+/// Adds `ns` nanoseconds, as seconds, to the total `name` with `labels`: a gauge that
+/// only grows (the recorder's counters hold whole numbers; seconds need a fraction).
+fn add_seconds(name: &'static str, labels: &[(&'static str, String)], ns: u64) {
+    metrics::gauge!(name, labels).increment(ns as f64 / 1e9);
+}
+
+/// A pool's capacity signal (route and tier): endpoints needed, and healthy now.
+pub fn endpoints(route: &str, tier: &'static str) -> [metrics::Gauge; 2] {
+    let labels = [("route", route.to_owned()), ("tier", tier.to_owned())];
+    [
+        metrics::gauge!(ENDPOINTS_NEEDED, &labels),
+        metrics::gauge!(ENDPOINTS_HEALTHY, &labels),
+    ]
 }
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle.

@@ -33,9 +33,9 @@ SIM=$(free_port); BARE=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model resnet50:resnet50-trt --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
 "$BIN/bare_proxy" "127.0.0.1:$BARE" "127.0.0.1:$SIM" 2>"$WORK/bare.log" & PIDS+=($!)
 
-# gateway NAME HTTP_PORT METRICS_PORT CACHE(true|false): writes its policy and starts it.
+# gateway NAME HTTP_PORT METRICS_PORT CACHE(true|false) ADMIN_PORT: writes its policy and starts it.
 gateway() {
-  local name=$1 http=$2 metrics=$3 cache=$4
+  local name=$1 http=$2 metrics=$3 cache=$4 admin=$5
   mkdir -p "$WORK/$name/policy"
   cat > "$WORK/$name/policy/route.toml" <<TOML
 [routes.resnet50]
@@ -49,11 +49,11 @@ max_concurrency = 1024
 [routes.resnet50.cache]
 ttl = "10m"
 TOML
-  start_gateway "$name" "$http" "$metrics"
+  start_gateway "$name" "$http" "$metrics" "$admin"
 }
-OFF=$(free_port); OFF_M=$(free_port); ON=$(free_port); ON_M=$(free_port)
-gateway off "$OFF" "$OFF_M" false
-gateway on "$ON" "$ON_M" true
+OFF=$(free_port); OFF_M=$(free_port); ON=$(free_port); ON_M=$(free_port); OFF_A=$(free_port); ON_A=$(free_port)
+gateway off "$OFF" "$OFF_M" false "$OFF_A"
+gateway on "$ON" "$ON_M" true "$ON_A"
 for port in "$SIM" "$OFF" "$ON"; do wait_ready "$port" /v2/health/ready 10; done
 wait_port "$BARE" 10
 
@@ -67,6 +67,12 @@ for side in off on; do
   port=$OFF_M; [ "$side" = on ] && port=$ON_M
   curl -fs "http://127.0.0.1:$port/metrics" | grep '^tiergate_\(backend_duration_seconds_count\|cache_lookups_total\)' \
     > "$OUT/metrics_$side.txt" || true
+done
+# What each gateway's usage ledger says of the same run (tiergate usage, as an operator reads it).
+for side in off on; do
+  admin=$OFF_A; [ "$side" = on ] && admin=$ON_A
+  usage_json "$admin" > "$OUT/usage_$side.json"
+  TIERGATE_ADMIN_TOKEN=$ADMIN_TOKEN "$BIN/tiergate" usage --admin "http://127.0.0.1:$admin" --since 1h > "$OUT/usage_$side.txt"
 done
 
 python3 - "$OUT" "$RATE" "$DISTINCT" <<'PY' | tee "$OUT/summary.txt"
@@ -94,4 +100,13 @@ print(f"hit ratio {hits / max(lookups, 1):.3f} ({hits:.0f} of {lookups:.0f} look
 print(f"p99: cache off {p['cache_off'][1]:.2f} ms, on {p['cache_on'][1]:.2f} ms: ratio {p['cache_on'][1] / p['cache_off'][1]:.3f}")
 print(f"a hit (cache on, p50) {p['cache_on'][0]:.2f} ms against the bare proxy's pass-through p50 {p['bare_hyper'][0]:.2f} ms "
       f"and the backend called directly {p['direct'][0]:.2f} ms")
+# The usage ledger's view of the same run: requests answered per backend call on each side.
+ledger = {side: json.load(open(f"{out}/usage_{side}.json"))["total"] for side in ("off", "on")}
+per_call = {side: ledger[side]["requests_per_call"] or 0 for side in ("off", "on")}
+ratio = per_call["on"] / max(per_call["off"], 1e-9)
+measured = calls['off'] / max(calls['on'], 1)
+print(f"usage ledger: {per_call['on']:.2f} requests per backend call with the cache, {per_call['off']:.2f} without: "
+      f"{ratio:.1f}x fewer calls (the metrics above: {measured:.1f}x; {100 * (ratio / measured - 1):+.1f}%); "
+      f"saved by the cache {ledger['on']['saved_cache_seconds']:.2f} s + dedupe {ledger['on']['saved_dedupe_seconds']:.2f} s "
+      f"of backend time against {ledger['on']['used_seconds']:.2f} s used")
 PY

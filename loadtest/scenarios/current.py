@@ -120,6 +120,20 @@ def cache(text):
         "≥ 9× fewer calls, p99 falls, a hit faster than a pass-through")
 
 
+def capacity(text):
+    level = re.search(r"signal at the peak: ([\d.]+) endpoints \(rate x t\(1\) / 0.7 = ([\d.]+)\)", text)
+    shown = re.search(r"signal showed the new need (\d+) s after the step", text)
+    p99 = re.search(r"p99 within the budget (\d+) s after the step", text)
+    used = re.search(r"endpoints: (\d+) at the peak; (\d+) endpoint-seconds against (\d+) for a fixed pool of \d+ \((\d+)% saved\)", text)
+    reqs = re.search(r"200: (\d+) \((\d+) past the budget\), refused: (.*), transport errors", text)
+    return ("capacity signal: a 5× load step, the pool scaled on it as KEDA would",
+        f"signal {level.group(1)} endpoints at the peak (rate × t(1) ÷ 0.7 = {level.group(2)}), shown {shown.group(1)} s "
+        f"after the step; p99 within the budget {p99.group(1)} s after it; {used.group(1)} endpoints at the peak, "
+        f"{used.group(4)}% fewer endpoint-seconds than a fixed pool of that size; {reqs.group(2)} answers past the "
+        f"budget, refused {reqs.group(3)}",
+        "the signal within its window; no answer past its budget; fewer endpoint-seconds than a pool sized for the peak")
+
+
 def fairness(text):
     rounds = re.findall(
         r"round \d+: B's p99 flood / alone ([\d.]+), flood / A at its share ([\d.]+); "
@@ -136,7 +150,7 @@ def fairness(text):
         "attainment and p99 within 10% of alone")
 
 
-for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness):
+for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, capacity):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

@@ -34,5 +34,6 @@ if [ "${1:-}" != "--table" ]; then
   run shadow shadow.sh
   run cache cache.sh
   run fairness fairness.sh
+  run capacity capacity.sh
 fi
 python3 loadtest/scenarios/current.py "$OUT" docs/performance.md

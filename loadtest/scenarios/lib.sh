@@ -5,14 +5,23 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-# start_gateway NAME HTTP_PORT METRICS_PORT: `tiergate serve` on $WORK/NAME/policy
-# (which the caller writes), its store in $WORK/NAME/data, its log $WORK/NAME/gw.log.
+# start_gateway NAME HTTP_PORT METRICS_PORT [ADMIN_PORT]: `tiergate serve` on
+# $WORK/NAME/policy (which the caller writes), its store in $WORK/NAME/data, its log
+# $WORK/NAME/gw.log; with ADMIN_PORT, its admin API there, with the token $ADMIN_TOKEN.
 start_gateway() {
-  local name=$1 http=$2 metrics=$3 grpc
+  local name=$1 http=$2 metrics=$3 admin=${4:-} grpc
   grpc=$(free_port)
-  "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
+  local env=()
+  [ -z "$admin" ] || env=(TIERGATE_LISTEN__ADMIN="127.0.0.1:$admin" TIERGATE_ADMIN__TOKEN="$ADMIN_TOKEN")
+  env "${env[@]}" "$BIN/tiergate" serve --policy-dir "$WORK/$name/policy" --data-dir "$WORK/$name/data" \
     --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" --metrics "127.0.0.1:$metrics" 2>"$WORK/$name/gw.log" &
   PIDS+=($!)
+}
+# The admin token of the gateways a scenario starts with an admin port.
+ADMIN_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+# usage_json ADMIN_PORT: the gateway's usage ledger since the last hour, by route and tier.
+usage_json() {
+  curl -fs -H "Authorization: Bearer $ADMIN_TOKEN" "http://127.0.0.1:$1/admin/usage?since=1h&by=route,tier"
 }
 # one_worker_gateway BINARY PORT NAME: `BINARY serve` with one worker thread on PORT,
 # the realtime_policy in $WORK/policy, its store in $WORK/NAME, its log $WORK/NAME.log;

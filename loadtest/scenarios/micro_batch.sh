@@ -14,7 +14,10 @@
 # against offered load), one JSON and one plot directory per run. Columns: goodput (200s per second, ended inside the window), its fraction of the cost
 # model's maximum B/t(B) at max_batch, its gain over per-request serving (measured in
 # the same run), p50/p99 against the budget, refusals (429/503) and deadline misses (504),
-# and the mean batch size from the gateway's metrics.
+# the mean batch size from the gateway's metrics, and the backend time a row saves in
+# batches of that size: by the cost model (n·t(1)/t(n)) and as the gateway's usage
+# ledger charged the run (what its rows would have cost alone ÷ what they used; usage.txt
+# is `tiergate usage` after the run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RATES=${1:-"1000 2500 4000 4500 5500"}
@@ -32,7 +35,7 @@ BIN=$TARGET_DIR/dist
 
 . loadtest/scenarios/lib.sh
 
-SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port)
+SIM=$(free_port); GW=$(free_port); GWG=$(free_port); GWM=$(free_port); GWA=$(free_port)
 
 
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model "resnet50:$PROFILE" --instances 1 2>"$WORK/sim.log" & PIDS+=($!)
@@ -54,7 +57,7 @@ TOML
 # Every request comes from one address (the load generator's), as from behind a load
 # balancer: no per-client connection limit (its default, 1,000, would close the
 # connections of the overload's queued callers instead of answering them 429).
-TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 \
+TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 TIERGATE_LISTEN__ADMIN="127.0.0.1:$GWA" TIERGATE_ADMIN__TOKEN="$ADMIN_TOKEN" \
   "$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
@@ -71,11 +74,16 @@ echo "per request: the simulator called directly, open loop above its capacity" 
 for RATE in $RATES; do
   echo "micro-batch tier at $RATE/s" >&2
   SUM0=$(batch_rows sum); COUNT0=$(batch_rows count)
+  usage_json "$GWA" > "$WORK/usage_before_$RATE.json"
   "$BIN/loadtest" run --url "http://127.0.0.1:$GW" --rate "$RATE" --duration "$DURATION" --budget-ms "$BUDGET_MS" \
     "${LOAD[@]}" --label "micro_batch_$RATE" --json "$OUT/micro_batch_$RATE.json" --plot "$OUT/micro_batch_$RATE" \
     > "$OUT/micro_batch_$RATE.txt"
   echo "$RATE ${SUM0:-0} ${COUNT0:-0} $(batch_rows sum) $(batch_rows count)" >> "$WORK/batches"
+  usage_json "$GWA" > "$WORK/usage_after_$RATE.json"
 done
+# The whole run as the usage ledger tells it (tiergate usage, as an operator reads it).
+TIERGATE_ADMIN_TOKEN=$ADMIN_TOKEN "$BIN/tiergate" usage --admin "http://127.0.0.1:$GWA" --since 1h > "$OUT/usage.txt"
+cp "$WORK"/usage_*.json "$OUT/"
 
 python3 - "$OUT" "$MAX_BATCH" "$IN_FLIGHT" "$BUDGET_MS" "$WORK/batches" "$PROFILE" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
@@ -93,7 +101,11 @@ print(f"theoretical maximum B/t(B) = {theory:.0f} rows/s; per request 1/t(1) = {
 print(f"per request (direct, offered {per['offered_rps']:.0f}/s): goodput {per_rps:.1f}/s, p99 {per['latency_ms']['p99']:.0f} ms")
 print()
 points = []
-print(f"{'offered/s':>9} {'goodput/s':>9} {'of max':>6} {'gain':>6} {'p50 ms':>7} {'p99 ms':>7} {'429':>5} {'503':>5} {'504':>5} {'other':>5} {'rows/batch':>10}")
+print(f"{'offered/s':>9} {'goodput/s':>9} {'of max':>6} {'gain':>6} {'p50 ms':>7} {'p99 ms':>7} {'429':>5} {'503':>5} {'504':>5} {'other':>5} {'rows/batch':>10} {'model':>6} {'ledger':>6}")
+def ledger(rate, when):
+    report = json.load(open(f"{out}/usage_{when}_{rate}.json"))
+    line = next((l for l in report["rows"] if l.get("tier") == "micro_batch"), None)
+    return (line["used_seconds"], line["would_have_seconds"], line["unpriced_rows"]) if line else (0.0, 0.0, 0)
 for line in open(batches):
     rate, s0, c0, s1, c1 = line.split()
     s = json.load(open(f"{out}/micro_batch_{rate}.json"))
@@ -101,9 +113,14 @@ for line in open(batches):
     g = goodput(s)
     other = s["failures"] - sum(counts.get(k, 0) for k in ("429", "503", "504"))
     mean = (float(s1) - float(s0)) / max(float(c1) - float(c0), 1)
+    # The backend time one row saves in batches of the mean size, by the cost model, and
+    # as the usage ledger charged this run: what its rows would have cost alone ÷ used.
+    model = mean * t(1) / t(mean)
+    (u0, w0, _), (u1, w1, unpriced) = ledger(rate, "before"), ledger(rate, "after")
+    charged = (w1 - w0) / max(u1 - u0, 1e-9)
     print(f"{s['offered_rps']:>9.0f} {g:>9.0f} {g / theory:>6.2f} {g / per_rps:>5.1f}x {s['latency_ms']['p50']:>7.1f} "
           f"{s['latency_ms']['p99']:>7.1f} {counts.get('429', 0):>5} {counts.get('503', 0):>5} {counts.get('504', 0):>5} "
-          f"{other:>5} {mean:>10.1f}")
+          f"{other:>5} {mean:>10.1f} {model:>5.1f}x {charged:>5.1f}x")
     points.append((s["offered_rps"], g, s["latency_ms"]["p99"]))
 
 # gain.svg: goodput and p99 against offered load, with the cost model's maximum, the

@@ -118,7 +118,8 @@ pub struct RequestArgs {
     /// KServe v2 model: requests go to POST {url}/v2/models/{model}/infer.
     #[arg(long)]
     pub model: String,
-    /// `constant`, or `burst:peak=X,every=Ns,for=Ms` (rate X for M at the start of every N).
+    /// `constant`, `burst:peak=X,every=Ns,for=Ms` (rate X for M at the start of every N),
+    /// or `steps:Ns@X,Ms@Y,...` (rate X for N, then Y for M, ...; `--rate` unused).
     #[arg(long, default_value = "constant")]
     pub schedule: String,
     /// Sets `x-tiergate-budget-ms` on every request (omitted otherwise).

@@ -30,6 +30,18 @@ pub enum Schedule {
         /// Length of each burst, > 0 and <= `every`.
         length: Duration,
     },
+    /// Steps of a constant rate each, one after the other; the last one's rate goes on
+    /// past its end.
+    Steps(Vec<Step>),
+}
+
+/// One step of a [`Schedule::Steps`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    /// How long it lasts, > 0.
+    pub length: Duration,
+    /// Its rate, finite and > 0.
+    pub rate: f64,
 }
 
 impl Schedule {
@@ -40,7 +52,10 @@ impl Schedule {
         let schedule = match spec.split_once(':') {
             None if spec == "constant" => Self::Constant { rate },
             Some(("burst", params)) => parse_burst(params, rate)?,
-            _ => bail!("schedule {spec:?}: expected `constant` or `burst:peak=X,every=Ns,for=Ms`"),
+            Some(("steps", params)) => parse_steps(params)?,
+            _ => {
+                bail!("schedule {spec:?}: expected `constant`, `burst:peak=X,every=Ns,for=Ms` or `steps:Ns@X,Ms@Y,...`")
+            }
         };
         schedule.validate()?;
         Ok(schedule)
@@ -50,6 +65,9 @@ impl Schedule {
     /// the nanosecond. Strictly increasing in `i`.
     pub fn offset(&self, i: u64) -> Duration {
         let i = i as f64;
+        if let Self::Steps(steps) = self {
+            return steps_offset(steps, i);
+        }
         match *self {
             Self::Constant { rate } => nanos(i * NANOS_PER_SEC / rate),
             Self::Burst {
@@ -70,12 +88,24 @@ impl Schedule {
                 };
                 nanos(period_start + within)
             }
+            Self::Steps(_) => unreachable!("handled above"),
         }
     }
 
     /// The expected number of requests intended before `t`: the integral of the rate.
     #[cfg(test)]
     pub fn cumulative(&self, t: Duration) -> f64 {
+        if let Self::Steps(steps) = self {
+            let (mut total, mut start) = (0.0, Duration::ZERO);
+            for (n, step) in steps.iter().enumerate() {
+                let end = start + step.length;
+                let last = n + 1 == steps.len();
+                let upto = if last { t } else { t.min(end) };
+                total += upto.saturating_sub(start).as_secs_f64() * step.rate;
+                start = end;
+            }
+            return total;
+        }
         match *self {
             Self::Constant { rate } => rate * t.as_secs_f64(),
             Self::Burst {
@@ -91,11 +121,20 @@ impl Schedule {
                 let base_part = into.saturating_sub(length).as_secs_f64() * base;
                 periods * per_period + burst_part + base_part
             }
+            Self::Steps(_) => unreachable!("handled above"),
         }
     }
 
     fn validate(&self) -> anyhow::Result<()> {
         let positive = |r: f64| r.is_finite() && r > 0.0;
+        if let Self::Steps(steps) = self {
+            ensure!(!steps.is_empty(), "steps: give at least one LENGTH@RATE");
+            for step in steps {
+                ensure!(positive(step.rate), "a step's rate must be > 0, got {}", step.rate);
+                ensure!(!step.length.is_zero(), "a step's length must be > 0");
+            }
+            return Ok(());
+        }
         match *self {
             Self::Constant { rate } => ensure!(positive(rate), "--rate must be > 0, got {rate}"),
             Self::Burst {
@@ -112,6 +151,7 @@ impl Schedule {
                     "burst `for` ({length:?}) must be <= `every` ({every:?})"
                 );
             }
+            Self::Steps(_) => {}
         }
         Ok(())
     }
@@ -132,6 +172,13 @@ impl fmt::Display for Schedule {
                 humantime::format_duration(*length),
                 humantime::format_duration(*every)
             ),
+            Self::Steps(steps) => {
+                let steps: Vec<String> = steps
+                    .iter()
+                    .map(|s| format!("{}/s for {}", s.rate, humantime::format_duration(s.length)))
+                    .collect();
+                write!(f, "steps {}", steps.join(", then "))
+            }
         }
     }
 }
@@ -139,6 +186,37 @@ impl fmt::Display for Schedule {
 fn nanos(x: f64) -> Duration {
     // Rates and indices are finite and positive (validated), so `x` is too.
     Duration::from_nanos(x.round() as u64)
+}
+
+/// The intended time of request `i` (as a float) of `steps`.
+fn steps_offset(steps: &[Step], i: f64) -> Duration {
+    let (mut before, mut start) = (0.0, 0.0);
+    for (n, step) in steps.iter().enumerate() {
+        let count = step.rate * step.length.as_secs_f64();
+        if i < before + count || n + 1 == steps.len() {
+            return nanos((start + (i - before) / step.rate) * NANOS_PER_SEC);
+        }
+        before += count;
+        start += step.length.as_secs_f64();
+    }
+    Duration::ZERO
+}
+
+/// `LENGTH@RATE,LENGTH@RATE,...` (lengths in humantime form).
+fn parse_steps(params: &str) -> anyhow::Result<Schedule> {
+    let steps = params
+        .split(',')
+        .map(|step| {
+            let (length, rate) = step
+                .split_once('@')
+                .with_context(|| format!("step {step:?}: expected LENGTH@RATE, as 60s@100"))?;
+            Ok(Step {
+                length: humantime::parse_duration(length).with_context(|| format!("step length {length:?}"))?,
+                rate: rate.parse().with_context(|| format!("step rate {rate:?}"))?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Schedule::Steps(steps))
 }
 
 fn parse_burst(params: &str, base: f64) -> anyhow::Result<Schedule> {
@@ -186,6 +264,23 @@ mod tests {
                 "{s}: [{from_ms}ms, {to_ms}ms) got {got}, expected {expected}"
             );
         }
+    }
+
+    #[test]
+    fn steps_follow_each_rate_in_turn() -> anyhow::Result<()> {
+        let s = Schedule::parse("steps:2s@10,1s@50,1s@10", 1.0)?;
+        assert_eq!(s.offset(0), Duration::ZERO);
+        assert_eq!(s.offset(19), Duration::from_millis(1900));
+        assert_eq!(s.offset(20), Duration::from_secs(2));
+        assert_eq!(s.offset(21), Duration::from_millis(2020));
+        assert_eq!(s.offset(70), Duration::from_secs(3));
+        // Past the last step, its rate goes on.
+        assert_eq!(s.offset(90), Duration::from_secs(5));
+        assert_count_matches_rate(&s, &[(0, 2000), (1500, 3500), (2000, 3000), (3000, 6000)]);
+        assert!(Schedule::parse("steps:", 1.0).is_err());
+        assert!(Schedule::parse("steps:1s@0", 1.0).is_err());
+        assert!(Schedule::parse("steps:1s", 1.0).is_err());
+        Ok(())
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 pub mod auth;
 mod shadow;
+mod usage;
 pub mod views;
 
 use std::sync::Arc;
@@ -71,6 +72,8 @@ pub struct Admin {
     pub shadow: Shadow,
     /// The routes' prediction caches, to look into and invalidate.
     pub cache: crate::cache::Cache,
+    /// The usage ledger and the capacity signal.
+    pub usage: Arc<crate::usage::Ledger>,
 }
 
 /// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
@@ -161,9 +164,16 @@ impl Admin {
             (&Method::GET, ["admin", "flags"]) => self.flags(),
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
+            (&Method::GET, ["admin", "usage"]) => {
+                usage::table(&self.usage, &self.control.store().load(), head.uri.query()).await
+            }
+            (&Method::GET, ["admin", "capacity"]) => usage::capacity(&self.usage),
             (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false).await,
             (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
-            (_, ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache", ..]) => error(
+            (
+                _,
+                ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache" | "usage" | "capacity", ..],
+            ) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 &format!(

@@ -21,6 +21,7 @@ mod listeners;
 mod scrape;
 mod settings;
 mod threads;
+mod usage;
 
 pub use settings::check;
 
@@ -106,6 +107,9 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// The usage ledger's file could not be opened.
+    #[error("cannot keep the usage ledger: {0}")]
+    Usage(String),
     /// The offline store could not be opened.
     #[error("cannot open the offline store under {dir}: {source}")]
     Store {
@@ -160,6 +164,16 @@ impl Gateway {
         let (mut tasks, mut draining) = (JoinSet::new(), JoinSet::new());
         let closing = shutdown.child_token();
         start_sources(config, &parts.dispatch, &batch_threads, &closing, &shutdown)?;
+        // The usage ledger's ticker too (its store writes on a blocking thread).
+        let pools = Arc::new(usage::Pools {
+            policy: parts.policy.clone(),
+            realtime: parts.workers.realtime.clone(),
+            micro_batch: parts.micro_batch.clone(),
+        });
+        let ledger = batch_threads
+            .handle()
+            .spawn(parts.dispatch.usage().clone().run(pools, shutdown.clone()));
+        tasks.spawn(async move { ledger.await.map_err(std::io::Error::other) });
         // Offline workers run on the batch threads too (their store I/O has its own thread).
         let workers = batch_threads
             .handle()
@@ -208,6 +222,7 @@ impl Gateway {
         tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
         tasks.spawn(callers.watch(shutdown.clone()));
+
         let (admin_addr, admin_api) = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
@@ -217,6 +232,7 @@ impl Gateway {
                     micro_batch: parts.micro_batch,
                     shadow: parts.shadow,
                     cache: parts.dispatch.cache().clone(),
+                    usage: parts.dispatch.usage().clone(),
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));
@@ -403,12 +419,21 @@ impl Parts {
         );
         let realtime = Realtime::new(backends.clone(), Some(shadow.clone()));
         let cache = Cache::new().with_second_level(SecondLevel::new(&config.cache).map_err(StartError::Settings)?);
+        let usage = crate::usage::store::Store::open(&config.data_dir, config.usage.keep_days)
+            .and_then(crate::usage::Ledger::kept_in)
+            .map(|ledger| match config.metrics.tenant_labels {
+                true => ledger.with_tenant_series(config.metrics.max_tenant_series),
+                false => ledger,
+            })
+            .map(|ledger| shared(ledger, &store))
+            .map(Arc::new)
+            .map_err(StartError::Usage)?;
         let micro_batch = MicroBatch::new(
             backends.clone(),
             shutdown.clone(),
             Some(batch_threads.handle()),
-            Some(shadow.clone()),
-            cache.clone(),
+            (Some(shadow.clone()), cache.clone()),
+            usage.clone(),
         );
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(realtime.clone(), micro_batch.clone(), offline);
@@ -423,7 +448,8 @@ impl Parts {
             Dispatch::new(policy.clone(), admission, tiers, backends, readiness.clone())
                 .with_budget_reserve(config.limits.budget_reserve)
                 .with_callers(callers)
-                .with_cache(cache.clone()),
+                .with_cache(cache.clone())
+                .with_usage(usage.clone()),
         );
         let api = OfflineApi {
             store: store.clone(),
@@ -443,6 +469,7 @@ impl Parts {
             wake,
             shadow: Some(shadow.clone()),
             cache,
+            usage: usage.clone(),
         };
         Ok(Parts {
             policy,
@@ -455,6 +482,16 @@ impl Parts {
             shadow,
             workers,
         })
+    }
+}
+
+/// `ledger`, shared with the other replicas on the Kafka queue's state topic when the
+/// offline queue is there.
+fn shared(ledger: crate::usage::Ledger, store: &Queue) -> crate::usage::Ledger {
+    match store {
+        #[cfg(feature = "kafka")]
+        Queue::Kafka(queue) => ledger.with_fleet(Arc::new(queue.clone())),
+        _ => ledger,
     }
 }
 

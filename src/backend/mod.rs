@@ -140,6 +140,15 @@ impl Pools {
             .is_some_and(|entry| *entry.0 == *spec && entry.1.all_ejected())
     }
 
+    /// `route`'s pool's endpoints not ejected now, as `spec` describes it (all of
+    /// them for a pool no call has used yet).
+    pub fn healthy(&self, route: &str, spec: &PoolSpec) -> usize {
+        match self.by_route.get(route) {
+            Some(entry) if *entry.0 == *spec => entry.1.healthy(),
+            _ => spec.endpoints.len(),
+        }
+    }
+
     fn build(&self, route: &str, spec: &PoolSpec) -> Arc<Pool> {
         Arc::new(Pool::new(route, self.role, spec, &self.settings))
     }

@@ -181,6 +181,11 @@ impl Pool {
         }
     }
 
+    /// Its endpoints not ejected now.
+    pub fn healthy(&self) -> usize {
+        self.endpoints.iter().filter(|e| !e.health.is_ejected()).count()
+    }
+
     /// Whether every endpoint of the pool is ejected, so every call would be refused.
     pub fn all_ejected(&self) -> bool {
         self.endpoints.iter().all(|e| e.health.is_ejected())

@@ -249,19 +249,20 @@ impl RouteCache {
         self.entries.contains_key(key)
     }
 
-    /// The entry for `key`, if this gateway's memory keeps one (a use of it: one that
-    /// was precomputed is counted so).
-    pub fn get(&self, key: &Key) -> Option<Arc<Entry>> {
+    /// The entry for `key`, if this gateway's memory keeps one, and whether it was
+    /// precomputed (a use of it: one that was is counted so).
+    pub fn get(&self, key: &Key) -> Option<(Arc<Entry>, bool)> {
         let kept = self.entries.get(key)?;
         if kept.precomputed {
             ::metrics::counter!(metrics::CACHE_PRECOMPUTED_HITS, "route" => self.route.clone()).increment(1);
         }
-        Some(kept.entry)
+        Some((kept.entry, kept.precomputed))
     }
 
     /// The entry for `key` in the second level, if there is one and it keeps one
-    /// (then kept in memory too, for what it has left there).
-    pub async fn get_shared(&self, key: &Key) -> Option<Arc<Entry>> {
+    /// (then kept in memory too, for what it has left there), and whether it was
+    /// precomputed.
+    pub async fn get_shared(&self, key: &Key) -> Option<(Arc<Entry>, bool)> {
         let second = self.second.as_ref()?;
         let found = second.get(&self.route, key, self.spec.max_bytes).await;
         let result = match &found {
@@ -288,7 +289,7 @@ impl RouteCache {
                 precomputed,
             },
         );
-        Some(entry)
+        Some((entry, precomputed))
     }
 
     /// Keeps `entry` for `key` for the route's TTL, here and in the second level.

@@ -6,7 +6,7 @@
 //! running gateway: `admin` (`flags`, `policy diff|apply|history|rollback`, `explain`:
 //! the admin API), `policy` (`check` here, the rest through `admin`), `jobs` (the Batch
 //! API: submit, status, results, cancel), `shadow` (a route's shadow candidate: report,
-//! reset, promote), `cache` (a route's cache: show, invalidate), `top` (a live view from
+//! reset, promote), `cache` (a route's cache: show, invalidate), `usage` (the usage ledger's table), `top` (a live view from
 //! the metrics endpoint), `health` (readiness as an exit code), `infer` (one inference
 //! over gRPC). `auth` makes API keys; `client` is the one HTTP exchange they share.
 
@@ -23,6 +23,7 @@ pub mod serve;
 pub mod shadow;
 pub mod sim;
 pub mod top;
+pub mod usage;
 
 /// A multi-threaded runtime with `workers` threads (0: one per core).
 pub fn runtime(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {

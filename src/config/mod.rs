@@ -55,6 +55,47 @@ pub struct Config {
     pub shutdown: Shutdown,
     /// The prediction cache's shared second level.
     pub cache: CacheConfig,
+    /// The usage ledger: how long it is kept.
+    pub usage: UsageConfig,
+    /// What the metrics endpoint exports beyond the defaults.
+    pub metrics: MetricsConfig,
+}
+
+/// Optional metric series: per-tenant usage, off by default (a tenant per series can
+/// be many series).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Export the usage ledger's totals per route and tenant too.
+    pub tenant_labels: bool,
+    /// Tenants that get series of their own (the first seen); the rest are `other`.
+    pub max_tenant_series: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            tenant_labels: false,
+            max_tenant_series: 100,
+        }
+    }
+}
+
+/// The usage ledger (`crate::usage`), kept in `data_dir/usage.db`: per minute for a
+/// day, then per hour for `keep_days`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageConfig {
+    /// Days the hourly figures are kept (1 to 3650).
+    pub keep_days: u32,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            keep_days: crate::usage::store::KEEP_DAYS,
+        }
+    }
 }
 
 /// The prediction cache's second level: a Redis the gateway's replicas share, behind
@@ -443,6 +484,8 @@ impl Default for Config {
             backends: Backends::default(),
             shutdown: Shutdown::default(),
             cache: CacheConfig::default(),
+            usage: UsageConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

@@ -150,6 +150,14 @@ impl Config {
                 );
             }
         }
+        let keep_days = u64::from(self.usage.keep_days);
+        if !(1..=3650).contains(&keep_days) {
+            check.fail("usage.keep_days", format!("must be 1 to 3650 days, got {keep_days}"));
+        }
+        let series = self.metrics.max_tenant_series as u64;
+        if !(1..=10_000).contains(&series) {
+            check.fail("metrics.max_tenant_series", format!("must be 1 to 10000, got {series}"));
+        }
         check.positive("cache.redis_timeout", cache.redis_timeout);
         check.positive("cache.redis_retry", cache.redis_retry);
         check.at_least("cache.max_redis_writes", cache.max_redis_writes as u64, 1);

@@ -292,7 +292,7 @@ impl HttpDoor {
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Answered> {
-        let head = Head::scan(req.headers(), &route.rollout_key_header);
+        let head = Head::scan(req.headers(), (&route.rollout_key_header, &route.tenant_header));
         let mut ids = trace::Ids::of(head.traceparent.as_ref(), head.request_id.as_ref());
         let span = ids.span(Door::Http);
         let mut response = self
@@ -720,7 +720,10 @@ mod tests {
         ] {
             map.append(http::HeaderName::from_static(name), HeaderValue::from_static(value));
         }
-        let head = Head::scan(&map, &http::HeaderName::from_static("x-user"));
+        let head = Head::scan(
+            &map,
+            (&http::HeaderName::from_static("x-user"), &crate::headers::PRIORITY),
+        );
         assert_eq!(
             head.budget.as_ref(),
             map.get(headers::BUDGET),
@@ -734,10 +737,10 @@ mod tests {
         assert_eq!(head.rollout_key.as_ref(), map.get("x-user"));
         assert_eq!(head.prefer_async, headers::prefers_async(&map));
         assert!(head.prefer_async && head.coded);
-        let bare = Head::scan(&HeaderMap::new(), &trace::REQUEST_ID);
+        let bare = Head::scan(&HeaderMap::new(), (&trace::REQUEST_ID, &trace::REQUEST_ID));
         assert!(bare.budget.is_none() && bare.rollout_key.is_none() && !bare.prefer_async && !bare.coded);
         // The rollout key may be a header the path reads for itself too.
-        let by_id = Head::scan(&map, &trace::REQUEST_ID);
+        let by_id = Head::scan(&map, (&trace::REQUEST_ID, &trace::REQUEST_ID));
         assert_eq!(
             (by_id.rollout_key.as_ref(), by_id.request_id.as_ref()),
             (map.get("x-request-id"), map.get("x-request-id"))

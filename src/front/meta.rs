@@ -35,7 +35,11 @@ pub fn read(
     id: Option<&str>,
     route: &Route,
 ) -> Result<Meta, Error> {
-    read_head(&Head::scan(headers, &route.rollout_key_header), kserve_timeout_us, id)
+    read_head(
+        &Head::scan(headers, (&route.rollout_key_header, &route.tenant_header)),
+        kserve_timeout_us,
+        id,
+    )
 }
 
 /// [`read`] from a head already scanned (with the route's rollout key header).

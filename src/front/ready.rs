@@ -163,8 +163,8 @@ mod tests {
             crate::backend::Settings::new(1 << 20),
             CancellationToken::new(),
             None,
-            None,
-            crate::cache::Cache::new(),
+            (None, crate::cache::Cache::new()),
+            Arc::new(crate::usage::Ledger::in_memory()),
         );
         let ready = Readiness::new(
             Queue::Embedded(store.clone()),

@@ -18,6 +18,33 @@ pub struct PolicyFile {
     /// Routes by name.
     #[serde(default)]
     pub routes: BTreeMap<String, RouteFile>,
+    /// Tenants' quotas across every route (at most one file may set them).
+    pub quotas: Option<QuotasFile>,
+}
+
+/// Tenants' daily and monthly quotas of backend time and requests.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotasFile {
+    /// The quota of every tenant without one of its own.
+    pub default: Option<AllowanceFile>,
+    /// Each named tenant's quota.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, AllowanceFile>,
+}
+
+/// What one tenant may use per UTC day and calendar month.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowanceFile {
+    /// Backend seconds charged per UTC day.
+    pub daily_backend_seconds: Option<f64>,
+    /// Backend seconds charged per calendar month (UTC).
+    pub monthly_backend_seconds: Option<f64>,
+    /// Requests answered per UTC day.
+    pub daily_requests: Option<i64>,
+    /// Requests answered per calendar month (UTC).
+    pub monthly_requests: Option<i64>,
 }
 
 /// Budget thresholds and fallbacks shared by routes that do not set their own.
@@ -86,6 +113,8 @@ pub struct RouteFile {
     pub tenant_header: Option<String>,
     /// Overrides `defaults.body_check`.
     pub body_check: Option<crate::protocol::BodyCheck>,
+    /// Tenants' quotas on this route.
+    pub quotas: Option<QuotasFile>,
 }
 
 /// The route's prediction cache: how long an answer is kept and how many bytes of
@@ -248,6 +277,26 @@ pub struct PoolFile {
     /// (`[fallback]` only) The model the pool serves the route's calls as: another
     /// route's, or another server's, model.
     pub model: Option<String>,
+    /// What an hour of one endpoint's time costs, in `currency`: the usage ledger's
+    /// money (`realtime` and `micro_batch` pools only).
+    pub cost_per_hour: Option<f64>,
+    /// The currency `cost_per_hour` is in (default `USD`; any name the operator uses).
+    pub currency: Option<String>,
+    /// How the pool's capacity signal (`tiergate_endpoints_needed`) is worked out.
+    pub capacity: Option<CapacityFile>,
+}
+
+/// How a pool's capacity signal is worked out.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityFile {
+    /// The share of its time an endpoint should be busy (default 0.7).
+    pub target_utilisation: Option<f64>,
+    /// The window arrivals and costs are averaged over (default 30s, 5s to 10m).
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    /// Calls one endpoint runs at once at full speed, its model instances (default 1).
+    pub calls_per_endpoint: Option<i64>,
 }
 
 /// When a pool's slow calls are sent again to a second endpoint.
@@ -314,6 +363,13 @@ pub struct BatchFile {
     pub health: Option<HealthFile>,
     /// Retries of failed calls on other endpoints.
     pub retry: Option<RetryFile>,
+    /// What an hour of one endpoint's time costs, in `currency`: the usage ledger's
+    /// money (`realtime` and `micro_batch` pools only).
+    pub cost_per_hour: Option<f64>,
+    /// The currency `cost_per_hour` is in (default `USD`; any name the operator uses).
+    pub currency: Option<String>,
+    /// How the pool's capacity signal (`tiergate_endpoints_needed`) is worked out.
+    pub capacity: Option<CapacityFile>,
     /// Most rows in one batch.
     pub max_batch: Option<i64>,
     /// Longest a request may wait for its batch to fill (a ceiling, never a floor).

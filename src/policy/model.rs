@@ -73,6 +73,11 @@ pub struct Route {
     /// The pool serving the route's real-time calls while its real-time pool cannot
     /// (every endpoint ejected, or full).
     pub fallback: Option<Arc<PoolSpec>>,
+    /// Its pools' prices and capacity settings (the usage ledger's, the capacity signal's).
+    pub usage: super::usage::UsageSpec,
+    /// The tenants' quotas its requests are held to (its own and across every route);
+    /// `None`: none.
+    pub quotas: Option<Arc<super::usage::RouteQuotas>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -528,6 +533,8 @@ impl Route {
             shadow: None,
             cache: None,
             fallback: None,
+            usage: Default::default(),
+            quotas: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

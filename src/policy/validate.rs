@@ -19,6 +19,7 @@ use super::model::{
     RateLimits, RetryOn, RetrySpec, Route, Scheduling, WhenUnmet,
 };
 use super::problems::{Check, Problem, Problems};
+use super::usage::UsageSpec;
 
 /// Built-in defaults used when no `[defaults]` table sets them.
 const DEFAULT_BUDGET: Duration = Duration::from_millis(200);
@@ -43,7 +44,8 @@ const MAX_WAIT_CEILING: Duration = Duration::from_secs(5);
 /// Validates parsed files, in order, into one policy.
 pub(super) fn policy(files: Vec<(PathBuf, PolicyFile)>) -> Result<Policy, Problems> {
     let mut problems = Vec::new();
-    let defaults = defaults(&files, &mut problems);
+    let mut defaults = defaults(&files, &mut problems);
+    defaults.quotas = overall_quotas(&files, &mut problems);
     let mut policy = Policy::default();
     for (file, parsed) in &files {
         let mut check = Check {
@@ -98,6 +100,7 @@ fn defaults(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Def
         when_unmet: d.and_then(|d| d.when_unmet).unwrap_or(WhenUnmetFile::Reject),
         rollout_key_header,
         body_check: d.and_then(|d| d.body_check).unwrap_or_default(),
+        quotas: None,
     };
     // Checked once, where they are written; a route that keeps them is not told again.
     if let Some((file, _)) = found {
@@ -124,6 +127,29 @@ struct Defaults {
     when_unmet: WhenUnmetFile,
     rollout_key_header: http::HeaderName,
     body_check: crate::protocol::BodyCheck,
+    /// Tenants' quotas across every route (`[quotas]`).
+    quotas: Option<Arc<super::usage::Quotas>>,
+}
+
+/// The `[quotas]` table across every route, and a problem for every file past the first
+/// that sets one.
+fn overall_quotas(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Option<Arc<super::usage::Quotas>> {
+    let mut found: Option<(&Path, super::usage::Quotas)> = None;
+    for (file, parsed) in files {
+        let Some(q) = &parsed.quotas else { continue };
+        match &found {
+            None => {
+                let mut check = Check { file, problems };
+                found = Some((file, super::usage::quotas(&mut check, "quotas", q)));
+            }
+            Some((first, _)) => problems.push(Problem {
+                file: file.clone(),
+                path: "quotas".into(),
+                message: format!("already set in {}; keep one [quotas] table", first.display()),
+            }),
+        }
+    }
+    found.map(|(_, q)| Arc::new(q))
 }
 
 fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Defaults) -> Route {
@@ -222,6 +248,29 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         .fallback
         .as_ref()
         .map(|p| Arc::new(pool(check, &format!("{at}.fallback"), p, kserve)));
+    let candidate = file.shadow.as_ref().and_then(|s| s.candidate.as_ref());
+    for (pool_file, pool_at) in [(file.fallback.as_ref(), "fallback"), (candidate, "shadow.candidate")] {
+        if let Some(p) = pool_file {
+            let keys = (p.cost_per_hour.is_some(), p.currency.is_some(), p.capacity.is_some());
+            super::usage::none_here(check, &format!("{at}.{pool_at}"), keys);
+        }
+    }
+    let usage = UsageSpec {
+        realtime: file.realtime.as_ref().map_or_else(Default::default, |p| {
+            super::usage::pool(
+                check,
+                &format!("{at}.realtime"),
+                (p.cost_per_hour, p.currency.as_ref(), p.capacity.as_ref()),
+            )
+        }),
+        micro_batch: file.micro_batch.as_ref().map_or_else(Default::default, |b| {
+            super::usage::pool(
+                check,
+                &format!("{at}.micro_batch"),
+                (b.cost_per_hour, b.currency.as_ref(), b.capacity.as_ref()),
+            )
+        }),
+    };
     if fallback.is_some() && realtime.is_none() {
         check.fail(
             format!("{at}.fallback"),
@@ -258,9 +307,28 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         shadow,
         cache,
         fallback,
+        usage,
+        quotas: route_quotas(check, &at, file.quotas.as_ref(), defaults.quotas.as_ref()),
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }
+}
+
+/// The quotas `at`'s requests are held to: its own `quotas` table and `overall`;
+/// `None` when neither is set (the request path then checks nothing).
+fn route_quotas(
+    check: &mut Check<'_>,
+    at: &str,
+    file: Option<&super::file::QuotasFile>,
+    overall: Option<&Arc<super::usage::Quotas>>,
+) -> Option<Arc<super::usage::RouteQuotas>> {
+    let route = file.map(|q| super::usage::quotas(check, &format!("{at}.quotas"), q));
+    (route.is_some() || overall.is_some()).then(|| {
+        Arc::new(super::usage::RouteQuotas {
+            route,
+            overall: overall.cloned(),
+        })
+    })
 }
 
 /// The route's one tenant header: `tenant_header` of the route, or as its `limits` or

@@ -192,6 +192,8 @@ pub struct Batch {
     /// Its jobs: all, those that succeeded, those that failed (cancelled and expired
     /// ones among them).
     pub counts: Counts,
+    /// Why some of its jobs wait (their tenant's quota is spent), when any do.
+    pub waiting: Option<String>,
 }
 
 /// A batch's jobs by outcome, as OpenAI's `request_counts`.
@@ -203,6 +205,8 @@ pub struct Counts {
     pub completed: u64,
     /// Jobs that failed, were cancelled or expired.
     pub failed: u64,
+    /// Jobs queued waiting for their tenant's quota (not OpenAI's: said apart).
+    pub waiting: u64,
 }
 
 /// A new batch: its row, and its jobs with their `custom_id` and line.
@@ -531,6 +535,15 @@ pub(super) fn get(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Ba
         .optional()?;
     let Some(mut batch) = row else { return Ok(None) };
     batch.counts = counts(conn, id)?;
+    if batch.counts.waiting > 0 {
+        batch.waiting = conn
+            .prepare_cached(
+                "SELECT error FROM jobs WHERE batch_id = ?1 AND state = 'queued' AND error LIKE 'waiting: %' LIMIT 1",
+            )?
+            .query_row([id], |r| r.get::<_, Option<String>>(0))
+            .optional()?
+            .flatten();
+    }
     Ok(Some(batch))
 }
 
@@ -714,16 +727,22 @@ fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, Stor
 
 /// Batch `batch`'s jobs by outcome.
 fn counts(conn: &Connection, batch: &str) -> Result<Counts, StoreError> {
-    let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM jobs WHERE batch_id = ?1 GROUP BY state")?;
-    let rows = stmt.query_map([batch], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT state, state = 'queued' AND IFNULL(error, '') LIKE 'waiting: %', COUNT(*) FROM jobs WHERE batch_id = ?1 \
+         GROUP BY 1, 2",
+    )?;
+    let rows = stmt.query_map([batch], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?, r.get::<_, i64>(2)?))
+    })?;
     let mut counts = Counts::default();
     for row in rows {
-        let (state, n) = row?;
+        let (state, waiting, n) = row?;
         let n = n.max(0) as u64;
         counts.total += n;
         match State::parse(&state) {
             Some(State::Succeeded) => counts.completed += n,
             Some(State::Failed | State::Expired | State::Cancelled) => counts.failed += n,
+            Some(State::Queued) if waiting => counts.waiting += n,
             _ => {}
         }
     }
@@ -761,5 +780,6 @@ fn batch(r: &Row<'_>) -> rusqlite::Result<Batch> {
             .map(|ms| Duration::from_millis(ms.unsigned_abs())),
         shadow,
         counts: Counts::default(),
+        waiting: None,
     })
 }

@@ -214,6 +214,11 @@ pub(super) fn finish(
                 "UPDATE jobs SET state = 'queued', not_before = ?3, error = ?4 {held}"
             ))?
             .execute(params![id, attempt, not_before, error])?,
+        Finish::Wait { reason, not_before } => conn
+            .prepare_cached(&format!(
+                "UPDATE jobs SET state = 'queued', attempts = attempts - 1, not_before = ?3, error = ?4 {held}"
+            ))?
+            .execute(params![id, attempt, not_before, reason])?,
         Finish::Failed { error } => conn
             .prepare_cached(&format!(
                 "UPDATE jobs SET state = 'failed', finished_at = ?3, error = ?4 {held}"

@@ -180,6 +180,14 @@ pub enum Finish {
         /// Earliest next attempt (ms since the Unix epoch).
         not_before: i64,
     },
+    /// Not run: queued again until `not_before`, the attempt not counted (its tenant's
+    /// quota is spent; `reason` says which, and when it resets).
+    Wait {
+        /// Why it waits.
+        reason: String,
+        /// Earliest next attempt (ms since the Unix epoch).
+        not_before: i64,
+    },
     /// A failure that retrying cannot fix, or the last attempt's failure.
     Failed {
         /// What went wrong.

@@ -53,6 +53,11 @@ impl Realtime {
             .collect()
     }
 
+    /// `route`'s real-time pool's endpoints not ejected now (`spec` is its pool).
+    pub fn healthy(&self, route: &str, spec: &crate::policy::PoolSpec) -> usize {
+        self.inner.pools.healthy(route, spec)
+    }
+
     /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).
     pub fn idle(&self, route: &crate::policy::Route) -> bool {
         route

@@ -667,3 +667,74 @@ async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
     assert_eq!(send("GET", gw.http_addr(), &content, &[a], "").await.status, 200);
     gw.stop().await.expect("stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_ledger_adds_up_across_two_replicas_and_a_restart() {
+    let broker = Broker::start().await;
+    broker.create_topics(&["jobs", "states"], PARTITIONS).await;
+    let sim = backend(&["m"]).await;
+    let policy = route(&sim.url(), &sim.url(), "", "");
+    let token = "fleet-usage-token";
+    let with_admin = |name: &str| {
+        let mut config = kafka_config(&broker, name);
+        config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+        config.admin.token = Some(tiergate::config::Secret(token.into()));
+        config
+    };
+    let one = gateway_with(with_admin("one"), &policy).await;
+    let two_config = with_admin("two");
+    let two = gateway_with(two_config.clone(), &policy).await;
+    let ask = |gw: &tiergate::app::Gateway, tenant: &'static str, n: usize| {
+        let addr = gw.http_addr();
+        async move {
+            for i in 0..n {
+                let answer = infer(addr, "m", &[("x-api-key", tenant)], &body(i)).await;
+                assert_eq!(answer.status, 200, "{}", answer.text());
+            }
+        }
+    };
+    ask(&one, "a", 5).await;
+    ask(&two, "a", 3).await;
+    ask(&two, "b", 4).await;
+    let usage = |gw: &tiergate::app::Gateway| {
+        let gw_admin = gw.admin_api().expect("admin").clone();
+        async move {
+            let auth = format!("Bearer {token}");
+            let answer = oneshot(
+                |r| async move { gw_admin.answer(r).await },
+                "GET",
+                "/admin/usage?by=tenant",
+                &[("authorization", auth.as_str())],
+                String::new(),
+            )
+            .await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            answer.json()
+        }
+    };
+    let requests = |report: &Value, tenant: &str| {
+        report["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|l| l["tenant"] == tenant)
+            .map_or(0, |l| l["requests"].as_u64().expect("requests"))
+    };
+    // Read at replica one (its own share written and published by the read; replica
+    // two's by its ticker, within its 5 s write period): the fleet's, summed.
+    usage(&two).await;
+    let fleet = usage(&one).await;
+    assert_eq!((requests(&fleet, "a"), requests(&fleet, "b")), (8, 4), "{fleet:#}");
+    assert_eq!(fleet["total"]["requests"], 12);
+    // Replica two stopped and started again (its view rebuilt from the state topic): the
+    // same table from it, with its own share and the other's.
+    two.stop().await.expect("stops");
+    let two = gateway_with(two_config, &policy).await;
+    let again = usage(&two).await;
+    assert_eq!((requests(&again, "a"), requests(&again, "b")), (8, 4), "{again:#}");
+    // More at the restarted replica adds to the same periods.
+    ask(&two, "b", 2).await;
+    let after = usage(&two).await;
+    assert_eq!(requests(&after, "b"), 6, "{after:#}");
+    drop(one);
+}

@@ -48,3 +48,4 @@ mod shutdown;
 mod tenants;
 mod tls;
 mod traces;
+mod usage;

@@ -104,6 +104,7 @@ endpoints = ["{live}"]
         // Far above use: the gauge is exported, nothing is shed.
         ("TIERGATE_LIMITS__MAX_RSS_BYTES", (64u64 << 30).to_string()),
         ("TIERGATE_CACHE__REDIS", redis.url()),
+        ("TIERGATE_METRICS__TENANT_LABELS", "true".to_owned()),
     ];
     let mut gw = common::served::serve(dir.path(), &env.each_ref().map(|(k, v)| (*k, v.as_str())));
     let addr = gw.http;
@@ -157,12 +158,16 @@ endpoints = ["{live}"]
     let limit = Instant::now() + Duration::from_secs(10);
     let scrape = loop {
         let scrape = get(gw.metrics, "/metrics").await.text();
-        if value(&scrape, "tiergate_offline_jobs", &["state=\"succeeded\""]) >= 3.0 {
+        // The usage ledger's totals and the capacity signal too (its ticker's period is 1 s).
+        let ticked = ["tiergate_usage_saved_seconds{", "tiergate_endpoints_needed{"]
+            .iter()
+            .all(|family| scrape.contains(family));
+        if value(&scrape, "tiergate_offline_jobs", &["state=\"succeeded\""]) >= 3.0 && ticked {
             break scrape;
         }
         assert!(
             Instant::now() < limit,
-            "the offline gauges did not show 3 jobs:\n{scrape}"
+            "the offline gauges did not show 3 jobs, or the usage ledger never ticked:\n{scrape}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await; // the sweep's period is 1 s
     };

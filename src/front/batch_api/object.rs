@@ -50,6 +50,11 @@ pub fn batch(b: &Batch) -> Value {
     if let Some((comparison_file_id, summary)) = &b.shadow {
         object["shadow"] = json!({"comparison_file_id": comparison_file_id, "summary": summary});
     }
+    if b.counts.waiting > 0 {
+        // Not OpenAI's field: a client that does not know it sees an in-progress batch.
+        let reason = b.waiting.as_deref().unwrap_or_default().trim_start_matches("waiting: ");
+        object["quota_wait"] = json!({"requests": b.counts.waiting, "reason": reason});
+    }
     object
 }
 
@@ -91,7 +96,9 @@ mod tests {
                 total: 3,
                 completed: 1,
                 failed: 1,
+                waiting: 0,
             },
+            waiting: None,
         }
     }
 

@@ -21,13 +21,14 @@ use crate::error::{Error, Kind};
 use crate::headers;
 use crate::policy::{CacheSpec, Route};
 use crate::timing::Spent;
+use crate::usage::Saved;
 
 /// Serves `request` on `route` through the route's cache (see the module's docs).
 pub(super) fn serve<'a>(
     dispatch: &'a Dispatch,
     route: &'a Arc<Route>,
     door: Door,
-    to: Ask,
+    (to, whose): (Ask, crate::usage::Whose),
     request: Request<Bytes>,
     (received, spec): (Instant, Arc<CacheSpec>),
 ) -> Pin<Box<dyn Future<Output = Served> + Send + 'a>> {
@@ -36,12 +37,13 @@ pub(super) fn serve<'a>(
         let store = dispatch.cache().route(&route.name, &spec);
         let Some((key, question)) = cache::asked(route, &spec, &request) else {
             store.counted("bypass");
-            let served = dispatch.serve(route, door, to, request, received).await;
+            let served = dispatch.serve(route, door, (to, whose), request, received).await;
             return marked(served, "bypass", std::time::Duration::ZERO);
         };
         if !entry::wants_fresh(request.headers()) {
-            if let Some(entry) = store.get(&key) {
+            if let Some((entry, precomputed)) = store.get(&key) {
                 store.counted("hit");
+                dispatch.charge_saved(route, &whose, kept(precomputed));
                 return answered(dispatch, route, door, &request, &entry, (&question, looked), "hit");
             }
         }
@@ -50,19 +52,22 @@ pub(super) fn serve<'a>(
             Joined::Follow(follower) => {
                 store.counted("coalesced");
                 match tokio::time::timeout_at(deadline, follower.answer()).await {
-                    Ok(Some(entry)) => answered(
-                        dispatch,
-                        route,
-                        door,
-                        &request,
-                        &entry,
-                        (&question, looked),
-                        "coalesced",
-                    ),
+                    Ok(Some(entry)) => {
+                        dispatch.charge_saved(route, &whose, Saved::Dedupe);
+                        answered(
+                            dispatch,
+                            route,
+                            door,
+                            &request,
+                            &entry,
+                            (&question, looked),
+                            "coalesced",
+                        )
+                    }
                     // The call it waited for brought nothing to share: it asks for itself.
                     Ok(None) => {
                         let waited = looked.elapsed();
-                        let served = dispatch.serve(route, door, to, request, received).await;
+                        let served = dispatch.serve(route, door, (to, whose), request, received).await;
                         marked(served, "miss", waited)
                     }
                     Err(_) => {
@@ -82,21 +87,30 @@ pub(super) fn serve<'a>(
                 // The replicas' shared second level, within a quarter of the budget.
                 if !entry::wants_fresh(request.headers()) {
                     let shared = tokio::time::timeout(budget(route, &to) / 4, store.get_shared(&key));
-                    if let Ok(Some(entry)) = shared.await {
+                    if let Ok(Some((entry, precomputed))) = shared.await {
                         flight.share(Some(entry.clone()));
                         store.counted("hit");
+                        dispatch.charge_saved(route, &whose, kept(precomputed));
                         return answered(dispatch, route, door, &request, &entry, (&question, looked), "hit");
                     }
                 }
                 store.counted("miss");
                 let lookup = looked.elapsed();
-                let served = dispatch.serve(route, door, to, request, received).await;
+                let served = dispatch.serve(route, door, (to, whose), request, received).await;
                 let kept = served.result.as_ref().ok().and_then(|r| Entry::of(&question, r));
                 flight.land(kept.map(Arc::new));
                 marked(served, "miss", lookup)
             }
         }
     })
+}
+
+/// What a kept answer saved: a precomputed one's, or the cache's.
+fn kept(precomputed: bool) -> Saved {
+    match precomputed {
+        true => Saved::Precomputed,
+        false => Saved::Cache,
+    }
 }
 
 /// A request answered by `entry`, as `question` asks, counted; the cache's part of its

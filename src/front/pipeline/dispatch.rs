@@ -11,9 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
-use dashmap::DashMap;
 use http::Request;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -26,6 +24,8 @@ use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
 use crate::front::auth::Callers;
 use crate::metrics::{self, RouteInstruments};
+
+use super::meters::{MeterTable, Meters};
 use crate::policy::{Policy, Route, Store};
 use crate::protocol::Reply;
 use crate::tiers::{Call, Tiers};
@@ -49,8 +49,8 @@ pub struct Dispatch {
     /// Routes' fallback pools (see [`Reason::Fallback`]).
     fallback: Pools,
     readiness: Arc<Readiness>,
-    /// Each route's request instruments.
-    instruments: InstrumentTable,
+    /// Each route's request instruments and usage counters.
+    meters: MeterTable,
     /// The share of each budget the tiers leave for the way to and from the client.
     reserve: f64,
     /// Who may call, as which tenant (every door authenticates with it).
@@ -59,43 +59,6 @@ pub struct Dispatch {
     sequence_tiers: Sequences<Tier>,
     /// The routes' prediction caches.
     cache: Cache,
-}
-
-/// Each route's request instruments: one set per route name for as long as the gateway
-/// runs (so a reload finds the same series), and, for the running snapshot, a table of
-/// them in its routes' order, so a request finds its route's set by index.
-#[derive(Debug, Default)]
-struct InstrumentTable {
-    names: DashMap<String, Arc<RouteInstruments>>,
-    table: ArcSwap<Table>,
-}
-
-/// The instruments of one snapshot's routes, by [`Route::index`].
-#[derive(Debug, Default)]
-struct Table {
-    version: u64,
-    routes: Vec<Arc<RouteInstruments>>,
-}
-
-impl InstrumentTable {
-    fn by_name(&self, route: &str) -> Arc<RouteInstruments> {
-        if let Some(found) = self.names.get(route) {
-            return found.clone();
-        }
-        self.names.entry(route.to_owned()).or_default().clone()
-    }
-
-    /// Makes the table for `policy` unless it is the one there.
-    fn rebuild(&self, policy: &Policy) {
-        if self.table.load().version == policy.version() {
-            return;
-        }
-        let routes = policy.routes().iter().map(|r| self.by_name(&r.name)).collect();
-        self.table.store(Arc::new(Table {
-            version: policy.version(),
-            routes,
-        }));
-    }
 }
 
 /// What the dispatch is asked to do about a request's tier.
@@ -155,6 +118,7 @@ impl Dispatch {
                 ids: ids.clone(),
                 received,
                 tenant: tenant.clone(),
+                claimed: std::sync::OnceLock::new(),
                 ticket,
             }),
             Err(e) => {
@@ -181,7 +145,7 @@ impl Dispatch {
             control: Pools::new(Role::Control, backends.clone()),
             fallback: Pools::new(Role::Fallback, backends),
             readiness,
-            instruments: InstrumentTable::default(),
+            meters: MeterTable::new(Arc::new(crate::usage::Ledger::in_memory())),
             reserve: 0.0,
             callers: Arc::new(Callers::open()),
             sequence_tiers: Sequences::default(),
@@ -198,6 +162,17 @@ impl Dispatch {
     /// The routes' prediction caches.
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The same dispatch, charging what the backends do to `ledger`.
+    pub fn with_usage(mut self, ledger: Arc<crate::usage::Ledger>) -> Self {
+        self.meters = MeterTable::new(ledger);
+        self
+    }
+
+    /// The usage ledger it charges.
+    pub fn usage(&self) -> &Arc<crate::usage::Ledger> {
+        self.meters.ledger()
     }
 
     /// The same dispatch, its doors authenticating callers with `callers`.
@@ -287,13 +262,14 @@ impl Dispatch {
         &self,
         route: &Arc<Route>,
         door: Door,
-        to: Ask,
+        (to, whose): (Ask, crate::usage::Whose),
         request: Request<Bytes>,
         received: Instant,
     ) -> Served {
         let request_span = crate::telemetry::current_span();
         request_span.record("route", route.name.as_str());
-        let instruments = self.instruments(route);
+        let meters = self.meters(route);
+        let instruments = &meters.instruments;
         let decision = match to {
             Ask::Decided(decision) => decision,
             Ask::Classify(meta) => match tracing::info_span!("classify").in_scope(|| classify(route, &meta)) {
@@ -306,7 +282,7 @@ impl Dispatch {
                         policy_version: route.policy_version(),
                         tier_took: None,
                     };
-                    return count(route, door, &instruments, served, debug_ids(&request));
+                    return count(route, door, instruments, served, debug_ids(&request));
                 }
             },
         };
@@ -333,7 +309,20 @@ impl Dispatch {
                 policy_version: route.policy_version(),
                 tier_took: None,
             };
-            return count(route, door, &instruments, served, ids.as_ref());
+            return count(route, door, instruments, served, ids.as_ref());
+        }
+        if let (Some(quotas), false) = (&route.quotas, decision.tier == Tier::Offline) {
+            // An offline job is accepted whatever its tenant's quota: it waits in the queue.
+            if let Some(spent) = super::meters::quota_spent(self.usage(), route, quotas, &whose) {
+                let served = Served {
+                    decision: Some(decision),
+                    refusal: None,
+                    result: Err(spent),
+                    policy_version: route.policy_version(),
+                    tier_took: None,
+                };
+                return count(route, door, instruments, served, ids.as_ref());
+            }
         }
         instruments.decided(&route.name, decision.tier, decision.reason);
         request_span.record("tier", decision.tier.as_str());
@@ -363,7 +352,7 @@ impl Dispatch {
             ),
             // Boxed: its futures would set the size of every request's future, copied
             // whole into the door's box (measured: docs/performance-history.md).
-            true => Box::pin(self.realtime_or_elsewhere(call, decision, &instruments)).await,
+            true => Box::pin(self.realtime_or_elsewhere(call, decision, instruments)).await,
         };
         handles.in_flight.decrement(1.0);
         let now = Instant::now();
@@ -374,14 +363,16 @@ impl Dispatch {
             let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
             instruments.slo(&route.name, decision.tier, met);
         }
+        let tier_took = now.saturating_duration_since(sent);
+        super::meters::charge(&meters.usage, decision.tier, &whose, &result, tier_took);
         let served = Served {
             decision: Some(decision),
             refusal: None,
             result,
             policy_version: route.policy_version(),
-            tier_took: Some(now.saturating_duration_since(sent)),
+            tier_took: Some(tier_took),
         };
-        count(route, door, &instruments, served, ids.as_ref())
+        count(route, door, instruments, served, ids.as_ref())
     }
 
     /// A real-time `call` of a route that lets a refused one be served elsewhere: by
@@ -463,7 +454,7 @@ impl Dispatch {
             policy_version: route.policy_version(),
             tier_took: None,
         };
-        count(route, door, &self.instruments(route), served, ids)
+        count(route, door, &self.meters(route).instruments, served, ids)
     }
 
     /// A request on `route` that failed before classification (refused at admission, a
@@ -476,20 +467,17 @@ impl Dispatch {
             policy_version: route.policy_version(),
             tier_took: None,
         };
-        count(route, door, &self.instruments(route), served, ids)
+        count(route, door, &self.meters(route).instruments, served, ids)
     }
 
-    /// `route`'s request instruments: from the running snapshot's table, by the route's
-    /// index, when the route belongs to it (nearly always); else by its name.
-    fn instruments(&self, route: &Route) -> Arc<RouteInstruments> {
-        let table = self.instruments.table.load();
-        if table.version == route.policy_version() {
-            if let Some(found) = table.routes.get(route.index()) {
-                return found.clone();
-            }
-        }
-        self.instruments.rebuild(&self.policy.load());
-        self.instruments.by_name(&route.name)
+    /// Charges the usage ledger for a request on `route` that `saved` a call.
+    pub(super) fn charge_saved(&self, route: &Route, whose: &crate::usage::Whose, saved: crate::usage::Saved) {
+        super::meters::saved(&self.meters(route).usage, whose, saved);
+    }
+
+    /// `route`'s meters (see [`MeterTable::get`]).
+    fn meters(&self, route: &Route) -> Arc<Meters> {
+        self.meters.get(route, &self.policy)
     }
 
     /// Every model the running policy names, in route order: what "all models" means

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 pub mod admission;
 mod cached;
 pub mod dispatch;
+mod meters;
 
 use admission::Ticket;
 use dispatch::{Ask, Dispatch, Served};
@@ -50,6 +51,8 @@ pub struct Admitted<'a> {
     /// When the door got the request: its budget starts here.
     received: Instant,
     tenant: Tenant,
+    /// The tenant header's value, once the door's step 4 has read the head.
+    claimed: std::sync::OnceLock<Option<http::HeaderValue>>,
     ticket: Ticket,
 }
 
@@ -68,17 +71,23 @@ impl Admitted<'_> {
     /// request's, or the gRPC call's metadata) and the KServe `timeout` parameter (µs)
     /// and request `id` the door parsed.
     pub fn meta(&self, headers: &HeaderMap, timeout_us: Option<u64>, id: Option<&str>) -> Result<Meta, Error> {
-        meta::read(headers, timeout_us, id, &self.route)
+        let route = &self.route;
+        self.meta_of(
+            &crate::headers::Head::scan(headers, (&route.rollout_key_header, &route.tenant_header)),
+            timeout_us,
+            id,
+        )
     }
 
     /// Step 4 from a head the door has scanned already (with the route's rollout key
-    /// header).
+    /// and tenant headers); the claimed tenant is kept for the usage ledger.
     pub fn meta_of(
         &self,
         head: &crate::headers::Head,
         timeout_us: Option<u64>,
         id: Option<&str>,
     ) -> Result<Meta, Error> {
+        let _ = self.claimed.set(head.tenant.clone());
         meta::read_head(head, timeout_us, id)
     }
 
@@ -100,13 +109,31 @@ impl Admitted<'_> {
     /// hit needs no tier), else on the tier the dispatch chooses.
     async fn serve_as(&self, to: Ask, mut request: Request<Bytes>) -> Served {
         request.extensions_mut().insert(self.ids.clone());
+        let (route, door, received) = (&self.route, self.door, self.received);
+        // Whose the usage is: its credential's tenant, else the tenant header the door
+        // read with the head (looked up here for a door that read none).
+        let whose = match (self.tenant.is_authenticated(), self.claimed.get()) {
+            (true, _) => crate::usage::Whose::Tenant(self.tenant.clone()),
+            (false, Some(Some(value))) => crate::usage::Whose::Claimed(value.clone()),
+            (false, Some(None)) => crate::usage::Whose::Tenant(Tenant::anonymous()),
+            (false, None) => crate::usage::Whose::of(&request, &route.tenant_header),
+        };
         if self.tenant.is_authenticated() {
             request.extensions_mut().insert(self.tenant.clone());
         }
-        let (route, door, received) = (&self.route, self.door, self.received);
         match route.cache.as_ref().filter(|_| route.flags.cache) {
-            Some(spec) => cached::serve(self.dispatch, route, door, to, request, (received, spec.clone())).await,
-            None => self.dispatch.serve(route, door, to, request, received).await,
+            Some(spec) => {
+                cached::serve(
+                    self.dispatch,
+                    route,
+                    door,
+                    (to, whose),
+                    request,
+                    (received, spec.clone()),
+                )
+                .await
+            }
+            None => self.dispatch.serve(route, door, (to, whose), request, received).await,
         }
     }
 

@@ -32,6 +32,7 @@ mod produce;
 mod reader;
 pub mod records;
 pub mod runner;
+pub mod usage;
 pub mod view;
 
 use std::path::Path;
@@ -145,6 +146,10 @@ impl KafkaQueue {
         )
         .create()
         .map_err(|e| format!("kafka queue: cannot create a client: {e}"))?;
+        store
+            .call(usage::schema)
+            .await
+            .map_err(|e| format!("kafka queue: cannot make the local view's usage table: {e}"))?;
         let (topic, count) = (settings.states.clone(), partitions[1]);
         let view = tokio::task::spawn_blocking(move || View::new(store, reader, &topic, count))
             .await
@@ -404,6 +409,15 @@ impl JobStore for KafkaQueue {
                     record.finished_at = Some(now);
                     record.error = Some(error);
                     terminal.push(id.clone());
+                    (record, Bytes::new())
+                }
+                Finish::Wait { reason, not_before } => {
+                    // Not run: the lease's attempt is given back.
+                    let attempt = attempt.saturating_sub(1);
+                    let mut record = self.state(held.meta, State::Queued, attempt);
+                    record.not_before = not_before;
+                    record.error = Some(reason);
+                    retries.push((id.clone(), attempt, not_before));
                     (record, Bytes::new())
                 }
                 Finish::Retry { error, not_before } => {

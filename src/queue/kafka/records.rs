@@ -186,6 +186,25 @@ pub struct Member {
     pub leaving: bool,
 }
 
+/// A replica's minute or hour of usage: the record's description (its rows are the
+/// value).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsagePeriod {
+    /// The replica that wrote it.
+    pub replica: String,
+    /// 60 or 3600 seconds.
+    pub span: i64,
+    /// Its start, unix seconds.
+    pub period: i64,
+}
+
+impl UsagePeriod {
+    /// Its key on the state topic.
+    pub fn key(&self) -> String {
+        format!("usage/{}/{}/{}", self.replica, self.span, self.period)
+    }
+}
+
 /// One record of the state topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -201,6 +220,10 @@ pub enum Record {
     Batch(BatchRow),
     /// A replica's heartbeat.
     Member(Member),
+    /// A replica's minute or hour of usage (its rows are the value).
+    Usage(UsagePeriod),
+    /// A replica's minute or hour of usage it no longer keeps.
+    UsageGone(UsagePeriod),
 }
 
 /// The headers that carry `meta`.

@@ -229,6 +229,8 @@ fn apply(conn: &Connection, record: &Record, value: &[u8], unfinished: &AtomicI6
             Ok(())
         }
         Record::Member(_) => Ok(()), // kept in memory by the reader, never stored
+        Record::Usage(period) => super::usage::apply(conn, period, Some(value)),
+        Record::UsageGone(period) => super::usage::apply(conn, period, None),
     }
 }
 

@@ -79,6 +79,8 @@ struct Inner {
     canaries: DashMap<String, Arc<RouteLanes>>,
     /// The routes' prediction caches, which answer rows they hold.
     cache: Cache,
+    /// The usage ledger its batches are charged to.
+    usage: Arc<crate::usage::Ledger>,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -97,6 +99,8 @@ struct RouteLanes {
     /// The caches its callers' rows are looked up in (none on a canary's lanes: the
     /// candidate's answers are never kept).
     cache: Option<Cache>,
+    /// The route's usage counters.
+    usage: Arc<crate::usage::RouteUsage>,
 }
 
 /// What must agree for requests to share a batch.
@@ -136,6 +140,8 @@ struct Part {
     ids: Option<crate::trace::Ids>,
     /// On a route with its cache on: how the caller's rows meet it.
     cache: Option<Box<rows::Rowed>>,
+    /// The caller's tenant ("" for the anonymous one), charged its rows' share.
+    tenant: String,
     /// A caller of a combined model's member: what it asked of the combined answer.
     asked: Option<Arc<combined::Asked>>,
 }
@@ -167,6 +173,8 @@ struct Lane {
     /// The pool's progressive batch size.
     limit: Arc<batcher::Limit>,
     metrics: Arc<BatchMetrics>,
+    /// The route's usage counters.
+    usage: Arc<crate::usage::RouteUsage>,
 }
 
 /// One route's micro-batch instruments, registered once per route spec.
@@ -282,7 +290,11 @@ impl Pending {
             Pending::Alone(lanes, call, why, false) => Box::pin(lanes.alone(*call, &why)).await,
             Pending::Alone(lanes, call, why, true) => {
                 let _spare = lanes.spare_slot().await;
-                Box::pin(lanes.forward_alone(*call, &why)).await
+                let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
+                let sent = Instant::now();
+                let answer = Box::pin(lanes.forward_alone(*call, &why)).await;
+                lanes.charge_alone((crate::usage::Source::Offline, &whose), &answer, sent.elapsed());
+                answer
             }
             Pending::Queued {
                 answer,
@@ -336,6 +348,11 @@ impl MicroBatch {
         })
     }
 
+    /// `route`'s batch pool's endpoints not ejected now (`spec` is its pool).
+    pub fn healthy(&self, route: &str, spec: &crate::policy::PoolSpec) -> usize {
+        self.inner.pools.healthy(route, spec)
+    }
+
     /// The routes of `policy` whose batch pool has every endpoint ejected.
     pub fn ejected(&self, policy: &crate::policy::Policy) -> Vec<String> {
         policy
@@ -365,13 +382,13 @@ impl MicroBatch {
     /// (answering what is queued) when `shutdown` fires. Its work runs on `threads` when
     /// given (the gateway's batch runtime), else on the caller's; a share of its batches
     /// go to routes' shadow candidates too when `shadow` is given. Routes with their
-    /// cache on look their rows up in `cache`.
+    /// cache on look their rows up in `cache`. Batches are charged to `usage`.
     pub fn new(
         settings: crate::backend::Settings,
         shutdown: CancellationToken,
         threads: Option<tokio::runtime::Handle>,
-        shadow: Option<Shadow>,
-        cache: Cache,
+        (shadow, cache): (Option<Shadow>, Cache),
+        usage: Arc<crate::usage::Ledger>,
     ) -> Self {
         MicroBatch {
             inner: Arc::new(Inner {
@@ -382,6 +399,7 @@ impl MicroBatch {
                 shadow,
                 canaries: DashMap::new(),
                 cache,
+                usage,
             }),
         }
     }
@@ -511,6 +529,7 @@ impl Inner {
             lanes: Mutex::new(HashMap::new()),
             shadow: self.shadow.clone(),
             cache: Some(self.cache.clone()),
+            usage: self.usage.route(route),
         }
     }
 }
@@ -554,7 +573,7 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         }
         Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
     };
-    let class = class(spec, &call)?;
+    let (class, tenant) = class(spec, &call)?;
     if !filler {
         lanes.admit(&class, rows, call.deadline)?;
     }
@@ -565,6 +584,7 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         span: tracing::Span::current(),
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
         asked,
+        tenant,
     };
     let submitted = match filler {
         true => lanes.queue.submit_filler(&lane, part, rows, call.deadline),
@@ -591,8 +611,8 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
 
 /// `call`'s band (its `x-tiergate-priority`, at most its tenant's ceiling, else the
 /// route's `priority`) and tenant (its credential's, else the route's tenant header's
-/// value) with the tenant's weight.
-fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
+/// value) with the tenant's weight; and the tenant's name.
+fn class(spec: &BatchSpec, call: &Call) -> Result<(Class, String), Error> {
     let scheduling = &spec.scheduling;
     // The door refused a header that names no band (`front::meta`), so one that does
     // not parse here came by no door, and the route's band serves.
@@ -607,11 +627,12 @@ fn class(spec: &BatchSpec, call: &Call) -> Result<Class, Error> {
     };
     let tenant = crate::tenant::Tenant::name_of(&call.request, &call.route.tenant_header);
     let weight = scheduling.tenant_weights.get(&tenant).map_or(1, |w| w.get());
-    Ok(Class {
+    let class = Class {
         priority,
         flow: flow_of(&tenant),
         weight,
-    })
+    };
+    Ok((class, tenant))
 }
 
 /// A tenant's flow: a hash of its name, stable for the process (0 for the anonymous one).
@@ -741,6 +762,7 @@ impl RouteLanes {
             max_batch: self.settings.max_batch,
             limit: self.shared.limit.clone(),
             metrics: self.metrics.clone(),
+            usage: self.usage.clone(),
         });
         lanes.insert(key, lane.clone());
         Ok(lane)
@@ -761,8 +783,11 @@ impl RouteLanes {
         };
         let waited = queued_at.elapsed();
         let sent = Instant::now();
-        let mut reply = self.forward_alone(call, why).await?;
+        let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
+        let answer = self.forward_alone(call, why).await;
         let took = sent.elapsed();
+        self.charge_alone((crate::usage::Source::MicroBatch, &whose), &answer, took);
+        let mut reply = answer?;
         if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
             reply.headers_mut().insert(headers::QUEUE_MS, ms);
         }
@@ -775,6 +800,26 @@ impl RouteLanes {
             ],
         );
         Ok(reply)
+    }
+
+    /// Charges a request sent alone to its tenant: the time it `took`, and as a row
+    /// when answered.
+    fn charge_alone(
+        &self,
+        (source, whose): (crate::usage::Source, &crate::usage::Whose),
+        answer: &Result<Reply, Error>,
+        took: Duration,
+    ) {
+        use crate::usage::{ns, Field, Figures};
+        let used = ns(took);
+        let mut figures = Figures::default()
+            .with(Field::CallsMicro, 1_000_000)
+            .with(Field::UsedNs, used)
+            .with(Field::AloneNs, used);
+        if answer.is_ok() {
+            figures = figures.with(Field::Rows, 1);
+        }
+        self.usage.add(source, whose.name(), &figures);
     }
 
     /// Sends a request that cannot share a batch, on a slot the caller holds.

@@ -76,6 +76,8 @@ pub(super) struct Plan {
     sent: Vec<Sent>,
     /// Per caller with its cache on: its store, and its rows hit, deduped and sent.
     counts: Vec<(Arc<RouteCache>, [u64; 3])>,
+    /// Per caller: its rows kept (not precomputed), precomputed, deduped and sent.
+    pub per_caller: Vec<[u64; 4]>,
 }
 
 /// A caller's rows as one-row requests, each with its key in `scope`.
@@ -112,6 +114,7 @@ impl Plan {
             callers: Vec::with_capacity(callers.len()),
             sent: Vec::new(),
             counts: Vec::new(),
+            per_caller: Vec::with_capacity(callers.len()),
         };
         let mut seen: HashMap<Key, usize> = HashMap::new();
         for (i, caller) in callers.iter().enumerate() {
@@ -121,7 +124,7 @@ impl Plan {
                 Err(e) => return Some(Err((i, e))),
             };
             let mut sources = Vec::with_capacity(rows.len());
-            let (mut hit, mut deduped, mut sent) = (0, 0, 0);
+            let (mut hit, mut deduped, mut sent, mut precomputed) = (0, 0, 0, 0);
             for (row, key) in rows {
                 let asked = caller.payload.asked.clone();
                 let (Some(rowed), Some(key)) = (rowed, key) else {
@@ -130,8 +133,9 @@ impl Plan {
                     continue;
                 };
                 let kept = (!rowed.fresh).then(|| rowed.store.get(&key)).flatten();
-                if let Some(kept) = kept.filter(|e| answers(e, &row)) {
+                if let Some((kept, was_precomputed)) = kept.filter(|(e, _)| answers(e, &row)) {
                     hit += 1;
+                    precomputed += u64::from(was_precomputed);
                     sources.push(Source::Kept(kept));
                 } else if let Some(&j) = seen.get(&key) {
                     deduped += 1;
@@ -146,6 +150,9 @@ impl Plan {
             if let Some(rowed) = rowed {
                 plan.counts.push((rowed.store.clone(), [hit, deduped, sent]));
             }
+            let unkeyed = sources.len() as u64 - hit - deduped - sent;
+            plan.per_caller
+                .push([hit - precomputed, precomputed, deduped, sent + unkeyed]);
             plan.callers.push(sources);
         }
         Some(Ok(plan))

@@ -72,6 +72,7 @@ fn run<'a>(
         let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
         let Some(mut request) = request else {
             // The cache held every row: no backend call.
+            charge(lane, &callers, plan.as_ref(), (Duration::ZERO, 0), false);
             let replies = plan.as_ref().map(|p| p.answers(lane.form, None, &callers));
             return scattered(callers, replies, (0, None), (sent, Duration::ZERO));
         };
@@ -93,6 +94,8 @@ fn run<'a>(
         let called = lane.pool.forward(request, deadline).instrument(span).await;
         let took = started.elapsed();
         lane.went(&called, learned, took);
+        let answered = matches!(&called, Ok(reply) if reply.status().is_success());
+        charge(lane, &callers, plan.as_ref(), (took, total), answered);
         tracing::info!(
             target: "tiergate::lineage",
             batch = %id,
@@ -176,6 +179,48 @@ impl Lane {
                 tracing::info!(route = %self.route, rows = now, "a batch went wrong: batches now carry at most {now} rows");
             }
         }
+    }
+}
+
+/// Charges each caller of a batch its share of the call that `took` for `sent` rows
+/// (its rows sent of them; none when the cache held every row): its rows when
+/// `answered`, what its rows sent would have cost alone (`t(1)` each, as learned before
+/// this batch; unpriced while the pool is still learning), and what its rows the cache
+/// held or a batch-mate's row answered would have cost. A caller of offline work is
+/// charged as the offline tier's.
+fn charge(lane: &Lane, callers: &Callers, plan: Option<&Plan>, (took, sent): (Duration, u64), answered: bool) {
+    use crate::usage::{ns, Field, Saved, Source};
+    let one = lane.cost.predict(1);
+    let took = ns(took);
+    for (i, caller) in callers.iter().enumerate() {
+        let [kept, precomputed, deduped, own] =
+            plan.and_then(|p| p.per_caller.get(i).copied())
+                .unwrap_or([0, 0, 0, caller.rows]);
+        let share = |whole: u64| match sent {
+            0 => 0,
+            // In u128: a minute in nanoseconds times 16k rows is past u64.
+            n => u64::try_from(u128::from(whole) * u128::from(own) / u128::from(n)).unwrap_or(u64::MAX),
+        };
+        let used = share(took);
+        let mut figures = Saved::Cache.figures(kept, one);
+        figures.add(&Saved::Precomputed.figures(precomputed, one));
+        figures.add(&Saved::Dedupe.figures(deduped, one));
+        figures = figures
+            .with(Field::CallsMicro, share(1_000_000))
+            .with(Field::UsedNs, used);
+        figures = match one {
+            Some(one) => figures.with(Field::AloneNs, ns(one).saturating_mul(own)),
+            None => figures.with(Field::AloneNs, used).with(Field::UnpricedRows, own),
+        };
+        if answered || sent == 0 {
+            figures = figures.with(Field::Rows, caller.rows);
+        }
+        let source = if caller.filler {
+            Source::Offline
+        } else {
+            Source::MicroBatch
+        };
+        lane.usage.add(source, &caller.payload.tenant, &figures);
     }
 }
 

@@ -50,7 +50,14 @@ pub struct Workers {
     pub shadow: Option<Shadow>,
     /// The routes' prediction caches, which precomputing batches write their answers into.
     pub cache: crate::cache::Cache,
+    /// The usage ledger, whose tenants' quotas hold jobs back.
+    pub usage: Arc<crate::usage::Ledger>,
 }
+
+/// How long a job whose tenant's quota is spent waits before it is looked at again
+/// (sooner when the quota resets first): a raised quota lets it run within this. Each
+/// look leases and queues back the tenant's waiting jobs (no attempt counted).
+const QUOTA_RECHECK: Duration = Duration::from_secs(15);
 
 /// How long a route's worker waits after the queue failed before it tries again (the
 /// queue logs the cause once; readiness reports it).
@@ -150,6 +157,13 @@ impl RouteWorker {
                     break;
                 }
             };
+            let jobs = match &route.quotas {
+                Some(quotas) => self.past_quota(&route.name, quotas, jobs).await,
+                None => jobs,
+            };
+            if jobs.is_empty() {
+                continue;
+            }
             let calls = jobs.iter().map(|job| call(&route, job, &w.settings)).collect();
             let attempt = async {
                 let started = Instant::now();
@@ -183,6 +197,41 @@ impl RouteWorker {
         if !store_failed {
             w.wake.notify_one(); // jobs may have arrived since the last lease came back empty
         }
+    }
+
+    /// `jobs` whose tenant's quota on `route` is not spent; the others queued again to
+    /// wait (their attempt not counted) until the quota resets, looked at again every
+    /// [`QUOTA_RECHECK`] in case it was raised.
+    async fn past_quota(&self, route: &str, quotas: &crate::policy::usage::RouteQuotas, jobs: Vec<Job>) -> Vec<Job> {
+        let now_ms = queue::now_ms();
+        let now = now_ms.div_euclid(1000);
+        let mut waiting = Vec::new();
+        let mut runnable = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match self.workers.usage.quotas.spent(route, &job.request.tenant, quotas, now) {
+                None => runnable.push(job),
+                Some(spent) => {
+                    let recheck = now_ms.saturating_add(ms(QUOTA_RECHECK));
+                    let not_before = recheck.min(spent.resets_at.saturating_mul(1000)).max(now_ms + 1000);
+                    let reason = format!("waiting: {}", spent.message);
+                    waiting.push((job.id.clone(), job.attempts, Finish::Wait { reason, not_before }));
+                }
+            }
+        }
+        if !waiting.is_empty() {
+            tracing::debug!(
+                route,
+                jobs = waiting.len(),
+                "offline jobs wait for their tenants' quotas"
+            );
+            for (_, _, end) in &waiting {
+                count_attempt(route, end);
+            }
+            if let Err(e) = self.workers.store.finish_all(waiting).await {
+                tracing::warn!(error = %e, "could not queue jobs back to wait for a quota; they run again after restart");
+            }
+        }
+        runnable
     }
 
     /// Queues `jobs` again (the gateway is stopping before their attempt ended), so this
@@ -412,10 +461,11 @@ fn count_attempt(route: &str, end: &Finish) {
         Finish::Answered(a) if (200..300).contains(&a.status) => "succeeded",
         Finish::Answered(_) => "answered",
         Finish::Retry { .. } => "retry",
+        Finish::Wait { .. } => "waiting",
         Finish::Failed { .. } => "failed",
     };
     ::metrics::counter!(crate::metrics::OFFLINE_ATTEMPTS, "route" => route.to_owned(), "result" => result).increment(1);
-    if result != "retry" {
+    if !matches!(result, "retry" | "waiting") {
         crate::metrics::count_slo(route, Tier::Offline, result == "succeeded");
     }
 }

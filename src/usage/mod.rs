@@ -1,0 +1,730 @@
+//! The usage ledger: what the backends did for whom, and what tiergate saved them.
+//!
+//! Every backend call's time is charged to the requests whose rows it carried: a
+//! real-time call (and an offline job served alone) by its measured time, a
+//! micro-batch's measured time split over its callers by their rows (each row of a
+//! batch costs the same share of `t(n) = a + b·n`, so a caller with `k` of the `n` rows
+//! pays `k/n` of the batch and the shares add up to the batch's time). Beside what was
+//! used, each row's **per-request equivalent**: what serving it alone would have cost,
+//! `t(1)` of its pool's learned cost (a row whose pool has not learned its cost yet is
+//! counted as unpriced rather than guessed). Rows that cost nothing are counted as
+//! saved, by cause: the cache (a kept answer), precomputed answers (kept by a batch or
+//! a Kafka source), dedupe (a coalesced follower, a row sent once for its batch-mates).
+//!
+//! The request path only adds to atomic counters of its route (one set per route,
+//! source and tenant: [`RouteUsage`]); a ticker drains them each second
+//! ([`Ledger::tick`]) into the Prometheus totals, the capacity signal
+//! ([`capacity`]) and, every few seconds, the store in the data directory
+//! ([`store`]: per minute, rolled into hours after a day, hours kept 90 days by
+//! default). [`report`] reads it back as the table `GET /admin/usage` and
+//! `tiergate usage` print.
+
+pub mod capacity;
+pub mod fleet;
+pub mod quota;
+pub mod report;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dashmap::DashMap;
+
+use crate::decision::Tier;
+use crate::tenant::Tenant;
+
+/// Where a request's answer came from, as the ledger counts it: a tier, or the cache
+/// (a kept answer, or a coalesced follower's, served with no tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// The real-time tier (its fallback pool's calls too).
+    Realtime,
+    /// The micro-batch tier.
+    MicroBatch,
+    /// The offline tier: a job's acceptance, and its rows when they run.
+    Offline,
+    /// No tier: the route's cache answered.
+    Cache,
+}
+
+impl Source {
+    /// Every source, by [`Source::index`].
+    pub const ALL: [Source; 4] = [Source::Realtime, Source::MicroBatch, Source::Offline, Source::Cache];
+
+    /// The source of a tier's answers.
+    pub fn of(tier: Tier) -> Source {
+        match tier {
+            Tier::Realtime => Source::Realtime,
+            Tier::MicroBatch => Source::MicroBatch,
+            Tier::Offline => Source::Offline,
+        }
+    }
+
+    /// Its position in [`Source::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name in the ledger, the metrics and the reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Realtime => "realtime",
+            Source::MicroBatch => "micro_batch",
+            Source::Offline => "offline",
+            Source::Cache => "cache",
+        }
+    }
+
+    /// The source called `name`.
+    pub fn parse(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+/// What the ledger counts, by position in [`Figures`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Field {
+    /// Requests that reached the tier (or the cache).
+    Requests,
+    /// Of them, refused without a backend call (shed, queue full, deadline, budget).
+    Refused,
+    /// Rows answered (a real-time call counts as one: its body is not decoded).
+    Rows,
+    /// Backend calls, in millionths (a batch's call shared by its callers' rows).
+    CallsMicro,
+    /// Backend time charged, nanoseconds.
+    UsedNs,
+    /// What the rows sent would have cost served one by one, nanoseconds.
+    AloneNs,
+    /// Rows sent whose pool had not learned its cost yet (their equivalent is their use).
+    UnpricedRows,
+    /// Rows answered from a kept answer ...
+    CacheRows,
+    /// ... and what they would have cost, nanoseconds.
+    CacheNs,
+    /// Rows answered from a precomputed answer ...
+    PrecomputedRows,
+    /// ... and what they would have cost, nanoseconds.
+    PrecomputedNs,
+    /// Rows answered by a call made for another (a coalesced follower, a row sent once
+    /// for its batch-mates) ...
+    DedupeRows,
+    /// ... and what they would have cost, nanoseconds.
+    DedupeNs,
+}
+
+impl Field {
+    /// Every field, in order.
+    pub const ALL: [Field; FIELDS] = [
+        Field::Requests,
+        Field::Refused,
+        Field::Rows,
+        Field::CallsMicro,
+        Field::UsedNs,
+        Field::AloneNs,
+        Field::UnpricedRows,
+        Field::CacheRows,
+        Field::CacheNs,
+        Field::PrecomputedRows,
+        Field::PrecomputedNs,
+        Field::DedupeRows,
+        Field::DedupeNs,
+    ];
+
+    /// Its column in the store.
+    pub fn column(self) -> &'static str {
+        match self {
+            Field::Requests => "requests",
+            Field::Refused => "refused",
+            Field::Rows => "rows",
+            Field::CallsMicro => "calls_micro",
+            Field::UsedNs => "used_ns",
+            Field::AloneNs => "alone_ns",
+            Field::UnpricedRows => "unpriced_rows",
+            Field::CacheRows => "cache_rows",
+            Field::CacheNs => "cache_ns",
+            Field::PrecomputedRows => "precomputed_rows",
+            Field::PrecomputedNs => "precomputed_ns",
+            Field::DedupeRows => "dedupe_rows",
+            Field::DedupeNs => "dedupe_ns",
+        }
+    }
+}
+
+/// How many fields the ledger counts.
+pub const FIELDS: usize = 13;
+
+/// The ledger's figures for one route, source and tenant over some time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Figures(pub [u64; FIELDS]);
+
+impl Figures {
+    /// One field.
+    pub fn get(&self, field: Field) -> u64 {
+        self.0[field as usize]
+    }
+
+    /// `self` with `value` added to `field`.
+    pub fn with(mut self, field: Field, value: u64) -> Self {
+        self.0[field as usize] = self.0[field as usize].saturating_add(value);
+        self
+    }
+
+    /// Adds `other` in.
+    pub fn add(&mut self, other: &Figures) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine = mine.saturating_add(theirs);
+        }
+    }
+
+    /// Whether every figure is zero.
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|v| *v == 0)
+    }
+
+    /// A field that is a time, in seconds.
+    pub fn seconds(&self, field: Field) -> f64 {
+        self.get(field) as f64 / 1e9
+    }
+}
+
+/// Why a row cost nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// A kept answer.
+    Cache,
+    /// A precomputed answer (kept by a batch or a Kafka source).
+    Precomputed,
+    /// A call made for another: a coalesced follower, a row sent once for its batch-mates.
+    Dedupe,
+}
+
+impl Saved {
+    /// Its rows' field and its nanoseconds' field.
+    pub fn fields(self) -> (Field, Field) {
+        match self {
+            Saved::Cache => (Field::CacheRows, Field::CacheNs),
+            Saved::Precomputed => (Field::PrecomputedRows, Field::PrecomputedNs),
+            Saved::Dedupe => (Field::DedupeRows, Field::DedupeNs),
+        }
+    }
+
+    /// `rows` rows saved so, each costing `each` (`None`: not learned, so unpriced).
+    pub fn figures(self, rows: u64, each: Option<Duration>) -> Figures {
+        let (rows_field, ns_field) = self.fields();
+        let figures = Figures::default().with(rows_field, rows);
+        match each {
+            Some(each) => figures.with(ns_field, ns(each).saturating_mul(rows)),
+            None => figures.with(Field::UnpricedRows, rows),
+        }
+    }
+}
+
+/// Nanoseconds of `d`, saturating.
+pub fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The counters a request path adds to.
+#[derive(Debug, Default)]
+struct Tally([AtomicU64; FIELDS]);
+
+impl Tally {
+    fn add(&self, figures: &Figures) {
+        for (cell, value) in self.0.iter().zip(figures.0) {
+            if value != 0 {
+                cell.fetch_add(value, Relaxed);
+            }
+        }
+    }
+
+    /// A request answered by one call of its own that took `used_ns` (a row and a call
+    /// when `answered`; the time whatever the answer): the real-time path's one charge,
+    /// five adds without a [`Figures`] built.
+    fn call(&self, used_ns: u64, answered: bool) {
+        let at = |field: Field| &self.0[field as usize];
+        at(Field::Requests).fetch_add(1, Relaxed);
+        if answered {
+            at(Field::Rows).fetch_add(1, Relaxed);
+        }
+        at(Field::CallsMicro).fetch_add(1_000_000, Relaxed);
+        at(Field::UsedNs).fetch_add(used_ns, Relaxed);
+        at(Field::AloneNs).fetch_add(used_ns, Relaxed);
+    }
+
+    fn take(&self) -> Figures {
+        let mut out = Figures::default();
+        for (value, cell) in out.0.iter_mut().zip(&self.0) {
+            if cell.load(Relaxed) != 0 {
+                *value = cell.swap(0, Relaxed);
+            }
+        }
+        out
+    }
+}
+
+/// Named tenants kept apart per route and source; past it, the rest as [`OTHER`].
+const MAX_TENANTS: usize = 10_000;
+/// The tenant the ones past the 10,000th named on a route and source are counted as.
+pub const OTHER: &str = "(other)";
+
+/// One route's counters: per source, the anonymous tenant's and each named tenant's.
+#[derive(Debug)]
+pub struct RouteUsage {
+    route: Arc<str>,
+    by_source: [SourceTally; Source::ALL.len()],
+    /// What an answered request cost its backends lately (real-time and micro-batch,
+    /// averaged by the ticker), nanoseconds; 0: nothing answered yet.
+    recent_ns: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct SourceTally {
+    anonymous: Tally,
+    named: DashMap<Box<str>, Tally, foldhash::fast::RandomState>,
+    /// Whether `named` has ever held a tenant (the drain skips its shards until then).
+    any_named: std::sync::atomic::AtomicBool,
+}
+
+impl RouteUsage {
+    fn new(route: &str) -> Self {
+        RouteUsage {
+            route: Arc::from(route),
+            by_source: Default::default(),
+            recent_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The route's name.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// What an answered request cost its backends lately, once one was answered: what
+    /// a request answered without a call would have cost.
+    pub fn recent_cost(&self) -> Option<Duration> {
+        match self.recent_ns.load(Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+
+    /// Moves the recent cost towards `answered` requests having cost `used_ns`.
+    fn learn(&self, answered: u64, used_ns: u64) {
+        if answered == 0 || used_ns == 0 {
+            return;
+        }
+        let now = (used_ns / answered).max(1);
+        let before = self.recent_ns.load(Relaxed);
+        let next = match before {
+            0 => now,
+            // A memory of about 8 seconds of traffic.
+            b => b - b / 8 + now / 8,
+        };
+        self.recent_ns.store(next.max(1), Relaxed);
+    }
+
+    /// Charges `figures` to `tenant` ("" is the anonymous one) for answers from `source`.
+    pub fn add(&self, source: Source, tenant: &str, figures: &Figures) {
+        let at = &self.by_source[source.index()];
+        if tenant.is_empty() {
+            return at.anonymous.add(figures);
+        }
+        if let Some(tally) = at.named.get(tenant) {
+            return tally.add(figures);
+        }
+        let name = match at.named.len() < MAX_TENANTS {
+            true => tenant,
+            false => OTHER,
+        };
+        at.named.entry(name.into()).or_default().add(figures);
+        at.any_named.store(true, Relaxed);
+    }
+
+    /// Charges `tenant` a request on `source` answered by one call of its own that took
+    /// `used_ns` (see [`Tally::call`]).
+    pub fn add_call(&self, source: Source, tenant: &str, used_ns: u64, answered: bool) {
+        let at = &self.by_source[source.index()];
+        if tenant.is_empty() {
+            return at.anonymous.call(used_ns, answered);
+        }
+        match at.named.get(tenant) {
+            Some(tally) => tally.call(used_ns, answered),
+            // The tenant's first charge here: through the map's way in.
+            None => {
+                let figures = Figures::default()
+                    .with(Field::Requests, 1)
+                    .with(Field::Rows, u64::from(answered))
+                    .with(Field::CallsMicro, 1_000_000)
+                    .with(Field::UsedNs, used_ns)
+                    .with(Field::AloneNs, used_ns);
+                self.add(source, tenant, &figures);
+            }
+        }
+    }
+
+    /// Takes every counter's value since the last take, resetting it.
+    fn take(&self, into: &mut Vec<(Source, String, Figures)>) {
+        for (source, at) in Source::ALL.into_iter().zip(&self.by_source) {
+            let anonymous = at.anonymous.take();
+            if !anonymous.is_zero() {
+                into.push((source, String::new(), anonymous));
+            }
+            if !at.any_named.load(Relaxed) {
+                continue;
+            }
+            for tenant in at.named.iter() {
+                let figures = tenant.value().take();
+                if !figures.is_zero() {
+                    into.push((source, tenant.key().to_string(), figures));
+                }
+            }
+        }
+    }
+}
+
+/// A pool's totals since start, and their Prometheus handles.
+type Exported = (Figures, crate::metrics::UsageHandles);
+
+/// A minute's figures not yet in the store: by (minute's start, route, source, tenant).
+type Pending = HashMap<(i64, Arc<str>, Source, String), Figures>;
+
+/// How often the ticker writes what it drained to the store.
+const WRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// The gateway's usage ledger (one per gateway; cheap to share behind an `Arc`).
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Each route's counters (named when a route first meets the ledger: rare; read
+    /// whole by the drain each second).
+    routes: std::sync::RwLock<HashMap<Box<str>, Arc<RouteUsage>>>,
+    /// Drained, not yet written.
+    pending: Mutex<Pending>,
+    /// Where it is kept; `None`: in memory only (tests of one tier).
+    store: Option<store::Store>,
+    /// Each pool's capacity signal.
+    pub capacity: capacity::Signals,
+    /// Each tenant's use in the current day and month, for its quotas.
+    pub quotas: quota::Uses,
+    /// Totals since start, and their Prometheus handles.
+    exported: Mutex<HashMap<(Arc<str>, Source), Exported>>,
+    /// Per-tenant series: off (`None`), or the tenants that have their own (at most
+    /// the limit; the rest are `other`).
+    tenant_series: Option<Mutex<TenantSeries>>,
+    /// Where the replicas share their ledgers, when they do (the Kafka queue).
+    fleet: Option<Arc<dyn fleet::Fleet>>,
+    /// The periods written and not published to the fleet yet.
+    unpublished: Mutex<fleet::Unpublished>,
+}
+
+/// The tenants whose usage has series of their own.
+#[derive(Debug, Default)]
+struct TenantSeries {
+    limit: usize,
+    named: std::collections::HashSet<String>,
+}
+
+impl TenantSeries {
+    /// The `tenant` label for `tenant` (`anonymous` for ""): its own while there is
+    /// room, else `other`.
+    fn label(&mut self, tenant: &str) -> String {
+        let name = if tenant.is_empty() { "anonymous" } else { tenant };
+        if self.named.contains(name) {
+            return name.to_owned();
+        }
+        if self.named.len() < self.limit {
+            self.named.insert(name.to_owned());
+            return name.to_owned();
+        }
+        "other".to_owned()
+    }
+}
+
+impl Ledger {
+    /// A ledger kept in memory only.
+    pub fn in_memory() -> Self {
+        Ledger::default()
+    }
+
+    /// A ledger kept in `store`, its tenants' use this month read back from it.
+    pub fn kept_in(store: store::Store) -> Result<Self, String> {
+        let ledger = Ledger::default();
+        let month = quota::month_start(unix(SystemTime::now()));
+        for row in store.since(month)? {
+            let route = ledger.route(&row.route).route.clone();
+            ledger
+                .quotas
+                .add(row.period.max(month), &route, &row.tenant, answered(&row.figures));
+        }
+        Ok(Ledger {
+            store: Some(store),
+            ..ledger
+        })
+    }
+
+    /// The same ledger, exporting per-tenant series for up to `limit` tenants.
+    pub fn with_tenant_series(mut self, limit: usize) -> Self {
+        self.tenant_series = Some(Mutex::new(TenantSeries {
+            limit,
+            ..TenantSeries::default()
+        }));
+        self
+    }
+
+    /// The same ledger, shared with the other replicas through `fleet`: what it
+    /// writes is published there, and reads are the fleet's.
+    pub fn with_fleet(mut self, fleet: Arc<dyn fleet::Fleet>) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// `route`'s counters (made the first time a route is named).
+    pub fn route(&self, route: &str) -> Arc<RouteUsage> {
+        if let Some(found) = self.routes.read().unwrap_or_else(|e| e.into_inner()).get(route) {
+            return found.clone();
+        }
+        let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        routes
+            .entry(route.into())
+            .or_insert_with(|| Arc::new(RouteUsage::new(route)))
+            .clone()
+    }
+
+    /// Drains every route's counters into the minute they are in, the Prometheus
+    /// totals and the capacity signal; writes to the store when `write` (or when
+    /// there is no store, keeps them pending for [`Ledger::rows`]).
+    pub fn drain(&self, now: SystemTime) -> Vec<(Arc<str>, Source, Figures)> {
+        let minute = minute_of(now);
+        let mut taken = Vec::new();
+        let mut by_pool: HashMap<(Arc<str>, Source), Figures> = HashMap::new();
+        let routes: Vec<Arc<RouteUsage>> = self
+            .routes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for usage in &routes {
+            taken.clear();
+            usage.take(&mut taken);
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let (mut served, mut used) = (0, 0);
+            for (_, _, figures) in taken
+                .iter()
+                .filter(|t| matches!(t.0, Source::Realtime | Source::MicroBatch))
+            {
+                let (ns, requests) = answered(figures);
+                (served, used) = (served + requests, used + ns);
+            }
+            usage.learn(served, used);
+            for (source, tenant, figures) in taken.drain(..) {
+                self.quotas.add(minute, &usage.route, &tenant, answered(&figures));
+                if let Some(series) = &self.tenant_series {
+                    let label = series.lock().unwrap_or_else(|e| e.into_inner()).label(&tenant);
+                    let counts = (figures.get(Field::Requests), figures.get(Field::UsedNs));
+                    crate::metrics::tenant_usage_added(&usage.route, &label, counts);
+                }
+                by_pool.entry((usage.route.clone(), source)).or_default().add(&figures);
+                pending
+                    .entry((minute, usage.route.clone(), source, tenant))
+                    .or_default()
+                    .add(&figures);
+            }
+        }
+        let mut exported = self.exported.lock().unwrap_or_else(|e| e.into_inner());
+        let drained: Vec<_> = by_pool.into_iter().map(|((r, s), f)| (r, s, f)).collect();
+        for (route, source, figures) in &drained {
+            let get = |field| figures.get(field);
+            let counts = [get(Field::Requests), get(Field::Rows)];
+            let spent = [get(Field::UsedNs), get(Field::AloneNs)];
+            let saved = [get(Field::CacheNs), get(Field::PrecomputedNs), get(Field::DedupeNs)];
+            let (total, handles) = exported.entry((route.clone(), *source)).or_insert_with(|| {
+                (
+                    Figures::default(),
+                    crate::metrics::UsageHandles::new(route, source.as_str()),
+                )
+            });
+            handles.add((counts, spent, saved));
+            total.add(figures);
+        }
+        drained
+    }
+
+    /// Writes what was drained to the store (rolling old minutes into hours), and notes
+    /// the periods it changed for the fleet; the figures stay pending if the write
+    /// fails, and the failure is logged.
+    pub fn write(&self, now: SystemTime) {
+        let Some(store) = &self.store else { return };
+        let rows: Pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if rows.is_empty() {
+            return;
+        }
+        match store.add(&rows, unix(now)) {
+            Ok(changed) if self.fleet.is_some() => {
+                self.unpublished.lock().unwrap_or_else(|e| e.into_inner()).note(changed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the usage ledger could not be written; kept in memory and tried again");
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                for (key, figures) in rows {
+                    pending.entry(key).or_default().add(&figures);
+                }
+            }
+        }
+    }
+
+    /// Whether anything drained waits to be written.
+    fn has_pending(&self) -> bool {
+        !self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// One second of the ticker: drains and feeds the capacity signal.
+    pub fn tick(&self, now: SystemTime, pools: &dyn capacity::Pools) {
+        let drained = self.drain(now);
+        self.capacity.second(&drained, pools);
+    }
+
+    /// Drains and writes now, on a blocking thread, and publishes what changed to the
+    /// fleet (when there is one).
+    pub async fn flush(self: &Arc<Self>) {
+        let ledger = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let now = SystemTime::now();
+            ledger.drain(now);
+            ledger.write(now);
+        })
+        .await;
+        fleet::share(self).await;
+    }
+
+    /// The rows since `since` (unix seconds), everything drained first: the fleet's
+    /// (every replica's, summed) when the ledger has one, else this gateway's store and
+    /// what it could not write yet.
+    pub async fn read(self: &Arc<Self>, since: i64) -> Result<Vec<store::Row>, String> {
+        self.flush().await;
+        if let Some(fleet) = &self.fleet {
+            return fleet.rows(since).await;
+        }
+        let ledger = self.clone();
+        tokio::task::spawn_blocking(move || ledger.local(since))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// This gateway's rows since `since`: the store's, and what is not written yet.
+    fn local(&self, since: i64) -> Result<Vec<store::Row>, String> {
+        let mut rows = match &self.store {
+            Some(store) => store.since(since)?,
+            None => Vec::new(),
+        };
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        rows.extend(pending.iter().filter(|((minute, ..), _)| *minute >= since - 59).map(
+            |((minute, route, source, tenant), figures)| store::Row {
+                span: 60,
+                period: *minute,
+                route: route.to_string(),
+                source: *source,
+                tenant: tenant.clone(),
+                figures: *figures,
+            },
+        ));
+        Ok(rows)
+    }
+
+    /// Every route's totals since the gateway started, by source.
+    pub fn totals(&self) -> Vec<(Arc<str>, Source, Figures)> {
+        let exported = self.exported.lock().unwrap_or_else(|e| e.into_inner());
+        exported.iter().map(|((r, s), (f, _))| (r.clone(), *s, *f)).collect()
+    }
+
+    /// Runs the ticker each second until `stop`, writing to the store every
+    /// [`WRITE_EVERY`] on a blocking thread (and publishing to the fleet); then drains
+    /// and writes what is left.
+    pub async fn run(self: Arc<Self>, pools: Arc<dyn capacity::Pools>, stop: tokio_util::sync::CancellationToken) {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut second = 0u64;
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                () = stop.cancelled() => break,
+            }
+            second += 1;
+            self.tick(SystemTime::now(), pools.as_ref());
+            if second % WRITE_EVERY.as_secs() == 0 && self.has_pending() {
+                let ledger = self.clone();
+                let _ = tokio::task::spawn_blocking(move || ledger.write(SystemTime::now())).await;
+                fleet::share(&self).await;
+            }
+        }
+        self.flush().await;
+    }
+}
+
+/// What `figures` count against a quota: backend nanoseconds, requests answered.
+fn answered(figures: &Figures) -> (u64, u64) {
+    let requests = figures.get(Field::Requests).saturating_sub(figures.get(Field::Refused));
+    (figures.get(Field::UsedNs), requests)
+}
+
+/// The first value of `header` in `headers`: for the few headers most requests carry,
+/// by comparing names in turn (a custom name's hash costs more than a handful of
+/// comparisons, most of them of a standard name's tag), else by the map's lookup.
+fn claimed<'h>(headers: &'h http::HeaderMap, header: &http::HeaderName) -> Option<&'h http::HeaderValue> {
+    const SCAN: usize = 12;
+    match headers.keys_len() <= SCAN {
+        true => headers
+            .iter()
+            .find_map(|(name, value)| (name == header).then_some(value)),
+        false => headers.get(header),
+    }
+}
+
+/// Unix seconds of `t`.
+pub fn unix(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The start of the minute `t` is in, unix seconds.
+fn minute_of(t: SystemTime) -> i64 {
+    let s = unix(t);
+    s - s.rem_euclid(60)
+}
+
+/// Whose a request's usage is: its credential's tenant, else the tenant its route's
+/// tenant header claims, else the anonymous one (the rule of [`Tenant::name_in`]),
+/// kept while the request itself moves on.
+#[derive(Debug, Clone)]
+pub enum Whose {
+    /// Named by a credential (or the anonymous tenant).
+    Tenant(Tenant),
+    /// Claimed by the route's tenant header.
+    Claimed(http::HeaderValue),
+}
+
+impl Whose {
+    /// Whose `request` on a route with tenant header `header` is.
+    pub fn of<B>(request: &http::Request<B>, header: &http::HeaderName) -> Whose {
+        match request.extensions().get::<Tenant>() {
+            Some(tenant) if tenant.is_authenticated() => Whose::Tenant(tenant.clone()),
+            _ => match claimed(request.headers(), header) {
+                Some(value) => Whose::Claimed(value.clone()),
+                None => Whose::Tenant(Tenant::anonymous()),
+            },
+        }
+    }
+
+    /// The tenant's name ("" for the anonymous one; a claim that is not visible ASCII
+    /// names no tenant).
+    pub fn name(&self) -> &str {
+        match self {
+            Whose::Tenant(tenant) => tenant.as_str(),
+            Whose::Claimed(value) => value.to_str().unwrap_or_default(),
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The usage ledger read back as the table a finance or platform review wants: per
+//! route, tier and/or tenant, what the backends were used for, what the same answers
+//! would have cost served one by one, what was saved and by what, each group's share,
+//! and the money when the pools name a `cost_per_hour`. `GET /admin/usage` serves it
+//! as JSON or CSV; `tiergate usage` prints it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::store::Row;
+use super::{Field, Figures, Source};
+use crate::policy::usage::Price;
+use crate::policy::Policy;
+
+/// What the table's rows are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum By {
+    /// The route.
+    Route,
+    /// The tier (or `cache`).
+    Tier,
+    /// The tenant.
+    Tenant,
+}
+
+impl By {
+    /// The groupings named in `list` (`route,tier`), in table order; an error names a
+    /// word that is none.
+    pub fn parse_list(list: &str) -> Result<Vec<By>, String> {
+        let mut by = Vec::new();
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let one = match word {
+                "route" => By::Route,
+                "tier" => By::Tier,
+                "tenant" => By::Tenant,
+                other => return Err(format!("by: {other:?} is not route, tier or tenant")),
+            };
+            if !by.contains(&one) {
+                by.push(one);
+            }
+        }
+        if by.is_empty() {
+            return Err("by: name route, tier or tenant (or several, comma-separated)".into());
+        }
+        by.sort();
+        Ok(by)
+    }
+}
+
+/// The name the anonymous tenant has in a report.
+pub const ANONYMOUS: &str = "(anonymous)";
+
+/// The table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// The start of the time it covers, unix seconds (whole minutes or hours kept).
+    pub since: i64,
+    /// When it was read, unix seconds.
+    pub until: i64,
+    /// Its rows, biggest use first.
+    pub rows: Vec<Line>,
+    /// Every row added up.
+    pub total: Line,
+}
+
+/// One group's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Line {
+    /// Its route, when grouped by route.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    /// Its tier (or `cache`), when grouped by tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// Its tenant, when grouped by tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Requests that reached a tier or the cache.
+    pub requests: u64,
+    /// Of them, refused without a backend call.
+    pub refused: u64,
+    /// Rows answered.
+    pub rows: u64,
+    /// Backend calls made for them (a batch's call shared by its rows).
+    pub backend_calls: f64,
+    /// Backend seconds used.
+    pub used_seconds: f64,
+    /// What the same answers would have cost served one by one, no cache: the rows
+    /// sent at `t(1)` each, and the rows saved at what they would have cost.
+    pub would_have_seconds: f64,
+    /// Saved by batching: the rows sent at `t(1)` each, less the seconds used.
+    pub saved_batching_seconds: f64,
+    /// Saved by kept answers.
+    pub saved_cache_seconds: f64,
+    /// Saved by precomputed answers.
+    pub saved_precomputed_seconds: f64,
+    /// Saved by dedupe (coalesced followers, rows sent once for their batch-mates).
+    pub saved_dedupe_seconds: f64,
+    /// Everything saved: would-have less used.
+    pub saved_seconds: f64,
+    /// Rows whose pool had not learned its cost when they were sent: counted at what
+    /// they used, so nothing is claimed saved on them.
+    pub unpriced_rows: u64,
+    /// Its share of all the backend seconds used in the table.
+    pub share: f64,
+    /// Answered requests per backend call (the cache's and batching's gain in calls).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_call: Option<f64>,
+    /// Money, when every pool it used names a price in one currency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// A line's seconds as money.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// The currency, as the pools name it.
+    pub currency: String,
+    /// What was used.
+    pub used: f64,
+    /// What the same answers would have cost.
+    pub would_have: f64,
+    /// The difference.
+    pub saved: f64,
+}
+
+/// What a line is the group of: its route, tier and tenant, as far as grouped by them.
+type Group = (Option<String>, Option<String>, Option<String>);
+
+/// A line's sums, before the seconds are worked out.
+#[derive(Debug, Default, Clone)]
+struct Sums {
+    figures: Figures,
+    /// Used and would-have seconds times the price per second, in one currency; `None`
+    /// once a row with no price, or another currency, is met.
+    money: Option<(String, f64, f64)>,
+    /// Whether any row has been added.
+    any: bool,
+}
+
+impl Sums {
+    fn add(&mut self, figures: &Figures, price: Option<&Price>) {
+        let first = !self.any;
+        self.any = true;
+        self.figures.add(figures);
+        let (used, would) = (used(figures), would_have(figures));
+        self.money = match (first, self.money.take(), price) {
+            (true, _, Some(p)) => Some((
+                p.currency.clone(),
+                used * p.per_hour / 3600.0,
+                would * p.per_hour / 3600.0,
+            )),
+            (false, Some((c, u, w)), Some(p)) if c == p.currency => {
+                Some((c, u + used * p.per_hour / 3600.0, w + would * p.per_hour / 3600.0))
+            }
+            _ => None,
+        };
+    }
+}
+
+fn used(f: &Figures) -> f64 {
+    f.seconds(Field::UsedNs)
+}
+
+fn would_have(f: &Figures) -> f64 {
+    f.seconds(Field::AloneNs) + f.seconds(Field::CacheNs) + f.seconds(Field::PrecomputedNs) + f.seconds(Field::DedupeNs)
+}
+
+/// The price of `source`'s pool on `route`, as `policy` has it now: the real-time
+/// pool's for real-time calls, the batch pool's for micro-batch and offline rows, for
+/// the cache's the real-time pool's if it names one, else the batch pool's.
+fn price<'p>(policy: &'p Policy, route: &str, source: Source) -> Option<&'p Price> {
+    let usage = &policy.route(route)?.usage;
+    match source {
+        Source::Realtime => usage.realtime.price.as_ref(),
+        Source::MicroBatch | Source::Offline => usage.micro_batch.price.as_ref(),
+        Source::Cache => usage.realtime.price.as_ref().or(usage.micro_batch.price.as_ref()),
+    }
+}
+
+/// The table of `rows` grouped `by`, priced as `policy` prices its pools now.
+pub fn build(rows: &[Row], by: &[By], policy: &Policy, (since, until): (i64, i64)) -> Report {
+    let mut groups: BTreeMap<Group, Sums> = BTreeMap::new();
+    let mut total = Sums::default();
+    for row in rows {
+        let tenant = match row.tenant.as_str() {
+            "" => ANONYMOUS.to_owned(),
+            name => name.to_owned(),
+        };
+        let key = (
+            by.contains(&By::Route).then(|| row.route.clone()),
+            by.contains(&By::Tier).then(|| row.source.as_str().to_owned()),
+            by.contains(&By::Tenant).then_some(tenant),
+        );
+        let price = price(policy, &row.route, row.source);
+        groups.entry(key).or_default().add(&row.figures, price);
+        total.add(&row.figures, price);
+    }
+    let all_used = used(&total.figures);
+    let mut lines: Vec<Line> = groups
+        .into_iter()
+        .map(|((route, tier, tenant), sums)| Line {
+            route,
+            tier,
+            tenant,
+            ..line(&sums, all_used)
+        })
+        .collect();
+    lines.sort_by(|a, b| b.used_seconds.total_cmp(&a.used_seconds));
+    Report {
+        since,
+        until,
+        rows: lines,
+        total: line(&total, all_used),
+    }
+}
+
+fn line(sums: &Sums, all_used: f64) -> Line {
+    let f = &sums.figures;
+    let (used_s, would) = (used(f), would_have(f));
+    let calls = f.get(Field::CallsMicro) as f64 / 1e6;
+    let answered = f.get(Field::Requests).saturating_sub(f.get(Field::Refused));
+    Line {
+        requests: f.get(Field::Requests),
+        refused: f.get(Field::Refused),
+        rows: f.get(Field::Rows),
+        backend_calls: calls,
+        used_seconds: used_s,
+        would_have_seconds: would,
+        saved_batching_seconds: f.seconds(Field::AloneNs) - used_s,
+        saved_cache_seconds: f.seconds(Field::CacheNs),
+        saved_precomputed_seconds: f.seconds(Field::PrecomputedNs),
+        saved_dedupe_seconds: f.seconds(Field::DedupeNs),
+        saved_seconds: would - used_s,
+        unpriced_rows: f.get(Field::UnpricedRows),
+        share: if all_used > 0.0 { used_s / all_used } else { 0.0 },
+        requests_per_call: (calls > 0.0).then(|| answered as f64 / calls),
+        cost: sums.money.as_ref().map(|(currency, used, would)| Cost {
+            currency: currency.clone(),
+            used: *used,
+            would_have: *would,
+            saved: would - used,
+        }),
+        ..Line::default()
+    }
+}
+
+impl Report {
+    /// The table as CSV: a header, then a line per row, then the total.
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "route,tier,tenant,requests,refused,rows,backend_calls,used_seconds,would_have_seconds,\
+             saved_batching_seconds,saved_cache_seconds,saved_precomputed_seconds,saved_dedupe_seconds,\
+             saved_seconds,unpriced_rows,share,requests_per_call,currency,cost_used,cost_would_have,cost_saved\n",
+        );
+        for (line, total) in self.rows.iter().map(|l| (l, false)).chain([(&self.total, true)]) {
+            let name = |v: &Option<String>| match (v, total) {
+                (_, true) => "(total)".to_owned(),
+                (Some(v), false) => quoted(v),
+                (None, false) => String::new(),
+            };
+            let _ = write!(
+                out,
+                "{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},",
+                name(&line.route),
+                name(&line.tier),
+                name(&line.tenant),
+                line.requests,
+                line.refused,
+                line.rows,
+                line.backend_calls,
+                line.used_seconds,
+                line.would_have_seconds,
+                line.saved_batching_seconds,
+                line.saved_cache_seconds,
+                line.saved_precomputed_seconds,
+                line.saved_dedupe_seconds,
+                line.saved_seconds,
+                line.unpriced_rows,
+                line.share,
+            );
+            if let Some(r) = line.requests_per_call {
+                let _ = write!(out, "{r:.3}");
+            }
+            match &line.cost {
+                Some(c) => {
+                    let _ = writeln!(
+                        out,
+                        ",{},{:.6},{:.6},{:.6}",
+                        quoted(&c.currency),
+                        c.used,
+                        c.would_have,
+                        c.saved
+                    );
+                }
+                None => out.push_str(",,,,\n"),
+            }
+        }
+        out
+    }
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break.
+fn quoted(v: &str) -> String {
+    match v.contains([',', '"', '\n', '\r']) {
+        true => format!("\"{}\"", v.replace('"', "\"\"")),
+        false => v.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(route: &str, source: Source, tenant: &str, figures: Figures) -> Row {
+        Row {
+            span: 60,
+            period: 0,
+            route: route.into(),
+            source,
+            tenant: tenant.into(),
+            figures,
+        }
+    }
+
+    fn secs(s: f64) -> u64 {
+        (s * 1e9) as u64
+    }
+
+    #[test]
+    fn groups_adds_up_and_says_what_was_saved() {
+        let batch = Figures::default()
+            .with(Field::Requests, 10)
+            .with(Field::Rows, 10)
+            .with(Field::CallsMicro, 1_000_000)
+            .with(Field::UsedNs, secs(1.0))
+            .with(Field::AloneNs, secs(4.0))
+            .with(Field::DedupeNs, secs(0.5));
+        let hits = Figures::default()
+            .with(Field::Requests, 5)
+            .with(Field::Rows, 5)
+            .with(Field::CacheNs, secs(2.0));
+        let rows = [
+            row("r", Source::MicroBatch, "a", batch),
+            row("r", Source::MicroBatch, "", batch),
+            row("r", Source::Cache, "a", hits),
+        ];
+        let policy = Policy::default();
+        let report = build(&rows, &By::parse_list("tenant").expect("by"), &policy, (0, 60));
+        assert_eq!(report.rows.len(), 2);
+        let a = report
+            .rows
+            .iter()
+            .find(|l| l.tenant.as_deref() == Some("a"))
+            .expect("a");
+        assert_eq!(a.requests, 15);
+        assert!((a.used_seconds - 1.0).abs() < 1e-9);
+        assert!((a.would_have_seconds - 6.5).abs() < 1e-9);
+        assert!((a.saved_batching_seconds - 3.0).abs() < 1e-9);
+        assert!((a.saved_cache_seconds - 2.0).abs() < 1e-9);
+        assert!((a.saved_seconds - 5.5).abs() < 1e-9);
+        assert!((a.share - 0.5).abs() < 1e-9);
+        assert_eq!(a.requests_per_call, Some(15.0));
+        assert!(a.cost.is_none(), "no pool names a price");
+        assert!(report.rows.iter().any(|l| l.tenant.as_deref() == Some(ANONYMOUS)));
+        assert_eq!(report.total.requests, 25);
+        let csv = report.csv();
+        assert_eq!(csv.lines().count(), 4, "{csv}");
+        assert!(
+            csv.lines()
+                .last()
+                .expect("total")
+                .starts_with("(total),(total),(total),25,"),
+            "{csv}"
+        );
+    }
+
+    #[test]
+    fn by_names_only_what_it_knows() {
+        assert_eq!(By::parse_list("tier, route").expect("ok"), vec![By::Route, By::Tier]);
+        assert!(By::parse_list("model").is_err());
+        assert!(By::parse_list("").is_err());
+    }
+}
