@@ -345,7 +345,7 @@ impl RouteUsage {
     }
 
     /// Charges `tenant` a request on `source` answered by one call of its own that took
-    /// `used_ns` (see [`Tally::call`]).
+    /// `used_ns`: a request, the call, its time (and the row, when `answered`).
     pub fn add_call(&self, source: Source, tenant: &str, used_ns: u64, answered: bool) {
         let at = &self.by_source[source.index()];
         if tenant.is_empty() {
