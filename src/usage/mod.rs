@@ -493,9 +493,9 @@ impl Ledger {
             .clone()
     }
 
-    /// Drains every route's counters into the minute they are in, the Prometheus
-    /// totals and the capacity signal; writes to the store when `write` (or when
-    /// there is no store, keeps them pending for [`Ledger::rows`]).
+    /// Drains every route's counters into the minute they are in (pending until
+    /// [`Ledger::write`]), the quotas' use and the Prometheus totals; returns each
+    /// pool's figures for the capacity signal.
     pub fn drain(&self, now: SystemTime) -> Vec<(Arc<str>, Source, Figures)> {
         let minute = minute_of(now);
         let mut taken = Vec::new();
@@ -642,7 +642,7 @@ impl Ledger {
     }
 
     /// Runs the ticker each second until `stop`, writing to the store every
-    /// [`WRITE_EVERY`] on a blocking thread (and publishing to the fleet); then drains
+    /// 5 s on a blocking thread (and publishing to the fleet); then drains
     /// and writes what is left.
     pub async fn run(self: Arc<Self>, pools: Arc<dyn capacity::Pools>, stop: tokio_util::sync::CancellationToken) {
         let mut every = tokio::time::interval(Duration::from_secs(1));
