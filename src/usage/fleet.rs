@@ -26,6 +26,11 @@ pub trait Fleet: Send + Sync + std::fmt::Debug {
     /// Every replica's rows whose period ends after `since` (unix seconds), summed
     /// over the replicas.
     fn rows(&self, since: i64) -> Answer<'_, Vec<Row>>;
+
+    /// The other replicas' use of each tenant on each route since the start of the
+    /// month, and of it since the start of the day (`periods`: day, month; unix
+    /// seconds): (tenant, route, use).
+    fn others(&self, periods: (i64, i64)) -> Answer<'_, Vec<(String, String, super::quota::Use)>>;
 }
 
 /// The periods this replica wrote and has not published yet.
@@ -69,6 +74,16 @@ pub(super) async fn share(ledger: &Arc<Ledger>) {
         Ok(rows) => fleet.publish(rows, taken.gone.iter().copied().collect()).await,
         Err(e) => Err(e),
     };
+    if published.is_ok() {
+        let now = super::unix(std::time::SystemTime::now());
+        let periods = (super::quota::day_start(now), super::quota::month_start(now));
+        match fleet.others(periods).await {
+            Ok(others) => ledger.quotas.set_others(now, others),
+            Err(e) => {
+                tracing::debug!(error = %e, "the other replicas' use could not be read; read again with the next write")
+            }
+        }
+    }
     if let Err(e) = published {
         tracing::warn!(error = %e, "the usage ledger could not be shared with the other replicas; tried again with the next write");
         let mut unpublished = ledger.unpublished.lock().unwrap_or_else(|e| e.into_inner());

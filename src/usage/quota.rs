@@ -32,6 +32,14 @@ pub struct Use {
 }
 
 impl Use {
+    /// Adds `other`, today's and this month's alike.
+    fn plus(&mut self, other: &Use) {
+        self.day_ns = self.day_ns.saturating_add(other.day_ns);
+        self.day_requests = self.day_requests.saturating_add(other.day_requests);
+        self.month_ns = self.month_ns.saturating_add(other.month_ns);
+        self.month_requests = self.month_requests.saturating_add(other.month_requests);
+    }
+
     fn add(&mut self, (ns, requests): (u64, u64), today: bool) {
         if today {
             self.day_ns = self.day_ns.saturating_add(ns);
@@ -60,6 +68,9 @@ struct Periods {
 #[derive(Debug, Default)]
 pub struct Uses {
     periods: RwLock<Periods>,
+    /// The other replicas' (on the Kafka queue), as they last published it: when it
+    /// was read (unix seconds), and per tenant.
+    others: RwLock<(i64, HashMap<String, TenantUse>)>,
 }
 
 /// A spent quota: which, where, how much, and when it resets.
@@ -102,6 +113,17 @@ impl Uses {
         }
     }
 
+    /// Sets the other replicas' use, read at `at` (unix seconds): (tenant, route, use).
+    pub fn set_others(&self, at: i64, others: Vec<(String, String, Use)>) {
+        let mut by_tenant: HashMap<String, TenantUse> = HashMap::new();
+        for (tenant, route, used) in others.into_iter().take(MAX_TENANTS) {
+            let entry = by_tenant.entry(tenant).or_default();
+            entry.routes.entry(Arc::from(route)).or_default().plus(&used);
+            entry.overall.plus(&used);
+        }
+        *self.others.write().unwrap_or_else(|e| e.into_inner()) = (at, by_tenant);
+    }
+
     /// `tenant`'s use at `route` (`None`: across every route).
     pub fn of(&self, tenant: &str, route: Option<&str>) -> Use {
         let p = self.periods.read().unwrap_or_else(|e| e.into_inner());
@@ -119,27 +141,49 @@ impl Uses {
         let (day, month) = (day_start(now), month_start(now));
         let (next_day, next_month) = (day + 86_400, next_month_start(now));
         let p = self.periods.read().unwrap_or_else(|e| e.into_inner());
-        // Periods the ticker has not rolled yet count as fresh.
+        let others = self.others.read().unwrap_or_else(|e| e.into_inner());
+        // Periods the ticker has not rolled yet count as fresh; so do the other
+        // replicas' figures read in an earlier one.
         let (day_current, month_current) = (p.day == day, p.month == month);
-        let t = p.by_tenant.get(tenant);
+        let (others_day, others_month) = (day_start(others.0) == day, month_start(others.0) == month);
+        let (t, o) = (p.by_tenant.get(tenant), others.1.get(tenant));
         let scopes = [
             (
                 quotas.route.as_ref(),
-                t.and_then(|t| t.routes.get(route).copied()),
+                (
+                    t.and_then(|t| t.routes.get(route).copied()),
+                    o.and_then(|o| o.routes.get(route).copied()),
+                ),
                 Some(route),
             ),
-            (quotas.overall.as_deref(), t.map(|t| t.overall), None),
+            (
+                quotas.overall.as_deref(),
+                (t.map(|t| t.overall), o.map(|o| o.overall)),
+                None,
+            ),
         ];
-        for (q, used, scope) in scopes {
+        for (q, (own, theirs), scope) in scopes {
             let Some(allowance) = q.and_then(|q| q.of(tenant)) else {
                 continue;
             };
-            let mut used = used.unwrap_or_default();
+            let mut used = own.unwrap_or_default();
             if !day_current {
                 (used.day_ns, used.day_requests) = (0, 0);
             }
             if !month_current {
                 used = Use::default();
+            }
+            if let (Some(theirs), true) = (theirs, others_month) {
+                let today = if others_day {
+                    (theirs.day_ns, theirs.day_requests)
+                } else {
+                    (0, 0)
+                };
+                used.add((theirs.month_ns, theirs.month_requests), false);
+                (used.day_ns, used.day_requests) = (
+                    used.day_ns.saturating_add(today.0),
+                    used.day_requests.saturating_add(today.1),
+                );
             }
             if let Some(spent) = check(allowance, &used, (tenant, scope), (next_day, next_month)) {
                 return Some(spent);
@@ -329,5 +373,25 @@ mod tests {
         uses.add(NOW + 86_400, &route, "a", (1, 1));
         assert_eq!(uses.of("a", Some("r")).day_requests, 1);
         assert_eq!(uses.of("a", None).month_requests, 4);
+    }
+
+    #[test]
+    fn the_other_replicas_use_counts_while_it_is_this_period_s() {
+        let uses = Uses::default();
+        let route: Arc<str> = Arc::from("r");
+        uses.add(NOW, &route, "a", (0, 1));
+        let theirs = Use {
+            day_requests: 2,
+            month_requests: 2,
+            ..Use::default()
+        };
+        uses.set_others(NOW, vec![("a".into(), "r".into(), theirs)]);
+        assert_eq!(
+            uses.spent("r", "a", &quotas(3), NOW).map(|s| s.knob),
+            Some("quotas.daily_requests")
+        );
+        // Read yesterday: not today's.
+        uses.set_others(NOW - 86_400, vec![("a".into(), "r".into(), theirs)]);
+        assert_eq!(uses.spent("r", "a", &quotas(3), NOW), None);
     }
 }

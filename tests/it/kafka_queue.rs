@@ -673,7 +673,13 @@ async fn the_usage_ledger_adds_up_across_two_replicas_and_a_restart() {
     let broker = Broker::start().await;
     broker.create_topics(&["jobs", "states"], PARTITIONS).await;
     let sim = backend(&["m"]).await;
-    let policy = route(&sim.url(), &sim.url(), "", "");
+    // Tenant c may make 3 requests a day on the route, at every replica together.
+    let policy = route(
+        &sim.url(),
+        &sim.url(),
+        "",
+        "[routes.r.quotas.tenants.c]\ndaily_requests = 3\n",
+    );
     let token = "fleet-usage-token";
     let with_admin = |name: &str| {
         let mut config = kafka_config(&broker, name);
@@ -736,5 +742,21 @@ async fn the_usage_ledger_adds_up_across_two_replicas_and_a_restart() {
     ask(&two, "b", 2).await;
     let after = usage(&two).await;
     assert_eq!(requests(&after, "b"), 6, "{after:#}");
+    // A quota counts every replica's use: two at one, then (once each has shared its
+    // ledger) the third at two is the last the day allows.
+    ask(&one, "c", 2).await;
+    usage(&one).await;
+    usage(&two).await;
+    ask(&two, "c", 1).await;
+    usage(&two).await;
+    let refused = infer(two.http_addr(), "m", &[("x-api-key", "c")], &body(9)).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(
+        refused
+            .text()
+            .contains("daily_requests 3 reached for tenant c on route r"),
+        "{}",
+        refused.text()
+    );
     drop(one);
 }

@@ -14,6 +14,7 @@ use super::records::{Record, UsagePeriod};
 use super::KafkaQueue;
 use crate::queue::StoreError;
 use crate::usage::fleet::{Answer, Fleet};
+use crate::usage::quota::Use;
 use crate::usage::store::Row;
 use crate::usage::{Field, FIELDS};
 
@@ -93,6 +94,29 @@ fn fleet_rows(conn: &Connection, since: i64) -> Result<Vec<Row>, StoreError> {
     Ok(out)
 }
 
+/// Every other replica's use of each tenant on each route since `month`, and of it
+/// since `day`.
+fn others(conn: &Connection, me: &str, (day, month): (i64, i64)) -> Result<Vec<(String, String, Use)>, StoreError> {
+    let answered = "MAX(requests - refused, 0)";
+    let mut select = conn.prepare_cached(&format!(
+        "SELECT tenant, route,
+                SUM(CASE WHEN period >= ?2 THEN used_ns ELSE 0 END), SUM(CASE WHEN period >= ?2 THEN {answered} ELSE 0 END),
+                SUM(used_ns), SUM({answered})
+         FROM fleet_usage WHERE replica != ?1 AND period >= ?3 GROUP BY tenant, route"
+    ))?;
+    let rows = select.query_map(rusqlite::params![me, day, month], |r| {
+        let n = |i: usize| r.get::<_, i64>(i).map(|v| u64::try_from(v).unwrap_or(0));
+        let used = Use {
+            day_ns: n(2)?,
+            day_requests: n(3)?,
+            month_ns: n(4)?,
+            month_requests: n(5)?,
+        };
+        Ok((r.get(0)?, r.get(1)?, used))
+    })?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
 impl Fleet for KafkaQueue {
     fn publish(&self, rows: Vec<Row>, gone: Vec<(i64, i64)>) -> Answer<'_, ()> {
         Box::pin(async move {
@@ -129,6 +153,18 @@ impl Fleet for KafkaQueue {
                 outs.push(Out::state(&Record::UsageGone(meta.clone()), &meta.key(), Bytes::new()));
             }
             self.write(outs).await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn others(&self, (day, month): (i64, i64)) -> Answer<'_, Vec<(String, String, Use)>> {
+        Box::pin(async move {
+            let me = self.inner.replica.clone();
+            self.inner
+                .view
+                .store
+                .call(move |conn| others(conn, &me, (day, month)))
+                .await
+                .map_err(|e| e.to_string())
         })
     }
 
