@@ -17,7 +17,7 @@
 //! metric) scales the pool's Deployment on it. Offline rows ride spare capacity and
 //! are left out: a pool is never grown for them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use super::{Field, Figures, Source};
@@ -80,7 +80,7 @@ impl std::fmt::Debug for Window {
 /// Every pool's signal (kept by the ledger, fed each second).
 #[derive(Debug, Default)]
 pub struct Signals {
-    pools: Mutex<HashMap<(Arc<str>, Source), Window>>,
+    pools: Mutex<super::Fast<(Arc<str>, Source), Window>>,
 }
 
 impl Signals {

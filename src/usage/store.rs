@@ -247,7 +247,7 @@ mod tests {
     use std::sync::Arc;
 
     fn one(minute: i64, tenant: &str, used: u64) -> Pending {
-        let mut rows = Pending::new();
+        let mut rows = Pending::default();
         let figures = Figures::default().with(Field::Requests, 1).with(Field::UsedNs, used);
         rows.insert((minute, Arc::from("r"), Source::MicroBatch, tenant.to_owned()), figures);
         rows

@@ -118,7 +118,7 @@ impl Dispatch {
                 ids: ids.clone(),
                 received,
                 tenant: tenant.clone(),
-                claimed: std::sync::OnceLock::new(),
+                claimed: None,
                 ticket,
             }),
             Err(e) => {

@@ -51,8 +51,9 @@ pub struct Admitted<'a> {
     /// When the door got the request: its budget starts here.
     received: Instant,
     tenant: Tenant,
-    /// The tenant header's value, once the door's step 4 has read the head.
-    claimed: std::sync::OnceLock<Option<http::HeaderValue>>,
+    /// The tenant header's value, once the door's step 4 has read the head (`None`
+    /// before).
+    claimed: Option<Option<http::HeaderValue>>,
     ticket: Ticket,
 }
 
@@ -70,7 +71,7 @@ impl Admitted<'_> {
     /// Step 4: what the classifier needs, from the client's `headers` (the HTTP
     /// request's, or the gRPC call's metadata) and the KServe `timeout` parameter (µs)
     /// and request `id` the door parsed.
-    pub fn meta(&self, headers: &HeaderMap, timeout_us: Option<u64>, id: Option<&str>) -> Result<Meta, Error> {
+    pub fn meta(&mut self, headers: &HeaderMap, timeout_us: Option<u64>, id: Option<&str>) -> Result<Meta, Error> {
         let route = &self.route;
         self.meta_of(
             &crate::headers::Head::scan(headers, (&route.rollout_key_header, &route.tenant_header)),
@@ -82,12 +83,12 @@ impl Admitted<'_> {
     /// Step 4 from a head the door has scanned already (with the route's rollout key
     /// and tenant headers); the claimed tenant is kept for the usage ledger.
     pub fn meta_of(
-        &self,
+        &mut self,
         head: &crate::headers::Head,
         timeout_us: Option<u64>,
         id: Option<&str>,
     ) -> Result<Meta, Error> {
-        let _ = self.claimed.set(head.tenant.clone());
+        self.claimed = Some(head.tenant.clone());
         meta::read_head(head, timeout_us, id)
     }
 
@@ -112,7 +113,7 @@ impl Admitted<'_> {
         let (route, door, received) = (&self.route, self.door, self.received);
         // Whose the usage is: its credential's tenant, else the tenant header the door
         // read with the head (looked up here for a door that read none).
-        let whose = match (self.tenant.is_authenticated(), self.claimed.get()) {
+        let whose = match (self.tenant.is_authenticated(), &self.claimed) {
             (true, _) => crate::usage::Whose::Tenant(self.tenant.clone()),
             (false, Some(Some(value))) => crate::usage::Whose::Claimed(value.clone()),
             (false, Some(None)) => crate::usage::Whose::Tenant(Tenant::anonymous()),
