@@ -47,7 +47,9 @@ max_concurrency = 64
 [routes.resnet50.realtime.capacity]
 window = "15s"
 TOML
-TIERGATE_LISTEN__ADMIN="127.0.0.1:$ADMIN" TIERGATE_ADMIN__TOKEN="$TOKEN" \
+# The tiers aim at 90% of each budget, the rest left for the way to and from the client
+# (limits.budget_reserve, as burst.sh): the load generator shares the cores.
+TIERGATE_LIMITS__BUDGET_RESERVE=0.1 TIERGATE_LISTEN__ADMIN="127.0.0.1:$ADMIN" TIERGATE_ADMIN__TOKEN="$TOKEN" \
   "$BIN/tiergate" serve --policy-dir "$WORK/gw/policy" --data-dir "$WORK/gw/data" \
   --http "127.0.0.1:$HTTP" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$METRICS" 2>"$WORK/gw/gw.log" &
 PIDS+=($!)

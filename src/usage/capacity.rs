@@ -9,6 +9,11 @@
 //!
 //! `needed = arrivals/s × cost per request ÷ (target × calls per endpoint)`
 //!
+//! A request's cost is its measured time, at most what the pool's endpoints had to give
+//! each request served (`healthy × calls per endpoint × window ÷ served`): past its
+//! capacity a pool measures its callers' wait at the backend too, and counting it would
+//! ask for endpoints the load does not need.
+//!
 //! A pool that refused requests for its capacity (full, queue full, deadline
 //! unmeetable) in the window needs at least one endpoint more than it has healthy,
 //! whatever the arithmetic says: queueing broke budgets even under the target.
@@ -59,7 +64,7 @@ pub struct Need {
     pub seconds: u64,
 }
 
-/// A second's sample: arrivals, refused, served, backend ns.
+/// A tick's sample: arrivals, refused, served, backend ns.
 type Sample = [u64; 4];
 
 struct Window {
@@ -77,16 +82,16 @@ impl std::fmt::Debug for Window {
     }
 }
 
-/// Every pool's signal (kept by the ledger, fed each second).
+/// Every pool's signal (kept by the ledger, fed every tick).
 #[derive(Debug, Default)]
 pub struct Signals {
     pools: Mutex<super::Fast<(Arc<str>, Source), Window>>,
 }
 
 impl Signals {
-    /// One second's figures (`drained`, per route and source) for `pools`: each pool's
-    /// window moves on a second and its signal is worked out again and exported.
-    pub fn second(&self, drained: &[(Arc<str>, Source, Figures)], pools: &dyn Pools) {
+    /// One tick's figures (`drained`, per route and source) for `pools`: each pool's
+    /// window moves on a tick and its signal is worked out again and exported.
+    pub fn tick(&self, drained: &[(Arc<str>, Source, Figures)], pools: &dyn Pools) {
         let mut windows = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         let pools = pools.pools();
         windows.retain(|(route, source), _| pools.iter().any(|p| p.route == *route && p.source == *source));
@@ -111,7 +116,7 @@ impl Signals {
                 requests.saturating_sub(refused),
                 figures.get(Field::UsedNs),
             ]);
-            let keep = usize::try_from(pool.capacity.window.as_secs())
+            let keep = usize::try_from(pool.capacity.window.as_secs().div_ceil(super::TICK.as_secs()))
                 .unwrap_or(usize::MAX)
                 .max(1);
             while window.samples.len() > keep {
@@ -155,11 +160,19 @@ fn need(samples: &VecDeque<Sample>, pool: &Pool, last_cost: Option<f64>) -> Need
         }
     }
     let [arrivals, refused, served, used_ns] = sum;
-    let seconds = samples.len().max(1) as u64;
+    let seconds = samples.len().max(1) as u64 * super::TICK.as_secs();
     let arrivals_per_second = arrivals as f64 / seconds as f64;
+    // What a served request cost: its measured time, but never more than the pool's
+    // endpoints had to give each (`healthy × calls per endpoint × window ÷ served`): a
+    // pool past its capacity measures its callers' wait at the backend too, which no
+    // more endpoints' worth of work is.
     let cost_seconds = match served {
         0 => last_cost,
-        n => Some(used_ns as f64 / 1e9 / n as f64),
+        n => {
+            let measured = used_ns as f64 / 1e9 / n as f64;
+            let busy = (pool.healthy.max(1) as f64) * f64::from(pool.capacity.calls_per_endpoint) * seconds as f64;
+            Some(measured.min(busy / n as f64))
+        }
     };
     let per_endpoint = pool.capacity.target_utilisation * f64::from(pool.capacity.calls_per_endpoint);
     let mut needed = arrivals_per_second * cost_seconds.unwrap_or(0.0) / per_endpoint;
@@ -189,11 +202,11 @@ mod tests {
         }
     }
 
-    fn pool(window: u64) -> One {
+    fn pool(window: u64, healthy: usize) -> One {
         One(Pool {
             route: Arc::from("r"),
             source: Source::MicroBatch,
-            healthy: 2,
+            healthy,
             capacity: Capacity {
                 target_utilisation: 0.5,
                 window: Duration::from_secs(window),
@@ -202,48 +215,67 @@ mod tests {
         })
     }
 
-    fn second(signals: &Signals, pools: &One, requests: u64, refused: u64, used_ms: u64) {
+    fn tick(signals: &Signals, pools: &One, requests: u64, refused: u64, used_ms: u64) {
         let figures = Figures::default()
             .with(Field::Requests, requests)
             .with(Field::Refused, refused)
             .with(Field::UsedNs, used_ms * 1_000_000);
-        signals.second(&[(Arc::from("r"), Source::MicroBatch, figures)], pools);
+        signals.tick(&[(Arc::from("r"), Source::MicroBatch, figures)], pools);
+    }
+
+    /// `per_second` for a tick's length.
+    fn per_tick(per_second: u64) -> u64 {
+        per_second * crate::usage::TICK.as_secs()
     }
 
     #[test]
     fn is_rate_times_cost_over_target() {
-        let (signals, pools) = (Signals::default(), pool(10));
+        let (signals, pools) = (Signals::default(), pool(10, 16));
         // 100 requests a second at 10 ms each: one endpoint busy, two at 0.5.
         for _ in 0..10 {
-            second(&signals, &pools, 100, 0, 1_000);
+            tick(&signals, &pools, per_tick(100), 0, per_tick(1_000));
         }
         let need = signals.need("r", Source::MicroBatch).expect("signal");
         assert!((need.needed - 2.0).abs() < 1e-9, "{need:?}");
-        assert_eq!(need.healthy, 2);
+        assert_eq!(need.healthy, 16);
+        assert_eq!(need.seconds, 10);
         // The rate steps up 5x: the signal rises within the window, all the way at its end.
-        second(&signals, &pools, 500, 0, 5_000);
+        tick(&signals, &pools, per_tick(500), 0, per_tick(5_000));
         let early = signals.need("r", Source::MicroBatch).expect("signal").needed;
         assert!(early > 2.0 && early < 10.0, "{early}");
-        for _ in 0..9 {
-            second(&signals, &pools, 500, 0, 5_000);
+        for _ in 0..10 {
+            tick(&signals, &pools, per_tick(500), 0, per_tick(5_000));
         }
         let need = signals.need("r", Source::MicroBatch).expect("signal");
         assert!((need.needed - 10.0).abs() < 1e-9, "{need:?}");
     }
 
     #[test]
+    fn a_saturated_pool_s_queueing_is_not_cost() {
+        // Two endpoints each serve 100 calls a second (10 ms each), and every call
+        // measures 50 ms (queued at the backend): each had only 10 ms of an endpoint.
+        let (signals, pools) = (Signals::default(), pool(10, 2));
+        for _ in 0..5 {
+            tick(&signals, &pools, per_tick(200), 0, per_tick(200 * 50));
+        }
+        let need = signals.need("r", Source::MicroBatch).expect("signal");
+        assert!((need.cost_seconds.expect("a cost") - 0.01).abs() < 1e-9, "{need:?}");
+        assert!((need.needed - 4.0).abs() < 1e-9, "200/s × 10 ms ÷ 0.5: {need:?}");
+    }
+
+    #[test]
     fn refusals_need_more_than_there_are() {
-        let (signals, pools) = (Signals::default(), pool(10));
-        second(&signals, &pools, 10, 5, 10);
+        let (signals, pools) = (Signals::default(), pool(10, 2));
+        tick(&signals, &pools, 10, 5, 10);
         let need = signals.need("r", Source::MicroBatch).expect("signal");
         assert!(need.needed >= 3.0, "{need:?}");
     }
 
     #[test]
     fn a_window_that_served_nothing_keeps_the_last_cost() {
-        let (signals, pools) = (Signals::default(), pool(1));
-        second(&signals, &pools, 10, 0, 100);
-        second(&signals, &pools, 10, 10, 0);
+        let (signals, pools) = (Signals::default(), pool(1, 2));
+        tick(&signals, &pools, 10, 0, 100);
+        tick(&signals, &pools, 10, 10, 0);
         let need = signals.need("r", Source::MicroBatch).expect("signal");
         assert_eq!(need.cost_seconds, Some(0.01));
     }

@@ -12,7 +12,7 @@
 //! a Kafka source), dedupe (a coalesced follower, a row sent once for its batch-mates).
 //!
 //! The request path only adds to atomic counters of its route (one set per route,
-//! source and tenant: [`RouteUsage`]); a ticker drains them each second
+//! source and tenant: [`RouteUsage`]); a ticker drains them every [`TICK`] (2 s)
 //! ([`Ledger::tick`]) into the Prometheus totals, the capacity signal
 //! ([`capacity`]) and, every few seconds, the store in the data directory
 //! ([`store`]: per minute, rolled into hours after a day, hours kept 90 days by
@@ -393,17 +393,22 @@ type Exported = (Figures, crate::metrics::UsageHandles);
 type Pending = Fast<(i64, Arc<str>, Source, String), Figures>;
 
 /// A map hashed with foldhash (see `policy::model::Index`): the ticker's maps, looked up
-/// each second.
+/// every tick.
 pub(crate) type Fast<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// How often the ticker writes what it drained to the store.
-const WRITE_EVERY: Duration = Duration::from_secs(5);
+const WRITE_EVERY: u64 = 2;
+
+/// How often the ticker drains the counters (the capacity signal's resolution; a
+/// quota is held to its use up to the last tick). Each tick wakes the batch threads
+/// once, so it is not every second.
+pub const TICK: Duration = Duration::from_secs(2);
 
 /// The gateway's usage ledger (one per gateway; cheap to share behind an `Arc`).
 #[derive(Debug, Default)]
 pub struct Ledger {
     /// Each route's counters (named when a route first meets the ledger: rare; read
-    /// whole by the drain each second).
+    /// whole by each drain).
     routes: std::sync::RwLock<HashMap<Box<str>, Arc<RouteUsage>>>,
     /// Drained, not yet written.
     pending: Mutex<Pending>,
@@ -586,10 +591,10 @@ impl Ledger {
         !self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
     }
 
-    /// One second of the ticker: drains and feeds the capacity signal.
+    /// One tick: drains and feeds the capacity signal.
     pub fn tick(&self, now: SystemTime, pools: &dyn capacity::Pools) {
         let drained = self.drain(now);
-        self.capacity.second(&drained, pools);
+        self.capacity.tick(&drained, pools);
     }
 
     /// Drains and writes now, on a blocking thread, and publishes what changed to the
@@ -645,21 +650,21 @@ impl Ledger {
         exported.iter().map(|((r, s), (f, _))| (r.clone(), *s, *f)).collect()
     }
 
-    /// Runs the ticker each second until `stop`, writing to the store every
-    /// 5 s on a blocking thread (and publishing to the fleet); then drains
+    /// Runs the ticker every [`TICK`] until `stop`, writing to the store every other
+    /// tick on a blocking thread (and publishing to the fleet); then drains
     /// and writes what is left.
     pub async fn run(self: Arc<Self>, pools: Arc<dyn capacity::Pools>, stop: tokio_util::sync::CancellationToken) {
-        let mut every = tokio::time::interval(Duration::from_secs(1));
+        let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut second = 0u64;
+        let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = every.tick() => {}
                 () = stop.cancelled() => break,
             }
-            second += 1;
+            ticks += 1;
             self.tick(SystemTime::now(), pools.as_ref());
-            if second % WRITE_EVERY.as_secs() == 0 && self.has_pending() {
+            if ticks % WRITE_EVERY == 0 && self.has_pending() {
                 let ledger = self.clone();
                 let _ = tokio::task::spawn_blocking(move || ledger.write(SystemTime::now())).await;
                 fleet::share(&self).await;

@@ -1,9 +1,9 @@
 //! Tenants' quotas: what each tenant used today (UTC) and this calendar month, on each
 //! route and across every route, and whether a quota is spent.
 //!
-//! Fed by the ledger's ticker with what it drains each second (backend seconds charged,
+//! Fed by the ledger's ticker with what it drains every tick (backend seconds charged,
 //! requests answered), and at start from the store, so a restart forgets nothing: a
-//! quota is held to its use up to the last second. The request path reads it only on a
+//! quota is held to its use up to the last tick (2 s). The request path reads it only on a
 //! route with quotas (`policy::Route::quotas`); a spent quota refuses the tenant's
 //! real-time and micro-batch requests with 429 until the period rolls over, and holds
 //! its offline jobs queued until then or until the quota is raised.

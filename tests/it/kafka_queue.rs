@@ -727,7 +727,7 @@ async fn the_usage_ledger_adds_up_across_two_replicas_and_a_restart() {
             .map_or(0, |l| l["requests"].as_u64().expect("requests"))
     };
     // Read at replica one (its own share written and published by the read; replica
-    // two's by its ticker, within its 5 s write period): the fleet's, summed.
+    // two's by its own read just before): the fleet's, summed.
     usage(&two).await;
     let fleet = usage(&one).await;
     assert_eq!((requests(&fleet, "a"), requests(&fleet, "b")), (8, 4), "{fleet:#}");

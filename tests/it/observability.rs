@@ -158,7 +158,7 @@ endpoints = ["{live}"]
     let limit = Instant::now() + Duration::from_secs(10);
     let scrape = loop {
         let scrape = get(gw.metrics, "/metrics").await.text();
-        // The usage ledger's totals and the capacity signal too (its ticker's period is 1 s).
+        // The usage ledger's totals and the capacity signal too (its ticker's period is 2 s).
         let ticked = ["tiergate_usage_saved_seconds{", "tiergate_endpoints_needed{"]
             .iter()
             .all(|family| scrape.contains(family));
