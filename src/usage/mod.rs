@@ -396,8 +396,9 @@ type Pending = Fast<(i64, Arc<str>, Source, String), Figures>;
 /// every tick.
 pub(crate) type Fast<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// How often the ticker writes what it drained to the store.
-const WRITE_EVERY: u64 = 2;
+/// Every how many ticks the ticker writes what it drained to the store (10 s: a write
+/// costs more than a tick, and a `kill -9` loses at most what is not written).
+const WRITE_EVERY: u64 = 5;
 
 /// How often the ticker drains the counters (the capacity signal's resolution; a
 /// quota is held to its use up to the last tick). Each tick wakes the batch threads
@@ -650,8 +651,8 @@ impl Ledger {
         exported.iter().map(|((r, s), (f, _))| (r.clone(), *s, *f)).collect()
     }
 
-    /// Runs the ticker every [`TICK`] until `stop`, writing to the store every other
-    /// tick on a blocking thread (and publishing to the fleet); then drains
+    /// Runs the ticker every [`TICK`] until `stop`, writing to the store every fifth
+    /// tick (10 s) on a blocking thread (and publishing to the fleet); then drains
     /// and writes what is left.
     pub async fn run(self: Arc<Self>, pools: Arc<dyn capacity::Pools>, stop: tokio_util::sync::CancellationToken) {
         let mut every = tokio::time::interval(TICK);
