@@ -10,9 +10,9 @@
 //! `needed = arrivals/s × cost per request ÷ (target × calls per endpoint)`
 //!
 //! A request's cost is its measured time, at most what the pool's endpoints had to give
-//! each request served (`healthy × calls per endpoint × window ÷ served`): past its
-//! capacity a pool measures its callers' wait at the backend too, and counting it would
-//! ask for endpoints the load does not need.
+//! each request answered (`healthy × calls per endpoint × window ÷ answered`): past its
+//! capacity a pool measures its callers' wait at the backend too (and calls that timed
+//! out there), and counting it would ask for endpoints the load does not need.
 //!
 //! A pool that refused requests for its capacity (full, queue full, deadline
 //! unmeetable) in the window needs at least one endpoint more than it has healthy,
@@ -64,8 +64,9 @@ pub struct Need {
     pub seconds: u64,
 }
 
-/// A tick's sample: arrivals, refused, served, backend ns.
-type Sample = [u64; 4];
+/// A tick's sample: arrivals, refused, served (refused or not, failed or not), answered
+/// (of them, those that got their answer), backend ns.
+type Sample = [u64; 5];
 
 struct Window {
     samples: VecDeque<Sample>,
@@ -110,12 +111,12 @@ impl Signals {
                 });
             let requests = figures.get(Field::Requests);
             let refused = figures.get(Field::Refused);
-            window.samples.push_back([
-                requests,
-                refused,
-                requests.saturating_sub(refused),
-                figures.get(Field::UsedNs),
-            ]);
+            let served = requests.saturating_sub(refused);
+            // A real-time request answered counts a row; a micro-batch request, its rows.
+            let answered = figures.get(Field::Rows).min(served);
+            window
+                .samples
+                .push_back([requests, refused, served, answered, figures.get(Field::UsedNs)]);
             let keep = usize::try_from(pool.capacity.window.as_secs().div_ceil(super::TICK.as_secs()))
                 .unwrap_or(usize::MAX)
                 .max(1);
@@ -153,25 +154,28 @@ impl Signals {
 /// The signal of `pool` from its window's `samples`; a window that served nothing
 /// keeps the cost last seen (`last_cost`), so a pool refusing everything still needs some.
 fn need(samples: &VecDeque<Sample>, pool: &Pool, last_cost: Option<f64>) -> Need {
-    let mut sum = [0u64; 4];
+    let mut sum = [0u64; 5];
     for sample in samples {
         for (total, value) in sum.iter_mut().zip(sample) {
             *total = total.saturating_add(*value);
         }
     }
-    let [arrivals, refused, served, used_ns] = sum;
+    let [arrivals, refused, served, answered, used_ns] = sum;
     let seconds = samples.len().max(1) as u64 * super::TICK.as_secs();
     let arrivals_per_second = arrivals as f64 / seconds as f64;
     // What a served request cost: its measured time, but never more than the pool's
-    // endpoints had to give each (`healthy × calls per endpoint × window ÷ served`): a
-    // pool past its capacity measures its callers' wait at the backend too, which no
-    // more endpoints' worth of work is.
+    // endpoints had to give each one answered (`healthy × calls per endpoint × window ÷
+    // answered`): a pool past its capacity measures its callers' wait at the backend
+    // too, and calls that timed out there, which no more endpoints' worth of work is.
     let cost_seconds = match served {
         0 => last_cost,
         n => {
             let measured = used_ns as f64 / 1e9 / n as f64;
             let busy = (pool.healthy.max(1) as f64) * f64::from(pool.capacity.calls_per_endpoint) * seconds as f64;
-            Some(measured.min(busy / n as f64))
+            Some(match answered {
+                0 => measured,
+                a => measured.min(busy / a as f64),
+            })
         }
     };
     let per_endpoint = pool.capacity.target_utilisation * f64::from(pool.capacity.calls_per_endpoint);
@@ -216,9 +220,11 @@ mod tests {
     }
 
     fn tick(signals: &Signals, pools: &One, requests: u64, refused: u64, used_ms: u64) {
+        // Every request served answered, one row each.
         let figures = Figures::default()
             .with(Field::Requests, requests)
             .with(Field::Refused, refused)
+            .with(Field::Rows, requests - refused)
             .with(Field::UsedNs, used_ms * 1_000_000);
         signals.tick(&[(Arc::from("r"), Source::MicroBatch, figures)], pools);
     }
@@ -261,6 +267,18 @@ mod tests {
         let need = signals.need("r", Source::MicroBatch).expect("signal");
         assert!((need.cost_seconds.expect("a cost") - 0.01).abs() < 1e-9, "{need:?}");
         assert!((need.needed - 4.0).abs() < 1e-9, "200/s × 10 ms ÷ 0.5: {need:?}");
+        // Calls that timed out waiting there were served (with their time) but not
+        // answered: the endpoints' time went to the ones answered.
+        let figures = Figures::default()
+            .with(Field::Requests, per_tick(400))
+            .with(Field::Rows, per_tick(200))
+            .with(Field::UsedNs, per_tick(400 * 90) * 1_000_000);
+        for _ in 0..5 {
+            signals.tick(&[(Arc::from("r"), Source::MicroBatch, figures)], &pools);
+        }
+        let need = signals.need("r", Source::MicroBatch).expect("signal");
+        assert!((need.cost_seconds.expect("a cost") - 0.01).abs() < 1e-9, "{need:?}");
+        assert!((need.needed - 8.0).abs() < 1e-9, "400/s × 10 ms ÷ 0.5: {need:?}");
     }
 
     #[test]
