@@ -43,7 +43,7 @@ cat > "$WORK/gw/policy/resnet50.toml" <<TOML
 models = ["resnet50"]
 [routes.resnet50.realtime]
 endpoints = ["http://127.0.0.1:$(free_port)"]
-max_concurrency = 64
+max_concurrency = 8
 [routes.resnet50.realtime.capacity]
 window = "15s"
 TOML
