@@ -3,7 +3,8 @@
 # signal: RATE requests/s (one row, budget 100 ms) for 60 s, 5x RATE for 90 s, RATE
 # again for 150 s, against simulated endpoints (resnet50-eager, one instance each:
 # t(1) = 7.6 ms, so RATE=60 keeps one endpoint 46% busy) behind one gateway whose pool
-# starts with one endpoint. loadtest/scenarios/autoscale.py plays KEDA's part (see
+# starts with one endpoint (and `max_concurrency` 8: eight calls an
+# endpoint, raised with the pool). loadtest/scenarios/autoscale.py plays KEDA's part (see
 # deploy/k8s/autoscaling/keda/): every 15 s it reads `tiergate_endpoints_needed`, starts
 # or stops simulators and puts them in the pool through the admin API (scale-up at once,
 # scale-down after a 120 s stabilization, one endpoint a minute). The pool's [capacity]
