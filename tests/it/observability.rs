@@ -158,10 +158,22 @@ endpoints = ["{live}"]
     let limit = Instant::now() + Duration::from_secs(10);
     let scrape = loop {
         let scrape = get(gw.metrics, "/metrics").await.text();
-        // The usage ledger's totals and the capacity signal too (its ticker's period is 2 s).
-        let ticked = ["tiergate_usage_saved_seconds{", "tiergate_endpoints_needed{"]
-            .iter()
-            .all(|family| scrape.contains(family));
+        // The usage ledger's totals and the capacity signal too (its ticker's period is
+        // 2 s): every family, since a scrape reads the counters before the gauges and the
+        // ledger's first tick may register them in between.
+        let ticked = [
+            "tiergate_usage_requests_total{",
+            "tiergate_usage_rows_total{",
+            "tiergate_usage_backend_seconds{",
+            "tiergate_usage_alone_seconds{",
+            "tiergate_usage_saved_seconds{",
+            "tiergate_usage_tenant_requests_total{",
+            "tiergate_usage_tenant_backend_seconds{",
+            "tiergate_endpoints_needed{",
+            "tiergate_endpoints_healthy{",
+        ]
+        .iter()
+        .all(|family| scrape.contains(family));
         if value(&scrape, "tiergate_offline_jobs", &["state=\"succeeded\""]) >= 3.0 && ticked {
             break scrape;
         }
