@@ -70,7 +70,18 @@ async fn a_hedge_after_the_learned_p95_wins_against_a_stalled_endpoint_and_the_l
     let (sent, cancelled, won) = (before("sent").await, before("cancelled").await, before("won").await);
     let warm = a.sim.stats("m").expect("stats");
     a.sim.hold(); // a stalls: it accepts calls and never answers them
-    let answers = answers(&gw, 16, "500").await;
+                  // At once, so the calls in flight spread them over both endpoints (one after
+                  // another, each would go to whichever has learned the lower cost).
+    let at_once: Vec<_> = (0..16)
+        .map(|_| {
+            let addr = gw.http_addr();
+            tokio::spawn(async move { infer(addr, "m", &[("x-tiergate-budget-ms", "500")], BODY).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in at_once {
+        answers.push(call.await.expect("task"));
+    }
     let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
     assert!(
         statuses.iter().all(|s| *s == 200),
