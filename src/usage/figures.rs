@@ -214,12 +214,16 @@ pub enum Whose {
 impl Whose {
     /// Whose `request` on a route with tenant header `header` is.
     pub fn of<B>(request: &http::Request<B>, header: &http::HeaderName) -> Whose {
-        match request.extensions().get::<Tenant>() {
-            Some(tenant) if tenant.is_authenticated() => Whose::Tenant(tenant.clone()),
-            _ => match claimed(request.headers(), header) {
-                Some(value) => Whose::Claimed(value.clone()),
-                None => Whose::Tenant(Tenant::anonymous()),
-            },
+        let tenant = request.extensions().get::<Tenant>().cloned().unwrap_or_default();
+        Whose::new(tenant, request.headers().get(header))
+    }
+
+    /// Whose the request of `tenant` (as admitted) is, its tenant header carrying
+    /// `claim`: the one rule of [`Tenant::name_in`].
+    pub fn new(tenant: Tenant, claim: Option<&http::HeaderValue>) -> Whose {
+        match (tenant.is_authenticated(), claim) {
+            (true, _) | (false, None) => Whose::Tenant(tenant),
+            (false, Some(value)) => Whose::Claimed(value.clone()),
         }
     }
 
@@ -230,18 +234,5 @@ impl Whose {
             Whose::Tenant(tenant) => tenant.as_str(),
             Whose::Claimed(value) => value.to_str().unwrap_or_default(),
         }
-    }
-}
-
-/// The first value of `header` in `headers`: for the few headers most requests carry,
-/// by comparing names in turn (a custom name's hash costs more than a handful of
-/// comparisons, most of them of a standard name's tag), else by the map's lookup.
-fn claimed<'h>(headers: &'h http::HeaderMap, header: &http::HeaderName) -> Option<&'h http::HeaderValue> {
-    const SCAN: usize = 12;
-    match headers.keys_len() <= SCAN {
-        true => headers
-            .iter()
-            .find_map(|(name, value)| (name == header).then_some(value)),
-        false => headers.get(header),
     }
 }

@@ -113,11 +113,9 @@ impl Admitted<'_> {
         let (route, door, received) = (&self.route, self.door, self.received);
         // Whose the usage is: its credential's tenant, else the tenant header the door
         // read with the head (looked up here for a door that read none).
-        let whose = match (self.tenant.is_authenticated(), &self.claimed) {
-            (true, _) => crate::usage::Whose::Tenant(self.tenant.clone()),
-            (false, Some(Some(value))) => crate::usage::Whose::Claimed(value.clone()),
-            (false, Some(None)) => crate::usage::Whose::Tenant(Tenant::anonymous()),
-            (false, None) => crate::usage::Whose::of(&request, &route.tenant_header),
+        let whose = match &self.claimed {
+            Some(claim) => crate::usage::Whose::new(self.tenant.clone(), claim.as_ref()),
+            None => crate::usage::Whose::new(self.tenant.clone(), request.headers().get(&route.tenant_header)),
         };
         if self.tenant.is_authenticated() {
             request.extensions_mut().insert(self.tenant.clone());
