@@ -77,6 +77,8 @@ pub struct Shared {
     pub epoch: Instant,
     /// The pool's progressive batch size: most rows a batch carries now.
     pub limit: Arc<Limit>,
+    /// The pool's time as its calls share it, for the usage ledger.
+    pub shares: Arc<crate::usage::Shares>,
 }
 
 /// A batch pool's progressive batch size: after a batch fails, times out or takes far
@@ -128,6 +130,7 @@ impl Shared {
             last_caller: Arc::default(),
             epoch: Instant::now(),
             limit: Arc::new(Limit::new(settings.max_batch)),
+            shares: Arc::default(),
         }
     }
 

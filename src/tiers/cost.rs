@@ -85,6 +85,18 @@ impl Cost {
         })
     }
 
+    /// `t(1)`, only once the batches seen can tell it: their sizes spread (a standard
+    /// deviation of at least a tenth of their mean) so the line reaches one row, or
+    /// they were of about one row each. A line through batches of one size is flat at
+    /// their mean, which says nothing of one row.
+    pub fn one(&self) -> Option<Duration> {
+        let estimate = self.estimate()?;
+        let s = *self.sums.lock().unwrap_or_else(|e| e.into_inner());
+        let mean = s.n / s.w;
+        let spread = (s.nn / s.w - mean * mean).max(0.0).sqrt();
+        (mean <= 1.5 || spread >= 0.1 * mean).then(|| estimate.predict(1))
+    }
+
     /// Predicted time of a batch of `rows` rows; `None` while still learning.
     pub fn predict(&self, rows: u64) -> Option<Duration> {
         self.estimate().map(|e| e.predict(rows))

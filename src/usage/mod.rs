@@ -24,6 +24,7 @@ mod figures;
 pub mod fleet;
 pub mod quota;
 pub mod report;
+mod shares;
 pub mod store;
 
 use std::collections::HashMap;
@@ -34,6 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use dashmap::DashMap;
 
 pub use figures::{ns, Field, Figures, Saved, Source, Whose, FIELDS};
+pub use shares::{Call, Shares};
 
 /// The counters a request path adds to.
 #[derive(Debug, Default)]

@@ -175,6 +175,8 @@ struct Lane {
     metrics: Arc<BatchMetrics>,
     /// The route's usage counters.
     usage: Arc<crate::usage::RouteUsage>,
+    /// The pool's time as its calls share it.
+    shares: Arc<crate::usage::Shares>,
 }
 
 /// One route's micro-batch instruments, registered once per route spec.
@@ -290,11 +292,8 @@ impl Pending {
             Pending::Alone(lanes, call, why, false) => Box::pin(lanes.alone(*call, &why)).await,
             Pending::Alone(lanes, call, why, true) => {
                 let _spare = lanes.spare_slot().await;
-                let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
-                let sent = Instant::now();
-                let answer = Box::pin(lanes.forward_alone(*call, &why)).await;
-                lanes.charge_alone((crate::usage::Source::Offline, &whose), &answer, sent.elapsed());
-                answer
+                let forward = lanes.forward_alone(*call, &why, crate::usage::Source::Offline);
+                Box::pin(forward).await.0
             }
             Pending::Queued {
                 answer,
@@ -547,6 +546,8 @@ fn batch_spec(call: &Call) -> Result<&Arc<BatchSpec>, Error> {
 /// Decodes `call` and queues it in its lane of `lanes` (which serve `spec`), as filler
 /// when `filler` (or readies it to go alone); the answer comes from [`Pending::answer`].
 fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler: bool) -> Result<Pending, Error> {
+    let capacity = &call.route.usage.micro_batch.capacity;
+    lanes.shared.shares.calls_per_endpoint(capacity.calls_per_endpoint);
     let path = call.request.uri().path().to_owned();
     let kserve = path.starts_with("/v2/models/") && path.ends_with("/infer");
     let parsed = match (kserve, spec.json_adapter) {
@@ -763,6 +764,7 @@ impl RouteLanes {
             limit: self.shared.limit.clone(),
             metrics: self.metrics.clone(),
             usage: self.usage.clone(),
+            shares: self.shared.shares.clone(),
         });
         lanes.insert(key, lane.clone());
         Ok(lane)
@@ -782,11 +784,7 @@ impl RouteLanes {
             ));
         };
         let waited = queued_at.elapsed();
-        let sent = Instant::now();
-        let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
-        let answer = self.forward_alone(call, why).await;
-        let took = sent.elapsed();
-        self.charge_alone((crate::usage::Source::MicroBatch, &whose), &answer, took);
+        let (answer, took) = self.forward_alone(call, why, crate::usage::Source::MicroBatch).await;
         let mut reply = answer?;
         if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
             reply.headers_mut().insert(headers::QUEUE_MS, ms);
@@ -802,16 +800,16 @@ impl RouteLanes {
         Ok(reply)
     }
 
-    /// Charges a request sent alone to its tenant: the time it `took`, and as a row
-    /// when answered.
+    /// Charges a request sent alone to its tenant: its `share` of the pool's time, and
+    /// as a row when answered.
     fn charge_alone(
         &self,
         (source, whose): (crate::usage::Source, &crate::usage::Whose),
         answer: &Result<Reply, Error>,
-        took: Duration,
+        share: Duration,
     ) {
         use crate::usage::{ns, Field, Figures};
-        let used = ns(took);
+        let used = ns(share);
         let mut figures = Figures::default()
             .with(Field::CallsMicro, 1_000_000)
             .with(Field::UsedNs, used)
@@ -822,10 +820,22 @@ impl RouteLanes {
         self.usage.add(source, whose.name(), &figures);
     }
 
-    /// Sends a request that cannot share a batch, on a slot the caller holds.
-    async fn forward_alone(&self, call: Call, why: &str) -> Result<Reply, Error> {
+    /// Sends a request that cannot share a batch, on a slot the caller holds, and
+    /// charges it to `source` (its share of the pool's time); the answer and how long
+    /// the call took.
+    async fn forward_alone(
+        &self,
+        call: Call,
+        why: &str,
+        source: crate::usage::Source,
+    ) -> (Result<Reply, Error>, Duration) {
         tracing::debug!(route = %self.route, why, "served alone on the batch pool");
-        self.pool.forward(call.request, call.deadline).await
+        let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
+        let in_flight = self.shared.shares.begin(self.pool.healthy());
+        let answer = self.pool.forward(call.request, call.deadline).await;
+        let (took, share) = in_flight.end(self.pool.healthy(), None);
+        self.charge_alone((source, &whose), &answer, share);
+        (answer, took)
     }
 }
 

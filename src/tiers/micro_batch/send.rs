@@ -72,7 +72,13 @@ fn run<'a>(
         let rows: Vec<u64> = callers.iter().map(|e| e.rows).collect();
         let Some(mut request) = request else {
             // The cache held every row: no backend call.
-            charge(lane, &callers, plan.as_ref(), (Duration::ZERO, 0), false);
+            charge(
+                lane,
+                &callers,
+                (plan.as_ref(), lane.shares.one()),
+                (Duration::ZERO, 0),
+                false,
+            );
             let replies = plan.as_ref().map(|p| p.answers(lane.form, None, &callers));
             return scattered(callers, replies, (0, None), (sent, Duration::ZERO));
         };
@@ -89,13 +95,14 @@ fn run<'a>(
             .as_ref()
             .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
             .map(|(shadow, spec)| (shadow, spec, crate::backend::copy(&request)));
-        let started = Instant::now();
         let learned = lane.cost.predict(total);
+        let one = lane.shares.one();
+        let call = lane.shares.begin(lane.pool.healthy());
         let called = lane.pool.forward(request, deadline).instrument(span).await;
-        let took = started.elapsed();
-        lane.went(&called, learned, took);
         let answered = matches!(&called, Ok(reply) if reply.status().is_success());
-        charge(lane, &callers, plan.as_ref(), (took, total), answered);
+        let (took, share) = call.end(lane.pool.healthy(), answered.then_some(total));
+        lane.went(&called, learned, took);
+        charge(lane, &callers, (plan.as_ref(), one), (share, total), answered);
         tracing::info!(
             target: "tiergate::lineage",
             batch = %id,
@@ -182,16 +189,22 @@ impl Lane {
     }
 }
 
-/// Charges each caller of a batch its share of the call that `took` for `sent` rows
-/// (its rows sent of them; none when the cache held every row): its rows when
-/// `answered`, what its rows sent would have cost alone (`t(1)` each, as learned before
-/// this batch; unpriced while the pool is still learning), and what its rows the cache
-/// held or a batch-mate's row answered would have cost. A caller of offline work is
-/// charged as the offline tier's.
-fn charge(lane: &Lane, callers: &Callers, plan: Option<&Plan>, (took, sent): (Duration, u64), answered: bool) {
+/// Charges each caller of a batch its share of `used`, the pool's time the call for
+/// `sent` rows was given (see [`crate::usage::Shares`]), by its rows sent of them (none
+/// when the cache held every row): its rows when `answered`, what its rows sent would
+/// have cost alone (`one`, `t(1)` each as learned before this batch; unpriced until the
+/// pool's uncontended calls tell it), and what its rows the cache held or a
+/// batch-mate's row answered would have cost. A caller of offline work is charged as
+/// the offline tier's.
+fn charge(
+    lane: &Lane,
+    callers: &Callers,
+    (plan, one): (Option<&Plan>, Option<Duration>),
+    (used, sent): (Duration, u64),
+    answered: bool,
+) {
     use crate::usage::{ns, Field, Saved, Source};
-    let one = lane.cost.predict(1);
-    let took = ns(took);
+    let took = ns(used);
     for (i, caller) in callers.iter().enumerate() {
         let [kept, precomputed, deduped, own] =
             plan.and_then(|p| p.per_caller.get(i).copied())
