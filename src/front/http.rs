@@ -477,7 +477,8 @@ fn render(served: Served, shape: Shape, received: Instant) -> Response<Answered>
     let (response, timing) = match served.result {
         Ok(mut reply) => {
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
-            let timing = Line::answer(parts, received.elapsed(), served.tier_took);
+            let elapsed = served.elapsed.unwrap_or_else(|| received.elapsed());
+            let timing = Line::answer(parts, elapsed, served.tier_took);
             (reply.map(Answered::from), timing)
         }
         Err(e) => (failure_as(&e, shape), Line::error(received.elapsed())),

@@ -53,6 +53,13 @@ pub struct Store {
     rolled: std::sync::atomic::AtomicI64,
 }
 
+/// The periods of one span before a time.
+const PERIODS: &str = "SELECT DISTINCT period FROM usage WHERE span = ?1 AND period < ?2";
+/// Minutes rolled into hours.
+const DELETE_MINUTES: &str = "DELETE FROM usage WHERE span = 60 AND period < ?1";
+/// Hours past the retention.
+const DELETE_HOURS: &str = "DELETE FROM usage WHERE span = 3600 AND period < ?1";
+
 #[derive(Debug)]
 struct Sql {
     upsert: String,
@@ -112,6 +119,11 @@ impl Store {
                 names.join(", ")
             ),
         };
+        // Compiled now, once, rather than on the ticker's first write.
+        for statement in [&sql.upsert, &sql.roll_up, PERIODS, DELETE_MINUTES, DELETE_HOURS] {
+            conn.prepare_cached(statement)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
         Ok(Store {
             conn: Mutex::new(conn),
             keep_days,
@@ -148,9 +160,7 @@ impl Store {
         let rolled = self.rolled.load(std::sync::atomic::Ordering::Relaxed);
         if cutoff > rolled || stale {
             let periods = |tx: &rusqlite::Transaction<'_>, span: i64, before: i64| -> Result<Vec<i64>, String> {
-                let mut select = tx
-                    .prepare_cached("SELECT DISTINCT period FROM usage WHERE span = ?1 AND period < ?2")
-                    .map_err(|e| e.to_string())?;
+                let mut select = tx.prepare_cached(PERIODS).map_err(|e| e.to_string())?;
                 let found = select
                     .query_map([span, before], |r| r.get(0))
                     .and_then(Iterator::collect)
@@ -169,9 +179,11 @@ impl Store {
             tx.prepare_cached(&self.sql.roll_up)
                 .and_then(|mut s| s.execute([cutoff]))
                 .map_err(|e| e.to_string())?;
-            tx.execute("DELETE FROM usage WHERE span = 60 AND period < ?1", [cutoff])
+            tx.prepare_cached(DELETE_MINUTES)
+                .and_then(|mut s| s.execute([cutoff]))
                 .map_err(|e| e.to_string())?;
-            tx.execute("DELETE FROM usage WHERE span = 3600 AND period < ?1", [now - keep])
+            tx.prepare_cached(DELETE_HOURS)
+                .and_then(|mut s| s.execute([now - keep]))
                 .map_err(|e| e.to_string())?;
             self.rolled.store(cutoff, std::sync::atomic::Ordering::Relaxed);
         }

@@ -236,7 +236,14 @@ fn render(mut served: Served, received: Instant) -> Rendered {
     let (timing, answered) = match &mut served.result {
         Ok(reply) => {
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
-            (Line::answer(parts, received.elapsed(), served.tier_took), true)
+            (
+                Line::answer(
+                    parts,
+                    served.elapsed.unwrap_or_else(|| received.elapsed()),
+                    served.tier_took,
+                ),
+                true,
+            )
         }
         Err(_) => (Line::error(received.elapsed()), false),
     };

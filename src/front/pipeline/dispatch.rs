@@ -84,6 +84,9 @@ pub struct Served {
     /// How long the tier that served it took, when one did: the answer's `backend` in
     /// `Server-Timing` unless the tier said more (see [`crate::timing`]).
     pub tier_took: Option<std::time::Duration>,
+    /// The time since the door received it, as the dispatch read the clock when the
+    /// tier answered (its `total` in `Server-Timing`, one reading of the clock spared).
+    pub elapsed: Option<std::time::Duration>,
 }
 
 impl Served {
@@ -281,6 +284,7 @@ impl Dispatch {
                         result: Err(refused(route, refusal)),
                         policy_version: route.policy_version(),
                         tier_took: None,
+                        elapsed: None,
                     };
                     return count(route, door, instruments, served, debug_ids(&request));
                 }
@@ -308,6 +312,7 @@ impl Dispatch {
                 )),
                 policy_version: route.policy_version(),
                 tier_took: None,
+                elapsed: None,
             };
             return count(route, door, instruments, served, ids.as_ref());
         }
@@ -320,6 +325,7 @@ impl Dispatch {
                     result: Err(spent),
                     policy_version: route.policy_version(),
                     tier_took: None,
+                    elapsed: None,
                 };
                 return count(route, door, instruments, served, ids.as_ref());
             }
@@ -371,6 +377,7 @@ impl Dispatch {
             result,
             policy_version: route.policy_version(),
             tier_took: Some(tier_took),
+            elapsed: Some(elapsed),
         };
         count(route, door, instruments, served, ids.as_ref())
     }
@@ -453,6 +460,7 @@ impl Dispatch {
             result,
             policy_version: route.policy_version(),
             tier_took: None,
+            elapsed: None,
         };
         count(route, door, &self.meters(route).instruments, served, ids)
     }
@@ -466,6 +474,7 @@ impl Dispatch {
             result: Err(error),
             policy_version: route.policy_version(),
             tier_took: None,
+            elapsed: None,
         };
         count(route, door, &self.meters(route).instruments, served, ids)
     }
