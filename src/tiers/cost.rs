@@ -6,7 +6,8 @@
 //! still be answered in time. The estimate is a least-squares line through recent
 //! `(rows, seconds)` observations, with exponential forgetting so it follows a backend
 //! whose speed changes. Until it has seen enough batches (and at least two sizes), it
-//! predicts nothing and nobody is refused on its word.
+//! predicts nothing and nobody is refused on its word. [`BySize`] is the same line
+//! with each range of sizes remembered apart, for the usage ledger's `t(1)`.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -52,54 +53,97 @@ impl Cost {
 
     /// Records that a batch of `rows` rows took `took`.
     pub fn observe(&self, rows: u64, took: Duration) {
-        let (n, t) = (rows as f64, took.as_secs_f64());
-        let mut s = self.sums.lock().unwrap_or_else(|e| e.into_inner());
-        s.w = s.w * FORGET + 1.0;
-        s.n = s.n * FORGET + n;
-        s.nn = s.nn * FORGET + n * n;
-        s.t = s.t * FORGET + t;
-        s.nt = s.nt * FORGET + n * t;
-        s.samples += 1;
+        self.sums.lock().unwrap_or_else(|e| e.into_inner()).add(rows, took);
     }
 
     /// The current fit, once enough batches were seen.
     pub fn estimate(&self) -> Option<Estimate> {
-        let s = *self.sums.lock().unwrap_or_else(|e| e.into_inner());
-        if s.samples < WARM_UP {
-            return None;
-        }
-        let det = s.w * s.nn - s.n * s.n;
-        let mean_t = s.t / s.w;
-        // Every batch the same size (or nearly): the line is flat at the mean.
-        let (a, b) = if det.abs() <= 1e-9 * s.w * s.nn.max(1.0) {
-            (mean_t, 0.0)
-        } else {
-            let b = ((s.w * s.nt - s.n * s.t) / det).max(0.0);
-            let a = ((s.t - b * s.n) / s.w).max(0.0);
-            (a, b)
-        };
-        Some(Estimate {
-            fixed: secs(a),
-            per_row: secs(b),
-            samples: s.samples,
-        })
-    }
-
-    /// `t(1)`, only once the batches seen can tell it: their sizes spread (a standard
-    /// deviation of at least a tenth of their mean) so the line reaches one row, or
-    /// they were of about one row each. A line through batches of one size is flat at
-    /// their mean, which says nothing of one row.
-    pub fn one(&self) -> Option<Duration> {
-        let estimate = self.estimate()?;
-        let s = *self.sums.lock().unwrap_or_else(|e| e.into_inner());
-        let mean = s.n / s.w;
-        let spread = (s.nn / s.w - mean * mean).max(0.0).sqrt();
-        (mean <= 1.5 || spread >= 0.1 * mean).then(|| estimate.predict(1))
+        self.sums.lock().unwrap_or_else(|e| e.into_inner()).fit()
     }
 
     /// Predicted time of a batch of `rows` rows; `None` while still learning.
     pub fn predict(&self, rows: u64) -> Option<Duration> {
         self.estimate().map(|e| e.predict(rows))
+    }
+}
+
+/// Size ranges [`BySize`] remembers apart: 1, 2–3, 4–7, … rows, the last 128 and more.
+const SIZES: usize = 8;
+
+/// A learned cost that remembers each range of batch sizes apart (1, 2–3, 4–7, …
+/// rows), each its last 50 or so batches: a pool that has sent only full batches for
+/// an hour still knows what the smaller ones it sent before cost, so the line through
+/// them still reaches one row. What the usage ledger prices a row alone with.
+#[derive(Debug, Default)]
+pub struct BySize {
+    sums: Mutex<[Sums; SIZES]>,
+}
+
+impl BySize {
+    /// Records that a batch of `rows` rows took `took`.
+    pub fn observe(&self, rows: u64, took: Duration) {
+        let range = (rows.max(1).ilog2() as usize).min(SIZES - 1);
+        self.sums.lock().unwrap_or_else(|e| e.into_inner())[range].add(rows, took);
+    }
+
+    /// `t(1)`, once the batches remembered can tell it: enough of them, their sizes
+    /// spread (a standard deviation of at least a tenth of their mean) so the line
+    /// reaches one row, or of about one row each. A line through batches of one size
+    /// is flat at their mean, which says nothing of one row.
+    pub fn one(&self) -> Option<Duration> {
+        let all = self.sums.lock().unwrap_or_else(|e| e.into_inner());
+        let s = all.iter().fold(Sums::default(), |sum, s| sum.with(s));
+        let mean = s.n / s.w;
+        let spread = (s.nn / s.w - mean * mean).max(0.0).sqrt();
+        let tells = mean <= 1.5 || spread >= 0.1 * mean;
+        s.fit().filter(|_| tells).map(|e| e.predict(1))
+    }
+}
+
+impl Sums {
+    /// Adds a batch of `rows` rows that took `took`, the past weighing [`FORGET`] less.
+    fn add(&mut self, rows: u64, took: Duration) {
+        let (n, t) = (rows as f64, took.as_secs_f64());
+        self.w = self.w * FORGET + 1.0;
+        self.n = self.n * FORGET + n;
+        self.nn = self.nn * FORGET + n * n;
+        self.t = self.t * FORGET + t;
+        self.nt = self.nt * FORGET + n * t;
+        self.samples += 1;
+    }
+
+    /// These and `other` together.
+    fn with(self, other: &Sums) -> Sums {
+        Sums {
+            w: self.w + other.w,
+            n: self.n + other.n,
+            nn: self.nn + other.nn,
+            t: self.t + other.t,
+            nt: self.nt + other.nt,
+            samples: self.samples + other.samples,
+        }
+    }
+
+    /// The least-squares line, once [`WARM_UP`] batches were seen.
+    fn fit(&self) -> Option<Estimate> {
+        if self.samples < WARM_UP {
+            return None;
+        }
+        let det = self.w * self.nn - self.n * self.n;
+        let mean_t = self.t / self.w;
+        // Every batch the same size (or nearly): the line is flat at the mean.
+        let (a, b) = if det.abs() <= 1e-9 * self.w * self.nn.max(1.0) {
+            (mean_t, 0.0)
+        } else {
+            let b = ((self.w * self.nt - self.n * self.t) / det).max(0.0);
+            let a = ((self.t - b * self.n) / self.w).max(0.0);
+            (a, b)
+        };
+        Some(Estimate {
+            fixed: secs(a),
+            per_row: secs(b),
+            samples: self.samples,
+        })
     }
 }
 
@@ -162,6 +206,35 @@ mod tests {
         let e = cost.estimate().expect("warm");
         assert!(e.fixed.abs_diff(us(4_000)) < us(100), "{e:?}");
         assert!(e.per_row.abs_diff(us(400)) < us(20), "{e:?}");
+    }
+
+    #[test]
+    fn by_size_keeps_the_smaller_batches_while_only_full_ones_come() {
+        let learned = BySize::default();
+        for rows in [1, 8, 16, 32, 2, 48, 24, 10, 4, 64] {
+            learned.observe(rows, us(7_500 + 85 * rows));
+        }
+        let one = learned.one().expect("spread");
+        assert!(close(one, us(7_585)), "{one:?}");
+        // An hour of full batches, a little slower than the line: the small ones are
+        // still remembered, and the line still reaches one row.
+        for _ in 0..5_000 {
+            learned.observe(64, us(7_500 + 85 * 64 + 100));
+        }
+        let one = learned.one().expect("still spread");
+        assert!(one.abs_diff(us(7_585)) < us(300), "{one:?}");
+        // Only ever one size: it cannot tell.
+        let full = BySize::default();
+        for _ in 0..100 {
+            full.observe(64, us(13_000));
+        }
+        assert_eq!(full.one(), None);
+        // Only ever one row: it can.
+        let single = BySize::default();
+        for _ in 0..10 {
+            single.observe(1, us(7_600));
+        }
+        assert!(close(single.one().expect("one row each"), us(7_600)));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! The usage ledger: what the backends did for whom, and what tiergate saved them.
 //!
 //! Every backend call's time is charged to the requests whose rows it carried: a
-//! real-time call (and an offline job served alone) by its measured time, a
-//! micro-batch's measured time split over its callers by their rows (each row of a
-//! batch costs the same share of `t(n) = a + b·n`, so a caller with `k` of the `n` rows
-//! pays `k/n` of the batch and the shares add up to the batch's time). Beside what was
-//! used, each row's **per-request equivalent**: what serving it alone would have cost,
-//! `t(1)` of its pool's learned cost (a row whose pool has not learned its cost yet is
-//! counted as unpriced rather than guessed). Rows that cost nothing are counted as
+//! real-time call by its measured time, a micro-batch by its share of the pool's time
+//! ([`Shares`]: calls that overlap on an endpoint share it) split over its callers by
+//! their rows (each row of a batch costs the same share of `t(n) = a + b·n`, so a
+//! caller with `k` of the `n` rows pays `k/n` of the batch and the shares add up to the
+//! batch's). Beside what was used, each row's **per-request equivalent**: what serving
+//! it alone would have cost, `t(1)` as the pool's uncontended calls tell it (a row whose
+//! pool cannot tell it yet is counted as unpriced rather than guessed). Rows that cost nothing are counted as
 //! saved, by cause: the cache (a kept answer), precomputed answers (kept by a batch or
 //! a Kafka source), dedupe (a coalesced follower, a row sent once for its batch-mates).
 //!

@@ -7,11 +7,14 @@
 //! never to more (two batches in flight on an endpoint that runs one at a time are
 //! charged the wall time once between them, not each its wait behind the other).
 //!
-//! The calls that had their share to themselves (no more in flight than the pool runs
-//! at once, their whole time) measured the endpoint's cost and nothing else: the ledger
-//! learns the per-request equivalent `t(1)` from those alone (a pool always saturated
-//! keeps what it learned while it was not), and only once the batches seen tell it:
-//! sizes spread enough for the line to reach one row, or one row each.
+//! The per-request equivalent `t(1)` is learned from each answered call's **service
+//! time**, its time less its wait behind the calls ahead of it: the pool is taken as
+//! a first-come first-served server of that many places, so a call that found them all
+//! taken began when the completion that freed one came (a call that found a free place
+//! began at once, and its measured time is the endpoint's work). Batches of every
+//! size are remembered apart ([`BySize`]), so a pool that has sent only full batches
+//! for an hour still prices one row from the smaller ones it sent before; until the
+//! sizes seen can tell `t(1)`, the ledger says the rows are unpriced.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -19,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::tiers::cost::Cost;
+use crate::tiers::cost::BySize;
 
 /// A batch pool's shared time and the cost learned from its uncontended calls.
 #[derive(Debug)]
@@ -27,9 +30,12 @@ pub struct Shares {
     clock: Mutex<Clock>,
     /// Calls one endpoint runs at once at full speed (the pool's `calls_per_endpoint`).
     per_endpoint: AtomicU32,
-    /// `t(n)` learned from calls that had their share to themselves.
-    alone: Cost,
+    /// `t(n)` learned from the calls' service times.
+    alone: BySize,
 }
+
+/// The completions [`Shares`] remembers the time of: more than a pool has in flight.
+const ENDS: usize = 256;
 
 #[derive(Debug)]
 struct Clock {
@@ -38,6 +44,9 @@ struct Clock {
     /// Nanoseconds of one call's share since the pool was last idle.
     virtual_ns: f64,
     in_flight: u32,
+    /// Calls completed since the pool was made, and when the last [`ENDS`] did.
+    done: u64,
+    ends: Box<[Instant; ENDS]>,
 }
 
 /// A call in flight on the pool, from [`Shares::begin`] until [`Call::end`] (or its
@@ -47,6 +56,9 @@ pub struct Call<'a> {
     shares: &'a Shares,
     started: Instant,
     virtual_ns: f64,
+    /// Calls in flight when it started, completions counted then, and the places the
+    /// pool had: which completion freed its place if it had to wait for one.
+    ahead: (u32, u64, u32),
     ended: bool,
 }
 
@@ -57,9 +69,11 @@ impl Default for Shares {
                 at: Instant::now(),
                 virtual_ns: 0.0,
                 in_flight: 0,
+                done: 0,
+                ends: Box::new([Instant::now(); ENDS]),
             }),
             per_endpoint: AtomicU32::new(1),
-            alone: Cost::new(),
+            alone: BySize::default(),
         }
     }
 }
@@ -78,11 +92,13 @@ impl Shares {
         let now = Instant::now();
         let mut clock = self.lock();
         self.advance(&mut clock, now, healthy);
+        let ahead = (clock.in_flight, clock.done, self.places(healthy));
         clock.in_flight += 1;
         Call {
             shares: self,
             started: now,
             virtual_ns: clock.virtual_ns,
+            ahead,
             ended: false,
         }
     }
@@ -96,6 +112,13 @@ impl Shares {
         self.clock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Calls the pool runs at once at full speed with `healthy` endpoints.
+    fn places(&self, healthy: usize) -> u32 {
+        u32::try_from(healthy.max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.per_endpoint.load(Relaxed))
+    }
+
     /// Moves the clock to `now` at the rate each of the calls in flight was given.
     fn advance(&self, clock: &mut Clock, now: Instant, healthy: usize) {
         let elapsed = now.saturating_duration_since(clock.at).as_nanos() as f64;
@@ -106,33 +129,47 @@ impl Shares {
             clock.virtual_ns = 0.0;
             return;
         }
-        let capacity = healthy.max(1) as f64 * f64::from(self.per_endpoint.load(Relaxed));
-        clock.virtual_ns += elapsed * (capacity / f64::from(clock.in_flight)).min(1.0);
+        let places = f64::from(self.places(healthy));
+        clock.virtual_ns += elapsed * (places / f64::from(clock.in_flight)).min(1.0);
     }
 
-    fn leave(&self, healthy: usize) -> (Instant, f64) {
+    /// `call` leaves the pool: now, the clock then, and when its service began (none
+    /// when the completions did not come in the order of a first-come first-served
+    /// server, or too long ago to be remembered).
+    fn leave(&self, call: &Call<'_>, healthy: usize) -> (Instant, f64, Option<Instant>) {
         let now = Instant::now();
         let mut clock = self.lock();
         self.advance(&mut clock, now, healthy);
         clock.in_flight = clock.in_flight.saturating_sub(1);
-        (now, clock.virtual_ns)
+        let (ahead, done, places) = call.ahead;
+        let began = match ahead.checked_sub(places) {
+            None => Some(call.started),
+            // Every place taken: it began when the (ahead − places + 1)th completion
+            // after it came freed one.
+            Some(behind) => {
+                let freed = done + u64::from(behind);
+                (freed < clock.done && clock.done - freed <= ENDS as u64)
+                    .then(|| clock.ends[(freed % ENDS as u64) as usize].max(call.started))
+            }
+        };
+        let slot = (clock.done % ENDS as u64) as usize;
+        clock.ends[slot] = now;
+        clock.done += 1;
+        (now, clock.virtual_ns, began)
     }
 }
 
 impl Call<'_> {
     /// The call ended, the pool having `healthy` endpoints now: how long it took and its
-    /// share of the pool's time. An answered call of `rows` rows that had the whole of
-    /// its share is learned from.
+    /// share of the pool's time. An answered call of `rows` rows is learned from by its
+    /// service time.
     pub fn end(mut self, healthy: usize, answered: Option<u64>) -> (Duration, Duration) {
         self.ended = true;
-        let (now, virtual_ns) = self.shares.leave(healthy);
+        let (now, virtual_ns, began) = self.shares.leave(&self, healthy);
         let took = now.saturating_duration_since(self.started);
         let share = Duration::from_nanos((virtual_ns - self.virtual_ns).max(0.0) as u64).min(took);
-        if let Some(rows) = answered {
-            // Given less than the whole of its time (to 0.1%): it shared the pool.
-            if share.as_secs_f64() >= took.as_secs_f64() * 0.999 {
-                self.shares.alone.observe(rows, took);
-            }
+        if let (Some(rows), Some(began)) = (answered, began) {
+            self.shares.alone.observe(rows, now.saturating_duration_since(began));
         }
         (took, share)
     }
@@ -173,8 +210,6 @@ mod tests {
         assert!(close(b, ms(20)), "{b:?}");
         // The shares add up to the time the endpoint was busy.
         assert!(close(a + b, ms(30)));
-        // Neither had its share to itself: nothing learned.
-        assert_eq!(shares.alone.estimate(), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -195,32 +230,48 @@ mod tests {
         }
     }
 
+    /// A server of one place, `t(n) = 7.5 ms + 0.085 ms × n`, always sent the next
+    /// batch while one is in flight (two in flight, as `max_in_flight = 2`): every
+    /// batch but the first waits behind another for the whole of its service.
+    async fn pipelined(shares: &Shares, sizes: impl IntoIterator<Item = u64>) -> (Duration, Duration) {
+        let service = |n: u64| Duration::from_micros(7_500 + 85 * n);
+        let started = Instant::now();
+        let mut sizes = sizes.into_iter();
+        let Some(first) = sizes.next() else {
+            return (Duration::ZERO, Duration::ZERO);
+        };
+        let mut serving = (shares.begin(1), first);
+        let mut charged = Duration::ZERO;
+        for next in sizes {
+            let waiting = shares.begin(1);
+            tokio::time::advance(service(serving.1)).await;
+            charged += serving.0.end(1, Some(serving.1)).1;
+            serving = (waiting, next);
+        }
+        tokio::time::advance(service(serving.1)).await;
+        charged += serving.0.end(1, Some(serving.1)).1;
+        (charged, started.elapsed())
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn learns_one_row_from_the_calls_that_ran_alone_and_only_when_it_can() {
+    async fn learns_one_row_from_service_times_behind_a_queue() {
         let shares = Shares::default();
-        // Uncontended calls of one size: the line cannot reach one row.
-        for _ in 0..10 {
-            let call = shares.begin(1);
-            tokio::time::advance(Duration::from_micros(7_500 + 85 * 64)).await;
-            call.end(1, Some(64));
-        }
-        assert_eq!(shares.one(), None);
-        for rows in [1, 8, 16, 32, 2, 48, 24, 10] {
-            let call = shares.begin(1);
-            tokio::time::advance(Duration::from_micros(7_500 + 85 * rows)).await;
-            call.end(1, Some(rows));
-        }
+        let (charged, wall) = pipelined(&shares, [1, 8, 16, 32, 2, 48, 24, 10, 4, 64]).await;
+        // Two always in flight, the time charged once: the shares are the wall time.
+        assert!(close(charged, wall), "{charged:?} in {wall:?}");
         let one = shares.one().expect("sizes spread");
         assert!(close(one, Duration::from_micros(7_585)), "{one:?}");
-        // Contended calls, however slow, teach it nothing.
-        for _ in 0..20 {
-            let a = shares.begin(1);
-            let b = shares.begin(1);
-            tokio::time::advance(ms(100)).await;
-            a.end(1, Some(1));
-            b.end(1, Some(1));
-        }
+        // Full batches for a long time: the line still reaches one row.
+        let (charged, wall) = pipelined(&shares, std::iter::repeat_n(64, 2_000)).await;
+        assert!(close(charged, wall), "{charged:?} in {wall:?}");
         assert!(close(shares.one().expect("kept"), Duration::from_micros(7_585)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pool_that_only_sent_one_size_cannot_price_one_row() {
+        let shares = Shares::default();
+        pipelined(&shares, std::iter::repeat_n(64, 100)).await;
+        assert_eq!(shares.one(), None);
     }
 
     #[tokio::test(start_paused = true)]
