@@ -176,6 +176,7 @@ pub fn explain(
                 "samples": c.samples,
                 "full_batch_ms": ms(c.predict(u64::from(spec.max_batch.get()))),
             })),
+            "one_row_ms": state.and_then(|s| s.one_row).map(ms),
         })
     });
     Ok(json!({

@@ -176,7 +176,16 @@ async fn the_per_request_equivalent_is_the_learned_cost_of_one_row() {
         .pool_state("alone")
         .and_then(|s| s.cost)
         .expect("a learned cost");
-    let one = learned.predict(1).as_secs_f64();
+    // The ledger's t(1), from the batches' service times (one at a time: their
+    // measured times), agrees with the scheduler's line through the same batches.
+    let one = api
+        .micro_batch
+        .pool_state("alone")
+        .and_then(|s| s.one_row)
+        .expect("the ledger's t(1)")
+        .as_secs_f64();
+    let scheduler = learned.predict(1).as_secs_f64();
+    assert!((one - scheduler).abs() < 0.05 * scheduler, "{one} s vs {scheduler} s");
     let before = usage(&gw, "by=route").await;
     let answer = infer(
         gw.http_addr(),

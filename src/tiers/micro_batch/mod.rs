@@ -333,6 +333,9 @@ pub struct PoolState {
     /// The progressive batch size: most rows a batch carries now (below `max_batch`
     /// after failed, timed-out or over-cost batches).
     pub batch_limit: u64,
+    /// What one row alone costs the pool as the usage ledger prices it (`t(1)` from
+    /// the batches' service times), once it can tell.
+    pub one_row: Option<Duration>,
 }
 
 impl MicroBatch {
@@ -344,6 +347,7 @@ impl MicroBatch {
             free_slots: lanes.shared.slots.available_permits(),
             cost: lanes.shared.cost.estimate(),
             batch_limit: lanes.shared.limit.now(lanes.settings.max_batch),
+            one_row: lanes.shared.shares.one(),
         })
     }
 
