@@ -50,7 +50,7 @@ tenant_header = "x-api-key"
 TOML
 # Both tenants' load comes from one address, as from behind a load balancer.
 TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 \
-  "$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+  "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 

@@ -58,7 +58,7 @@ TOML
 # balancer: no per-client connection limit (its default, 1,000, would close the
 # connections of the overload's queued callers instead of answering them 429).
 TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 TIERGATE_LISTEN__ADMIN="127.0.0.1:$GWA" TIERGATE_ADMIN__TOKEN="$ADMIN_TOKEN" \
-  "$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+  "$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 wait_ready "$SIM" /v2/health/ready
 wait_ready "$GW" /v2/health/ready
 

@@ -49,7 +49,7 @@ max_wait = "250ms"
 max_in_flight = 1
 queue_capacity = 4096
 TOML
-"$BIN/tiergate" serve --policy-dir "$WORK/policy" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
+"$BIN/tiergate" serve --policy-dir "$WORK/policy" --data-dir "$WORK/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$GWG" --metrics "127.0.0.1:$GWM" 2>"$WORK/gw.log" & PIDS+=($!)
 wait_ready "$DYN" /v2/models/resnet50/ready 180 || { cat "$WORK/dyn.log" >&2; exit 1; }
 wait_ready "$PLAIN" /v2/models/resnet50/ready 180 || { cat "$WORK/plain.log" >&2; exit 1; }
 wait_ready "$GW" /v2/health/ready
