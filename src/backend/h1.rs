@@ -106,14 +106,14 @@ impl Conns {
         &self,
         parts: &mut http::request::Parts,
         body: Bytes,
-        trace: Option<&Trace>,
+        (trace, started): (Option<&Trace>, Instant),
         max_body: usize,
     ) -> Result<Response<Bytes>, Failure> {
         let mut uri = http::uri::Parts::default();
         uri.path_and_query = Some(path_and_query(parts));
         let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
         let mut request = outgoing(parts, uri, body);
-        let answer = self.exchange(&mut request, trace, max_body).await;
+        let answer = self.exchange(&mut request, (trace, started), max_body).await;
         restore(parts, request);
         answer
     }
@@ -121,14 +121,15 @@ impl Conns {
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
     pub(super) async fn send(&self, mut request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
-        self.exchange(&mut request, None, max_body).await
+        self.exchange(&mut request, (None, Instant::now()), max_body).await
     }
 
-    /// [`Conns::send`] of a request the caller keeps.
+    /// [`Conns::send`] of a request the caller keeps, sent at `started` (the idle
+    /// connections' timeout is checked against it).
     async fn exchange(
         &self,
         request: &mut Request<Bytes>,
-        trace: Option<&Trace>,
+        (trace, started): (Option<&Trace>, Instant),
         max_body: usize,
     ) -> Result<Response<Bytes>, Failure> {
         let runtime = match Handle::try_current() {
@@ -136,7 +137,7 @@ impl Conns {
             Err(e) => return Err(Failure::Other(e.to_string())),
         };
         loop {
-            let mut conn = match self.take(runtime) {
+            let mut conn = match self.take(runtime, started) {
                 Some(idle) => idle,
                 None => self.connect(runtime).await?,
             };
@@ -169,11 +170,11 @@ impl Conns {
         drop(expired); // closes them, outside the lock
     }
 
-    /// The most recently used idle connection opened on `runtime`, if any; expired
-    /// ones are closed on the way.
-    fn take(&self, runtime: tokio::runtime::Id) -> Option<Box<Idle>> {
+    /// The most recently used idle connection opened on `runtime`, if any; the ones
+    /// expired by `now` are closed on the way.
+    fn take(&self, runtime: tokio::runtime::Id, now: Instant) -> Option<Box<Idle>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let expired = self.drain_expired(&mut idle, Instant::now());
+        let expired = self.drain_expired(&mut idle, now);
         let found = idle
             .iter()
             .rposition(|c| c.runtime == runtime)

@@ -227,18 +227,18 @@ impl Pool {
     /// `backend::latency`); a failed call goes again to another endpoint as the pool's
     /// retry policy says (its `retry` table).
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        self.in_time(deadline)?;
+        let now = self.in_time(deadline)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
             let sequence = sequence.clone();
             return Box::pin(self.forward_step(request, deadline, sequence)).await;
         }
         let slot = self.slot()?;
-        self.send_in(slot, request, deadline).await
+        self.send_in(slot, request, (deadline, now)).await
     }
 
     /// What [`Pool::forward`] checks first: that `deadline` has not passed and that the
-    /// time left covers what the pool's calls take.
-    pub fn in_time(&self, deadline: Instant) -> Result<(), Error> {
+    /// time left covers what the pool's calls take; the time it was checked at.
+    pub fn in_time(&self, deadline: Instant) -> Result<Instant, Error> {
         let now = Instant::now();
         if now >= deadline {
             return Err(Error::new(
@@ -246,7 +246,7 @@ impl Pool {
                 "the budget was spent before the request reached a backend",
             ));
         }
-        self.meetable(deadline - now)
+        self.meetable(deadline - now).map(|()| now)
     }
 
     /// A call slot, or the pool's refusal ([`Kind::Shed`]) when every one is taken: a
@@ -277,10 +277,10 @@ impl Pool {
         &self,
         slot: SemaphorePermit<'_>,
         request: Request<Bytes>,
-        deadline: Instant,
+        (deadline, now): (Instant, Instant),
     ) -> Result<Response<Bytes>, Error> {
         let (fitted, span) = self.fit(request)?;
-        let answer = self.call(fitted, deadline).instrument(span).await;
+        let answer = self.call(fitted, deadline, now).instrument(span).await;
         drop(slot);
         answer
     }
@@ -300,7 +300,7 @@ impl Pool {
                 ),
             ));
         };
-        self.send_in(permit, request, deadline).await
+        self.send_in(permit, request, (deadline, Instant::now())).await
     }
 
     /// Fits `request` to the pool's backends and opens its span. An HTTP/1.1 call
@@ -386,9 +386,10 @@ impl Pool {
 
     /// Sends to one endpoint, and when that fails in a way the pool retries, again to
     /// others ([`Pool::again`]); a call the pool hedges goes through [`Pool::hedged`].
-    async fn call(&self, mut fitted: Fitted, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        // One reading of the clock for the choice and the call's start.
-        let now = Instant::now();
+    /// `now` is the caller's last reading of the clock (checking the deadline, a moment
+    /// before): one reading for the deadline, the choice, the call's start and its
+    /// connection's idle check.
+    async fn call(&self, mut fitted: Fitted, deadline: Instant, now: Instant) -> Result<Response<Bytes>, Error> {
         let first = self.pick(now)?;
         if let Some(after) = self.hedge_after(&fitted.parts) {
             // Boxed, as a retry: a hedged pool is rare, its state large.
@@ -589,7 +590,7 @@ impl Pool {
             match &self.transport {
                 Transport::Http1(conns) => {
                     conns[at]
-                        .send_call(parts, body, trace.as_ref(), self.max_response_bytes)
+                        .send_call(parts, body, (trace.as_ref(), started), self.max_response_bytes)
                         .await
                 }
                 Transport::Http2(client) => {

@@ -109,12 +109,12 @@ impl Realtime {
             return Err((ejected, Some(call)));
         }
         Box::pin(async move {
-            pool.in_time(call.deadline).map_err(|e| (e, None))?;
+            let now = pool.in_time(call.deadline).map_err(|e| (e, None))?;
             let slot = match pool.slot() {
                 Ok(slot) => slot,
                 Err(e) => return Err((e, Some(call))),
             };
-            pool.send_in(slot, call.request, call.deadline)
+            pool.send_in(slot, call.request, (call.deadline, now))
                 .await
                 .map_err(|e| (e, None))
         })

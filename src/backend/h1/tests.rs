@@ -412,7 +412,12 @@ async fn only_end_to_end_headers_go_out_and_the_calls_trace_replaces_the_clients
     };
     let trace = (trace, HeaderValue::from_static("the-id"));
     let answer = conns
-        .send_call(&mut parts, Bytes::from_static(b"{}"), Some(&trace), LIMIT)
+        .send_call(
+            &mut parts,
+            Bytes::from_static(b"{}"),
+            (Some(&trace), tokio::time::Instant::now()),
+            LIMIT,
+        )
         .await
         .expect("answered");
     let kept: Vec<&str> = answer.headers().keys().map(|k| k.as_str()).collect();
