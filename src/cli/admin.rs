@@ -352,6 +352,9 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             ),
             None => println!("  batch pool: {} rows queued; cost not learned yet", batch["queued_rows"]),
         }
+        if let Some(one) = batch.get("one_row_ms").and_then(|v| v.as_f64()) {
+            println!("  one row alone, as the usage ledger prices it: {one:.2} ms");
+        }
         if batch["batch_limit"] != batch["max_batch"] {
             println!(
                 "  batch size: at most {} of max_batch {} rows, after batches that went wrong (grows back as batches succeed)",

@@ -6,7 +6,7 @@
 //! their rows (each row of a batch costs the same share of `t(n) = a + b·n`, so a
 //! caller with `k` of the `n` rows pays `k/n` of the batch and the shares add up to the
 //! batch's). Beside what was used, each row's **per-request equivalent**: what serving
-//! it alone would have cost, `t(1)` as the pool's uncontended calls tell it (a row whose
+//! it alone would have cost, `t(1)` as its pool's calls' service times tell it (a row whose
 //! pool cannot tell it yet is counted as unpriced rather than guessed). Rows that cost nothing are counted as
 //! saved, by cause: the cache (a kept answer), precomputed answers (kept by a batch or
 //! a Kafka source), dedupe (a coalesced follower, a row sent once for its batch-mates).

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::tiers::cost::BySize;
 
-/// A batch pool's shared time and the cost learned from its uncontended calls.
+/// A batch pool's shared time and the cost learned from its calls' service times.
 #[derive(Debug)]
 pub struct Shares {
     clock: Mutex<Clock>,
@@ -103,7 +103,7 @@ impl Shares {
         }
     }
 
-    /// `t(1)` as the pool's uncontended calls tell it; `None` until they do.
+    /// `t(1)` as the pool's calls' service times tell it; `None` until they do.
     pub fn one(&self) -> Option<Duration> {
         self.alone.one()
     }

@@ -186,6 +186,11 @@ async fn the_per_request_equivalent_is_the_learned_cost_of_one_row() {
         .as_secs_f64();
     let scheduler = learned.predict(1).as_secs_f64();
     assert!((one - scheduler).abs() < 0.05 * scheduler, "{one} s vs {scheduler} s");
+    // Explain shows the same t(1).
+    let explained = admin_call(&gw, TOKEN, ("POST", "/admin/explain"), &[], r#"{"model": "m"}"#).await;
+    assert_eq!(explained.status, 200, "{}", explained.text());
+    let shown = f(&explained.json()["micro_batch"]["one_row_ms"]);
+    assert!((shown - one * 1e3).abs() < 1e-6, "{shown} ms vs {one} s");
     let before = usage(&gw, "by=route").await;
     let answer = infer(
         gw.http_addr(),

@@ -193,7 +193,7 @@ impl Lane {
 /// `sent` rows was given (see [`crate::usage::Shares`]), by its rows sent of them (none
 /// when the cache held every row): its rows when `answered`, what its rows sent would
 /// have cost alone (`one`, `t(1)` each as learned before this batch; unpriced until the
-/// pool's uncontended calls tell it), and what its rows the cache held or a
+/// pool's service times tell it), and what its rows the cache held or a
 /// batch-mate's row answered would have cost. A caller of offline work is charged as
 /// the offline tier's.
 fn charge(
