@@ -21,11 +21,13 @@
 //! | `GET /admin/shadow/{name}[?since=T]` | what the route's shadow found since its report was reset (or since `T`: an RFC 3339 time or a duration ago) |
 //! | `POST /admin/shadow/{name}/reset` | start the report afresh |
 //! | `POST /admin/shadow/{name}/promote` | the candidate becomes the route's pool (`?force=true` past the gate) |
+//! | `GET /admin/stats[?since=T]` | every `tiergate_*` series once a second, the last 15 minutes (since `T`: unix ms or a duration ago) |
 //! | `GET /admin/cache/{name}` | the route's cache: settings, entries, bytes |
 //! | `POST /admin/cache/{name}/invalidate` | drop every entry of the route's cache |
 
 pub mod auth;
 mod shadow;
+pub mod stats;
 mod usage;
 pub mod views;
 
@@ -74,6 +76,8 @@ pub struct Admin {
     pub cache: crate::cache::Cache,
     /// The usage ledger and the capacity signal.
     pub usage: Arc<crate::usage::Ledger>,
+    /// The last 15 minutes of the gateway's series, for the console.
+    pub stats: Arc<stats::Stats>,
 }
 
 /// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
@@ -168,6 +172,11 @@ impl Admin {
                 usage::table(&self.usage, &self.control.store().load(), head.uri.query()).await
             }
             (&Method::GET, ["admin", "capacity"]) => usage::capacity(&self.usage),
+            (&Method::GET, ["admin", "stats"]) => match stats::since_ms(head.uri.query(), std::time::SystemTime::now())
+            {
+                Ok(since) => ok(&self.stats.since(since)),
+                Err(message) => error(StatusCode::BAD_REQUEST, "invalid_since", &message),
+            },
             (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false).await,
             (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
             (

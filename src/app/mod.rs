@@ -219,13 +219,24 @@ impl Gateway {
         draining.spawn(serve_grpc(grpc));
         // On the real-time threads: their request deadlines are then filed without a wake-up.
         tasks.spawn(crate::server::keep_timers_due(shutdown.clone()));
-        tasks.spawn(scrape::listen(metrics, prometheus, shutdown.clone()));
+        tasks.spawn(scrape::listen(metrics, prometheus.clone(), shutdown.clone()));
         tasks.spawn(parts.readiness.clone().run(parts.policy.clone(), shutdown.clone()));
         tasks.spawn(callers.watch(shutdown.clone()));
 
         let (admin_addr, admin_api) = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
+                // The console's history, sampled on the batch threads from the recorder.
+                let stats = Arc::new(admin::stats::Stats::new(admin::stats::Replica {
+                    name: config.kafka.queue.replica_name(),
+                    address: addrs.0.to_string(),
+                    started_ms: started_ms(),
+                }));
+                let render = prometheus.clone();
+                let sampler = batch_threads
+                    .handle()
+                    .spawn(stats.clone().run(move || render.render(), shutdown.clone()));
+                tasks.spawn(async move { sampler.await.map_err(std::io::Error::other) });
                 let api = Arc::new(Admin {
                     control: parts.control.clone(),
                     tokens,
@@ -233,6 +244,7 @@ impl Gateway {
                     shadow: parts.shadow,
                     cache: parts.dispatch.cache().clone(),
                     usage: parts.dispatch.usage().clone(),
+                    stats,
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));
@@ -560,4 +572,11 @@ fn open_embedded(config: &Config) -> Result<Embedded, StartError> {
         dir: config.data_dir.clone(),
         source,
     })
+}
+
+/// Now, unix milliseconds: when the gateway started, for the admin API's history.
+fn started_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

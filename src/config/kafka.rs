@@ -42,6 +42,18 @@ pub struct KafkaQueue {
     pub member_timeout: Duration,
 }
 
+impl KafkaQueue {
+    /// This replica's name: `replica`, else the host name and process id (also what the
+    /// admin API's history names the gateway by).
+    pub fn replica_name(&self) -> String {
+        if let Some(name) = &self.replica {
+            return name.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "tiergate".into());
+        format!("{}-{}", host.trim(), std::process::id())
+    }
+}
+
 impl Default for KafkaQueue {
     fn default() -> Self {
         KafkaQueue {

@@ -15,6 +15,7 @@ mod bulk_door;
 mod cache;
 mod combined;
 mod connections;
+mod console;
 mod crash;
 mod decisions;
 mod demo;

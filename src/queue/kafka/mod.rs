@@ -187,7 +187,7 @@ impl KafkaQueue {
         )
         .create()
         .map_err(|e| format!("kafka queue: cannot create a consumer: {e}"))?;
-        let replica = settings.replica.clone().unwrap_or_else(replica_name);
+        let replica = settings.replica_name();
         tracing::info!(jobs = %settings.jobs, states = %settings.states, group = %settings.group, %replica,
             "offline queue on kafka");
         let queue = KafkaQueue {
@@ -560,12 +560,6 @@ fn keyed_id(prefix: &str, key: &str) -> String {
     let digest = Sha256::digest(format!("tiergate {prefix}\0{key}").as_bytes());
     let hex: String = digest.iter().take(18).map(|b| format!("{b:02x}")).collect();
     format!("{prefix}_{hex}")
-}
-
-/// This replica's default name: host name and process id.
-fn replica_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "tiergate".into());
-    format!("{}-{}", host.trim(), std::process::id())
 }
 
 #[cfg(test)]
