@@ -2,7 +2,8 @@
 //!
 //! Beside the request path, on `listen.admin` (127.0.0.1:8003 by default) and never on
 //! a data port. Every request needs a bearer token (see [`auth`]) before anything else,
-//! so an unauthenticated caller learns nothing, not even which paths exist. Changes go
+//! so an unauthenticated caller learns nothing, not even which paths exist; the one
+//! exception is the console's page ([`console`]), which holds no data. Changes go
 //! through [`Control`]: validated whole (400 with every problem and its path), checked
 //! against `If-Match` (412 when stale), written back to the policy files, versioned and
 //! audited; `?dry_run=true` reports the diff and the decisions that would change.
@@ -21,11 +22,13 @@
 //! | `GET /admin/shadow/{name}[?since=T]` | what the route's shadow found since its report was reset (or since `T`: an RFC 3339 time or a duration ago) |
 //! | `POST /admin/shadow/{name}/reset` | start the report afresh |
 //! | `POST /admin/shadow/{name}/promote` | the candidate becomes the route's pool (`?force=true` past the gate) |
+//! | `GET /admin/ui/` | the console (its page needs no token; every call it makes does) |
 //! | `GET /admin/stats[?since=T]` | every `tiergate_*` series once a second, the last 15 minutes (since `T`: unix ms or a duration ago) |
 //! | `GET /admin/cache/{name}` | the route's cache: settings, entries, bytes |
 //! | `POST /admin/cache/{name}/invalidate` | drop every entry of the route's cache |
 
 pub mod auth;
+pub mod console;
 mod shadow;
 pub mod stats;
 mod usage;
@@ -106,6 +109,12 @@ pub async fn listen(
 impl Admin {
     /// Answers one admin request (any body type, so tests drive it without a socket).
     pub async fn answer<B: crate::front::http::RequestBody>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+        // The console's page (no data in it: everything it shows is asked with the token).
+        if req.method() == Method::GET {
+            if let Some(page) = console::asset(req.uri().path()) {
+                return page;
+            }
+        }
         let Some(who) = self.tokens.who(req.headers()) else {
             ::metrics::counter!(metrics::ADMIN_REFUSALS, "reason" => "unauthenticated").increment(1);
             let mut r = error(
@@ -181,7 +190,7 @@ impl Admin {
             (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
             (
                 _,
-                ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache" | "usage" | "capacity", ..],
+                ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache" | "usage" | "capacity" | "stats" | "ui", ..],
             ) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",

@@ -2,10 +2,10 @@
 //! read from the same recorder once a second and kept for 15 minutes, for the console
 //! (`GET /admin/stats?since=…`).
 //!
-//! The sampler renders the recorder's text as a scrape would, on the batch threads,
-//! and keeps the values that changed since the sample before (a counter that did not
+//! The sampler, a thread of its own (one a process: the recorder is the process's),
+//! renders the recorder's text as a scrape would and keeps the values that changed since the sample before (a counter that did not
 //! move costs nothing to keep): nothing is added to the request path. Bounded: at most
-//! [`MAX_SERIES`] series are named (the rest are not kept, and the answer says how
+//! `MAX_SERIES` (20,000) series are named (the rest are not kept, and the answer says how
 //! many), 900 samples.
 
 use std::collections::{HashMap, VecDeque};
@@ -34,10 +34,10 @@ pub struct Replica {
 }
 
 /// The last 15 minutes of the gateway's series.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Stats {
     replica: Replica,
-    ring: Mutex<Ring>,
+    ring: Arc<Mutex<Ring>>,
 }
 
 #[derive(Debug, Default)]
@@ -61,12 +61,40 @@ struct Sample {
 }
 
 impl Stats {
-    /// An empty history of `replica`.
+    /// An empty history of `replica`, sampled by nobody (its owner calls
+    /// [`Stats::sample`]).
     pub fn new(replica: Replica) -> Self {
         Stats {
             replica,
-            ring: Mutex::new(Ring::default()),
+            ring: Arc::default(),
         }
+    }
+
+    /// The process's history, `replica` named beside it: the recorder is the process's
+    /// (every gateway in it shares it), so one thread of its own samples it, started by
+    /// the first call, from `render` (the recorder's text) every [`EVERY`].
+    pub fn shared(replica: Replica, render: impl Fn() -> String + Send + 'static) -> Result<Self, std::io::Error> {
+        static RING: std::sync::OnceLock<Arc<Mutex<Ring>>> = std::sync::OnceLock::new();
+        let mut started = Ok(());
+        let ring = RING.get_or_init(|| {
+            let ring: Arc<Mutex<Ring>> = Arc::default();
+            let sampled = Stats {
+                replica: replica.clone(),
+                ring: ring.clone(),
+            };
+            started = std::thread::Builder::new()
+                .name("tiergate-stats".into())
+                .spawn(move || loop {
+                    std::thread::sleep(EVERY);
+                    sampled.sample(&render(), SystemTime::now());
+                })
+                .map(drop);
+            ring
+        });
+        started.map(|()| Stats {
+            replica,
+            ring: ring.clone(),
+        })
     }
 
     /// Takes a sample from `text` (the Prometheus text format) read at `at`.
@@ -133,18 +161,6 @@ impl Stats {
             "series_dropped": ring.dropped,
             "samples": samples,
         })
-    }
-
-    /// Samples the recorder's series every [`EVERY`] until `stop`.
-    pub async fn run(self: Arc<Self>, render: impl Fn() -> String + Send, stop: tokio_util::sync::CancellationToken) {
-        let mut every = tokio::time::interval(EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => self.sample(&render(), SystemTime::now()),
-                () = stop.cancelled() => return,
-            }
-        }
     }
 }
 

@@ -226,17 +226,15 @@ impl Gateway {
         let (admin_addr, admin_api) = match (admin, checked.tokens) {
             (Some(listener), Some(tokens)) => {
                 let addr = local(&listener);
-                // The console's history, sampled on the batch threads from the recorder.
-                let stats = Arc::new(admin::stats::Stats::new(admin::stats::Replica {
+                // The console's history, sampled once a second from the recorder.
+                let render = prometheus.clone();
+                let replica = admin::stats::Replica {
                     name: config.kafka.queue.replica_name(),
                     address: addrs.0.to_string(),
                     started_ms: started_ms(),
-                }));
-                let render = prometheus.clone();
-                let sampler = batch_threads
-                    .handle()
-                    .spawn(stats.clone().run(move || render.render(), shutdown.clone()));
-                tasks.spawn(async move { sampler.await.map_err(std::io::Error::other) });
+                };
+                let stats = admin::stats::Stats::shared(replica, move || render.render())
+                    .map_err(|e| StartError::Settings(format!("cannot start the console's sampler thread: {e}")))?;
                 let api = Arc::new(Admin {
                     control: parts.control.clone(),
                     tokens,
@@ -244,7 +242,7 @@ impl Gateway {
                     shadow: parts.shadow,
                     cache: parts.dispatch.cache().clone(),
                     usage: parts.dispatch.usage().clone(),
-                    stats,
+                    stats: Arc::new(stats),
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));

@@ -48,7 +48,7 @@ pub struct DemoArgs {
     /// Address of the gateway's metrics endpoint.
     #[arg(long, default_value = "127.0.0.1:8002")]
     metrics: SocketAddr,
-    /// Address of the gateway's admin API (unauthenticated in the demo, so loopback only).
+    /// Address of the gateway's admin API and console (its token printed at start).
     #[arg(long, default_value = "127.0.0.1:8003")]
     admin: SocketAddr,
     /// Address of the simulated real-time pool (port 0: any free port).
@@ -66,6 +66,8 @@ pub struct Demo {
     sims: CancellationToken,
     pools: [SocketAddr; 2],
     requests: PathBuf,
+    /// The admin API's token, made for this run.
+    token: String,
     _data_dir: DataDir,
 }
 
@@ -152,7 +154,9 @@ impl Demo {
         tiergate::files::private_dir(&config.policy_dir)?;
         let file = config.policy_dir.join("demo.toml");
         std::fs::write(&file, &text)?;
-        config.admin.insecure_no_auth = true; // loopback only: refused anywhere else
+        // A token of this run's own, printed with the lines that use it.
+        let token = format!("demo-{:032x}", rand::random::<u128>());
+        config.admin.token = Some(tiergate::config::Secret(token.clone()));
         let config = &config;
         let policy = Policy::from_texts(vec![(file, text)])
             .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
@@ -168,6 +172,7 @@ impl Demo {
             sims,
             pools: bound,
             requests,
+            token,
             _data_dir: DataDir(config.data_dir.clone()),
         })
     }
@@ -236,9 +241,11 @@ impl Demo {
         lines.push(format!("ok  {:<52} OK  micro_batch", "the same 2 s budget over gRPC"));
         lines.push(self.batch_check().await?);
         if let Some(admin) = self.admin_addr() {
-            let explain = http::Request::post(format!("http://{admin}/admin/explain")).body(Full::new(
-                Bytes::from_static(br#"{"model": "resnet50", "budget_ms": 2000}"#),
-            ))?;
+            let explain = http::Request::post(format!("http://{admin}/admin/explain"))
+                .header(http::header::AUTHORIZATION, format!("Bearer {}", self.token))
+                .body(Full::new(Bytes::from_static(
+                    br#"{"model": "resnet50", "budget_ms": 2000}"#,
+                )))?;
             let body = client.request(explain).await?.into_body().collect().await?.to_bytes();
             let answer: serde_json::Value = serde_json::from_slice(&body)?;
             let tier = answer["result"]["tier"].as_str().unwrap_or("-").to_owned();
@@ -246,6 +253,12 @@ impl Demo {
                 anyhow::bail!("admin explain: expected micro_batch, got {answer}");
             }
             lines.push(format!("ok  {:<52} 200 {tier}", "the admin API explains a 2 s budget"));
+            let page = http::Request::get(format!("http://{admin}/admin/ui/")).body(Full::new(Bytes::new()))?;
+            let page = client.request(page).await?;
+            if page.status() != 200 {
+                anyhow::bail!("the console: expected its page, got {}", page.status());
+            }
+            lines.push(format!("ok  {:<52} 200 page", "the console at /admin/ui/"));
         }
         Ok(lines)
     }
@@ -347,10 +360,12 @@ impl Demo {
         );
         if let Some(admin) = self.admin_addr() {
             out += &format!(
-                "# the admin API (unauthenticated on loopback in the demo only): switch a flag, see why, roll back\n\
-                 {exe} flags set resnet50 micro_batch off --admin http://{admin}\n\
-                 {exe} explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
-                 {exe} policy history --admin http://{admin}\n\n"
+                "# the console: open http://{admin}/admin/ui/ in a browser and log in with the token {token}\n\n\
+                 # the admin API from the command line, with the same token: switch a flag, see why, roll back\n\
+                 TIERGATE_ADMIN_TOKEN={token} {exe} flags set resnet50 micro_batch off --admin http://{admin}\n\
+                 TIERGATE_ADMIN_TOKEN={token} {exe} explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
+                 TIERGATE_ADMIN_TOKEN={token} {exe} policy history --admin http://{admin}\n\n",
+                token = self.token
             );
         }
         out += &format!(

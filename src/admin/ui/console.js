@@ -1,0 +1,437 @@
+// tiergate's console: the admin API in a browser. No framework, no build step, no
+// cookie: the admin token is kept in this tab's sessionStorage and sent as
+// `Authorization: Bearer` on every call, so a page elsewhere cannot act with it.
+"use strict";
+
+const TOKEN_KEY = "tiergate-admin-token";
+const POLL_MS = 2000;
+const $ = (sel) => document.querySelector(sel);
+
+// ---- the admin API ------------------------------------------------------------
+
+/** Calls the admin API; a refused token shows the login form. */
+async function api(method, path, { body, headers = {}, raw = false } = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) { showLogin(""); throw new Error("not logged in"); }
+  const init = { method, headers: { Authorization: `Bearer ${token}`, ...headers } };
+  if (body !== undefined) {
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+    init.headers["Content-Type"] = typeof body === "string" ? "text/plain" : "application/json";
+  }
+  const res = await fetch(path, init);
+  if (res.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showLogin("The token was refused: give the admin token (admin.token or TIERGATE_ADMIN__TOKEN).");
+    throw new Error("unauthenticated");
+  }
+  if (raw) return res;
+  const text = await res.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch (_) { json = { text }; }
+  return { status: res.status, etag: res.headers.get("ETag"), json };
+}
+
+function say(text, cls = "") {
+  const s = $("#status");
+  s.textContent = text;
+  s.className = cls;
+}
+
+// ---- log in -------------------------------------------------------------------
+
+function showLogin(why) {
+  stopPolling();
+  $("#page").hidden = true;
+  $("#logout").hidden = true;
+  $("#login").hidden = false;
+  $("#login-why").textContent = why || "The console reads and changes the running gateway through its admin API: give the admin token.";
+  $("#token").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("#token").value.trim());
+  $("#token").value = "";
+  try {
+    const r = await api("GET", "/admin/policy");
+    if (r.status === 200) {
+      $("#login").hidden = true;
+      route();
+    }
+  } catch (_) { /* the login form says why */ }
+}
+
+// ---- the stats history: GET /admin/stats ----------------------------------------
+
+const stats = { names: [], last: new Map(), samples: [], lastAt: 0, replica: null };
+
+/** Splits `name{a="x",b="y"}` into the name and its labels. */
+function parseSeries(series) {
+  const at = series.indexOf("{");
+  if (at < 0) return { name: series, labels: {} };
+  const labels = {};
+  const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
+  let m;
+  while ((m = re.exec(series.slice(at))) !== null) labels[m[1]] = m[2].replace(/\\(.)/g, "$1");
+  return { name: series.slice(0, at), labels };
+}
+
+/** Reads what came since the last sample; keeps 15 minutes of whole snapshots. */
+async function pollStats() {
+  const r = await api("GET", `/admin/stats?since=${stats.lastAt}`);
+  if (r.status !== 200) throw new Error(`stats: ${r.status}`);
+  const answer = r.json;
+  stats.replica = answer.replica;
+  stats.names = answer.series.map(parseSeries);
+  for (const sample of answer.samples) {
+    for (const [i, v] of sample.values) stats.last.set(i, v);
+    stats.samples.push({ at: sample.at_ms, values: new Map(stats.last) });
+    stats.lastAt = sample.at_ms;
+  }
+  if (stats.samples.length > 900) stats.samples.splice(0, stats.samples.length - 900);
+}
+
+/** The sample closest to `secondsAgo` before the newest one. */
+function sampleAgo(secondsAgo) {
+  const s = stats.samples;
+  if (!s.length) return null;
+  const want = s[s.length - 1].at - secondsAgo * 1000;
+  for (let i = s.length - 1; i >= 0; i--) if (s[i].at <= want) return s[i];
+  return s[0];
+}
+
+/** Sums of `family`'s series in a sample, grouped by `key(labels)` (filtered by `keep`). */
+function grouped(sample, family, key, keep = () => true) {
+  const out = new Map();
+  if (!sample) return out;
+  stats.names.forEach((s, i) => {
+    if (s.name !== family || !keep(s.labels)) return;
+    const v = sample.values.get(i);
+    if (v === undefined || v === null) return;
+    const k = key(s.labels);
+    out.set(k, (out.get(k) || 0) + v);
+  });
+  return out;
+}
+
+/** `family`'s increase by group between `secondsAgo` and now. */
+function increase(family, key, secondsAgo, keep) {
+  const now = grouped(stats.samples[stats.samples.length - 1], family, key, keep);
+  const then = grouped(sampleAgo(secondsAgo), family, key, keep);
+  const out = new Map();
+  for (const [k, v] of now) out.set(k, Math.max(0, v - (then.get(k) || 0)));
+  return out;
+}
+
+/** A latency quantile (ms) from a histogram's bucket increases, per group. */
+function quantiles(family, key, secondsAgo, q) {
+  const buckets = new Map();
+  const now = stats.samples[stats.samples.length - 1], then = sampleAgo(secondsAgo);
+  if (!now) return new Map();
+  stats.names.forEach((s, i) => {
+    if (s.name !== `${family}_bucket`) return;
+    const k = key(s.labels), le = s.labels.le === "+Inf" ? Infinity : Number(s.labels.le);
+    const d = (now.values.get(i) || 0) - ((then && then.values.get(i)) || 0);
+    if (!buckets.has(k)) buckets.set(k, new Map());
+    const b = buckets.get(k);
+    b.set(le, (b.get(le) || 0) + d);
+  });
+  const out = new Map();
+  for (const [k, b] of buckets) {
+    const les = [...b.keys()].sort((x, y) => x - y);
+    const total = b.get(Infinity) || 0;
+    if (total <= 0) continue;
+    let prev = 0, prevCount = 0;
+    for (const le of les) {
+      const c = b.get(le);
+      if (c >= q * total) {
+        const hi = le === Infinity ? prev : le;
+        const frac = c === prevCount ? 1 : (q * total - prevCount) / (c - prevCount);
+        out.set(k, (prev + (hi - prev) * frac) * 1000);
+        break;
+      }
+      prev = le; prevCount = c;
+    }
+  }
+  return out;
+}
+
+/** Per-second rates of `family` by group over the last 5 minutes, for a sparkline. */
+function rateSeries(family, key, wanted) {
+  const s = stats.samples.slice(-150);
+  const points = [];
+  for (let i = 1; i < s.length; i++) {
+    const a = grouped(s[i - 1], family, key).get(wanted) || 0;
+    const b = grouped(s[i], family, key).get(wanted) || 0;
+    points.push(Math.max(0, (b - a) / ((s[i].at - s[i - 1].at) / 1000 || 1)));
+  }
+  return points;
+}
+
+function sparkline(points) {
+  const w = 120, h = 24, max = Math.max(1, ...points);
+  const step = points.length > 1 ? w / (points.length - 1) : w;
+  const d = points.map((p, i) => `${(i * step).toFixed(1)},${(h - (p / max) * (h - 2) - 1).toFixed(1)}`).join(" ");
+  return `<svg class="spark" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" role="img" aria-label="rate over the last 5 minutes, up to ${max.toFixed(1)}/s"><polyline fill="none" stroke="#0b62c4" stroke-width="1.5" points="${d}"/></svg>`;
+}
+
+// ---- tables with CSV and JSON export -----------------------------------------------
+
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+
+/** A table of `rows` (objects) under `columns` ([key, title, format?]), with exports. */
+function table(id, columns, rows) {
+  // Columns of numbers line up on the right, the rest on the left.
+  const n = columns.map(([k]) => rows.length > 0 && rows.every((r) => r[k] === null || r[k] === undefined || typeof r[k] === "number"));
+  const cls = (i) => (n[i] ? ' class="n"' : "");
+  const head = columns.map(([, title], i) => `<th scope="col"${cls(i)}>${esc(title)}</th>`).join("");
+  const body = rows.map((r) => `<tr>${columns.map(([k, , f], i) => `<td${cls(i)}>${f ? f(r[k], r) : esc(r[k])}</td>`).join("")}</tr>`).join("");
+  tables[id] = { columns, rows };
+  return `<div class="exports"><button type="button" data-export="${id}" data-as="csv">CSV</button><button type="button" data-export="${id}" data-as="json">JSON</button></div>
+<div class="scroll"><table id="${id}"><thead><tr>${head}</tr></thead><tbody>${body || `<tr><td colspan="${columns.length}" class="muted">nothing yet</td></tr>`}</tbody></table></div>`;
+}
+const tables = {};
+
+function download(id, as) {
+  const t = tables[id];
+  if (!t) return;
+  let text, type;
+  if (as === "json") {
+    text = JSON.stringify(t.rows, null, 2); type = "application/json";
+  } else {
+    const cell = (v) => { const s = String(v ?? ""); return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s; };
+    text = [t.columns.map(([k]) => k).join(","), ...t.rows.map((r) => t.columns.map(([k]) => cell(r[k])).join(","))].join("\n") + "\n";
+    type = "text/csv";
+  }
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(new Blob([text], { type }));
+  a.download = `tiergate-${id}.${as}`;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+const num = (d) => (v) => (v === undefined || v === null || Number.isNaN(v) ? "–" : Number(v).toFixed(d));
+const pct = (v) => (v === undefined || v === null ? "–" : `${(v * 100).toFixed(2)}%`);
+
+// ---- pages ----------------------------------------------------------------------
+
+let timer = null;
+function stopPolling() { if (timer) { clearInterval(timer); timer = null; } }
+function every(fn) { stopPolling(); fn(); timer = setInterval(fn, POLL_MS); }
+
+const pages = {
+  async overview(page) {
+    let policy = { version: "?" };
+    const draw = async () => {
+      try {
+        await pollStats();
+        const p = await api("GET", "/admin/policy");
+        if (p.status === 200) policy = p.json;
+      } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
+      const r = stats.replica;
+      $("#replica").textContent = r ? `replica ${r.name} · ${r.address} · up since ${new Date(r.started_ms).toISOString().replace(".000", "")} · policy v${policy.version}` : "";
+      const rt = (l) => `${l.route}/${l.tier}`;
+      const requests = increase("tiergate_requests_total", rt, 10);
+      // The seconds those 10 s span in the history (less while it is younger).
+      const newest = stats.samples[stats.samples.length - 1], oldest = sampleAgo(10);
+      const span = newest && oldest ? Math.max(1, (newest.at - oldest.at) / 1000) : 1;
+      const slo = increase("tiergate_slo_requests_total", (l) => `${rt(l)}/${l.result}`, 60);
+      const refused = increase("tiergate_refusals_total", (l) => `${rt(l)}/${l.knob}`, 60);
+      const inFlight = grouped(stats.samples[stats.samples.length - 1], "tiergate_in_flight_requests", rt);
+      const p50 = quantiles("tiergate_request_duration_seconds", rt, 60, 0.5);
+      const p99 = quantiles("tiergate_request_duration_seconds", rt, 60, 0.99);
+      const keys = new Set([...grouped(stats.samples[stats.samples.length - 1], "tiergate_requests_total", rt).keys(), ...inFlight.keys()]);
+      const rows = [...keys].sort().map((k) => {
+        const [route, tier] = k.split("/");
+        const met = slo.get(`${k}/met`) || 0, missed = slo.get(`${k}/missed`) || 0;
+        const reasons = [...refused].filter(([rk, v]) => rk.startsWith(`${k}/`) && v > 0).map(([rk, v]) => `${rk.slice(k.length + 1)} ${v}`);
+        return {
+          route, tier,
+          rate: (requests.get(k) || 0) / span,
+          p50_ms: p50.get(k), p99_ms: p99.get(k),
+          slo: met + missed ? met / (met + missed) : null,
+          refused_60s: reasons.join(", "),
+          in_flight: inFlight.get(k) || 0,
+          trend: k,
+        };
+      });
+      page.innerHTML = `<h1>Overview</h1>
+<p class="muted">Rates over the last 10 s, latency and SLO attainment over the last 60 s, from the gateway's own history (${stats.samples.length} samples, one a second; no Prometheus needed).</p>
+${table("overview", [
+        ["route", "route"], ["tier", "tier"], ["rate", "requests/s", num(1)],
+        ["p50_ms", "p50 ms", num(1)], ["p99_ms", "p99 ms", num(1)], ["slo", "SLO met", (v) => (v === null ? "–" : `<span class="${v >= 0.99 ? "ok" : v >= 0.95 ? "warn" : "bad"}">${pct(v)}</span>`)],
+        ["refused_60s", "refused (60 s, by setting)"], ["in_flight", "in flight", num(0)],
+        ["trend", "last 5 min", (k) => sparkline(rateSeries("tiergate_requests_total", rt, k))],
+      ], rows)}`;
+      say(`updated ${new Date().toLocaleTimeString()}`);
+    };
+    every(draw);
+  },
+
+  async policy(page) {
+    const [flags, history] = await Promise.all([api("GET", "/admin/flags"), api("GET", "/admin/policy/history")]);
+    const rows = [];
+    for (const [route, f] of Object.entries(flags.json.flags)) {
+      for (const flag of ["realtime", "micro_batch", "offline", "shadow", "cache"]) {
+        if (typeof f[flag] === "boolean") rows.push({ route, flag, on: f[flag] });
+      }
+    }
+    page.innerHTML = `<h1>Policy</h1>
+<p class="muted">Version ${esc(flags.json.version)}. Every change is validated, shown as a dry run first (the requests it would serve differently, the diff, any problem), then applied against the route's ETag, audited and reversible.</p>
+<h2>Flags</h2>
+${table("flags", [["route", "route"], ["flag", "flag"], ["on", "state", (v) => (v ? '<span class="ok">on</span>' : '<span class="muted">off</span>')],
+      ["toggle", "change", (_, r) => `<button type="button" data-toggle="${esc(r.route)}" data-flag="${esc(r.flag)}" data-to="${!r.on}">turn ${r.on ? "off" : "on"}…</button>`]], rows)}
+<div id="dryrun" class="panel" hidden></div>
+<h2>History</h2>
+${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["who", "who"], ["action", "action"],
+      ["files", "files", (v) => esc((v || []).join(" "))],
+      ["do", "", (_, r) => `<button type="button" data-diff="${r.version}">diff</button> ${r.version === history.json.current ? '<span class="muted">running</span>' : `<button type="button" data-rollback="${r.version}">roll back to it…</button>`}`]],
+      history.json.versions)}
+<pre id="diff" hidden></pre>`;
+  },
+
+  async explain(page) {
+    page.innerHTML = `<h1>Explain</h1>
+<p class="muted">What the gateway would do with a request, without sending it: tier, reason, the batch pool's learned cost, whether the cache would answer.</p>
+<form id="explain-form" class="grid">
+<label for="ex-model">model</label><input id="ex-model" placeholder="resnet50">
+<label for="ex-path">or path</label><input id="ex-path" placeholder="/v1/models/x:predict">
+<label for="ex-budget">budget (ms)</label><input id="ex-budget" type="number" min="1" placeholder="route default">
+<label for="ex-headers">headers</label><textarea id="ex-headers" rows="3" placeholder="prefer: respond-async"></textarea>
+<label for="ex-body">body (JSON)</label><textarea id="ex-body" rows="4" placeholder='{"inputs": [...]}'></textarea>
+<span></span><button class="primary" type="submit">Explain</button>
+</form>
+<div id="explained"></div>`;
+  },
+
+  async cache(page) {
+    const routes = await api("GET", "/admin/routes");
+    const rows = [];
+    for (const r of routes.json.routes || []) {
+      const c = await api("GET", `/admin/cache/${encodeURIComponent(r.name)}`);
+      if (c.status === 200) rows.push({ route: r.name, on: c.json.on, entries: c.json.entries, bytes: c.json.bytes, max_bytes: c.json.max_bytes, ttl: c.json.ttl });
+    }
+    try { await pollStats(); } catch (_) { /* the table still shows */ }
+    const looked = increase("tiergate_cache_lookups_total", (l) => `${l.route}/${l.result}`, 60);
+    for (const row of rows) {
+      const hits = looked.get(`${row.route}/hit`) || 0;
+      const all = [...looked].filter(([k]) => k.startsWith(`${row.route}/`)).reduce((s, [, v]) => s + v, 0);
+      row.hit_ratio_60s = all ? hits / all : null;
+    }
+    page.innerHTML = `<h1>Cache</h1>
+${table("cache", [["route", "route"], ["on", "on", (v) => (v ? "on" : "off")], ["entries", "entries"], ["bytes", "bytes"], ["max_bytes", "max bytes"], ["ttl", "ttl"],
+      ["hit_ratio_60s", "hit ratio (60 s)", (v) => (v === null ? "–" : pct(v))],
+      ["do", "", (_, r) => `<button type="button" class="danger" data-invalidate="${esc(r.route)}">invalidate…</button>`]], rows)}`;
+  },
+};
+
+/** Shows a change's dry run, then applies it with the same ETag when asked. */
+async function dryRun(title, method, path, body, etag) {
+  const panel = $("#dryrun");
+  const headers = etag ? { "If-Match": etag } : {};
+  const dry = await api(method, `${path}?dry_run=true`, { body, headers });
+  panel.hidden = false;
+  if (dry.status !== 200) {
+    const problems = (dry.json.error && dry.json.error.problems) || [];
+    panel.innerHTML = `<h2>${esc(title)}: refused</h2><p class="bad">${esc(dry.json.error ? dry.json.error.message : dry.status)}</p>
+<ul>${problems.map((p) => `<li><code>${esc(p.path)}</code>: ${esc(p.message)}</li>`).join("")}</ul>`;
+    return;
+  }
+  const d = dry.json;
+  panel.innerHTML = `<h2>Dry run: ${esc(title)}</h2>
+<p>${d.changed ? `Version ${d.version_before} → a new version; files: ${esc(d.files.join(", "))}.` : "Nothing would change."}</p>
+<h3>Requests served differently (${d.decisions.length})</h3>
+${table("decisions", [["request", "request", (v) => esc(v)], ["before", "before"], ["after", "after"]], d.decisions)}
+<pre>${esc(d.diff)}</pre>
+<button type="button" class="primary" id="apply" ${d.changed ? "" : "disabled"}>Apply</button> <button type="button" id="cancel-change">Cancel</button>`;
+  $("#apply").focus();
+  $("#apply").onclick = async () => {
+    const done = await api(method, path, { body, headers });
+    if (done.status === 200) {
+      say(`applied: version ${done.json.version_after}`, "ok");
+      route();
+    } else {
+      panel.innerHTML = `<p class="bad">Not applied (${done.status}): ${esc(done.json.error ? done.json.error.message : "")}</p>`;
+    }
+  };
+  $("#cancel-change").onclick = () => { panel.hidden = true; };
+}
+
+document.addEventListener("click", async (event) => {
+  const b = event.target.closest("button");
+  if (!b) return;
+  try {
+    if (b.dataset.export) download(b.dataset.export, b.dataset.as);
+    if (b.dataset.toggle) {
+      const route = await api("GET", `/admin/routes/${encodeURIComponent(b.dataset.toggle)}`);
+      await dryRun(`turn ${b.dataset.flag} ${b.dataset.to === "true" ? "on" : "off"} on ${b.dataset.toggle}`, "PUT",
+        `/admin/routes/${encodeURIComponent(b.dataset.toggle)}/flags/${b.dataset.flag}`, b.dataset.to, route.etag);
+    }
+    if (b.dataset.rollback) {
+      const policy = await api("GET", "/admin/policy");
+      await dryRun(`roll back to version ${b.dataset.rollback}`, "POST", "/admin/policy/rollback", { version: Number(b.dataset.rollback) }, policy.etag);
+    }
+    if (b.dataset.diff) {
+      const d = await api("GET", `/admin/policy/history/${b.dataset.diff}/diff`);
+      const pre = $("#diff");
+      pre.hidden = false;
+      pre.textContent = d.status === 200 ? d.json.diff || "(no change in the files)" : (d.json.error || {}).message;
+    }
+    if (b.dataset.invalidate) {
+      if (!confirm(`Drop every entry of ${b.dataset.invalidate}'s cache?`)) return;
+      const r = await api("POST", `/admin/cache/${encodeURIComponent(b.dataset.invalidate)}/invalidate`);
+      say(r.status === 200 ? `invalidated ${b.dataset.invalidate}: ${r.json.invalidated} entries` : `not invalidated (${r.status})`, r.status === 200 ? "ok" : "bad");
+      route();
+    }
+  } catch (e) { say(e.message, "bad"); }
+});
+
+document.addEventListener("submit", async (event) => {
+  if (event.target.id === "login-form") return login(event);
+  if (event.target.id !== "explain-form") return;
+  event.preventDefault();
+  const ask = {};
+  if ($("#ex-model").value) ask.model = $("#ex-model").value.trim();
+  if ($("#ex-path").value) ask.path = $("#ex-path").value.trim();
+  if ($("#ex-budget").value) ask.budget_ms = Number($("#ex-budget").value);
+  const headers = {};
+  for (const line of $("#ex-headers").value.split("\n")) {
+    const at = line.indexOf(":");
+    if (at > 0) headers[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+  }
+  ask.headers = headers;
+  if ($("#ex-body").value.trim()) {
+    try { ask.body = JSON.parse($("#ex-body").value); } catch (e) { say(`the body is not JSON: ${e.message}`, "bad"); return; }
+  }
+  const r = await api("POST", "/admin/explain", { body: ask });
+  const out = $("#explained");
+  if (r.status !== 200) { out.innerHTML = `<p class="bad">${esc((r.json.error || {}).message || r.status)}</p>`; return; }
+  const e = r.json, res = e.result || {}, batch = e.micro_batch, cost = batch && batch.learned_cost;
+  out.innerHTML = `<div class="panel"><p>Route <strong>${esc(e.route)}</strong> (policy v${esc(e.policy_version)}): <strong id="explained-tier">${esc(res.tier || res.status)}</strong>, reason <code>${esc(res.reason)}</code>${res.budget_ms ? `, budget ${num(0)(res.budget_ms)} ms from ${esc(res.budget_source)}` : ""}.</p>
+${cost ? `<p>Batch pool: ${num(2)(cost.fixed_ms)} ms + ${num(3)(cost.per_row_ms)} ms/row (${cost.samples} batches); a full batch ~ ${num(1)(cost.full_batch_ms)} ms; ${batch.queued_rows} rows queued.</p>` : batch ? "<p>Batch pool: cost not learned yet.</p>" : ""}
+${e.cache ? `<p>Cache: ${esc(e.cache.would)}.</p>` : ""}
+<details><summary>The whole answer</summary><pre>${esc(JSON.stringify(e, null, 2))}</pre></details></div>`;
+});
+
+// ---- navigation -------------------------------------------------------------------
+
+async function route() {
+  stopPolling();
+  if (!sessionStorage.getItem(TOKEN_KEY)) return showLogin("");
+  const name = (location.hash || "#overview").slice(1);
+  const page = $("#page");
+  $("#login").hidden = true;
+  $("#logout").hidden = false;
+  page.hidden = false;
+  for (const a of document.querySelectorAll("#nav a")) {
+    if (a.getAttribute("href") === `#${name}`) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  try {
+    await (pages[name] || pages.overview)(page);
+  } catch (e) { if (e.message !== "unauthenticated" && e.message !== "not logged in") say(e.message, "bad"); }
+}
+
+window.addEventListener("hashchange", route);
+$("#logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); showLogin("Logged out."); });
+route();

@@ -1,0 +1,96 @@
+//! The console in a real browser: Debian's chromium driven through its chromedriver
+//! against a gateway with simulated pools and traffic (see
+//! tests/conformance/console_browser.py for what it checks).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::*;
+
+const TOKEN: &str = "console-admin-token";
+
+/// Debian's chromium and chromedriver, installed when missing (tests/conformance/browser.sh).
+fn browser() -> (String, String) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("tests/conformance/browser.sh"))
+        .output()
+        .expect("browser.sh runs");
+    assert!(
+        out.status.success(),
+        "no browser: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = text.lines().map(str::to_owned);
+    (lines.next().expect("driver"), lines.next().expect("browser"))
+}
+
+#[tokio::test]
+async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_run() {
+    let (realtime, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = format!(
+        "[routes.ui]\nmodels = [\"m\"]\n[routes.ui.flags]\nrealtime = true\nmicro_batch = false\ncache = true\n\
+         [routes.ui.realtime]\nendpoints = [\"{}\"]\nmax_concurrency = 16\n\
+         [routes.ui.micro_batch]\nendpoints = [\"{}\"]\n[routes.ui.cache]\n",
+        realtime.url(),
+        batch.url()
+    );
+    std::fs::write(dir.path().join("ui.toml"), policy).expect("policy");
+    let (gw, _config) = admin_gateway(dir.path(), TOKEN).await;
+    // Traffic while the browser looks: twenty requests a second until the test ends,
+    // every other one asking for a fresh answer (served by a tier), the rest answered
+    // by the cache.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (addr, stop) = (gw.http_addr(), stop.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(50));
+            let mut fresh = false;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                every.tick().await;
+                fresh = !fresh;
+                let cache = if fresh { "no-cache" } else { "max-age=60" };
+                let headers = [("x-tiergate-budget-ms", "2000"), ("cache-control", cache)];
+                infer(addr, "m", &headers, BODY).await;
+            }
+        })
+    };
+    let (driver, chromium) = browser();
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&out).expect("screenshots dir");
+    let admin = format!("http://{}", gw.admin_addr().expect("admin"));
+    let data = format!("http://{}", gw.http_addr());
+    let args = [
+        ("--admin", admin),
+        ("--data", data),
+        ("--token", TOKEN.to_owned()),
+        ("--route", "ui".to_owned()),
+        ("--model", "m".to_owned()),
+        ("--driver", driver),
+        ("--browser", chromium),
+        ("--out", out.display().to_string()),
+    ];
+    let args = args.into_iter().flat_map(|(k, v)| [k.to_owned(), v]).collect();
+    let log = out.join("none.log");
+    run_conformance(python("console"), "console_browser.py", args, &log).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.expect("load");
+    for page in [
+        "login",
+        "overview",
+        "policy_dry_run",
+        "policy",
+        "explain",
+        "cache",
+        "overview_phone",
+    ] {
+        let shot = out.join(format!("{page}.png"));
+        assert!(
+            std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000),
+            "no screenshot {}",
+            shot.display()
+        );
+    }
+}

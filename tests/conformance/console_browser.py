@@ -1,0 +1,187 @@
+"""The console in a real browser: Debian's chromium, headless, driven by Selenium through
+Debian's chromedriver (nothing downloaded), against a running gateway with traffic.
+
+    console_browser.py --admin URL --data URL --token TOKEN --route NAME --model M \
+        --driver PATH --browser PATH --out DIR
+
+Checks, saving a screenshot of every page in DIR: a missing and a wrong token get the
+login form, never a blank page; the right one shows the overview with live rates that
+move; a flag turned on through the policy page's dry-run panel changes the tier a
+request is served on and lands in the audit history; explain answers; a cache is
+invalidated; the page is readable at a phone's width. Exits 1 with what failed.
+"""
+import argparse
+import json
+import sys
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+
+def fail(message):
+    print(f"FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def call(url, token=None, method="GET", body=None, headers=None):
+    request = urllib.request.Request(url, method=method, data=body, headers=headers or {})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return r.status, dict(r.headers), r.read()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out"):
+        p.add_argument(f"--{name}", required=True)
+    a = p.parse_args()
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = a.browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(a.driver), options=options)
+    wait = WebDriverWait(driver, 20)
+    shot = lambda name: driver.save_screenshot(f"{a.out}/{name}.png")
+    try:
+        run(a, driver, wait, shot)
+    finally:
+        driver.quit()
+    print("console: every check passed", file=sys.stderr)
+
+
+def visible(driver, css):
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return bool(found) and found[0].is_displayed()
+
+
+def log_in(driver, wait, token):
+    wait.until(lambda d: visible(d, "#token"))
+    box = driver.find_element(By.ID, "token")
+    box.clear()
+    box.send_keys(token, Keys.ENTER)
+
+
+def overview_rows(driver):
+    rows = {}
+    for tr in driver.find_elements(By.CSS_SELECTOR, "#overview tbody tr"):
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        if len(cells) >= 3:
+            rows[(cells[0], cells[1])] = cells
+    return rows
+
+
+def run(a, driver, wait, shot):
+    # No token: the login form, not a blank page.
+    driver.get(f"{a.admin}/admin/ui/")
+    wait.until(lambda d: visible(d, "#login-form"))
+    shot("login")
+    # A wrong token: refused, the form again, saying so.
+    log_in(driver, wait, "not-the-token")
+    wait.until(lambda d: "refused" in d.find_element(By.ID, "login-why").text)
+    if visible(driver, "#page"):
+        fail("a wrong token showed a page")
+    shot("login_refused")
+
+    # The right token: the overview, with live rates that move.
+    log_in(driver, wait, a.token)
+    wait.until(lambda d: (a.route, "realtime") in overview_rows(d))
+    wait.until(lambda d: float(overview_rows(d)[(a.route, "realtime")][2] or 0) > 0)
+    first = driver.find_element(By.ID, "status").text
+    wait.until(lambda d: d.find_element(By.ID, "status").text != first)
+    replica = driver.find_element(By.ID, "replica").text
+    if "replica" not in replica or "policy v" not in replica:
+        fail(f"the overview does not say which replica it is: {replica!r}")
+    shot("overview")
+
+    # Policy: turn micro_batch on through the dry-run panel, then apply.
+    def tier():
+        status, headers, _ = call(
+            f"{a.data}/v2/models/{a.model}/infer",
+            method="POST",
+            body=json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
+            headers={"content-type": "application/json", "x-tiergate-budget-ms": "2000", "cache-control": "no-cache"},
+        )
+        return headers.get("x-tiergate-tier") or headers.get("X-Tiergate-Tier")
+
+    if tier() != "realtime":
+        fail(f"before the change the request should be real-time, it was {tier()}")
+    driver.get(f"{a.admin}/admin/ui/#policy")
+    toggle = f"button[data-toggle='{a.route}'][data-flag='micro_batch']"
+    wait.until(lambda d: visible(d, toggle))
+    driver.find_element(By.CSS_SELECTOR, toggle).click()
+    wait.until(lambda d: visible(d, "#dryrun #apply"))
+    panel = driver.find_element(By.ID, "dryrun").text
+    if "Requests served differently" not in panel or "micro_batch" not in panel:
+        fail(f"the dry-run panel does not show what would change: {panel!r}")
+    shot("policy_dry_run")
+    driver.find_element(By.ID, "apply").click()
+    wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
+    deadline = time.time() + 10
+    while tier() != "micro_batch":
+        if time.time() > deadline:
+            fail(f"after the change the request is still served on {tier()}")
+        time.sleep(0.1)
+    _, _, history = call(f"{a.admin}/admin/policy/history", token=a.token)
+    history = json.loads(history)
+    newest = history["versions"][0]
+    if newest["action"] != "patch_route" or newest["version"] != history["current"]:
+        fail(f"the audit history's newest entry is not the flag change: {newest}")
+    wait.until(lambda d: visible(d, "#history"))
+    shot("policy")
+
+    # Explain: the tier for a described request.
+    driver.get(f"{a.admin}/admin/ui/#explain")
+    wait.until(lambda d: visible(d, "#ex-model"))
+    driver.find_element(By.ID, "ex-model").send_keys(a.model)
+    driver.find_element(By.ID, "ex-budget").send_keys("2000")
+    driver.find_element(By.CSS_SELECTOR, "#explain-form button[type=submit]").click()
+    wait.until(lambda d: visible(d, "#explained-tier"))
+    if driver.find_element(By.ID, "explained-tier").text != "micro_batch":
+        fail("explain does not give the tier the policy now says")
+    shot("explain")
+
+    # Cache: invalidate the route's cache.
+    driver.get(f"{a.admin}/admin/ui/#cache")
+    button = f"button[data-invalidate='{a.route}']"
+    wait.until(lambda d: visible(d, button))
+    driver.find_element(By.CSS_SELECTOR, button).click()
+    wait.until(EC.alert_is_present())
+    driver.switch_to.alert.accept()
+    wait.until(lambda d: f"invalidated {a.route}" in d.find_element(By.ID, "status").text)
+    shot("cache")
+
+    # Keyboard: the pages are links reached with Tab and opened with Enter.
+    driver.get("about:blank")
+    driver.get(f"{a.admin}/admin/ui/#cache")
+    wait.until(lambda d: visible(d, "#cache"))
+    keys = ActionChains(driver)
+    for _ in range(2):
+        keys.send_keys(Keys.TAB)
+    keys.perform()
+    focused = driver.switch_to.active_element.get_attribute("href") or ""
+    if not focused.endswith("#policy"):
+        fail(f"two tabs from the top should reach the Policy link, they reached {focused!r}")
+    ActionChains(driver).send_keys(Keys.ENTER).perform()
+    wait.until(lambda d: d.execute_script("return location.hash") == "#policy")
+
+    # A phone's width: nothing wider than the screen but the tables, which scroll.
+    driver.set_window_size(390, 844)
+    driver.get(f"{a.admin}/admin/ui/#overview")
+    wait.until(lambda d: (a.route, "realtime") in overview_rows(d) or (a.route, "micro_batch") in overview_rows(d))
+    overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+    if overflow > 1:
+        fail(f"at a phone's width the page is {overflow} px wider than the screen")
+    shot("overview_phone")
+
+
+if __name__ == "__main__":
+    main()
