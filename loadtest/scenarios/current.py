@@ -138,6 +138,15 @@ def capacity(text):
         "the signal within its window; no answer past its budget; fewer endpoint-seconds than a pool sized for the peak")
 
 
+def console_overhead(text):
+    targets = {t["name"]: t for t in json.load(open(OUT / "console_overhead/results.json"))["targets"]}
+    p99 = lambda name: targets[name]["summary"]["latency_ms"]["p99"]
+    closed, opened = p99("console_closed"), p99("console_open")
+    return ("the console: real-time p99 with it open and polling ÷ nobody looking (one run, rounds interleaved)",
+        f"{opened / closed:.3f} ({closed:.2f} → {opened:.2f} ms)",
+        "within noise (≤ 1.05)")
+
+
 def fairness(text):
     rounds = re.findall(
         r"round \d+: B's p99 flood / alone ([\d.]+), flood / A at its share ([\d.]+); "
@@ -154,7 +163,7 @@ def fairness(text):
         "attainment and p99 within 10% of alone")
 
 
-for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, capacity):
+for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, capacity, console_overhead):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

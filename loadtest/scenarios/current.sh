@@ -35,5 +35,6 @@ if [ "${1:-}" != "--table" ]; then
   run cache cache.sh
   run fairness fairness.sh
   run capacity capacity.sh
+  run console_overhead console_overhead.sh
 fi
 python3 loadtest/scenarios/current.py "$OUT" docs/performance.md
