@@ -28,15 +28,29 @@ fn browser() -> (String, String) {
 
 #[tokio::test]
 async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_run() {
-    let (realtime, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let (realtime, batch) = (backend(&["m", "n", "o"]).await, backend(&["m"]).await);
+    let candidate = backend(&["n", "o"]).await;
     let dir = tempfile::tempdir().expect("dir");
-    let policy = format!(
+    let mut policy = format!(
         "[routes.ui]\nmodels = [\"m\"]\n[routes.ui.flags]\nrealtime = true\nmicro_batch = false\ncache = true\n\
          [routes.ui.realtime]\nendpoints = [\"{}\"]\nmax_concurrency = 16\n\
          [routes.ui.micro_batch]\nendpoints = [\"{}\"]\n[routes.ui.cache]\n",
         realtime.url(),
         batch.url()
     );
+    // Two routes shadowing a candidate that answers as their primary does: `ro`'s gate
+    // is met after five comparisons, `held`'s never.
+    for (route, model, gate) in [("ro", "n", 5), ("held", "o", 1_000_000)] {
+        policy += &format!(
+            "[routes.{route}]\nmodels = [\"{model}\"]\n[routes.{route}.flags]\nrealtime = true\nshadow = true\n\
+             [routes.{route}.realtime]\nendpoints = [\"{}\"]\n\
+             [routes.{route}.shadow]\ntiers = [\"realtime\"]\npercent = 100\n\
+             [routes.{route}.shadow.candidate]\nendpoints = [\"{}\"]\n\
+             [routes.{route}.shadow.gate]\nmin_compared = {gate}\n",
+            realtime.url(),
+            candidate.url()
+        );
+    }
     std::fs::write(dir.path().join("ui.toml"), policy).expect("policy");
     let (gw, _config) = admin_gateway(dir.path(), TOKEN).await;
     // Traffic while the browser looks: twenty requests a second until the test ends,
@@ -54,6 +68,9 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
                 let cache = if fresh { "no-cache" } else { "max-age=60" };
                 let headers = [("x-tiergate-budget-ms", "2000"), ("cache-control", cache)];
                 infer(addr, "m", &headers, BODY).await;
+                for model in ["n", "o"] {
+                    infer(addr, model, &[("x-tiergate-budget-ms", "2000")], BODY).await;
+                }
             }
         })
     };
@@ -71,6 +88,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         ("--driver", driver),
         ("--browser", chromium),
         ("--out", out.display().to_string()),
+        ("--candidate", candidate.url()),
     ];
     let args = args.into_iter().flat_map(|(k, v)| [k.to_owned(), v]).collect();
     let log = out.join("none.log");

@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -40,7 +41,7 @@ def call(url, token=None, method="GET", body=None, headers=None):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out"):
+    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out", "candidate"):
         p.add_argument(f"--{name}", required=True)
     a = p.parse_args()
 
@@ -49,7 +50,8 @@ def main():
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,800"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(a.driver), options=options)
-    wait = WebDriverWait(driver, 20)
+    # The pages redraw every 2 s: an element read as it is replaced is read again.
+    wait = WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException, KeyError, ValueError))
     shot = lambda name: driver.save_screenshot(f"{a.out}/{name}.png")
     try:
         run(a, driver, wait, shot)
@@ -137,6 +139,45 @@ def run(a, driver, wait, shot):
         fail(f"the audit history's newest entry is not the flag change: {newest}")
     wait.until(lambda d: visible(d, "#history"))
     shot("policy")
+
+    # Rollouts: a promotion below its gate is refused; above it, the candidate is the pool.
+    driver.get(f"{a.admin}/admin/ui/#rollouts")
+    def gate(route):
+        for tr in driver.find_elements(By.CSS_SELECTOR, "#rollouts tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if cells and cells[0] == route:
+                return cells[6]
+        return None
+    deadline = time.time() + 20
+    while gate("ro") != "met":
+        if time.time() > deadline:
+            fail(f"ro's gate was not met: {gate('ro')!r}")
+        time.sleep(0.5)
+        driver.refresh()
+        wait.until(lambda d: visible(d, "#rollouts"))
+    if not (gate("held") or "").startswith("unmet"):
+        fail(f"held's gate should be unmet: {gate('held')!r}")
+    driver.find_element(By.CSS_SELECTOR, "button[data-promote='held']").click()
+    wait.until(lambda d: visible(d, "#dryrun #apply"))
+    if "Gate: unmet" not in driver.find_element(By.ID, "dryrun").text:
+        fail("the promotion's dry run does not show the unmet gate")
+    driver.find_element(By.ID, "apply").click()
+    wait.until(lambda d: visible(d, "#refused"))
+    if "gate" not in driver.find_element(By.ID, "refused").text:
+        fail(f"the refusal does not name the gate: {driver.find_element(By.ID, 'refused').text!r}")
+    if not visible(driver, "button[data-force='held']"):
+        fail("no way to promote past the gate is offered")
+    shot("rollouts_refused")
+    driver.find_element(By.CSS_SELECTOR, "button[data-promote='ro']").click()
+    wait.until(lambda d: "Gate: met" in d.find_element(By.ID, "dryrun").text)
+    driver.find_element(By.ID, "apply").click()
+    wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
+    _, _, route = call(f"{a.admin}/admin/routes/ro", token=a.token)
+    if a.candidate not in json.dumps(json.loads(route)["spec"]):
+        fail("after the promotion the route's pool is not the candidate")
+    wait.until(lambda d: visible(d, "#rollouts") and not visible(d, "#dryrun"))
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot("rollouts")
 
     # Explain: the tier for a described request.
     driver.get(f"{a.admin}/admin/ui/#explain")

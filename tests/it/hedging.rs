@@ -93,10 +93,18 @@ async fn a_hedge_after_the_learned_p95_wins_against_a_stalled_endpoint_and_the_l
     // simulator sees each one's client go away. (A call to b slower than the p95 may be
     // hedged to a too, and then b's answer wins.)
     wait_for(&a, |s| s.cancelled == warm.cancelled + stalled && s.in_flight == 0).await;
-    assert_eq!(hedges(&gw, "hedged", "sent").await - sent, stalled);
-    assert_eq!(hedges(&gw, "hedged", "cancelled").await - cancelled, stalled);
+    // Each of those was hedged and cancelled; a call to b slower than the p95 on a busy
+    // machine is hedged too, and its copy may be cancelled before a's simulator counts
+    // it: at least as many hedges as calls that reached a, never more than the calls.
+    let sent = hedges(&gw, "hedged", "sent").await - sent;
+    assert!(
+        (stalled..=16).contains(&sent),
+        "{sent} hedges, {stalled} calls reached a"
+    );
+    let cancelled = hedges(&gw, "hedged", "cancelled").await - cancelled;
+    assert!((stalled..=sent).contains(&cancelled), "{cancelled} cancelled of {sent}");
     let won = hedges(&gw, "hedged", "won").await - won;
-    assert!(won >= 1 && won <= stalled, "{won} of {stalled}");
+    assert!(won >= 1 && won <= sent, "{won} of {sent}");
     // An answer the copy gave says how long the call ran before the copy went.
     let hedged: Vec<_> = answers
         .iter()

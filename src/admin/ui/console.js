@@ -56,7 +56,7 @@ async function login(event) {
     const r = await api("GET", "/admin/policy");
     if (r.status === 200) {
       $("#login").hidden = true;
-      route();
+      showPage();
     }
   } catch (_) { /* the login form says why */ }
 }
@@ -89,6 +89,12 @@ async function pollStats() {
     stats.lastAt = sample.at_ms;
   }
   if (stats.samples.length > 900) stats.samples.splice(0, stats.samples.length - 900);
+  const replica = stats.replica;
+  if (replica) {
+    const version = stats.policyVersion === undefined ? "" : ` · policy v${stats.policyVersion}`;
+    const since = new Date(replica.started_ms).toISOString().replace(".000", "");
+    $("#replica").textContent = `replica ${replica.name} · ${replica.address} · up since ${since}${version}`;
+  }
 }
 
 /** The sample closest to `secondsAgo` before the newest one. */
@@ -221,15 +227,12 @@ function every(fn) { stopPolling(); fn(); timer = setInterval(fn, POLL_MS); }
 
 const pages = {
   async overview(page) {
-    let policy = { version: "?" };
     const draw = async () => {
       try {
-        await pollStats();
         const p = await api("GET", "/admin/policy");
-        if (p.status === 200) policy = p.json;
+        if (p.status === 200) stats.policyVersion = p.json.version;
+        await pollStats();
       } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
-      const r = stats.replica;
-      $("#replica").textContent = r ? `replica ${r.name} · ${r.address} · up since ${new Date(r.started_ms).toISOString().replace(".000", "")} · policy v${policy.version}` : "";
       const rt = (l) => `${l.route}/${l.tier}`;
       const requests = increase("tiergate_requests_total", rt, 10);
       // The seconds those 10 s span in the history (less while it is younger).
@@ -304,6 +307,35 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
 <div id="explained"></div>`;
   },
 
+  async rollouts(page) {
+    const routes = await api("GET", "/admin/routes");
+    const reports = [];
+    for (const r of routes.json.routes || []) {
+      const rep = await api("GET", `/admin/shadow/${encodeURIComponent(r.name)}`);
+      if (rep.status === 200) reports.push(rep.json);
+    }
+    try { await pollStats(); } catch (_) { /* the reports still show */ }
+    const canary = increase("tiergate_canary_requests_total", (l) => `${l.route}/${l.variant}/${l.result}`, 60);
+    const bar = (v) => (v === null || v === undefined ? "–"
+      : `<svg width="100" height="10" role="img" aria-label="${pct(v)}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${(v * 100).toFixed(1)}" height="10" fill="${v >= 0.99 ? "#1a7f37" : "#9a6700"}"/></svg> ${pct(v)}`);
+    const rows = reports.map((r) => ({
+      route: r.route, candidate: (r.candidate || []).map((e) => e.replace(/^[a-z]+:\/\//, "").replace(/\/$/, "")).join(" "), percent: r.percent, compared: r.compared, agreement: r.agreement,
+      candidate_to_primary: r.latency ? r.latency.candidate_to_primary : null,
+      gate: r.gate.met ? "met" : `unmet: ${r.gate.unmet.join("; ")}`,
+      canary_60s: ["primary", "candidate"].map((v) => `${v} ${[...canary].filter(([k]) => k.startsWith(`${r.route}/${v}/`)).reduce((s, [, n]) => s + n, 0)}`).join(", "),
+    }));
+    const worst = reports.flatMap((r) => (r.worst || []).map((w) => ({ route: r.route, ...w })));
+    page.innerHTML = `<h1>Rollouts</h1>
+<p class="muted">Each route's shadow candidate: how often it agrees with the primary, how fast it is beside it, its gate; promote (the gate shown; refused below it unless forced) or stop its canary.</p>
+${table("rollouts", [["route", "route"], ["candidate", "candidate"], ["percent", "shadow %"], ["compared", "compared"],
+      ["agreement", "agreement", bar], ["candidate_to_primary", "latency ÷ primary", num(2)], ["gate", "gate", (v) => `<span class="${v === "met" ? "ok" : "warn"}">${esc(v)}</span>`],
+      ["canary_60s", "canary (60 s)"],
+      ["do", "", (_, r) => `<button type="button" data-promote="${esc(r.route)}">promote…</button> <button type="button" data-abort="${esc(r.route)}">stop canary…</button>`]], rows)}
+<div id="dryrun" class="panel" hidden></div>
+<h2>Worst disagreements</h2>
+${table("worst", [["route", "route"], ["at", "at"], ["request_id", "request id"], ["output", "output"], ["row", "row"], ["primary", "primary", num(4)], ["candidate", "candidate", num(4)], ["abs_diff", "difference", num(4)]], worst)}`;
+  },
+
   async cache(page) {
     const routes = await api("GET", "/admin/routes");
     const rows = [];
@@ -338,7 +370,8 @@ async function dryRun(title, method, path, body, etag) {
     return;
   }
   const d = dry.json;
-  panel.innerHTML = `<h2>Dry run: ${esc(title)}</h2>
+  const gate = d.gate ? `<p class="${d.gate.met ? "ok" : "warn"}">Gate: ${d.gate.met ? "met" : `unmet: ${esc(d.gate.unmet.join("; "))}`}</p>` : "";
+  panel.innerHTML = `<h2>Dry run: ${esc(title)}</h2>${gate}
 <p>${d.changed ? `Version ${d.version_before} → a new version; files: ${esc(d.files.join(", "))}.` : "Nothing would change."}</p>
 <h3>Requests served differently (${d.decisions.length})</h3>
 ${table("decisions", [["request", "request", (v) => esc(v)], ["before", "before"], ["after", "after"]], d.decisions)}
@@ -349,9 +382,12 @@ ${table("decisions", [["request", "request", (v) => esc(v)], ["before", "before"
     const done = await api(method, path, { body, headers });
     if (done.status === 200) {
       say(`applied: version ${done.json.version_after}`, "ok");
-      route();
+      showPage();
     } else {
-      panel.innerHTML = `<p class="bad">Not applied (${done.status}): ${esc(done.json.error ? done.json.error.message : "")}</p>`;
+      const forced = done.json.error && done.json.error.code === "gate_not_met" && path.endsWith("/promote");
+      const route = path.split("/")[3];
+      panel.innerHTML = `<p class="bad" id="refused">Not applied (${done.status}): ${esc(done.json.error ? done.json.error.message : "")}</p>
+${forced ? `<button type="button" class="danger" data-force="${esc(decodeURIComponent(route))}">promote anyway, past the gate…</button>` : ""}`;
     }
   };
   $("#cancel-change").onclick = () => { panel.hidden = true; };
@@ -367,6 +403,22 @@ document.addEventListener("click", async (event) => {
       await dryRun(`turn ${b.dataset.flag} ${b.dataset.to === "true" ? "on" : "off"} on ${b.dataset.toggle}`, "PUT",
         `/admin/routes/${encodeURIComponent(b.dataset.toggle)}/flags/${b.dataset.flag}`, b.dataset.to, route.etag);
     }
+    if (b.dataset.promote) {
+      const path = `/admin/shadow/${encodeURIComponent(b.dataset.promote)}/promote`;
+      const route = await api("GET", `/admin/routes/${encodeURIComponent(b.dataset.promote)}`);
+      await dryRun(`promote ${b.dataset.promote}'s candidate`, "POST", path, undefined, route.etag);
+    }
+    if (b.dataset.abort) {
+      const route = await api("GET", `/admin/routes/${encodeURIComponent(b.dataset.abort)}`);
+      await dryRun(`stop ${b.dataset.abort}'s canary`, "PATCH", `/admin/routes/${encodeURIComponent(b.dataset.abort)}`,
+        { shadow: { canary_percent: 0 } }, route.etag);
+    }
+    if (b.dataset.force) {
+      const route = await api("GET", `/admin/routes/${encodeURIComponent(b.dataset.force)}`);
+      const done = await api("POST", `/admin/shadow/${encodeURIComponent(b.dataset.force)}/promote?force=true`, { headers: { "If-Match": route.etag } });
+      say(done.status === 200 ? `promoted past the gate: version ${done.json.version_after}` : `not promoted (${done.status})`, done.status === 200 ? "ok" : "bad");
+      if (done.status === 200) showPage();
+    }
     if (b.dataset.rollback) {
       const policy = await api("GET", "/admin/policy");
       await dryRun(`roll back to version ${b.dataset.rollback}`, "POST", "/admin/policy/rollback", { version: Number(b.dataset.rollback) }, policy.etag);
@@ -381,7 +433,7 @@ document.addEventListener("click", async (event) => {
       if (!confirm(`Drop every entry of ${b.dataset.invalidate}'s cache?`)) return;
       const r = await api("POST", `/admin/cache/${encodeURIComponent(b.dataset.invalidate)}/invalidate`);
       say(r.status === 200 ? `invalidated ${b.dataset.invalidate}: ${r.json.invalidated} entries` : `not invalidated (${r.status})`, r.status === 200 ? "ok" : "bad");
-      route();
+      showPage();
     }
   } catch (e) { say(e.message, "bad"); }
 });
@@ -415,7 +467,7 @@ ${e.cache ? `<p>Cache: ${esc(e.cache.would)}.</p>` : ""}
 
 // ---- navigation -------------------------------------------------------------------
 
-async function route() {
+async function showPage() {
   stopPolling();
   if (!sessionStorage.getItem(TOKEN_KEY)) return showLogin("");
   const name = (location.hash || "#overview").slice(1);
@@ -432,6 +484,6 @@ async function route() {
   } catch (e) { if (e.message !== "unauthenticated" && e.message !== "not logged in") say(e.message, "bad"); }
 }
 
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", showPage);
 $("#logout").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); showLogin("Logged out."); });
-route();
+showPage();
