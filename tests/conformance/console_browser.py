@@ -140,6 +140,19 @@ def run(a, driver, wait, shot):
     wait.until(lambda d: visible(d, "#history"))
     shot("policy")
 
+    # Backends: every endpoint of the route's real-time pool, its circuit closed.
+    driver.get(f"{a.admin}/admin/ui/#backends")
+    def circuits():
+        found = {}
+        for tr in driver.find_elements(By.CSS_SELECTOR, "#endpoints tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if len(cells) >= 4:
+                found[(cells[0], cells[1])] = cells[3]
+        return found
+    wait.until(lambda d: circuits().get((a.route, "realtime")) == "closed")
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot("backends")
+
     # Rollouts: a promotion below its gate is refused; above it, the candidate is the pool.
     driver.get(f"{a.admin}/admin/ui/#rollouts")
     def gate(route):

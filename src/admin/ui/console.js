@@ -293,6 +293,42 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
 <pre id="diff" hidden></pre>`;
   },
 
+  async backends(page) {
+    const draw = async () => {
+      try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
+      const newest = stats.samples[stats.samples.length - 1];
+      const ep = (l) => `${l.route}|${l.tier}|${l.endpoint}`;
+      const circuits = grouped(newest, "tiergate_backend_circuit_state", ep);
+      const ejections = grouped(newest, "tiergate_backend_ejections_total", (l) => `${ep(l)}|${l.reason}`);
+      const recent = increase("tiergate_backend_ejections_total", (l) => `${ep(l)}|${l.reason}`, 60);
+      const state = ["closed", "open (ejected)", "half-open (probing)"];
+      const endpoints = [...circuits].sort().map(([k, v]) => {
+        const [route, tier, endpoint] = k.split("|");
+        const reasons = (m) => [...m].filter(([rk, n]) => rk.startsWith(`${k}|`) && n > 0).map(([rk, n]) => `${rk.split("|")[3]} ${n}`).join(", ");
+        return { route, tier, endpoint, circuit: state[v] || String(v), ejections: reasons(ejections), ejections_60s: reasons(recent) };
+      });
+      const pool = (l) => `${l.route}|${l.tier}`;
+      const healthy = grouped(newest, "tiergate_endpoints_healthy", pool);
+      const needed = grouped(newest, "tiergate_endpoints_needed", pool);
+      const p50 = quantiles("tiergate_backend_duration_seconds", pool, 60, 0.5);
+      const p99 = quantiles("tiergate_backend_duration_seconds", pool, 60, 0.99);
+      const pools = [...new Set([...healthy.keys(), ...p99.keys()])].sort().map((k) => {
+        const [route, tier] = k.split("|");
+        return { route, tier, healthy: healthy.get(k), needed: needed.get(k), p50_ms: p50.get(k), p99_ms: p99.get(k) };
+      });
+      page.innerHTML = `<h1>Backends</h1>
+<p class="muted">Each pool's endpoints healthy against the capacity signal's need, its calls' latency over the last 60 s; each endpoint's circuit and why it was ejected.</p>
+<h2>Pools</h2>
+${table("pools", [["route", "route"], ["tier", "tier"], ["healthy", "endpoints healthy", num(0)], ["needed", "endpoints needed", num(2)], ["p50_ms", "call p50 ms", num(1)], ["p99_ms", "call p99 ms", num(1)]], pools)}
+<h2>Endpoints</h2>
+${table("endpoints", [["route", "route"], ["tier", "tier"], ["endpoint", "endpoint"],
+        ["circuit", "circuit", (v) => `<span class="${v === "closed" ? "ok" : "bad"}">${esc(v)}</span>`],
+        ["ejections_60s", "ejections (60 s)"], ["ejections", "ejections since start"]], endpoints)}`;
+      say(`updated ${new Date().toLocaleTimeString()}`);
+    };
+    every(draw);
+  },
+
   async explain(page) {
     page.innerHTML = `<h1>Explain</h1>
 <p class="muted">What the gateway would do with a request, without sending it: tier, reason, the batch pool's learned cost, whether the cache would answer.</p>
