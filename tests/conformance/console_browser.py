@@ -140,6 +140,18 @@ def run(a, driver, wait, shot):
     wait.until(lambda d: visible(d, "#history"))
     shot("policy")
 
+    # Batching: the route's batches since micro_batch was turned on, its learned cost.
+    driver.get(f"{a.admin}/admin/ui/#batching")
+    def batching():
+        for tr in driver.find_elements(By.CSS_SELECTOR, "#batching tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if cells and cells[0] == a.route:
+                return cells
+        return None
+    wait.until(lambda d: batching() is not None and float(batching()[2]) > 0)
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot("batching")
+
     # Backends: every endpoint of the route's real-time pool, its circuit closed.
     driver.get(f"{a.admin}/admin/ui/#backends")
     def circuits():

@@ -76,8 +76,11 @@ function parseSeries(series) {
   return { name: series.slice(0, at), labels };
 }
 
-/** Reads what came since the last sample; keeps 15 minutes of whole snapshots. */
+/** Reads what came since the last sample (and the policy's version); keeps 15 minutes
+ * of whole snapshots. */
 async function pollStats() {
+  const policy = await api("GET", "/admin/policy");
+  if (policy.status === 200) stats.policyVersion = policy.json.version;
   const r = await api("GET", `/admin/stats?since=${stats.lastAt}`);
   if (r.status !== 200) throw new Error(`stats: ${r.status}`);
   const answer = r.json;
@@ -228,11 +231,7 @@ function every(fn) { stopPolling(); fn(); timer = setInterval(fn, POLL_MS); }
 const pages = {
   async overview(page) {
     const draw = async () => {
-      try {
-        const p = await api("GET", "/admin/policy");
-        if (p.status === 200) stats.policyVersion = p.json.version;
-        await pollStats();
-      } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
+      try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
       const rt = (l) => `${l.route}/${l.tier}`;
       const requests = increase("tiergate_requests_total", rt, 10);
       // The seconds those 10 s span in the history (less while it is younger).
@@ -291,6 +290,41 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
       ["do", "", (_, r) => `<button type="button" data-diff="${r.version}">diff</button> ${r.version === history.json.current ? '<span class="muted">running</span>' : `<button type="button" data-rollback="${r.version}">roll back to it…</button>`}`]],
       history.json.versions)}
 <pre id="diff" hidden></pre>`;
+  },
+
+  async batching(page) {
+    const draw = async () => {
+      try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
+      const newest = stats.samples[stats.samples.length - 1];
+      const byRoute = (l) => l.route;
+      const at = (family) => grouped(newest, family, byRoute);
+      const queued = at("tiergate_batch_queue_rows"), limit = at("tiergate_batch_size_limit");
+      const fixed = at("tiergate_batch_cost_fixed_seconds"), perRow = at("tiergate_batch_cost_per_row_seconds");
+      const rowsSum = increase("tiergate_batch_rows_sum", byRoute, 60), rowsCount = increase("tiergate_batch_rows_count", byRoute, 60);
+      const fillSum = increase("tiergate_batch_fill_ratio_sum", byRoute, 60), fillCount = increase("tiergate_batch_fill_ratio_count", byRoute, 60);
+      const flushes = increase("tiergate_batch_flushes_total", (l) => `${l.route}|${l.reason}`, 60);
+      const bands = increase("tiergate_batch_priority_requests_total", (l) => `${l.route}|${l.priority}|${l.outcome}`, 60);
+      const routes = [...new Set([...queued.keys(), ...limit.keys(), ...rowsCount.keys()])].sort();
+      const of = (m, route) => [...m].filter(([k, n]) => k.startsWith(`${route}|`) && n > 0).map(([k, n]) => `${k.slice(route.length + 1).replace("|", " ")} ${n}`).join(", ");
+      const rows = routes.map((route) => ({
+        route,
+        queued_rows: queued.get(route) || 0,
+        batches_60s: rowsCount.get(route) || 0,
+        rows_per_batch: rowsCount.get(route) ? rowsSum.get(route) / rowsCount.get(route) : null,
+        fill: fillCount.get(route) ? fillSum.get(route) / fillCount.get(route) : null,
+        size_limit: limit.get(route),
+        cost: fixed.has(route) ? `${(fixed.get(route) * 1e3).toFixed(2)} ms + ${(perRow.get(route) * 1e3).toFixed(3)} ms/row` : "not learned yet",
+        flushes_60s: of(flushes, route),
+        bands_60s: of(bands, route),
+      }));
+      page.innerHTML = `<h1>Batching</h1>
+<p class="muted">Each route's micro-batch queue and batches over the last 60 s: rows per batch and fill against <code>max_batch</code>, why batches went (full, the backend idle, a deadline, <code>max_wait</code>), requests by priority band queued or shed, the learned cost <code>t(n) = a + b·n</code> and the progressive size limit.</p>
+${table("batching", [["route", "route"], ["queued_rows", "rows queued", num(0)], ["batches_60s", "batches (60 s)", num(0)],
+        ["rows_per_batch", "rows/batch", num(1)], ["fill", "fill", (v) => (v === null ? "–" : pct(v))], ["size_limit", "size limit", num(0)],
+        ["cost", "learned cost"], ["flushes_60s", "flushes by reason (60 s)"], ["bands_60s", "bands (60 s)"]], rows)}`;
+      say(`updated ${new Date().toLocaleTimeString()}`);
+    };
+    every(draw);
   },
 
   async backends(page) {
