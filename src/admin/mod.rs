@@ -26,9 +26,16 @@
 //! | `GET /admin/stats[?since=T]` | every `tiergate_*` series once a second, the last 15 minutes (since `T`: unix ms or a duration ago) |
 //! | `GET /admin/cache/{name}` | the route's cache: settings, entries, bytes |
 //! | `POST /admin/cache/{name}/invalidate` | drop every entry of the route's cache |
+//! | `GET /admin/batching` | every micro-batch route: size limit, learned cost and its error, rows waiting by band and tenant, tenants' shares served against their weights |
+//! | `GET /admin/backends` | every pool's endpoints: circuit, failures, in flight, latency, last check |
+//! | `GET /admin/offline[?after=ID&limit=N]` | jobs by state, the oldest queued job, every tenant's batches with their progress |
+//! | `POST /admin/batches/{id}/cancel` | cancel any tenant's batch, as its owner would |
 
 pub mod auth;
+mod backends;
+mod batching;
 pub mod console;
+mod offline;
 mod shadow;
 pub mod stats;
 mod usage;
@@ -71,8 +78,10 @@ pub struct Admin {
     pub control: Arc<Control>,
     /// Who may call.
     pub tokens: Tokens,
-    /// The micro-batch tier, for the learned cost in explanations.
+    /// The micro-batch tier, for the learned cost in explanations and its pools.
     pub micro_batch: MicroBatch,
+    /// The real-time tier, for its pools.
+    pub realtime: crate::tiers::Realtime,
     /// The routes' shadow candidates, for their reports and promotion.
     pub shadow: Shadow,
     /// The routes' prediction caches, to look into and invalidate.
@@ -81,6 +90,8 @@ pub struct Admin {
     pub usage: Arc<crate::usage::Ledger>,
     /// The last 15 minutes of the gateway's series, for the console.
     pub stats: Arc<stats::Stats>,
+    /// The offline queue, to list and cancel every tenant's batches.
+    pub queue: crate::queue::Queue,
 }
 
 /// Serves the admin API on `listener` (over `tls` when given) until `shutdown`.
@@ -188,9 +199,26 @@ impl Admin {
             },
             (&Method::GET, ["admin", "cache", name]) => self.cache_usage(name, false).await,
             (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
+            (&Method::GET, ["admin", "batching"]) => {
+                let policy = self.control.store().load();
+                match batching::pools(&policy, &self.micro_batch, &self.usage).await {
+                    Ok(body) => ok(&body),
+                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "usage_unreadable", &e),
+                }
+            }
+            (&Method::GET, ["admin", "backends"]) => ok(&backends::pools(
+                &self.control.store().load(),
+                &self.realtime,
+                &self.micro_batch,
+            )),
+            (&Method::GET, ["admin", "offline"]) => answered(offline::overview(&self.queue, head.uri.query()).await),
+            (&Method::POST, ["admin", "batches", id, "cancel"]) => {
+                answered(offline::cancel(&self.queue, id, &who).await)
+            }
             (
                 _,
-                ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache" | "usage" | "capacity" | "stats" | "ui", ..],
+                ["admin", "policy" | "routes" | "flags" | "explain" | "shadow" | "cache" | "usage" | "capacity" | "stats" | "ui"
+                | "offline" | "batches" | "backends" | "batching", ..],
             ) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -357,10 +385,7 @@ impl Admin {
 
     fn shadow_report(&self, name: &str, since: Option<std::time::SystemTime>) -> Response<Full<Bytes>> {
         let policy = self.control.store().load();
-        match shadow::report(&self.shadow, &policy, name, since) {
-            Ok(report) => ok(&report),
-            Err((status, code, message)) => error(status, code, &message),
-        }
+        answered(shadow::report(&self.shadow, &policy, name, since))
     }
 
     fn shadow_reset(&self, name: &str) -> Response<Full<Bytes>> {
@@ -505,6 +530,14 @@ fn refusal(refused: &Refused) -> Response<Full<Bytes>> {
 
 fn ok(body: &Value) -> Response<Full<Bytes>> {
     respond(StatusCode::OK, body)
+}
+
+/// 200 with the body, or the refusal's status, code and message.
+fn answered(result: Result<Value, (StatusCode, &'static str, String)>) -> Response<Full<Bytes>> {
+    match result {
+        Ok(body) => ok(&body),
+        Err((status, code, message)) => error(status, code, &message),
+    }
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {

@@ -174,6 +174,8 @@ impl Gateway {
             .handle()
             .spawn(parts.dispatch.usage().clone().run(pools, shutdown.clone()));
         tasks.spawn(async move { ledger.await.map_err(std::io::Error::other) });
+        // The admin API's view of the offline queue and the real-time pools.
+        let (queue, realtime) = (parts.workers.store.clone(), parts.workers.realtime.clone());
         // Offline workers run on the batch threads too (their store I/O has its own thread).
         let workers = batch_threads
             .handle()
@@ -239,10 +241,12 @@ impl Gateway {
                     control: parts.control.clone(),
                     tokens,
                     micro_batch: parts.micro_batch,
+                    realtime,
                     shadow: parts.shadow,
                     cache: parts.dispatch.cache().clone(),
                     usage: parts.dispatch.usage().clone(),
                     stats: Arc::new(stats),
+                    queue,
                 });
                 let tls = tls.as_ref().map(|tls| tls.admin.clone());
                 tasks.spawn(admin::listen(listener, api.clone(), tls, shutdown.clone()));

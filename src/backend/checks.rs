@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use tokio::time::Instant;
 
 use super::endpoint::{Endpoint, Endpoints};
 use super::h1::Conns;
@@ -86,8 +85,9 @@ async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration
             }
         }
     };
-    match tokio::time::timeout(CHECK_TIMEOUT.min(interval), exchange).await {
-        Ok(Some(true)) => endpoint.health.check_passed(),
-        _ => endpoint.health.failed("check", Instant::now()),
-    }
+    let passed = matches!(
+        tokio::time::timeout(CHECK_TIMEOUT.min(interval), exchange).await,
+        Ok(Some(true))
+    );
+    endpoint.health.checked(passed, std::time::SystemTime::now());
 }

@@ -11,7 +11,7 @@
 //! passing one lets an ejected endpoint be probed again.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -37,6 +37,23 @@ struct State {
     failures: u32,
     trips: u32,
     circuit: Circuit,
+    /// When the last active check ended, and whether it passed.
+    last_check: Option<(SystemTime, bool)>,
+}
+
+/// An endpoint's circuit as the admin API shows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitView {
+    /// `closed`, `open` (ejected) or `half_open` (a probe may go, or is going).
+    pub state: &'static str,
+    /// How long it stays ejected, while open.
+    pub ejected_for: Option<Duration>,
+    /// Failed calls in a row.
+    pub failures: u32,
+    /// Ejections in a row (each one longer).
+    pub trips: u32,
+    /// When the last active check ended, and whether it passed.
+    pub last_check: Option<(SystemTime, bool)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +104,7 @@ impl Health {
                 failures: 0,
                 trips: 0,
                 circuit: Circuit::Closed,
+                last_check: None,
             }),
             circuit_gauge,
             labels,
@@ -126,11 +144,9 @@ impl Health {
             tracing::info!(endpoint = %self.labels[2].1, route = %self.labels[0].1, "backend endpoint recovered");
             self.circuit_gauge.set(0.0);
         }
-        *s = State {
-            failures: 0,
-            trips: 0,
-            circuit: Circuit::Closed,
-        };
+        s.failures = 0;
+        s.trips = 0;
+        s.circuit = Circuit::Closed;
     }
 
     /// A call failed for `why` (`unreachable`, `status_5xx`, `timeout`, `slow`, `check`).
@@ -169,6 +185,16 @@ impl Health {
         }
     }
 
+    /// An active check ended at `at`: a failed one counts as a failed call; a passed
+    /// one lets an ejected endpoint be probed by the next call.
+    pub fn checked(&self, passed: bool, at: SystemTime) {
+        self.lock().last_check = Some((at, passed));
+        match passed {
+            true => self.check_passed(),
+            false => self.failed("check", Instant::now()),
+        }
+    }
+
     /// An active check passed: an ejected endpoint may be probed by the next call.
     pub fn check_passed(&self) {
         let mut s = self.lock();
@@ -184,6 +210,23 @@ impl Health {
     /// `tiergate_backend_circuit_state` gauge shows as 1).
     pub fn is_ejected(&self) -> bool {
         matches!(self.lock().circuit, Circuit::Open { .. })
+    }
+
+    /// The circuit now, for the admin API.
+    pub fn view(&self, now: Instant) -> CircuitView {
+        let s = *self.lock();
+        let (state, ejected_for) = match s.circuit {
+            Circuit::Closed => ("closed", None),
+            Circuit::Open { until } if now < until => ("open", Some(until - now)),
+            Circuit::Open { .. } | Circuit::HalfOpen { .. } => ("half_open", None),
+        };
+        CircuitView {
+            state,
+            ejected_for,
+            failures: s.failures,
+            trips: s.trips,
+            last_check: s.last_check,
+        }
     }
 
     /// The spec this circuit follows.

@@ -31,7 +31,7 @@ use dashmap::DashMap;
 use crate::decision::Tier;
 use crate::policy::PoolSpec;
 
-pub use pool::Pool;
+pub use pool::{EndpointView, Pool};
 pub use tls::Trust;
 
 /// What every pool of a gateway is built with.
@@ -146,6 +146,15 @@ impl Pools {
         match self.by_route.get(route) {
             Some(entry) if *entry.0 == *spec => entry.1.healthy(),
             _ => spec.endpoints.len(),
+        }
+    }
+
+    /// `route`'s pool's endpoints now, as `spec` describes it; `None` for a pool no
+    /// call has used yet.
+    pub fn endpoints_now(&self, route: &str, spec: &PoolSpec) -> Option<Vec<EndpointView>> {
+        match self.by_route.get(route) {
+            Some(entry) if *entry.0 == *spec => Some(entry.1.endpoints_now()),
+            _ => None,
         }
     }
 

@@ -42,6 +42,19 @@ struct Fitted {
     sent_at: Option<Instant>,
 }
 
+/// One endpoint of a pool as the admin API shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointView {
+    /// `host:port`.
+    pub endpoint: String,
+    /// Its circuit.
+    pub circuit: super::health::CircuitView,
+    /// Calls to it in flight.
+    pub in_flight: u64,
+    /// What its answered calls take lately (a moving average); `None` before any.
+    pub latency: Option<std::time::Duration>,
+}
+
 /// The endpoints of one tier of one route, with their connections and limit.
 #[derive(Debug)]
 pub struct Pool {
@@ -184,6 +197,25 @@ impl Pool {
     /// Its endpoints not ejected now.
     pub fn healthy(&self) -> usize {
         self.endpoints.iter().filter(|e| !e.health.is_ejected()).count()
+    }
+
+    /// Each endpoint now, in the policy's order: its circuit, calls in flight and what
+    /// its calls take lately (for the admin API).
+    pub fn endpoints_now(&self) -> Vec<EndpointView> {
+        let now = Instant::now();
+        let at = self.clock(now);
+        self.endpoints
+            .iter()
+            .map(|e| {
+                let (in_flight, micros) = e.load(at);
+                EndpointView {
+                    endpoint: e.authority.to_string(),
+                    circuit: e.health.view(now),
+                    in_flight,
+                    latency: (micros > 0).then(|| std::time::Duration::from_micros(micros)),
+                }
+            })
+            .collect()
     }
 
     /// Whether every endpoint of the pool is ejected, so every call would be refused.

@@ -151,6 +151,8 @@ impl BatchRow {
 pub struct Batch {
     /// `batch_...`.
     pub id: String,
+    /// Whose it is (the caller's tenant; empty without tenants).
+    pub tenant: String,
     /// The endpoint named at creation.
     pub endpoint: String,
     /// Its validation errors, as OpenAI's list object, when it failed at creation.
@@ -547,28 +549,39 @@ pub(super) fn get(conn: &Connection, id: &str, tenant: &str) -> Result<Option<Ba
     Ok(Some(batch))
 }
 
-/// `tenant`'s batches, newest first, after (older than) `after`, at most `limit`; and
-/// whether more exist.
+/// `tenant`'s batches (every tenant's when `None`), newest first, after (older than)
+/// `after`, at most `limit`; and whether more exist.
 pub(super) fn list(
     conn: &Connection,
-    tenant: &str,
+    tenant: Option<&str>,
     after: Option<&str>,
     limit: usize,
 ) -> Result<(Vec<Batch>, bool), StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id FROM batches WHERE tenant = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3",
+        "SELECT id, tenant FROM batches WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR id < ?2)
+         ORDER BY id DESC LIMIT ?3",
     )?;
     let ids = stmt
-        .query_map(params![tenant, after, (limit + 1) as i64], |r| r.get::<_, String>(0))?
+        .query_map(params![tenant, after, (limit + 1) as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
         .collect::<Result<Vec<_>, _>>()?;
     let more = ids.len() > limit;
     let mut out = Vec::with_capacity(limit);
-    for id in ids.iter().take(limit) {
-        if let Some(b) = get(conn, id, tenant)? {
+    for (id, owner) in ids.iter().take(limit) {
+        if let Some(b) = get(conn, id, owner)? {
             out.push(b);
         }
     }
     Ok((out, more))
+}
+
+/// Whose batch `id` is, if there is one.
+pub(super) fn owner(conn: &Connection, id: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT tenant FROM batches WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?)
 }
 
 /// Starts cancelling `tenant`'s batch `id`: its queued jobs are cancelled now; running
@@ -758,6 +771,7 @@ fn batch(r: &Row<'_>) -> rusqlite::Result<Batch> {
     };
     Ok(Batch {
         id: r.get("id")?,
+        tenant: r.get("tenant")?,
         endpoint: r.get("endpoint")?,
         errors: parse(r.get("errors")?),
         input_file_id: r.get("input_file_id")?,

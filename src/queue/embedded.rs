@@ -420,8 +420,18 @@ impl JobStore for Embedded {
         limit: usize,
     ) -> Result<(Vec<Batch>, bool), StoreError> {
         let tenant = tenant.to_owned();
-        self.call(move |conn| batches::list(conn, &tenant, after.as_deref(), limit))
+        self.call(move |conn| batches::list(conn, Some(&tenant), after.as_deref(), limit))
             .await
+    }
+
+    async fn all_batches(&self, after: Option<String>, limit: usize) -> Result<(Vec<Batch>, bool), StoreError> {
+        self.call(move |conn| batches::list(conn, None, after.as_deref(), limit))
+            .await
+    }
+
+    async fn batch_owner(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.call(move |conn| batches::owner(conn, &id)).await
     }
 
     async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {

@@ -49,6 +49,8 @@ impl JobStore for Queue {
         fn batch(&self, id: &str, tenant: &str) -> Option<Batch>;
         fn batches(&self, tenant: &str, after: Option<String>, limit: usize) -> (Vec<Batch>, bool);
         fn cancel_batch(&self, id: &str, tenant: &str) -> Option<Batch>;
+        fn all_batches(&self, after: Option<String>, limit: usize) -> (Vec<Batch>, bool);
+        fn batch_owner(&self, id: &str) -> Option<String>;
         fn counts(&self) -> Vec<(State, u64)>;
         fn oldest_queued(&self) -> Option<i64>;
         fn sweep(&self, retention_ms: i64) -> (u64, u64);

@@ -355,6 +355,15 @@ pub trait JobStore: Send + Sync + 'static {
     /// Starts cancelling `tenant`'s batch `id`: queued jobs are cancelled, running ones
     /// finish. The batch afterwards, or `None` when it is not `tenant`'s.
     fn cancel_batch(&self, id: &str, tenant: &str) -> impl Future<Output = Result<Option<Batch>, StoreError>> + Send;
+    /// Every tenant's batches, newest first, older than `after`, at most `limit`; and
+    /// whether more exist. For the admin API only: callers see their own.
+    fn all_batches(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<Batch>, bool), StoreError>> + Send;
+    /// Whose batch `id` is, if there is one. For the admin API only.
+    fn batch_owner(&self, id: &str) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
     /// Jobs by state (for metrics). With Kafka, every replica counts every job.
     fn counts(&self) -> impl Future<Output = Result<Vec<(State, u64)>, StoreError>> + Send;

@@ -61,6 +61,26 @@ pub struct OutputComparison {
     pub cosine_min: f64,
     /// The row with the largest absolute difference: (row, value index, primary, candidate).
     pub worst: Option<(u64, u64, f64, f64)>,
+    /// Values by absolute difference: equal, then up to each of [`DIFF_BOUNDS`], then
+    /// beyond the last (or not a number).
+    pub abs_diffs: [u64; DIFF_BUCKETS],
+}
+
+/// The upper bounds of the absolute-difference histogram's buckets between "equal" and
+/// "more": one per decade.
+pub const DIFF_BOUNDS: [f64; 7] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
+/// Buckets of the absolute-difference histogram: equal, one per bound, more.
+pub const DIFF_BUCKETS: usize = DIFF_BOUNDS.len() + 2;
+
+/// The histogram bucket of an absolute difference.
+fn diff_bucket(abs: f64) -> usize {
+    if abs == 0.0 {
+        return 0;
+    }
+    DIFF_BOUNDS
+        .iter()
+        .position(|bound| abs <= *bound)
+        .map_or(DIFF_BUCKETS - 1, |i| i + 1)
 }
 
 /// How many of `of` rows agreed.
@@ -180,6 +200,7 @@ fn output(p: &Tensor, c: &Tensor, spec: &ShadowSpec) -> OutputComparison {
             };
             within &= same || abs <= tolerance.atol + tolerance.rtol * a.abs();
             out.sum_abs += abs;
+            out.abs_diffs[diff_bucket(abs)] += 1;
             out.sum_rel += rel;
             out.max_rel = out.max_rel.max(rel);
             if abs > out.max_abs || (abs.is_nan() && !out.max_abs.is_nan()) {
@@ -275,6 +296,20 @@ pub(crate) fn answer(outputs: &[(&str, &[u64], &[f32])]) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn differences_fall_in_their_decade() {
+        use super::diff_bucket;
+        assert_eq!(diff_bucket(0.0), 0);
+        assert_eq!(diff_bucket(1e-9), 1);
+        assert_eq!(diff_bucket(1e-6), 1);
+        assert_eq!(diff_bucket(2e-6), 2);
+        assert_eq!(diff_bucket(0.5), 7);
+        assert_eq!(diff_bucket(1.0), 7);
+        assert_eq!(diff_bucket(3.0), 8);
+        assert_eq!(diff_bucket(f64::NAN), 8);
+        assert_eq!(diff_bucket(f64::INFINITY), 8);
+    }
+
     use super::*;
 
     /// The shadow of a policy with these tolerances and top 2.
@@ -302,6 +337,13 @@ mod tests {
         assert_eq!((o.top1.agreed, o.top1.of), (2, 3));
         assert_eq!((o.topk.agreed, o.topk.of), (3, 3), "the swap is within the top 2");
         assert!((o.max_abs - 0.2).abs() < 1e-6, "{}", o.max_abs);
+        assert_eq!(o.abs_diffs.iter().sum::<u64>(), 9, "every value in one bucket");
+        assert_eq!(
+            (o.abs_diffs[0], o.abs_diffs[7]),
+            (6, 2),
+            "equal, and the swap's 0.2: {:?}",
+            o.abs_diffs
+        );
         let (row, index, p, c) = o.worst.expect("a worst value");
         assert_eq!((row, index), (1, 0));
         assert!((p - 0.5).abs() < 1e-6 && (c - 0.3).abs() < 1e-6);

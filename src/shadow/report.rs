@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::compare::{Agreement, Comparison, OutputComparison};
+use super::compare::{Agreement, Comparison, OutputComparison, DIFF_BOUNDS, DIFF_BUCKETS};
 use crate::decision::Tier;
 
 /// Disagreements kept for inspection, the worst (largest absolute difference) first.
@@ -46,6 +46,9 @@ impl Drop {
 
 /// Minutes of findings a report keeps apart, so it can answer since any of them.
 pub const MINUTES_KEPT: usize = 24 * 60;
+
+/// Minutes a report shows one by one (its `minutes`), the newest.
+pub const MINUTES_SHOWN: usize = 120;
 
 /// One route's findings: since it was reset, and minute by minute for the last
 /// [`MINUTES_KEPT`] minutes.
@@ -103,6 +106,7 @@ struct Totals {
     cosine_sum: f64,
     cosine_rows: u64,
     cosine_min: f64,
+    abs_diffs: [u64; DIFF_BUCKETS],
 }
 
 /// One disagreement kept for inspection.
@@ -184,9 +188,15 @@ impl Report {
     /// The report as the admin API answers it: since it was reset, or, given `since`,
     /// since the start of that minute (no earlier than the reset, nor than the oldest
     /// minute kept); its `since` says which.
+    ///
+    /// Beside the totals, `minutes` has the last [`MINUTES_SHOWN`] minutes of that
+    /// time one by one (compared, rows, agreement, each side's mean latency): the
+    /// report over time.
     pub fn to_json(&self, since: Option<SystemTime>) -> Value {
         let Some(asked) = since.filter(|s| *s > self.since) else {
-            return self.total.to_json(self.since);
+            let mut json = self.total.to_json(self.since);
+            json["minutes"] = self.minutes_json(minute(self.since));
+            return json;
         };
         let first = minute(asked).max(self.kept_from);
         let mut slice = Slice::default();
@@ -194,8 +204,47 @@ impl Report {
             slice.merge(minute);
         }
         let from = UNIX_EPOCH + Duration::from_secs(first * 60);
-        slice.to_json(from.max(self.since))
+        let mut json = slice.to_json(from.max(self.since));
+        json["minutes"] = self.minutes_json(first);
+        json
     }
+
+    /// The kept minutes from `first` on, the last [`MINUTES_SHOWN`] of them.
+    fn minutes_json(&self, first: u64) -> Value {
+        let shown: Vec<&(u64, Slice)> = self.minutes.iter().filter(|(m, _)| *m >= first).collect();
+        let from = shown.len().saturating_sub(MINUTES_SHOWN);
+        Value::Array(
+            shown[from..]
+                .iter()
+                .map(|(m, slice)| {
+                    let (rows, within, noisy) = slice.rows();
+                    let compared: u64 = slice.compared.values().sum();
+                    let mean = |seconds: f64| (compared > 0).then(|| seconds * 1e3 / compared as f64);
+                    json!({
+                        "at": humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(m * 60)).to_string(),
+                        "compared": compared,
+                        "rows": rows,
+                        "agreement": (rows > 0).then(|| (within + noisy) as f64 / rows as f64),
+                        "primary_mean_ms": mean(slice.primary_seconds),
+                        "candidate_mean_ms": mean(slice.candidate_seconds),
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The values by absolute difference, each bucket named by its upper bound (`0`: equal).
+fn diff_histogram(counts: &[u64; DIFF_BUCKETS]) -> Value {
+    let bounds = std::iter::once("0".to_owned())
+        .chain(DIFF_BOUNDS.iter().map(|b| format!("{b:e}").replace("e0", "")))
+        .chain(std::iter::once("+Inf".to_owned()));
+    Value::Array(
+        bounds
+            .zip(counts)
+            .map(|(le, n)| json!({"le": le, "values": n}))
+            .collect(),
+    )
 }
 
 /// The minute (since the Unix epoch) `at` falls in.
@@ -352,6 +401,7 @@ impl Default for Totals {
             cosine_sum: 0.0,
             cosine_rows: 0,
             cosine_min: 1.0,
+            abs_diffs: [0; DIFF_BUCKETS],
         }
     }
 }
@@ -375,6 +425,7 @@ impl Totals {
             cosine_sum: o.cosine_sum,
             cosine_rows: o.top1.of,
             cosine_min: o.cosine_min,
+            abs_diffs: o.abs_diffs,
         }
     }
 
@@ -400,6 +451,9 @@ impl Totals {
         self.cosine_sum += t.cosine_sum;
         self.cosine_rows += t.cosine_rows;
         self.cosine_min = self.cosine_min.min(t.cosine_min);
+        for (mine, theirs) in self.abs_diffs.iter_mut().zip(t.abs_diffs) {
+            *mine += theirs;
+        }
     }
 
     fn to_json(&self) -> Value {
@@ -426,6 +480,7 @@ impl Totals {
             "topk_agreement": share(self.topk.agreed, self.topk.of),
             "cosine_mean": mean(self.cosine_sum, self.cosine_rows),
             "cosine_min": if self.cosine_rows == 0 { Value::Null } else { json!(self.cosine_min) },
+            "abs_diff_histogram": diff_histogram(&self.abs_diffs),
         })
     }
 }
@@ -468,6 +523,12 @@ mod tests {
             "{recent:#}"
         );
         assert_eq!(recent["compared_by_tier"], json!({"micro_batch": 1}));
+        // Over time: each minute with what it found, the one before `since` left out.
+        let minutes = all["minutes"].as_array().expect("minutes");
+        let agreement: Vec<&Value> = minutes.iter().map(|m| &m["agreement"]).collect();
+        assert_eq!(agreement, [&json!(0.25), &json!(1.0)], "{all:#}");
+        assert_eq!(minutes[1]["candidate_mean_ms"], json!(2.0));
+        assert_eq!(recent["minutes"].as_array().map(Vec::len), Some(1));
         let minute_start = UNIX_EPOCH + Duration::from_secs(minute(ago(10)) * 60);
         assert_eq!(
             recent["since"],

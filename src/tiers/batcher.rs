@@ -339,6 +339,12 @@ impl<L, T, R> Queue<L, T, R> {
         self.line.lock().ahead(class, rows, deadline)
     }
 
+    /// Callers' rows waiting now by band and tenant flow: `(band, flow, weight, rows)`,
+    /// highest band first (read under the queue's lock, for the admin API).
+    pub fn by_flow(&self) -> Vec<(Priority, u64, f64, u64)> {
+        self.line.lock().by_flow()
+    }
+
     /// Rows waiting now, across every queue sharing this one's pool.
     pub fn queued_rows(&self) -> u64 {
         self.shared.queued.load(Ordering::Acquire)

@@ -32,6 +32,9 @@ pub struct Estimate {
     pub per_row: Duration,
     /// Batches observed.
     pub samples: u64,
+    /// How far the recent batches fall from the line: the root mean square of their
+    /// differences (weighted as the fit weighs them).
+    pub rms_error: Duration,
 }
 
 /// Exponentially weighted sums for the least-squares fit.
@@ -42,6 +45,7 @@ struct Sums {
     nn: f64,
     t: f64,
     nt: f64,
+    tt: f64,
     samples: u64,
 }
 
@@ -109,6 +113,7 @@ impl Sums {
         self.nn = self.nn * FORGET + n * n;
         self.t = self.t * FORGET + t;
         self.nt = self.nt * FORGET + n * t;
+        self.tt = self.tt * FORGET + t * t;
         self.samples += 1;
     }
 
@@ -120,6 +125,7 @@ impl Sums {
             nn: self.nn + other.nn,
             t: self.t + other.t,
             nt: self.nt + other.nt,
+            tt: self.tt + other.tt,
             samples: self.samples + other.samples,
         }
     }
@@ -139,10 +145,14 @@ impl Sums {
             let a = ((self.t - b * self.n) / self.w).max(0.0);
             (a, b)
         };
+        // Σw(t − a − b·n)², expanded over the sums kept.
+        let squares =
+            self.tt - 2.0 * a * self.t - 2.0 * b * self.nt + a * a * self.w + 2.0 * a * b * self.n + b * b * self.nn;
         Some(Estimate {
             fixed: secs(a),
             per_row: secs(b),
             samples: self.samples,
+            rms_error: secs((squares.max(0.0) / self.w).sqrt()),
         })
     }
 }
@@ -192,6 +202,21 @@ mod tests {
         assert!(close(e.fixed, us(7_500)), "{e:?}");
         assert!(close(e.per_row, us(85)), "{e:?}");
         assert!(close(cost.predict(128).expect("warm"), us(7_500 + 85 * 128)));
+        assert!(e.rms_error <= us(2), "points on the line: {e:?}");
+    }
+
+    #[test]
+    fn says_how_far_the_batches_fall_from_the_line() {
+        // Every size alike, alternately 1 ms above and below the line: 1 ms off each.
+        let cost = Cost::new();
+        for i in 0..400u64 {
+            let rows = 1 + i % 16;
+            let off: i64 = if (i / 16) % 2 == 0 { 1_000 } else { -1_000 };
+            cost.observe(rows, us((5_000 + 100 * rows as i64 + off) as u64));
+        }
+        let e = cost.estimate().expect("warm");
+        assert!(e.rms_error.abs_diff(us(1_000)) < us(100), "{e:?}");
+        assert!(e.per_row.abs_diff(us(100)) < us(20), "{e:?}");
     }
 
     #[test]

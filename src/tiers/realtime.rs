@@ -58,6 +58,16 @@ impl Realtime {
         self.inner.pools.healthy(route, spec)
     }
 
+    /// `route`'s real-time pool's endpoints now (`spec` is its pool); `None` before
+    /// its first call.
+    pub fn endpoints_now(
+        &self,
+        route: &str,
+        spec: &crate::policy::PoolSpec,
+    ) -> Option<Vec<crate::backend::EndpointView>> {
+        self.inner.pools.endpoints_now(route, spec)
+    }
+
     /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).
     pub fn idle(&self, route: &crate::policy::Route) -> bool {
         route

@@ -51,8 +51,23 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
             candidate.url()
         );
     }
+    // A bulk route whose offline pool takes a second a request, one at a time: its batch
+    // is still running when the browser cancels it.
+    let slow = tiergate::sim::Profile {
+        a: Duration::from_secs(1),
+        b: Duration::ZERO,
+        floor: Duration::ZERO,
+    };
+    let bulk = backend_with(vec![tiergate::sim::ModelSpec::new("slow", slow)]).await;
+    policy += &format!(
+        "[routes.bulk]\nmodels = [\"slow\"]\n[routes.bulk.flags]\nrealtime = true\noffline = true\n\
+         [routes.bulk.realtime]\nendpoints = [\"{0}\"]\n\
+         [routes.bulk.micro_batch]\nendpoints = [\"{0}\"]\nmax_batch = 1\nmax_in_flight = 1\n",
+        bulk.url()
+    );
     std::fs::write(dir.path().join("ui.toml"), policy).expect("policy");
     let (gw, _config) = admin_gateway(dir.path(), TOKEN).await;
+    let batch = bulk_batch(gw.http_addr(), 300).await;
     // Traffic while the browser looks: twenty requests a second until the test ends,
     // every other one asking for a fresh answer (served by a tier), the rest answered
     // by the cache.
@@ -89,6 +104,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         ("--browser", chromium),
         ("--out", out.display().to_string()),
         ("--candidate", candidate.url()),
+        ("--batch", batch),
     ];
     let args = args.into_iter().flat_map(|(k, v)| [k.to_owned(), v]).collect();
     let log = out.join("none.log");
@@ -102,6 +118,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         "policy",
         "explain",
         "cache",
+        "offline",
         "overview_phone",
     ] {
         let shot = out.join(format!("{page}.png"));
@@ -111,4 +128,11 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
             shot.display()
         );
     }
+}
+
+/// A Batch API batch of `n` requests for the bulk route's model: its id.
+async fn bulk_batch(addr: std::net::SocketAddr, n: usize) -> String {
+    let file = upload_file(addr, &batch_lines("slow", n), &[]).await;
+    assert_eq!(file.status, 200, "{}", file.text());
+    create_batch(addr, &file.json()["id"], "slow", &[]).await
 }

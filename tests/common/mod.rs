@@ -300,6 +300,31 @@ pub async fn upload_file(addr: SocketAddr, content: &str, headers: &[(&str, &str
     send("POST", addr, "/v1/files", &all, body).await
 }
 
+/// `n` Batch API lines for `model`'s KServe v2 infer, line `i` one row `[i, i]`
+/// (`custom_id` `c{i}`).
+pub fn batch_lines(model: &str, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            serde_json::json!({"custom_id": format!("c{i}"), "method": "POST", "url": format!("/v2/models/{model}/infer"),
+                   "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [i, i]}]}})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Makes a batch of the uploaded `file` for `model`'s infer (`POST /v1/batches`, a 24 h
+/// window) with `headers`, asserting it was made; its id.
+pub async fn create_batch(addr: SocketAddr, file: &serde_json::Value, model: &str, headers: &[(&str, &str)]) -> String {
+    let create = serde_json::json!({"input_file_id": file, "endpoint": format!("/v2/models/{model}/infer"),
+                                    "completion_window": "24h"});
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    let made = send("POST", addr, "/v1/batches", &all, create.to_string()).await;
+    assert_eq!(made.status, 200, "{}", made.text());
+    made.json()["id"].as_str().expect("id").to_owned()
+}
+
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
     send("GET", addr, path, &[], Bytes::new()).await
 }

@@ -8,7 +8,8 @@ Checks, saving a screenshot of every page in DIR: a missing and a wrong token ge
 login form, never a blank page; the right one shows the overview with live rates that
 move; a flag turned on through the policy page's dry-run panel changes the tier a
 request is served on and lands in the audit history; explain answers; a cache is
-invalidated; the page is readable at a phone's width. Exits 1 with what failed.
+invalidated; a running batch is cancelled from the offline page and its owner sees it
+cancelled; the page is readable at a phone's width. Exits 1 with what failed.
 """
 import argparse
 import json
@@ -41,7 +42,7 @@ def call(url, token=None, method="GET", body=None, headers=None):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out", "candidate"):
+    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out", "candidate", "batch"):
         p.add_argument(f"--{name}", required=True)
     a = p.parse_args()
 
@@ -70,6 +71,15 @@ def log_in(driver, wait, token):
     box = driver.find_element(By.ID, "token")
     box.clear()
     box.send_keys(token, Keys.ENTER)
+
+
+def row(driver, table, first):
+    """The cells of the row of table `table` whose first cell is `first`, or None."""
+    for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr"):
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        if cells and cells[0] == first:
+            return cells
+    return None
 
 
 def overview_rows(driver):
@@ -142,13 +152,12 @@ def run(a, driver, wait, shot):
 
     # Batching: the route's batches since micro_batch was turned on, its learned cost.
     driver.get(f"{a.admin}/admin/ui/#batching")
-    def batching():
-        for tr in driver.find_elements(By.CSS_SELECTOR, "#batching tbody tr"):
-            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            if cells and cells[0] == a.route:
-                return cells
-        return None
+    batching = lambda: row(driver, "batching", a.route)
     wait.until(lambda d: batching() is not None and float(batching()[2]) > 0)
+    for table in ("queue", "shares"):
+        if not visible(driver, f"#{table}"):
+            fail(f"the batching page has no {table} table")
+    wait.until(lambda d: a.route in d.find_element(By.ID, "shares").text)
     driver.execute_script("window.scrollTo(0, 0)")
     shot("batching")
 
@@ -158,21 +167,21 @@ def run(a, driver, wait, shot):
         found = {}
         for tr in driver.find_elements(By.CSS_SELECTOR, "#endpoints tbody tr"):
             cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            if len(cells) >= 4:
-                found[(cells[0], cells[1])] = cells[3]
+            if len(cells) >= 8:
+                found[(cells[0], cells[1])] = cells
         return found
-    wait.until(lambda d: circuits().get((a.route, "realtime")) == "closed")
-    driver.execute_script("window.scrollTo(0, 0)")
+    # Closed, answering (a recent latency), its last active check passed.
+    wait.until(lambda d: circuits().get((a.route, "realtime"), [""] * 8)[3] == "closed")
+    wait.until(lambda d: float(circuits()[(a.route, "realtime")][6]) > 0)
+    wait.until(lambda d: circuits()[(a.route, "realtime")][7].startswith("passed"))
+    driver.execute_script("document.getElementById('endpoints').scrollIntoView()")
     shot("backends")
 
     # Rollouts: a promotion below its gate is refused; above it, the candidate is the pool.
     driver.get(f"{a.admin}/admin/ui/#rollouts")
     def gate(route):
-        for tr in driver.find_elements(By.CSS_SELECTOR, "#rollouts tbody tr"):
-            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            if cells and cells[0] == route:
-                return cells[6]
-        return None
+        cells = row(driver, "rollouts", route)
+        return cells[6] if cells else None
     deadline = time.time() + 20
     while gate("ro") != "met":
         if time.time() > deadline:
@@ -182,6 +191,11 @@ def run(a, driver, wait, shot):
         wait.until(lambda d: visible(d, "#rollouts"))
     if not (gate("held") or "").startswith("unmet"):
         fail(f"held's gate should be unmet: {gate('held')!r}")
+    # The report as pictures: agreement and both sides' latency by minute, the
+    # differences by output.
+    charts = driver.find_elements(By.CSS_SELECTOR, "section.charts[aria-label='held'] figure.chart")
+    if len(charts) < 3 or not driver.find_elements(By.CSS_SELECTOR, "section.charts[aria-label='held'] polyline"):
+        fail(f"the rollouts page draws no pictures of held's report ({len(charts)} charts)")
     driver.find_element(By.CSS_SELECTOR, "button[data-promote='held']").click()
     wait.until(lambda d: visible(d, "#dryrun #apply"))
     if "Gate: unmet" not in driver.find_element(By.ID, "dryrun").text:
@@ -224,6 +238,28 @@ def run(a, driver, wait, shot):
     driver.switch_to.alert.accept()
     wait.until(lambda d: f"invalidated {a.route}" in d.find_element(By.ID, "status").text)
     shot("cache")
+
+    # Offline: the running batch, its progress; cancelled as its owner would.
+    driver.get(f"{a.admin}/admin/ui/#offline")
+    batch_row = lambda: row(driver, "batches", a.batch)
+    wait.until(lambda d: batch_row() is not None and batch_row()[3] == "in_progress")
+    if "queued" not in driver.find_element(By.ID, "jobs").text:
+        fail(f"the jobs table does not count the queued jobs: {driver.find_element(By.ID, 'jobs').text!r}")
+    button = f"button[data-cancel-batch='{a.batch}']"
+    wait.until(lambda d: visible(d, button))
+    driver.find_element(By.CSS_SELECTOR, button).click()
+    wait.until(EC.alert_is_present())
+    driver.switch_to.alert.accept()
+    wait.until(lambda d: batch_row() is not None and batch_row()[3] in ("cancelling", "cancelled"))
+    _, _, owner = call(f"{a.data}/v1/batches/{a.batch}")
+    owner = json.loads(owner)
+    if owner["status"] not in ("cancelling", "cancelled"):
+        fail(f"the batch's owner sees it {owner['status']} after the console cancelled it")
+    if visible(driver, button):
+        fail("a cancelled batch still offers to be cancelled")
+    wait.until(lambda d: batch_row()[3] == "cancelled")
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot("offline")
 
     # Keyboard: the pages are links reached with Tab and opened with Enter.
     driver.get("about:blank")

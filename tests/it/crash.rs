@@ -164,27 +164,8 @@ async fn sigkill_at_any_moment_loses_no_acknowledged_job_and_duplicates_no_resul
     // A batch of 2,000 requests.
     let n = 2000;
     let content: Vec<String> = (0..n).map(line).collect();
-    let boundary = "crash-boundary";
-    let upload = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
-         Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{}\r\n--{boundary}--\r\n",
-        content.join("\n")
-    );
-    let ct = format!("multipart/form-data; boundary={boundary}");
-    let file = send("POST", addr, "/v1/files", &[("content-type", &ct)], upload)
-        .await
-        .json();
-    let create = json!({"input_file_id": file["id"], "endpoint": "/v2/models/m/infer", "completion_window": "24h"});
-    let created = send(
-        "POST",
-        addr,
-        "/v1/batches",
-        &[("content-type", "application/json")],
-        create.to_string(),
-    )
-    .await;
-    assert_eq!(created.status, 200, "{}", created.text());
-    let batch_id = created.json()["id"].as_str().expect("id").to_owned();
+    let file = upload_file(addr, &content.join("\n")).await.expect("uploaded");
+    let batch_id = create_batch(addr, &serde_json::Value::from(file), "m", &[]).await;
 
     // Kill it five times while the batch runs and async jobs keep arriving.
     let mut acknowledged = Vec::new();

@@ -1,8 +1,8 @@
 //! Tenants: with API keys configured, every door authenticates, and a tenant sees only
-//! its own offline jobs, batches and files; idempotency keys are scoped to the tenant
-//! and the endpoint and bound to the request; without keys, a key reused for another
-//! request is still refused. Batch lines meet the body limit, and the store's files are
-//! private.
+//! its own offline jobs, batches and files (the admin token sees every tenant's batches
+//! and can cancel any); idempotency keys are scoped to the tenant and the endpoint and
+//! bound to the request; without keys, a key reused for another request is still
+//! refused. Batch lines meet the body limit, and the store's files are private.
 
 use crate::common;
 
@@ -33,7 +33,18 @@ const KEY_B: &str = "key-of-team-b";
 
 /// A gateway whose data plane takes the keys of teams a and b, and the keys file.
 async fn with_keys(be: &Backend) -> (Gateway, std::path::PathBuf) {
+    with_keys_serving(&policy(&be.url(), &be.url())).await
+}
+
+/// The admin token of the gateways here.
+const ADMIN: &str = "tenants-admin-token";
+
+/// A gateway serving `policy` whose data plane takes the keys of teams a and b (and
+/// whose admin API takes [`ADMIN`]), and the keys file.
+async fn with_keys_serving(policy: &str) -> (Gateway, std::path::PathBuf) {
     let mut cfg = config();
+    cfg.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    cfg.admin.token = Some(tiergate::config::Secret(ADMIN.into()));
     std::fs::create_dir_all(&cfg.data_dir).expect("data dir");
     let keys = cfg.data_dir.with_extension("keys");
     let text = format!(
@@ -43,7 +54,7 @@ async fn with_keys(be: &Backend) -> (Gateway, std::path::PathBuf) {
     );
     std::fs::write(&keys, text).expect("keys file");
     cfg.auth.keys_file = Some(keys.clone());
-    (gateway_with(cfg, &policy(&be.url(), &be.url())).await, keys)
+    (gateway_with(cfg, policy).await, keys)
 }
 
 fn bearer(key: &str) -> (&'static str, String) {
@@ -157,14 +168,7 @@ async fn a_tenant_reads_only_its_own_jobs_batches_and_files() {
     }
 
     // A file and a batch made from it.
-    let lines = (0..3)
-        .map(|i| {
-            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v2/models/m/infer",
-                   "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [i, i]}]}})
-            .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let lines = batch_lines("m", 3);
     let (_, auth_a) = bearer(KEY_A);
     let (_, auth_b) = bearer(KEY_B);
     let file = upload_file(gw.http_addr(), &lines, &[("authorization", &auth_a)]).await;
@@ -237,6 +241,130 @@ async fn a_tenant_reads_only_its_own_jobs_batches_and_files() {
         "deleted"
     );
     let _ = auth_b;
+}
+
+/// Uploads `n` lines for model `m` as the holder of `key` and makes a batch of them.
+async fn batch_of(gw: &Gateway, key: &str, n: usize) -> String {
+    let (name, auth) = bearer(key);
+    let file = upload_file(gw.http_addr(), &batch_lines("m", n), &[(name, &auth)]).await;
+    assert_eq!(file.status, 200, "{}", file.text());
+    create_batch(gw.http_addr(), &file.json()["id"], "m", &[(name, &auth)]).await
+}
+
+#[tokio::test]
+async fn the_admin_token_lists_every_tenants_batches_and_cancels_any_as_its_owner_would() {
+    // The offline pool takes a second a request, one at a time: the batches stay in
+    // progress while the admin looks (team a's for a minute).
+    let rt = backend(&["m"]).await;
+    let slow = tiergate::sim::Profile {
+        a: Duration::from_secs(1),
+        b: Duration::ZERO,
+        floor: Duration::ZERO,
+    };
+    let pool = backend_with(vec![tiergate::sim::ModelSpec::new("m", slow)]).await;
+    let policy = format!(
+        "[routes.r]\nmodels = [\"m\"]\n[routes.r.flags]\nrealtime = true\noffline = true\n\
+         [routes.r.realtime]\nendpoints = [\"{}\"]\n\
+         [routes.r.micro_batch]\nendpoints = [\"{}\"]\nmax_batch = 1\nmax_in_flight = 1\n",
+        rt.url(),
+        pool.url()
+    );
+    let (gw, _keys) = with_keys_serving(&policy).await;
+    let a = batch_of(&gw, KEY_A, 60).await;
+    let b = batch_of(&gw, KEY_B, 20).await;
+    let admin = |method, path: String| {
+        let gw = &gw;
+        async move { admin_call(gw, ADMIN, (method, &path), &[], "").await }
+    };
+
+    // Every tenant's batches, newest first, each with its tenant; the queue's jobs.
+    let all = admin("GET", "/admin/offline".into()).await;
+    assert_eq!(all.status, 200, "{}", all.text());
+    let all = all.json();
+    let listed: Vec<(&str, &str)> = all["batches"]
+        .as_array()
+        .expect("batches")
+        .iter()
+        .map(|b| {
+            (
+                b["id"].as_str().unwrap_or_default(),
+                b["tenant"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [(b.as_str(), "team-b"), (a.as_str(), "team-a")], "{all}");
+    let jobs: u64 = all["jobs"]
+        .as_object()
+        .expect("jobs")
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(jobs, 80, "{all}");
+    assert!(all["oldest_queued_age_s"].as_f64().is_some_and(|s| s >= 0.0), "{all}");
+    assert_eq!(all["batches"][0]["cancellable"], true, "{all}");
+    // Paged: one at a time.
+    let first = admin("GET", "/admin/offline?limit=1".into()).await.json();
+    assert_eq!(
+        (first["batches"][0]["id"].as_str(), &first["has_more"]),
+        (Some(b.as_str()), &json!(true))
+    );
+    let after = first["last_id"].as_str().expect("last id");
+    let next = admin("GET", format!("/admin/offline?limit=1&after={after}"))
+        .await
+        .json();
+    assert_eq!(
+        (next["batches"][0]["id"].as_str(), &next["has_more"]),
+        (Some(a.as_str()), &json!(false))
+    );
+    assert_eq!(admin("GET", "/admin/offline?limit=x".into()).await.status, 400);
+
+    // Team b's batch cancelled by the admin: its owner sees what its own cancel gives.
+    let cancelled = admin("POST", format!("/admin/batches/{b}/cancel")).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text());
+    assert_eq!(cancelled.json()["tenant"], "team-b");
+    assert!(
+        matches!(cancelled.json()["status"].as_str(), Some("cancelling" | "cancelled")),
+        "{}",
+        cancelled.text()
+    );
+    let owner = eventually(Duration::from_secs(20), "team b's batch ends cancelled", || async {
+        let seen = as_(Some(KEY_B), "GET", &gw, &format!("/v1/batches/{b}"), &[], "")
+            .await
+            .json();
+        (seen["status"] == "cancelled").then_some(seen)
+    })
+    .await;
+    let counts = &owner["request_counts"];
+    assert!(
+        counts["failed"].as_u64().is_some_and(|n| n >= 18),
+        "its queued requests never ran: {owner}"
+    );
+    // Team a's batch goes on.
+    let other = as_(Some(KEY_A), "GET", &gw, &format!("/v1/batches/{a}"), &[], "")
+        .await
+        .json();
+    assert_eq!(other["status"], "in_progress", "{other}");
+
+    // Only an open batch can be cancelled; an unknown one is not there; the token is needed.
+    let again = admin("POST", format!("/admin/batches/{b}/cancel")).await;
+    assert_eq!(
+        (again.status, again.json()["error"]["code"].as_str()),
+        (409, Some("not_cancellable"))
+    );
+    for id in ["batch_nope", "batch_x%27"] {
+        let missing = admin("POST", format!("/admin/batches/{id}/cancel")).await;
+        assert_eq!(missing.status, 404, "{id}: {}", missing.text());
+    }
+    let path = format!("/admin/batches/{a}/cancel");
+    let refused = admin_call(&gw, "not-the-token", ("POST", &path), &[], "").await;
+    assert_eq!(refused.status, 401);
+    let still = as_(Some(KEY_A), "GET", &gw, &format!("/v1/batches/{a}"), &[], "")
+        .await
+        .json();
+    assert_eq!(
+        still["status"], "in_progress",
+        "a refused call changes nothing: {still}"
+    );
 }
 
 #[tokio::test]

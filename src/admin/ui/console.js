@@ -184,6 +184,46 @@ function sparkline(points) {
   return `<svg class="spark" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" role="img" aria-label="rate over the last 5 minutes, up to ${max.toFixed(1)}/s"><polyline fill="none" stroke="#0b62c4" stroke-width="1.5" points="${d}"/></svg>`;
 }
 
+/** A line chart over time: `series` is [{name, color, points: [[ms, value or null]]}];
+ * `ref` ({value, label}) draws a dashed level (a gate, say). */
+function lineChart(title, series, { ref, unit = "", yMax } = {}) {
+  const all = series.flatMap((s) => s.points.filter((p) => p[1] !== null && p[1] !== undefined));
+  if (!all.length) return `<figure class="chart"><figcaption>${esc(title)}</figcaption><p class="muted">nothing yet</p></figure>`;
+  const w = 320, h = 110, left = 40, bottom = 16;
+  const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
+  const top = yMax ?? (Math.max(...all.map((p) => p[1]), ref ? ref.value : 0) * 1.1 || 1);
+  const x = (t) => (left + (t1 === t0 ? (w - left) / 2 : ((t - t0) / (t1 - t0)) * (w - left - 6))).toFixed(1);
+  const y = (v) => (h - bottom - (Math.min(v, top) / top) * (h - bottom - 6)).toFixed(1);
+  const hhmm = (t) => new Date(t).toISOString().slice(11, 16);
+  const lines = series.map((s) => {
+    const pts = s.points.filter((p) => p[1] !== null && p[1] !== undefined);
+    const dots = pts.length === 1 ? `<circle cx="${x(pts[0][0])}" cy="${y(pts[0][1])}" r="2.5" fill="${s.color}"/>` : "";
+    return `<polyline fill="none" stroke="${s.color}" stroke-width="1.5" points="${pts.map((p) => `${x(p[0])},${y(p[1])}`).join(" ")}"/>${dots}`;
+  }).join("");
+  const level = ref ? `<line x1="${left}" x2="${w}" y1="${y(ref.value)}" y2="${y(ref.value)}" stroke="#24292f" stroke-dasharray="3 3"/><text x="${w - 2}" y="${Number(y(ref.value)) + (Number(y(ref.value)) < 20 ? 10 : -3)}" text-anchor="end">${esc(ref.label)}</text>` : "";
+  const legend = series.map((s) => `<svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" fill="${s.color}"/></svg> ${esc(s.name)}`).join(" ");
+  return `<figure class="chart"><figcaption>${esc(title)} ${legend}</figcaption>
+<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(title)}">
+<line x1="${left}" x2="${left}" y1="4" y2="${h - bottom}" stroke="#8c959f"/><line x1="${left}" x2="${w}" y1="${h - bottom}" y2="${h - bottom}" stroke="#8c959f"/>
+<text x="${left - 4}" y="12" text-anchor="end">${esc(num(top < 10 ? 2 : 0)(top))}${esc(unit)}</text><text x="${left - 4}" y="${h - bottom}" text-anchor="end">0</text>
+<text x="${left}" y="${h - 3}">${hhmm(t0)}</text><text x="${w - 2}" y="${h - 3}" text-anchor="end">${hhmm(t1)}</text>
+${level}${lines}</svg></figure>`;
+}
+
+/** Vertical bars of `buckets` ([{label, value}]), for a distribution. */
+function barChart(title, buckets) {
+  const total = buckets.reduce((s, b) => s + b.value, 0);
+  if (!total) return `<figure class="chart"><figcaption>${esc(title)}</figcaption><p class="muted">nothing yet</p></figure>`;
+  const w = 320, h = 110, bottom = 16, max = Math.max(...buckets.map((b) => b.value)), step = w / buckets.length;
+  const bars = buckets.map((b, i) => {
+    const bh = (b.value / max) * (h - bottom - 14);
+    return `<rect x="${(i * step + 2).toFixed(1)}" y="${(h - bottom - bh).toFixed(1)}" width="${(step - 4).toFixed(1)}" height="${bh.toFixed(1)}" fill="#0b62c4"><title>${esc(b.label)}: ${b.value}</title></rect>
+<text x="${(i * step + step / 2).toFixed(1)}" y="${(h - bottom - bh - 2).toFixed(1)}" text-anchor="middle">${b.value ? ((100 * b.value) / total).toFixed(0) + "%" : ""}</text>
+<text x="${(i * step + step / 2).toFixed(1)}" y="${h - 3}" text-anchor="middle">${esc(b.label)}</text>`;
+  }).join("");
+  return `<figure class="chart"><figcaption>${esc(title)}</figcaption><svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(title)}">${bars}</svg></figure>`;
+}
+
 // ---- tables with CSV and JSON export -----------------------------------------------
 
 const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -217,6 +257,14 @@ function download(id, as) {
   a.download = `tiergate-${id}.${as}`;
   a.click();
   setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+/** A horizontal bar of `v` (0–1) with its percentage; green at or above `good`, with
+ * a tick there. */
+function bar(v, good) {
+  if (v === null || v === undefined) return "–";
+  const tick = good === undefined ? "" : `<rect x="${(good * 100).toFixed(1)}" width="1.5" height="10" fill="#24292f"/>`;
+  return `<svg width="100" height="10" role="img" aria-label="${pct(v)}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${(v * 100).toFixed(1)}" height="10" fill="${good === undefined || v >= good ? "#1a7f37" : "#9a6700"}"/>${tick}</svg> ${pct(v)}`;
 }
 
 const num = (d) => (v) => (v === undefined || v === null || Number.isNaN(v) ? "–" : Number(v).toFixed(d));
@@ -304,24 +352,39 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
       const fillSum = increase("tiergate_batch_fill_ratio_sum", byRoute, 60), fillCount = increase("tiergate_batch_fill_ratio_count", byRoute, 60);
       const flushes = increase("tiergate_batch_flushes_total", (l) => `${l.route}|${l.reason}`, 60);
       const bands = increase("tiergate_batch_priority_requests_total", (l) => `${l.route}|${l.priority}|${l.outcome}`, 60);
-      const routes = [...new Set([...queued.keys(), ...limit.keys(), ...rowsCount.keys()])].sort();
+      const now = await api("GET", "/admin/batching");
+      const pools = new Map(((now.json && now.json.routes) || []).map((r) => [r.route, r]));
+      const routes = [...new Set([...queued.keys(), ...limit.keys(), ...rowsCount.keys(), ...pools.keys()])].sort();
       const of = (m, route) => [...m].filter(([k, n]) => k.startsWith(`${route}|`) && n > 0).map(([k, n]) => `${k.slice(route.length + 1).replace("|", " ")} ${n}`).join(", ");
-      const rows = routes.map((route) => ({
-        route,
-        queued_rows: queued.get(route) || 0,
-        batches_60s: rowsCount.get(route) || 0,
-        rows_per_batch: rowsCount.get(route) ? rowsSum.get(route) / rowsCount.get(route) : null,
-        fill: fillCount.get(route) ? fillSum.get(route) / fillCount.get(route) : null,
-        size_limit: limit.get(route),
-        cost: fixed.has(route) ? `${(fixed.get(route) * 1e3).toFixed(2)} ms + ${(perRow.get(route) * 1e3).toFixed(3)} ms/row` : "not learned yet",
-        flushes_60s: of(flushes, route),
-        bands_60s: of(bands, route),
-      }));
+      const rows = routes.map((route) => {
+        const p = pools.get(route) || {}, c = p.learned_cost;
+        return {
+          route,
+          queued_rows: p.queued_rows ?? (queued.get(route) || 0),
+          batches_60s: rowsCount.get(route) || 0,
+          rows_per_batch: rowsCount.get(route) ? rowsSum.get(route) / rowsCount.get(route) : null,
+          fill: fillCount.get(route) ? fillSum.get(route) / fillCount.get(route) : null,
+          size_limit: p.batch_limit ?? limit.get(route),
+          max_batch: p.max_batch,
+          cost: c ? `${c.fixed_ms.toFixed(2)} ms + ${c.per_row_ms.toFixed(3)} ms/row ± ${c.rms_error_ms.toFixed(2)} ms (${c.samples} batches)`
+            : fixed.has(route) ? `${(fixed.get(route) * 1e3).toFixed(2)} ms + ${(perRow.get(route) * 1e3).toFixed(3)} ms/row` : "not learned yet",
+          one_row_ms: p.one_row_ms,
+          flushes_60s: of(flushes, route),
+          bands_60s: of(bands, route),
+        };
+      });
+      const queue = [...pools.values()].flatMap((p) => p.queue.map((q) => ({ route: p.route, ...q })));
+      const shares = [...pools.values()].flatMap((p) => p.served_15m.map((t) => ({ route: p.route, ...t })));
       page.innerHTML = `<h1>Batching</h1>
 <p class="muted">Each route's micro-batch queue and batches over the last 60 s: rows per batch and fill against <code>max_batch</code>, why batches went (full, the backend idle, a deadline, <code>max_wait</code>), requests by priority band queued or shed, the learned cost <code>t(n) = a + b·n</code> and the progressive size limit.</p>
 ${table("batching", [["route", "route"], ["queued_rows", "rows queued", num(0)], ["batches_60s", "batches (60 s)", num(0)],
-        ["rows_per_batch", "rows/batch", num(1)], ["fill", "fill", (v) => (v === null ? "–" : pct(v))], ["size_limit", "size limit", num(0)],
-        ["cost", "learned cost"], ["flushes_60s", "flushes by reason (60 s)"], ["bands_60s", "bands (60 s)"]], rows)}`;
+        ["rows_per_batch", "rows/batch", num(1)], ["fill", "fill", (v) => (v === null ? "–" : pct(v))], ["size_limit", "size limit", (v, r) => `${num(0)(v)}${r.max_batch ? ` of ${r.max_batch}` : ""}`],
+        ["cost", "learned cost t(n) = a + b·n"], ["one_row_ms", "one row alone (ms)", num(2)], ["flushes_60s", "flushes by reason (60 s)"], ["bands_60s", "bands (60 s)"]], rows)}
+<h2>Waiting now, by band and tenant</h2>
+${table("queue", [["route", "route"], ["band", "band"], ["tenant", "tenant"], ["weight", "weight", num(0)], ["rows", "rows", num(0)]], queue)}
+<h2>Tenants' shares of the rows served (15 min) against their weights</h2>
+${table("shares", [["route", "route"], ["tenant", "tenant"], ["weight", "weight", num(0)], ["rows", "rows served", num(0)],
+        ["share", "share", (v, r) => `${bar(v, r.weight_share)}`], ["weight_share", "weight's share", pct]], shares)}`;
       say(`updated ${new Date().toLocaleTimeString()}`);
     };
     every(draw);
@@ -332,15 +395,21 @@ ${table("batching", [["route", "route"], ["queued_rows", "rows queued", num(0)],
       try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
       const newest = stats.samples[stats.samples.length - 1];
       const ep = (l) => `${l.route}|${l.tier}|${l.endpoint}`;
-      const circuits = grouped(newest, "tiergate_backend_circuit_state", ep);
       const ejections = grouped(newest, "tiergate_backend_ejections_total", (l) => `${ep(l)}|${l.reason}`);
       const recent = increase("tiergate_backend_ejections_total", (l) => `${ep(l)}|${l.reason}`, 60);
-      const state = ["closed", "open (ejected)", "half-open (probing)"];
-      const endpoints = [...circuits].sort().map(([k, v]) => {
-        const [route, tier, endpoint] = k.split("|");
+      const now = await api("GET", "/admin/backends");
+      const ago = (at) => `${Math.max(0, (Date.now() - Date.parse(at)) / 1000).toFixed(0)} s ago`;
+      const endpoints = ((now.json && now.json.pools) || []).flatMap((p) => p.endpoints.map((e) => {
+        const k = `${p.route}|${p.tier}|${e.endpoint}`;
         const reasons = (m) => [...m].filter(([rk, n]) => rk.startsWith(`${k}|`) && n > 0).map(([rk, n]) => `${rk.split("|")[3]} ${n}`).join(", ");
-        return { route, tier, endpoint, circuit: state[v] || String(v), ejections: reasons(ejections), ejections_60s: reasons(recent) };
-      });
+        return {
+          route: p.route, tier: p.tier, endpoint: e.endpoint,
+          circuit: e.circuit === "open" && e.ejected_for_ms ? `open (${(e.ejected_for_ms / 1000).toFixed(1)} s more)` : e.circuit,
+          failures: e.failures_in_a_row, in_flight: e.in_flight, latency_ms: e.latency_ms,
+          last_check: e.last_check ? `${e.last_check.passed ? "passed" : "failed"} ${ago(e.last_check.at)}` : (p.checks ? "not yet" : "no checks"),
+          ejections: reasons(ejections), ejections_60s: reasons(recent),
+        };
+      }));
       const pool = (l) => `${l.route}|${l.tier}`;
       const healthy = grouped(newest, "tiergate_endpoints_healthy", pool);
       const needed = grouped(newest, "tiergate_endpoints_needed", pool);
@@ -351,13 +420,49 @@ ${table("batching", [["route", "route"], ["queued_rows", "rows queued", num(0)],
         return { route, tier, healthy: healthy.get(k), needed: needed.get(k), p50_ms: p50.get(k), p99_ms: p99.get(k) };
       });
       page.innerHTML = `<h1>Backends</h1>
-<p class="muted">Each pool's endpoints healthy against the capacity signal's need, its calls' latency over the last 60 s; each endpoint's circuit and why it was ejected.</p>
+<p class="muted">Each pool's endpoints healthy against the capacity signal's need, its calls' latency over the last 60 s; each endpoint's circuit, failures in a row, calls in flight, what its calls take lately, its last active check and why it was ejected.</p>
 <h2>Pools</h2>
 ${table("pools", [["route", "route"], ["tier", "tier"], ["healthy", "endpoints healthy", num(0)], ["needed", "endpoints needed", num(2)], ["p50_ms", "call p50 ms", num(1)], ["p99_ms", "call p99 ms", num(1)]], pools)}
 <h2>Endpoints</h2>
 ${table("endpoints", [["route", "route"], ["tier", "tier"], ["endpoint", "endpoint"],
-        ["circuit", "circuit", (v) => `<span class="${v === "closed" ? "ok" : "bad"}">${esc(v)}</span>`],
+        ["circuit", "circuit", (v) => `<span class="${v === "closed" ? "ok" : v === "unused" ? "muted" : "bad"}">${esc(v)}</span>`],
+        ["failures", "failures in a row", num(0)], ["in_flight", "in flight", num(0)], ["latency_ms", "latency ms (recent)", num(1)],
+        ["last_check", "last check", (v) => `<span class="${v.startsWith("failed") ? "bad" : ""}">${esc(v)}</span>`],
         ["ejections_60s", "ejections (60 s)"], ["ejections", "ejections since start"]], endpoints)}`;
+      say(`updated ${new Date().toLocaleTimeString()}`);
+    };
+    every(draw);
+  },
+
+  async offline(page) {
+    const draw = async () => {
+      const r = await api("GET", "/admin/offline?limit=100");
+      if (r.status !== 200) { say(`could not read the offline queue: ${(r.json.error || {}).message || r.status}`, "bad"); return; }
+      const o = r.json;
+      const states = Object.entries(o.jobs).map(([state, jobs]) => ({ state, jobs }));
+      const progress = (_, b) => {
+        const t = b.request_counts.total || 0, done = b.request_counts.completed, bad = b.request_counts.failed;
+        const w = (n) => (t ? (100 * n) / t : 0).toFixed(1);
+        return `<svg width="100" height="10" role="img" aria-label="${done} done, ${bad} failed of ${t}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${w(done)}" height="10" fill="#1a7f37"/><rect x="${w(done)}" width="${w(bad)}" height="10" fill="#cf222e"/></svg> ${done + bad}/${t}`;
+      };
+      const batches = o.batches.map((b) => ({
+        id: b.id, tenant: b.tenant || "–", endpoint: b.endpoint, status: b.status,
+        created: new Date(b.created_at * 1000).toISOString().replace(".000", ""),
+        total: b.request_counts.total, completed: b.request_counts.completed, failed: b.request_counts.failed,
+        waiting: b.quota_wait ? `${b.quota_wait.requests}: ${b.quota_wait.reason}` : "",
+        cancellable: b.cancellable, request_counts: b.request_counts,
+      }));
+      const age = o.oldest_queued_age_s;
+      page.innerHTML = `<h1>Offline</h1>
+<p class="muted">The durable queue across every tenant: jobs by state, how long the oldest queued job has waited, and the Batch API's batches with their progress (newest first). Cancelling a batch does what its owner's <code>POST /v1/batches/{id}/cancel</code> does: queued jobs are cancelled, running ones finish.</p>
+<p>Oldest queued job: <strong id="oldest">${age === null ? "none queued" : `${num(1)(age)} s ago`}</strong></p>
+<h2>Jobs</h2>
+${table("jobs", [["state", "state"], ["jobs", "jobs", num(0)]], states)}
+<h2>Batches</h2>
+${table("batches", [["id", "batch", (v) => `<code>${esc(v)}</code>`], ["tenant", "tenant"], ["endpoint", "endpoint"], ["status", "status", (v) => `<span class="${v === "completed" ? "ok" : v === "in_progress" ? "" : "warn"}">${esc(v)}</span>`],
+        ["created", "created"], ["progress", "progress", progress], ["total", "requests", num(0)], ["completed", "completed", num(0)], ["failed", "failed", num(0)], ["waiting", "waiting (quota)"],
+        ["do", "", (_, b) => (b.cancellable ? `<button type="button" class="danger" data-cancel-batch="${esc(b.id)}">cancel…</button>` : "")]], batches)}
+${o.has_more ? '<p class="muted">Only the newest 100 batches are shown; <code>GET /admin/offline?after=ID</code> pages on.</p>' : ""}`;
       say(`updated ${new Date().toLocaleTimeString()}`);
     };
     every(draw);
@@ -386,8 +491,6 @@ ${table("endpoints", [["route", "route"], ["tier", "tier"], ["endpoint", "endpoi
     }
     try { await pollStats(); } catch (_) { /* the reports still show */ }
     const canary = increase("tiergate_canary_requests_total", (l) => `${l.route}/${l.variant}/${l.result}`, 60);
-    const bar = (v) => (v === null || v === undefined ? "–"
-      : `<svg width="100" height="10" role="img" aria-label="${pct(v)}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${(v * 100).toFixed(1)}" height="10" fill="${v >= 0.99 ? "#1a7f37" : "#9a6700"}"/></svg> ${pct(v)}`);
     const rows = reports.map((r) => ({
       route: r.route, candidate: (r.candidate || []).map((e) => e.replace(/^[a-z]+:\/\//, "").replace(/\/$/, "")).join(" "), percent: r.percent, compared: r.compared, agreement: r.agreement,
       candidate_to_primary: r.latency ? r.latency.candidate_to_primary : null,
@@ -398,10 +501,21 @@ ${table("endpoints", [["route", "route"], ["tier", "tier"], ["endpoint", "endpoi
     page.innerHTML = `<h1>Rollouts</h1>
 <p class="muted">Each route's shadow candidate: how often it agrees with the primary, how fast it is beside it, its gate; promote (the gate shown; refused below it unless forced) or stop its canary.</p>
 ${table("rollouts", [["route", "route"], ["candidate", "candidate"], ["percent", "shadow %"], ["compared", "compared"],
-      ["agreement", "agreement", bar], ["candidate_to_primary", "latency ÷ primary", num(2)], ["gate", "gate", (v) => `<span class="${v === "met" ? "ok" : "warn"}">${esc(v)}</span>`],
+      ["agreement", "agreement", (v) => bar(v, 0.99)], ["candidate_to_primary", "latency ÷ primary", num(2)], ["gate", "gate", (v) => `<span class="${v === "met" ? "ok" : "warn"}">${esc(v)}</span>`],
       ["canary_60s", "canary (60 s)"],
       ["do", "", (_, r) => `<button type="button" data-promote="${esc(r.route)}">promote…</button> <button type="button" data-abort="${esc(r.route)}">stop canary…</button>`]], rows)}
 <div id="dryrun" class="panel" hidden></div>
+<h2>Over time</h2>
+${reports.map((r) => {
+      const at = (m) => Date.parse(m.at);
+      const minutes = r.minutes || [];
+      const outputs = Object.entries(r.outputs || {}).map(([name, o]) => barChart(`${r.route}: ${name}, values by |candidate − primary|`,
+        (o.abs_diff_histogram || []).map((b) => ({ label: b.le === "0" ? "=" : b.le === "+Inf" ? ">1" : `≤${b.le}`, value: b.values }))));
+      return `<section class="charts" aria-label="${esc(r.route)}"><h3>${esc(r.route)}</h3>
+${lineChart("agreement by minute", [{ name: "rows within tolerance", color: "#1a7f37", points: minutes.map((m) => [at(m), m.agreement]) }], { yMax: 1, ref: { value: r.gate.min_agreement, label: "gate" } })}
+${lineChart("mean latency by minute", [{ name: "primary", color: "#0b62c4", points: minutes.map((m) => [at(m), m.primary_mean_ms]) }, { name: "candidate", color: "#9a6700", points: minutes.map((m) => [at(m), m.candidate_mean_ms]) }], { unit: " ms" })}
+${outputs.join("")}</section>`;
+    }).join("")}
 <h2>Worst disagreements</h2>
 ${table("worst", [["route", "route"], ["at", "at"], ["request_id", "request id"], ["output", "output"], ["row", "row"], ["primary", "primary", num(4)], ["candidate", "candidate", num(4)], ["abs_diff", "difference", num(4)]], worst)}`;
   },
@@ -498,6 +612,12 @@ document.addEventListener("click", async (event) => {
       const pre = $("#diff");
       pre.hidden = false;
       pre.textContent = d.status === 200 ? d.json.diff || "(no change in the files)" : (d.json.error || {}).message;
+    }
+    if (b.dataset.cancelBatch) {
+      if (!confirm(`Cancel batch ${b.dataset.cancelBatch}? Its queued requests will not run.`)) return;
+      const r = await api("POST", `/admin/batches/${encodeURIComponent(b.dataset.cancelBatch)}/cancel`);
+      say(r.status === 200 ? `batch ${b.dataset.cancelBatch}: ${r.json.status}` : `not cancelled (${r.status}): ${(r.json.error || {}).message || ""}`, r.status === 200 ? "ok" : "bad");
+      showPage();
     }
     if (b.dataset.invalidate) {
       if (!confirm(`Drop every entry of ${b.dataset.invalidate}'s cache?`)) return;

@@ -73,6 +73,7 @@ mod tests {
     fn stored() -> Batch {
         Batch {
             id: "batch_1".into(),
+            tenant: "team-a".into(),
             endpoint: "/v2/models/m/infer".into(),
             errors: None,
             input_file_id: "file_1".into(),

@@ -527,6 +527,14 @@ impl JobStore for KafkaQueue {
         self.view().batches(tenant, after, limit).await
     }
 
+    async fn all_batches(&self, after: Option<String>, limit: usize) -> Result<(Vec<Batch>, bool), StoreError> {
+        self.view().all_batches(after, limit).await
+    }
+
+    async fn batch_owner(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.fresh(|| self.view().batch_owner(id)).await
+    }
+
     async fn cancel_batch(&self, id: &str, tenant: &str) -> Result<Option<Batch>, StoreError> {
         batch_api::cancel_batch(self, id, tenant).await
     }

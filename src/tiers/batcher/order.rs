@@ -299,6 +299,20 @@ impl<L, T, R> Waiting<L, T, R> {
         self.bands.iter().map(|b| b.rows).sum()
     }
 
+    /// Callers' rows waiting by band and tenant: `(band, flow, weight, rows)` for each
+    /// flow with rows, highest band first.
+    pub fn by_flow(&self) -> Vec<(Priority, u64, f64, u64)> {
+        let mut out = Vec::new();
+        for priority in Priority::ALL {
+            for (&flow, f) in &self.bands[priority.index()].flows {
+                if f.rows > 0 {
+                    out.push((priority, flow, f.weight, f.rows));
+                }
+            }
+        }
+        out
+    }
+
     /// Whether no caller and no filler waits.
     pub fn is_empty(&self) -> bool {
         self.lanes.is_empty()

@@ -356,6 +356,42 @@ impl MicroBatch {
         self.inner.pools.healthy(route, spec)
     }
 
+    /// Rows waiting in `route`'s queue by band and tenant: `(band, tenant, weight,
+    /// rows)`, highest band first. Only a hash of each tenant is kept in the queue: it
+    /// is named when it is among `names`, else shown as `#` and its hash.
+    pub fn queued_by_tenant<'a>(
+        &self,
+        route: &str,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<(crate::policy::Priority, String, f64, u64)> {
+        let Some(lanes) = self.inner.routes.get(route).map(|l| l.clone()) else {
+            return Vec::new();
+        };
+        let named: HashMap<u64, &str> = names.into_iter().map(|n| (flow_of(n), n)).collect();
+        lanes
+            .queue
+            .by_flow()
+            .into_iter()
+            .map(|(band, flow, weight, rows)| {
+                let tenant = match named.get(&flow) {
+                    Some(name) => (*name).to_owned(),
+                    None => format!("#{flow:016x}"),
+                };
+                (band, tenant, weight, rows)
+            })
+            .collect()
+    }
+
+    /// `route`'s batch pool's endpoints now (`spec` is its pool); `None` before its
+    /// first call.
+    pub fn endpoints_now(
+        &self,
+        route: &str,
+        spec: &crate::policy::PoolSpec,
+    ) -> Option<Vec<crate::backend::EndpointView>> {
+        self.inner.pools.endpoints_now(route, spec)
+    }
+
     /// The routes of `policy` whose batch pool has every endpoint ejected.
     pub fn ejected(&self, policy: &crate::policy::Policy) -> Vec<String> {
         policy

@@ -204,6 +204,7 @@ fn the_doomed_the_expired_and_the_departed_are_never_sent() {
             fixed: ms(50),
             per_row: Duration::ZERO,
             samples: 10,
+            rms_error: Duration::ZERO,
         }),
         ..f.rule(8)
     };
@@ -247,6 +248,7 @@ fn a_batch_takes_no_caller_that_came_after_max_wait_or_would_make_it_miss() {
             fixed: ms(80),
             per_row: ms(15),
             samples: 10,
+            rms_error: Duration::ZERO,
         }),
         ..f.rule(8)
     };
