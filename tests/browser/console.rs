@@ -119,6 +119,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         "explain",
         "cache",
         "offline",
+        "policy_setting",
         "overview_phone",
     ] {
         let shot = out.join(format!("{page}.png"));

@@ -7,7 +7,8 @@ Debian's chromedriver (nothing downloaded), against a running gateway with traff
 Checks, saving a screenshot of every page in DIR: a missing and a wrong token get the
 login form, never a blank page; the right one shows the overview with live rates that
 move; a flag turned on through the policy page's dry-run panel changes the tier a
-request is served on and lands in the audit history; explain answers; a cache is
+request is served on and lands in the audit history, and so does a rollout percentage
+set through the same panel; explain answers; a cache is
 invalidated; a running batch is cancelled from the offline page and its owner sees it
 cancelled; the page is readable at a phone's width. Exits 1 with what failed.
 """
@@ -24,7 +25,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 
 def fail(message):
@@ -260,6 +261,29 @@ def run(a, driver, wait, shot):
     wait.until(lambda d: batch_row()[3] == "cancelled")
     driver.execute_script("window.scrollTo(0, 0)")
     shot("offline")
+
+    # A rollout percentage through the same dry run: 0% of the keys to micro-batch sends
+    # the route's requests back to real time.
+    driver.get(f"{a.admin}/admin/ui/#policy")
+    wait.until(lambda d: visible(d, "#setting-form"))
+    Select(driver.find_element(By.ID, "set-route")).select_by_visible_text(a.route)
+    Select(driver.find_element(By.ID, "set-key")).select_by_value("micro_batch_percent")
+    driver.find_element(By.ID, "set-value").send_keys("0")
+    driver.find_element(By.CSS_SELECTOR, "#setting-form button[type=submit]").click()
+    wait.until(lambda d: visible(d, "#dryrun #apply"))
+    panel = driver.find_element(By.ID, "dryrun").text
+    if "micro_batch_percent" not in panel or "realtime" not in panel:
+        fail(f"the dry run of the percentage does not show what would change: {panel!r}")
+    driver.execute_script("document.getElementById('dryrun').scrollIntoView()")
+    shot("policy_setting")
+    driver.find_element(By.ID, "apply").click()
+    wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
+    deadline = time.time() + 10
+    while tier() != "realtime":
+        if time.time() > deadline:
+            fail(f"at 0% the request is still served on {tier()}")
+        time.sleep(0.1)
+    wait.until(lambda d: row(d, "settings", a.route) is not None and row(d, "settings", a.route)[1] == "0")
 
     # Keyboard: the pages are links reached with Tab and opened with Enter.
     driver.get("about:blank")

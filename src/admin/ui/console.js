@@ -326,11 +326,33 @@ ${table("overview", [
         if (typeof f[flag] === "boolean") rows.push({ route, flag, on: f[flag] });
       }
     }
+    // Each route's rollout percentage and budget thresholds, as they run.
+    const settings = [];
+    for (const route of Object.keys(flags.json.flags)) {
+      const r = await api("GET", `/admin/routes/${encodeURIComponent(route)}`);
+      if (r.status !== 200) continue;
+      const e = r.json.effective;
+      settings.push({ route, micro_batch_percent: e.flags.micro_batch_percent, realtime_below_ms: e.realtime_below_ms, offline_from_ms: e.offline_from_ms, default_budget_ms: e.default_budget_ms });
+    }
     page.innerHTML = `<h1>Policy</h1>
 <p class="muted">Version ${esc(flags.json.version)}. Every change is validated, shown as a dry run first (the requests it would serve differently, the diff, any problem), then applied against the route's ETag, audited and reversible.</p>
 <h2>Flags</h2>
 ${table("flags", [["route", "route"], ["flag", "flag"], ["on", "state", (v) => (v ? '<span class="ok">on</span>' : '<span class="muted">off</span>')],
       ["toggle", "change", (_, r) => `<button type="button" data-toggle="${esc(r.route)}" data-flag="${esc(r.flag)}" data-to="${!r.on}">turn ${r.on ? "off" : "on"}…</button>`]], rows)}
+<h2>Rollout and thresholds</h2>
+${table("settings", [["route", "route"], ["micro_batch_percent", "micro_batch_percent", num(0)], ["realtime_below_ms", "realtime_below (ms)", num(0)],
+      ["offline_from_ms", "offline_from (ms)", num(0)], ["default_budget_ms", "default_budget (ms)", num(0)]], settings)}
+<form id="setting-form" class="grid">
+<label for="set-route">route</label><select id="set-route">${settings.map((r) => `<option>${esc(r.route)}</option>`).join("")}</select>
+<label for="set-key">setting</label><select id="set-key">
+<option value="micro_batch_percent">micro_batch_percent: the share of keys the micro-batch tier takes (0–100)</option>
+<option value="realtime_below">realtime_below: budgets below it go real-time (e.g. 300ms)</option>
+<option value="offline_from">offline_from: budgets from it go offline (e.g. 5s)</option>
+<option value="default_budget">default_budget: the budget of a request that names none</option>
+</select>
+<label for="set-value">value</label><input id="set-value" required placeholder="50, or 300ms">
+<span></span><button type="submit">Dry run…</button>
+</form>
 <div id="dryrun" class="panel" hidden></div>
 <h2>History</h2>
 ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["who", "who"], ["action", "action"],
@@ -630,6 +652,16 @@ document.addEventListener("click", async (event) => {
 
 document.addEventListener("submit", async (event) => {
   if (event.target.id === "login-form") return login(event);
+  if (event.target.id === "setting-form") {
+    event.preventDefault();
+    const route = $("#set-route").value, key = $("#set-key").value, value = $("#set-value").value.trim();
+    const path = `/admin/routes/${encodeURIComponent(route)}`;
+    const current = await api("GET", path);
+    // The percentage is a flag (a number); a threshold is a duration, patched into the route.
+    if (key === "micro_batch_percent") await dryRun(`set ${key} to ${value} on ${route}`, "PUT", `${path}/flags/${key}`, value, current.etag);
+    else await dryRun(`set ${key} to ${value} on ${route}`, "PATCH", path, { [key]: value }, current.etag);
+    return;
+  }
   if (event.target.id !== "explain-form") return;
   event.preventDefault();
   const ask = {};
