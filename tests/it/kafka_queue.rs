@@ -634,7 +634,7 @@ async fn upload(addr: std::net::SocketAddr, content: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
+async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files_and_the_admin_every_batch() {
     let broker = Broker::start().await;
     broker.create_topics(&["jobs", "states"], PARTITIONS).await;
     let sim = backend(&["m"]).await;
@@ -647,6 +647,8 @@ async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
     let lines = [("team-a", "key-a"), ("team-b", "key-b")].map(|(t, k)| tiergate::front::auth::line(t, k));
     std::fs::write(&keys, lines.join("\n")).expect("keys");
     config.auth.keys_file = Some(keys);
+    config.listen.admin = "127.0.0.1:0".parse().expect("addr");
+    config.admin.token = Some(tiergate::config::Secret("kafka-admin-token".into()));
     let gw = gateway_with(config, &policy).await;
     let (a, b) = (("authorization", "Bearer key-a"), ("authorization", "Bearer key-b"));
 
@@ -665,6 +667,27 @@ async fn on_the_kafka_queue_a_tenant_reads_only_its_own_jobs_and_files() {
     let content = format!("/v1/files/{id}/content");
     assert_eq!(send("GET", gw.http_addr(), &content, &[b], "").await.status, 404);
     assert_eq!(send("GET", gw.http_addr(), &content, &[a], "").await.status, 200);
+
+    // The admin token sees team a's batch in the view of the state topic, with its
+    // tenant, and finds its owner to cancel it (too late: it completed).
+    let batch = create_batch(gw.http_addr(), &Value::from(id), "m", &[a]).await;
+    let path = format!("/v1/batches/{batch}");
+    eventually(Duration::from_secs(20), "team a's batch completes", || async {
+        (send("GET", gw.http_addr(), &path, &[a], "").await.json()["status"] == "completed").then_some(())
+    })
+    .await;
+    let admin = |method, path: String| {
+        let gw = &gw;
+        async move { admin_call(gw, "kafka-admin-token", (method, &path), &[], "").await }
+    };
+    let all = admin("GET", "/admin/offline".into()).await.json();
+    assert_eq!(all["batches"][0]["id"], batch.as_str(), "{all:#}");
+    assert_eq!(all["batches"][0]["tenant"], "team-a", "{all:#}");
+    let late = admin("POST", format!("/admin/batches/{batch}/cancel")).await;
+    assert_eq!(
+        (late.status, late.json()["error"]["code"].as_str()),
+        (409, Some("not_cancellable"))
+    );
     gw.stop().await.expect("stops");
 }
 

@@ -287,6 +287,8 @@ const pages = {
       const span = newest && oldest ? Math.max(1, (newest.at - oldest.at) / 1000) : 1;
       const slo = increase("tiergate_slo_requests_total", (l) => `${rt(l)}/${l.result}`, 60);
       const refused = increase("tiergate_refusals_total", (l) => `${rt(l)}/${l.knob}`, 60);
+      const outcomes = increase("tiergate_requests_total", (l) => `${rt(l)}/${l.outcome}`, 60);
+      const status = { shed: "shed (503)", queue_full: "queue full (429)", rate_limited: "rate limit (429)", deadline_unmeetable: "deadline unmeetable", deadline: "deadline (504)", backend_error: "backend (502)", unavailable: "unavailable (503)" };
       const inFlight = grouped(stats.samples[stats.samples.length - 1], "tiergate_in_flight_requests", rt);
       const p50 = quantiles("tiergate_request_duration_seconds", rt, 60, 0.5);
       const p99 = quantiles("tiergate_request_duration_seconds", rt, 60, 0.99);
@@ -301,6 +303,8 @@ const pages = {
           p50_ms: p50.get(k), p99_ms: p99.get(k),
           slo: met + missed ? met / (met + missed) : null,
           refused_60s: reasons.join(", "),
+          not_served_60s: [...outcomes].filter(([ok, v]) => ok.startsWith(`${k}/`) && v > 0 && !ok.endsWith("/ok"))
+            .map(([ok, v]) => { const o = ok.slice(k.length + 1); return `${status[o] || o} ${v}`; }).join(", "),
           in_flight: inFlight.get(k) || 0,
           trend: k,
         };
@@ -310,7 +314,7 @@ const pages = {
 ${table("overview", [
         ["route", "route"], ["tier", "tier"], ["rate", "requests/s", num(1)],
         ["p50_ms", "p50 ms", num(1)], ["p99_ms", "p99 ms", num(1)], ["slo", "SLO met", (v) => (v === null ? "–" : `<span class="${v >= 0.99 ? "ok" : v >= 0.95 ? "warn" : "bad"}">${pct(v)}</span>`)],
-        ["refused_60s", "refused (60 s, by setting)"], ["in_flight", "in flight", num(0)],
+        ["not_served_60s", "not served (60 s, by outcome)"], ["refused_60s", "refused (60 s, by setting)"], ["in_flight", "in flight", num(0)],
         ["trend", "last 5 min", (k) => sparkline(rateSeries("tiergate_requests_total", rt, k))],
       ], rows)}`;
       say(`updated ${new Date().toLocaleTimeString()}`);
