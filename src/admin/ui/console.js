@@ -31,10 +31,22 @@ async function api(method, path, { body, headers = {}, raw = false } = {}) {
   return { status: res.status, etag: res.headers.get("ETag"), json };
 }
 
+/** The last thing an action said, kept beside the pages' "updated" for 10 s. */
+let said = { text: "", cls: "", at: 0 };
+
 function say(text, cls = "") {
+  said = { text, cls, at: Date.now() };
   const s = $("#status");
   s.textContent = text;
   s.className = cls;
+}
+
+/** A page's poll: when it read the gateway, after what the last action said. */
+function updated() {
+  const s = $("#status"), when = `updated ${new Date().toLocaleTimeString()}`;
+  const recent = Date.now() - said.at < 10000;
+  s.textContent = recent ? `${said.text} · ${when}` : when;
+  s.className = recent ? said.cls : "";
 }
 
 // ---- log in -------------------------------------------------------------------
@@ -317,7 +329,7 @@ ${table("overview", [
         ["not_served_60s", "not served (60 s, by outcome)"], ["refused_60s", "refused (60 s, by setting)"], ["in_flight", "in flight", num(0)],
         ["trend", "last 5 min", (k) => sparkline(rateSeries("tiergate_requests_total", rt, k))],
       ], rows)}`;
-      say(`updated ${new Date().toLocaleTimeString()}`);
+      updated();
     };
     every(draw);
   },
@@ -411,7 +423,7 @@ ${table("queue", [["route", "route"], ["band", "band"], ["tenant", "tenant"], ["
 <h2>Tenants' shares of the rows served (15 min) against their weights</h2>
 ${table("shares", [["route", "route"], ["tenant", "tenant"], ["weight", "weight", num(0)], ["rows", "rows served", num(0)],
         ["share", "share", (v, r) => `${bar(v, r.weight_share)}`], ["weight_share", "weight's share", pct]], shares)}`;
-      say(`updated ${new Date().toLocaleTimeString()}`);
+      updated();
     };
     every(draw);
   },
@@ -455,7 +467,7 @@ ${table("endpoints", [["route", "route"], ["tier", "tier"], ["endpoint", "endpoi
         ["failures", "failures in a row", num(0)], ["in_flight", "in flight", num(0)], ["latency_ms", "latency ms (recent)", num(1)],
         ["last_check", "last check", (v) => `<span class="${v.startsWith("failed") ? "bad" : ""}">${esc(v)}</span>`],
         ["ejections_60s", "ejections (60 s)"], ["ejections", "ejections since start"]], endpoints)}`;
-      say(`updated ${new Date().toLocaleTimeString()}`);
+      updated();
     };
     every(draw);
   },
@@ -489,7 +501,7 @@ ${table("batches", [["id", "batch", (v) => `<code>${esc(v)}</code>`], ["tenant",
         ["created", "created"], ["progress", "progress", progress], ["total", "requests", num(0)], ["completed", "completed", num(0)], ["failed", "failed", num(0)], ["waiting", "waiting (quota)"],
         ["do", "", (_, b) => (b.cancellable ? `<button type="button" class="danger" data-cancel-batch="${esc(b.id)}">cancel…</button>` : "")]], batches)}
 ${o.has_more ? '<p class="muted">Only the newest 100 batches are shown; <code>GET /admin/offline?after=ID</code> pages on.</p>' : ""}`;
-      say(`updated ${new Date().toLocaleTimeString()}`);
+      updated();
     };
     every(draw);
   },
@@ -509,61 +521,73 @@ ${o.has_more ? '<p class="muted">Only the newest 100 batches are shown; <code>GE
   },
 
   async rollouts(page) {
-    const routes = await api("GET", "/admin/routes");
-    const reports = [];
-    for (const r of routes.json.routes || []) {
-      const rep = await api("GET", `/admin/shadow/${encodeURIComponent(r.name)}`);
-      if (rep.status === 200) reports.push(rep.json);
-    }
-    try { await pollStats(); } catch (_) { /* the reports still show */ }
-    const canary = increase("tiergate_canary_requests_total", (l) => `${l.route}/${l.variant}/${l.result}`, 60);
-    const rows = reports.map((r) => ({
-      route: r.route, candidate: (r.candidate || []).map((e) => e.replace(/^[a-z]+:\/\//, "").replace(/\/$/, "")).join(" "), percent: r.percent, compared: r.compared, agreement: r.agreement,
-      candidate_to_primary: r.latency ? r.latency.candidate_to_primary : null,
-      gate: r.gate.met ? "met" : `unmet: ${r.gate.unmet.join("; ")}`,
-      canary_60s: ["primary", "candidate"].map((v) => `${v} ${[...canary].filter(([k]) => k.startsWith(`${r.route}/${v}/`)).reduce((s, [, n]) => s + n, 0)}`).join(", "),
-    }));
-    const worst = reports.flatMap((r) => (r.worst || []).map((w) => ({ route: r.route, ...w })));
-    page.innerHTML = `<h1>Rollouts</h1>
-<p class="muted">Each route's shadow candidate: how often it agrees with the primary, how fast it is beside it, its gate; promote (the gate shown; refused below it unless forced) or stop its canary.</p>
-${table("rollouts", [["route", "route"], ["candidate", "candidate"], ["percent", "shadow %"], ["compared", "compared"],
-      ["agreement", "agreement", (v) => bar(v, 0.99)], ["candidate_to_primary", "latency ÷ primary", num(2)], ["gate", "gate", (v) => `<span class="${v === "met" ? "ok" : "warn"}">${esc(v)}</span>`],
-      ["canary_60s", "canary (60 s)"],
-      ["do", "", (_, r) => `<button type="button" data-promote="${esc(r.route)}">promote…</button> <button type="button" data-abort="${esc(r.route)}">stop canary…</button>`]], rows)}
-<div id="dryrun" class="panel" hidden></div>
-<h2>Over time</h2>
-${reports.map((r) => {
-      const at = (m) => Date.parse(m.at);
-      const minutes = r.minutes || [];
-      const outputs = Object.entries(r.outputs || {}).map(([name, o]) => barChart(`${r.route}: ${name}, values by |candidate − primary|`,
-        (o.abs_diff_histogram || []).map((b) => ({ label: b.le === "0" ? "=" : b.le === "+Inf" ? ">1" : `≤${b.le}`, value: b.values }))));
-      return `<section class="charts" aria-label="${esc(r.route)}"><h3>${esc(r.route)}</h3>
-${lineChart("agreement by minute", [{ name: "rows within tolerance", color: "#1a7f37", points: minutes.map((m) => [at(m), m.agreement]) }], { yMax: 1, ref: { value: r.gate.min_agreement, label: "gate" } })}
-${lineChart("mean latency by minute", [{ name: "primary", color: "#0b62c4", points: minutes.map((m) => [at(m), m.primary_mean_ms]) }, { name: "candidate", color: "#9a6700", points: minutes.map((m) => [at(m), m.candidate_mean_ms]) }], { unit: " ms" })}
-${outputs.join("")}</section>`;
-    }).join("")}
-<h2>Worst disagreements</h2>
-${table("worst", [["route", "route"], ["at", "at"], ["request_id", "request id"], ["output", "output"], ["row", "row"], ["primary", "primary", num(4)], ["candidate", "candidate", num(4)], ["abs_diff", "difference", num(4)]], worst)}`;
+    let drawn = false;
+    const draw = async () => {
+      // Not while a change waits in the dry-run panel this page drew.
+      if (drawn && $("#dryrun") && !$("#dryrun").hidden) return;
+      drawn = true;
+      const routes = await api("GET", "/admin/routes");
+      const reports = [];
+      for (const r of routes.json.routes || []) {
+        const rep = await api("GET", `/admin/shadow/${encodeURIComponent(r.name)}`);
+        if (rep.status === 200) reports.push(rep.json);
+      }
+      try { await pollStats(); } catch (_) { /* the reports still show */ }
+      const canary = increase("tiergate_canary_requests_total", (l) => `${l.route}/${l.variant}/${l.result}`, 60);
+      const rows = reports.map((r) => ({
+        route: r.route, candidate: (r.candidate || []).map((e) => e.replace(/^[a-z]+:\/\//, "").replace(/\/$/, "")).join(" "), percent: r.percent, compared: r.compared, agreement: r.agreement,
+        candidate_to_primary: r.latency ? r.latency.candidate_to_primary : null,
+        gate: r.gate.met ? "met" : `unmet: ${r.gate.unmet.join("; ")}`,
+        canary_60s: ["primary", "candidate"].map((v) => `${v} ${[...canary].filter(([k]) => k.startsWith(`${r.route}/${v}/`)).reduce((s, [, n]) => s + n, 0)}`).join(", "),
+      }));
+      const worst = reports.flatMap((r) => (r.worst || []).map((w) => ({ route: r.route, ...w })));
+      page.innerHTML = `<h1>Rollouts</h1>
+  <p class="muted">Each route's shadow candidate: how often it agrees with the primary, how fast it is beside it, its gate; promote (the gate shown; refused below it unless forced) or stop its canary.</p>
+  ${table("rollouts", [["route", "route"], ["candidate", "candidate"], ["percent", "shadow %"], ["compared", "compared"],
+        ["agreement", "agreement", (v) => bar(v, 0.99)], ["candidate_to_primary", "latency ÷ primary", num(2)], ["gate", "gate", (v) => `<span class="${v === "met" ? "ok" : "warn"}">${esc(v)}</span>`],
+        ["canary_60s", "canary (60 s)"],
+        ["do", "", (_, r) => `<button type="button" data-promote="${esc(r.route)}">promote…</button> <button type="button" data-abort="${esc(r.route)}">stop canary…</button>`]], rows)}
+  <div id="dryrun" class="panel" hidden></div>
+  <h2>Over time</h2>
+  ${reports.map((r) => {
+        const at = (m) => Date.parse(m.at);
+        const minutes = r.minutes || [];
+        const outputs = Object.entries(r.outputs || {}).map(([name, o]) => barChart(`${r.route}: ${name}, values by |candidate − primary|`,
+          (o.abs_diff_histogram || []).map((b) => ({ label: b.le === "0" ? "=" : b.le === "+Inf" ? ">1" : `≤${b.le}`, value: b.values }))));
+        return `<section class="charts" aria-label="${esc(r.route)}"><h3>${esc(r.route)}</h3>
+  ${lineChart("agreement by minute", [{ name: "rows within tolerance", color: "#1a7f37", points: minutes.map((m) => [at(m), m.agreement]) }], { yMax: 1, ref: { value: r.gate.min_agreement, label: "gate" } })}
+  ${lineChart("mean latency by minute", [{ name: "primary", color: "#0b62c4", points: minutes.map((m) => [at(m), m.primary_mean_ms]) }, { name: "candidate", color: "#9a6700", points: minutes.map((m) => [at(m), m.candidate_mean_ms]) }], { unit: " ms" })}
+  ${outputs.join("")}</section>`;
+      }).join("")}
+  <h2>Worst disagreements</h2>
+  ${table("worst", [["route", "route"], ["at", "at"], ["request_id", "request id"], ["output", "output"], ["row", "row"], ["primary", "primary", num(4)], ["candidate", "candidate", num(4)], ["abs_diff", "difference", num(4)]], worst)}`;
+      updated();
+    };
+    every(draw);
   },
 
   async cache(page) {
-    const routes = await api("GET", "/admin/routes");
-    const rows = [];
-    for (const r of routes.json.routes || []) {
-      const c = await api("GET", `/admin/cache/${encodeURIComponent(r.name)}`);
-      if (c.status === 200) rows.push({ route: r.name, on: c.json.on, entries: c.json.entries, bytes: c.json.bytes, max_bytes: c.json.max_bytes, ttl: c.json.ttl });
-    }
-    try { await pollStats(); } catch (_) { /* the table still shows */ }
-    const looked = increase("tiergate_cache_lookups_total", (l) => `${l.route}/${l.result}`, 60);
-    for (const row of rows) {
-      const hits = looked.get(`${row.route}/hit`) || 0;
-      const all = [...looked].filter(([k]) => k.startsWith(`${row.route}/`)).reduce((s, [, v]) => s + v, 0);
-      row.hit_ratio_60s = all ? hits / all : null;
-    }
-    page.innerHTML = `<h1>Cache</h1>
-${table("cache", [["route", "route"], ["on", "on", (v) => (v ? "on" : "off")], ["entries", "entries"], ["bytes", "bytes"], ["max_bytes", "max bytes"], ["ttl", "ttl"],
-      ["hit_ratio_60s", "hit ratio (60 s)", (v) => (v === null ? "–" : pct(v))],
-      ["do", "", (_, r) => `<button type="button" class="danger" data-invalidate="${esc(r.route)}">invalidate…</button>`]], rows)}`;
+    const draw = async () => {
+      const routes = await api("GET", "/admin/routes");
+      const rows = [];
+      for (const r of routes.json.routes || []) {
+        const c = await api("GET", `/admin/cache/${encodeURIComponent(r.name)}`);
+        if (c.status === 200) rows.push({ route: r.name, on: c.json.on, entries: c.json.entries, bytes: c.json.bytes, max_bytes: c.json.max_bytes, ttl: c.json.ttl });
+      }
+      try { await pollStats(); } catch (_) { /* the table still shows */ }
+      const looked = increase("tiergate_cache_lookups_total", (l) => `${l.route}/${l.result}`, 60);
+      for (const row of rows) {
+        const hits = looked.get(`${row.route}/hit`) || 0;
+        const all = [...looked].filter(([k]) => k.startsWith(`${row.route}/`)).reduce((s, [, v]) => s + v, 0);
+        row.hit_ratio_60s = all ? hits / all : null;
+      }
+      page.innerHTML = `<h1>Cache</h1>
+  ${table("cache", [["route", "route"], ["on", "on", (v) => (v ? "on" : "off")], ["entries", "entries"], ["bytes", "bytes"], ["max_bytes", "max bytes"], ["ttl", "ttl"],
+        ["hit_ratio_60s", "hit ratio (60 s)", (v) => (v === null ? "–" : pct(v))],
+        ["do", "", (_, r) => `<button type="button" class="danger" data-invalidate="${esc(r.route)}">invalidate…</button>`]], rows)}`;
+      updated();
+    };
+    every(draw);
   },
 };
 
