@@ -1,33 +1,44 @@
-//! `GET /admin/backends`: every route's real-time and batch pools, endpoint by endpoint,
-//! as HAProxy's stats page shows a backend: the circuit (and for how long it stays
-//! open), failures and ejections in a row, calls in flight, what calls take lately, and
-//! the last active check.
+//! `GET /admin/backends`: every route's pools (real-time, batch, shadow candidate and
+//! fallback), endpoint by endpoint, as HAProxy's stats page shows a backend: the circuit
+//! (and for how long it stays open), failures and ejections in a row, calls in flight,
+//! what calls take lately, and the last active check.
 
 use serde_json::{json, Value};
 
 use crate::backend::EndpointView;
 use crate::policy::{Policy, PoolSpec};
-use crate::tiers::{MicroBatch, Realtime};
 
-/// Every pool of `policy`'s routes, endpoint by endpoint.
-pub(super) fn pools(policy: &Policy, realtime: &Realtime, micro_batch: &MicroBatch) -> Value {
+/// Every pool of `policy`'s routes, endpoint by endpoint, as `admin`'s tiers hold them.
+pub(super) fn pools(policy: &Policy, admin: &super::Admin) -> Value {
     let mut pools = Vec::new();
     for route in policy.routes() {
+        let name = route.name.as_str();
         if let Some(spec) = &route.realtime {
-            pools.push(pool(
-                &route.name,
-                "realtime",
-                spec,
-                realtime.endpoints_now(&route.name, spec),
-            ));
+            pools.push(pool(name, "realtime", spec, admin.realtime.endpoints_now(name, spec)));
         }
         if let Some(batch) = &route.micro_batch {
             let spec = &batch.pool;
             pools.push(pool(
-                &route.name,
+                name,
                 "micro_batch",
                 spec,
-                micro_batch.endpoints_now(&route.name, spec),
+                admin.micro_batch.endpoints_now(name, spec),
+            ));
+        }
+        if let Some(shadow) = &route.shadow {
+            pools.push(pool(
+                name,
+                "shadow",
+                &shadow.candidate,
+                admin.shadow.endpoints_now(name, shadow),
+            ));
+        }
+        if let Some(spec) = &route.fallback {
+            pools.push(pool(
+                name,
+                "fallback",
+                spec,
+                admin.dispatch.fallback_endpoints_now(name, spec),
             ));
         }
     }

@@ -27,7 +27,7 @@
 //! | `GET /admin/cache/{name}` | the route's cache: settings, entries, bytes |
 //! | `POST /admin/cache/{name}/invalidate` | drop every entry of the route's cache |
 //! | `GET /admin/batching` | every micro-batch route: size limit, learned cost and its error, rows waiting by band and tenant, tenants' shares served against their weights |
-//! | `GET /admin/backends` | every pool's endpoints: circuit, failures, in flight, latency, last check |
+//! | `GET /admin/backends` | every pool's endpoints (real-time, batch, shadow candidate, fallback): circuit, failures, in flight, latency, last check |
 //! | `GET /admin/offline[?after=ID&limit=N]` | jobs by state, the oldest queued job, every tenant's batches with their progress |
 //! | `POST /admin/batches/{id}/cancel` | cancel any tenant's batch, as its owner would |
 
@@ -84,6 +84,8 @@ pub struct Admin {
     pub realtime: crate::tiers::Realtime,
     /// The routes' shadow candidates, for their reports and promotion.
     pub shadow: Shadow,
+    /// The dispatch: the routes' fallback pools.
+    pub dispatch: Arc<crate::front::pipeline::dispatch::Dispatch>,
     /// The routes' prediction caches, to look into and invalidate.
     pub cache: crate::cache::Cache,
     /// The usage ledger and the capacity signal.
@@ -206,11 +208,7 @@ impl Admin {
                     Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "usage_unreadable", &e),
                 }
             }
-            (&Method::GET, ["admin", "backends"]) => ok(&backends::pools(
-                &self.control.store().load(),
-                &self.realtime,
-                &self.micro_batch,
-            )),
+            (&Method::GET, ["admin", "backends"]) => ok(&backends::pools(&self.control.store().load(), self)),
             (&Method::GET, ["admin", "offline"]) => answered(offline::overview(&self.queue, head.uri.query()).await),
             (&Method::POST, ["admin", "batches", id, "cancel"]) => {
                 answered(offline::cancel(&self.queue, id, &who).await)

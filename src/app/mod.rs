@@ -243,6 +243,7 @@ impl Gateway {
                     micro_batch: parts.micro_batch,
                     realtime,
                     shadow: parts.shadow,
+                    dispatch: parts.dispatch.clone(),
                     cache: parts.dispatch.cache().clone(),
                     usage: parts.dispatch.usage().clone(),
                     stats: Arc::new(stats),

@@ -136,6 +136,12 @@ impl Shadow {
         self.inner.pools.get(route, &spec.candidate)
     }
 
+    /// `route`'s candidate pool's endpoints now (`spec` its shadow); `None` before its
+    /// first call.
+    pub fn endpoints_now(&self, route: &str, spec: &ShadowSpec) -> Option<Vec<crate::backend::EndpointView>> {
+        self.inner.pools.endpoints_now(route, &spec.candidate)
+    }
+
     /// Counts a canary route's `tier` call served by `variant` (an error is a gateway
     /// error or a 5xx), which may abort the canary.
     pub fn counted(

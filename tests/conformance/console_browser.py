@@ -125,24 +125,31 @@ def run(a, driver, wait, shot):
         )
         return headers.get("x-tiergate-tier") or headers.get("X-Tiergate-Tier")
 
+    def apply_through_dry_run(name, shows, served_on):
+        """Waits for the dry-run panel, checks it shows each of `shows`, saves screenshot
+        `name`, applies, and waits until the route's requests are served on `served_on`."""
+        wait.until(lambda d: visible(d, "#dryrun #apply"))
+        panel = driver.find_element(By.ID, "dryrun").text
+        missing = [want for want in shows if want not in panel]
+        if missing:
+            fail(f"the dry-run panel does not show {missing}: {panel!r}")
+        driver.execute_script("document.getElementById('dryrun').scrollIntoView()")
+        shot(name)
+        driver.find_element(By.ID, "apply").click()
+        wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
+        deadline = time.time() + 10
+        while tier() != served_on:
+            if time.time() > deadline:
+                fail(f"after the change the request is still served on {tier()}, not {served_on}")
+            time.sleep(0.1)
+
     if tier() != "realtime":
         fail(f"before the change the request should be real-time, it was {tier()}")
     driver.get(f"{a.admin}/admin/ui/#policy")
     toggle = f"button[data-toggle='{a.route}'][data-flag='micro_batch']"
     wait.until(lambda d: visible(d, toggle))
     driver.find_element(By.CSS_SELECTOR, toggle).click()
-    wait.until(lambda d: visible(d, "#dryrun #apply"))
-    panel = driver.find_element(By.ID, "dryrun").text
-    if "Requests served differently" not in panel or "micro_batch" not in panel:
-        fail(f"the dry-run panel does not show what would change: {panel!r}")
-    shot("policy_dry_run")
-    driver.find_element(By.ID, "apply").click()
-    wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
-    deadline = time.time() + 10
-    while tier() != "micro_batch":
-        if time.time() > deadline:
-            fail(f"after the change the request is still served on {tier()}")
-        time.sleep(0.1)
+    apply_through_dry_run("policy_dry_run", ["Requests served differently", "micro_batch"], "micro_batch")
     _, _, history = call(f"{a.admin}/admin/policy/history", token=a.token)
     history = json.loads(history)
     newest = history["versions"][0]
@@ -175,6 +182,8 @@ def run(a, driver, wait, shot):
     wait.until(lambda d: circuits().get((a.route, "realtime"), [""] * 8)[3] == "closed")
     wait.until(lambda d: float(circuits()[(a.route, "realtime")][6]) > 0)
     wait.until(lambda d: circuits()[(a.route, "realtime")][7].startswith("passed"))
+    # The shadow candidates' pools too.
+    wait.until(lambda d: circuits().get(("held", "shadow"), [""] * 8)[3] == "closed")
     driver.execute_script("document.getElementById('endpoints').scrollIntoView()")
     shot("backends")
 
@@ -270,19 +279,7 @@ def run(a, driver, wait, shot):
     Select(driver.find_element(By.ID, "set-key")).select_by_value("micro_batch_percent")
     driver.find_element(By.ID, "set-value").send_keys("0")
     driver.find_element(By.CSS_SELECTOR, "#setting-form button[type=submit]").click()
-    wait.until(lambda d: visible(d, "#dryrun #apply"))
-    panel = driver.find_element(By.ID, "dryrun").text
-    if "micro_batch_percent" not in panel or "realtime" not in panel:
-        fail(f"the dry run of the percentage does not show what would change: {panel!r}")
-    driver.execute_script("document.getElementById('dryrun').scrollIntoView()")
-    shot("policy_setting")
-    driver.find_element(By.ID, "apply").click()
-    wait.until(lambda d: "applied" in d.find_element(By.ID, "status").text)
-    deadline = time.time() + 10
-    while tier() != "realtime":
-        if time.time() > deadline:
-            fail(f"at 0% the request is still served on {tier()}")
-        time.sleep(0.1)
+    apply_through_dry_run("policy_setting", ["micro_batch_percent", "realtime"], "realtime")
     wait.until(lambda d: row(d, "settings", a.route) is not None and row(d, "settings", a.route)[1] == "0")
 
     # Keyboard: the pages are links reached with Tab and opened with Enter.

@@ -173,6 +173,16 @@ impl Dispatch {
         self
     }
 
+    /// `route`'s fallback pool's endpoints now (`spec` its pool); `None` before its
+    /// first call.
+    pub fn fallback_endpoints_now(
+        &self,
+        route: &str,
+        spec: &crate::policy::PoolSpec,
+    ) -> Option<Vec<crate::backend::EndpointView>> {
+        self.fallback.endpoints_now(route, spec)
+    }
+
     /// The usage ledger it charges.
     pub fn usage(&self) -> &Arc<crate::usage::Ledger> {
         self.meters.ledger()
