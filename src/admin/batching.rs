@@ -31,15 +31,16 @@ pub(super) async fn pools(policy: &Policy, micro_batch: &MicroBatch, ledger: &Ar
         let Some(spec) = &route.micro_batch else { continue };
         let weights = &spec.scheduling.tenant_weights;
         let weight = |tenant: &str| weights.get(tenant).map_or(1, |w| w.get());
-        let tenants_served: Vec<&str> = served
-            .keys()
-            .filter(|(r, _)| *r == route.name)
-            .map(|(_, t)| *t)
+        // The route's tenants served, with their rows.
+        let tenants_served: Vec<(&str, u64)> = served
+            .iter()
+            .filter(|((r, _), _)| *r == route.name)
+            .map(|((_, t), rows)| (*t, *rows))
             .collect();
         let names = weights
             .keys()
             .map(String::as_str)
-            .chain(tenants_served.iter().copied())
+            .chain(tenants_served.iter().map(|(t, _)| *t))
             .chain([""]);
         let queue: Vec<Value> = micro_batch
             .queued_by_tenant(&route.name, names)
@@ -48,12 +49,11 @@ pub(super) async fn pools(policy: &Policy, micro_batch: &MicroBatch, ledger: &Ar
                 json!({"band": band.as_str(), "tenant": shown(&tenant), "weight": weight, "rows": rows})
             })
             .collect();
-        let total: u64 = tenants_served.iter().map(|t| served[&(route.name.as_str(), *t)]).sum();
-        let total_weight: u64 = tenants_served.iter().map(|t| u64::from(weight(t))).sum();
+        let total: u64 = tenants_served.iter().map(|(_, rows)| rows).sum();
+        let total_weight: u64 = tenants_served.iter().map(|(t, _)| u64::from(weight(t))).sum();
         let shares: Vec<Value> = tenants_served
             .iter()
-            .map(|t| {
-                let rows = served[&(route.name.as_str(), *t)];
+            .map(|&(t, rows)| {
                 json!({
                     "tenant": shown(t),
                     "weight": weight(t),

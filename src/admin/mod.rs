@@ -84,12 +84,9 @@ pub struct Admin {
     pub realtime: crate::tiers::Realtime,
     /// The routes' shadow candidates, for their reports and promotion.
     pub shadow: Shadow,
-    /// The dispatch: the routes' fallback pools.
+    /// The dispatch: the routes' prediction caches (to look into and invalidate), the
+    /// usage ledger and capacity signal, the fallback pools.
     pub dispatch: Arc<crate::front::pipeline::dispatch::Dispatch>,
-    /// The routes' prediction caches, to look into and invalidate.
-    pub cache: crate::cache::Cache,
-    /// The usage ledger and the capacity signal.
-    pub usage: Arc<crate::usage::Ledger>,
     /// The last 15 minutes of the gateway's series, for the console.
     pub stats: Arc<stats::Stats>,
     /// The offline queue, to list and cancel every tenant's batches.
@@ -191,9 +188,9 @@ impl Admin {
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
             (&Method::GET, ["admin", "usage"]) => {
-                usage::table(&self.usage, &self.control.store().load(), head.uri.query()).await
+                usage::table(self.dispatch.usage(), &self.control.store().load(), head.uri.query()).await
             }
-            (&Method::GET, ["admin", "capacity"]) => usage::capacity(&self.usage),
+            (&Method::GET, ["admin", "capacity"]) => usage::capacity(self.dispatch.usage()),
             (&Method::GET, ["admin", "stats"]) => match stats::since_ms(head.uri.query(), std::time::SystemTime::now())
             {
                 Ok(since) => ok(&self.stats.since(since)),
@@ -203,7 +200,7 @@ impl Admin {
             (&Method::POST, ["admin", "cache", name, "invalidate"]) => self.cache_usage(name, true).await,
             (&Method::GET, ["admin", "batching"]) => {
                 let policy = self.control.store().load();
-                match batching::pools(&policy, &self.micro_batch, &self.usage).await {
+                match batching::pools(&policy, &self.micro_batch, self.dispatch.usage()).await {
                     Ok(body) => ok(&body),
                     Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "usage_unreadable", &e),
                 }
@@ -248,12 +245,12 @@ impl Admin {
             let message = format!("route {name} has no [routes.{name}.cache] table");
             return error(StatusCode::CONFLICT, "no_cache", &message);
         };
-        let dropped = invalidate.then(|| self.cache.invalidate(name));
+        let dropped = invalidate.then(|| self.dispatch.cache().invalidate(name));
         let shared = match invalidate {
-            true => self.cache.invalidate_shared(name).await,
+            true => self.dispatch.cache().invalidate_shared(name).await,
             false => None,
         };
-        let (entries, bytes) = self.cache.usage(name).unwrap_or((0, 0));
+        let (entries, bytes) = self.dispatch.cache().usage(name).unwrap_or((0, 0));
         let mut body = serde_json::json!({
             "route": name,
             "on": route.flags.cache,
@@ -432,7 +429,7 @@ impl Admin {
             Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_body", &format!("explain: {e}")),
         };
         let policy = self.control.store().load();
-        match views::explain(&policy, (&self.micro_batch, &self.cache), &described) {
+        match views::explain(&policy, (&self.micro_batch, self.dispatch.cache()), &described) {
             Ok(v) => ok(&v),
             Err((404, m)) => error(StatusCode::NOT_FOUND, "no_such_route", &m),
             Err((_, m)) => error(StatusCode::BAD_REQUEST, "invalid_body", &m),

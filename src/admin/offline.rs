@@ -60,7 +60,7 @@ fn page(query: Option<&str>) -> Result<Page, Refusal> {
     Ok(page)
 }
 
-/// Whether `text` can be a batch id (they are made of letters, digits and `_`).
+/// Whether `text` can be a batch id (letters, digits, `_` and `-`, not too long).
 fn is_id(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= 128
@@ -73,10 +73,9 @@ fn is_id(text: &str) -> bool {
 /// tenant's batches (newest first) with their tenant and whether they can be cancelled.
 pub(super) async fn overview(queue: &Queue, query: Option<&str>) -> Result<Value, Refusal> {
     let page = page(query)?;
-    let failed = |e: StoreError| (StatusCode::SERVICE_UNAVAILABLE, "queue_unreadable", e.to_string());
-    let counts = queue.counts().await.map_err(failed)?;
-    let oldest = queue.oldest_queued().await.map_err(failed)?;
-    let (batches, has_more) = queue.all_batches(page.after, page.limit).await.map_err(failed)?;
+    let counts = queue.counts().await.map_err(unreadable)?;
+    let oldest = queue.oldest_queued().await.map_err(unreadable)?;
+    let (batches, has_more) = queue.all_batches(page.after, page.limit).await.map_err(unreadable)?;
     let jobs: Map<String, Value> = counts
         .into_iter()
         .map(|(state, n)| (state.as_str().to_owned(), Value::from(n)))
@@ -96,13 +95,16 @@ pub(super) async fn overview(queue: &Queue, query: Option<&str>) -> Result<Value
 /// Cancels batch `id` whoever's it is, as its owner's `POST /v1/batches/{id}/cancel`
 /// would: queued jobs are cancelled now, running ones finish. The batch afterwards.
 pub(super) async fn cancel(queue: &Queue, id: &str, who: &str) -> Result<Value, Refusal> {
-    let failed = |e: StoreError| (StatusCode::SERVICE_UNAVAILABLE, "queue_unreadable", e.to_string());
     let missing = || (StatusCode::NOT_FOUND, "no_such_batch", format!("no batch {id:?}"));
     let tenant = match is_id(id) {
-        true => queue.batch_owner(id).await.map_err(failed)?.ok_or_else(missing)?,
+        true => queue.batch_owner(id).await.map_err(unreadable)?.ok_or_else(missing)?,
         false => return Err(missing()),
     };
-    let before = queue.batch(id, &tenant).await.map_err(failed)?.ok_or_else(missing)?;
+    let before = queue
+        .batch(id, &tenant)
+        .await
+        .map_err(unreadable)?
+        .ok_or_else(missing)?;
     if !object::cancellable(&before) {
         let message = format!(
             "batch {id} is {}: only a validating or in-progress batch can be cancelled",
@@ -113,10 +115,15 @@ pub(super) async fn cancel(queue: &Queue, id: &str, who: &str) -> Result<Value, 
     let after = queue
         .cancel_batch(id, &tenant)
         .await
-        .map_err(failed)?
+        .map_err(unreadable)?
         .ok_or_else(missing)?;
     tracing::info!(batch = id, tenant, who, "batch cancelled through the admin API");
     Ok(described(&after))
+}
+
+/// What a caller gets when the queue cannot be read.
+fn unreadable(e: StoreError) -> Refusal {
+    (StatusCode::SERVICE_UNAVAILABLE, "queue_unreadable", e.to_string())
 }
 
 /// A batch as the Batch API writes it, with its tenant and whether it can be cancelled.

@@ -244,8 +244,6 @@ impl Gateway {
                     realtime,
                     shadow: parts.shadow,
                     dispatch: parts.dispatch.clone(),
-                    cache: parts.dispatch.cache().clone(),
-                    usage: parts.dispatch.usage().clone(),
                     stats: Arc::new(stats),
                     queue,
                 });

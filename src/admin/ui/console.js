@@ -196,11 +196,14 @@ function sparkline(points) {
   return `<svg class="spark" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" role="img" aria-label="rate over the last 5 minutes, up to ${max.toFixed(1)}/s"><polyline fill="none" stroke="#0b62c4" stroke-width="1.5" points="${d}"/></svg>`;
 }
 
+/** A chart's frame with nothing to draw yet. */
+const noChart = (title) => `<figure class="chart"><figcaption>${esc(title)}</figcaption><p class="muted">nothing yet</p></figure>`;
+
 /** A line chart over time: `series` is [{name, color, points: [[ms, value or null]]}];
  * `ref` ({value, label}) draws a dashed level (a gate, say). */
 function lineChart(title, series, { ref, unit = "", yMax } = {}) {
   const all = series.flatMap((s) => s.points.filter((p) => p[1] !== null && p[1] !== undefined));
-  if (!all.length) return `<figure class="chart"><figcaption>${esc(title)}</figcaption><p class="muted">nothing yet</p></figure>`;
+  if (!all.length) return noChart(title);
   const w = 320, h = 110, left = 40, bottom = 16;
   const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
   const top = yMax ?? (Math.max(...all.map((p) => p[1]), ref ? ref.value : 0) * 1.1 || 1);
@@ -225,7 +228,7 @@ ${level}${lines}</svg></figure>`;
 /** Vertical bars of `buckets` ([{label, value}]), for a distribution. */
 function barChart(title, buckets) {
   const total = buckets.reduce((s, b) => s + b.value, 0);
-  if (!total) return `<figure class="chart"><figcaption>${esc(title)}</figcaption><p class="muted">nothing yet</p></figure>`;
+  if (!total) return noChart(title);
   const w = 320, h = 110, bottom = 16, max = Math.max(...buckets.map((b) => b.value)), step = w / buckets.length;
   const bars = buckets.map((b, i) => {
     const bh = (b.value / max) * (h - bottom - 14);
@@ -381,31 +384,28 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
   async batching(page) {
     const draw = async () => {
       try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
-      const newest = stats.samples[stats.samples.length - 1];
+      // Over the last 60 s from the history; the queue, limit and learned cost now from
+      // GET /admin/batching.
       const byRoute = (l) => l.route;
-      const at = (family) => grouped(newest, family, byRoute);
-      const queued = at("tiergate_batch_queue_rows"), limit = at("tiergate_batch_size_limit");
-      const fixed = at("tiergate_batch_cost_fixed_seconds"), perRow = at("tiergate_batch_cost_per_row_seconds");
       const rowsSum = increase("tiergate_batch_rows_sum", byRoute, 60), rowsCount = increase("tiergate_batch_rows_count", byRoute, 60);
       const fillSum = increase("tiergate_batch_fill_ratio_sum", byRoute, 60), fillCount = increase("tiergate_batch_fill_ratio_count", byRoute, 60);
       const flushes = increase("tiergate_batch_flushes_total", (l) => `${l.route}|${l.reason}`, 60);
       const bands = increase("tiergate_batch_priority_requests_total", (l) => `${l.route}|${l.priority}|${l.outcome}`, 60);
       const now = await api("GET", "/admin/batching");
       const pools = new Map(((now.json && now.json.routes) || []).map((r) => [r.route, r]));
-      const routes = [...new Set([...queued.keys(), ...limit.keys(), ...rowsCount.keys(), ...pools.keys()])].sort();
+      const routes = [...pools.keys()].sort();
       const of = (m, route) => [...m].filter(([k, n]) => k.startsWith(`${route}|`) && n > 0).map(([k, n]) => `${k.slice(route.length + 1).replace("|", " ")} ${n}`).join(", ");
       const rows = routes.map((route) => {
-        const p = pools.get(route) || {}, c = p.learned_cost;
+        const p = pools.get(route), c = p.learned_cost;
         return {
           route,
-          queued_rows: p.queued_rows ?? (queued.get(route) || 0),
+          queued_rows: p.queued_rows,
           batches_60s: rowsCount.get(route) || 0,
           rows_per_batch: rowsCount.get(route) ? rowsSum.get(route) / rowsCount.get(route) : null,
           fill: fillCount.get(route) ? fillSum.get(route) / fillCount.get(route) : null,
-          size_limit: p.batch_limit ?? limit.get(route),
+          size_limit: p.batch_limit,
           max_batch: p.max_batch,
-          cost: c ? `${c.fixed_ms.toFixed(2)} ms + ${c.per_row_ms.toFixed(3)} ms/row ± ${c.rms_error_ms.toFixed(2)} ms (${c.samples} batches)`
-            : fixed.has(route) ? `${(fixed.get(route) * 1e3).toFixed(2)} ms + ${(perRow.get(route) * 1e3).toFixed(3)} ms/row` : "not learned yet",
+          cost: c ? `${c.fixed_ms.toFixed(2)} ms + ${c.per_row_ms.toFixed(3)} ms/row ± ${c.rms_error_ms.toFixed(2)} ms (${c.samples} batches)` : "not learned yet",
           one_row_ms: p.one_row_ms,
           flushes_60s: of(flushes, route),
           bands_60s: of(bands, route),
@@ -416,7 +416,7 @@ ${table("history", [["version", "version"], ["time", "time", (v) => esc(v)], ["w
       page.innerHTML = `<h1>Batching</h1>
 <p class="muted">Each route's micro-batch queue and batches over the last 60 s: rows per batch and fill against <code>max_batch</code>, why batches went (full, the backend idle, a deadline, <code>max_wait</code>), requests by priority band queued or shed, the learned cost <code>t(n) = a + b·n</code> and the progressive size limit.</p>
 ${table("batching", [["route", "route"], ["queued_rows", "rows queued", num(0)], ["batches_60s", "batches (60 s)", num(0)],
-        ["rows_per_batch", "rows/batch", num(1)], ["fill", "fill", (v) => (v === null ? "–" : pct(v))], ["size_limit", "size limit", (v, r) => `${num(0)(v)}${r.max_batch ? ` of ${r.max_batch}` : ""}`],
+        ["rows_per_batch", "rows/batch", num(1)], ["fill", "fill", (v) => (v === null ? "–" : pct(v))], ["size_limit", "size limit", (v, r) => `${num(0)(v)} of ${r.max_batch}`],
         ["cost", "learned cost t(n) = a + b·n"], ["one_row_ms", "one row alone (ms)", num(2)], ["flushes_60s", "flushes by reason (60 s)"], ["bands_60s", "bands (60 s)"]], rows)}
 <h2>Waiting now, by band and tenant</h2>
 ${table("queue", [["route", "route"], ["band", "band"], ["tenant", "tenant"], ["weight", "weight", num(0)], ["rows", "rows", num(0)]], queue)}
