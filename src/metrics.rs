@@ -110,7 +110,7 @@ families! {
     BATCH_ROWS = "tiergate_batch_rows", Histogram;
     /// Rows per batch sent as a fraction of `max_batch`, by `route` (histogram).
     BATCH_FILL_RATIO = "tiergate_batch_fill_ratio", Histogram;
-    /// Batches sent, by `route` and `reason` (full, idle_backend, deadline, max_wait).
+    /// Batches sent, by `route` and `reason` (full, idle_backend, deadline).
     BATCH_FLUSHES = "tiergate_batch_flushes_total", Counter;
     /// Requests the micro-batch tier refused before queueing, by `route` and `reason`
     /// (queue_full, deadline_unmeetable, too_many_signatures).

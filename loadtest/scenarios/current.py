@@ -164,7 +164,23 @@ def fairness(text):
         "attainment and p99 within 10% of alone")
 
 
-for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, capacity, console_overhead):
+def bands(text):
+    tenants = re.findall(r"^this +(critical_\d+) +(\w) [\w ]+? +([\d.]+) +([\d.]+) +([\d.]+) ", text, re.M)
+    batches = dict(re.findall(r"^this +(critical_\d+) +batches: \d+, ([\d.]+ rows each, \d+% of them full)", text, re.M))
+    if not tenants:
+        raise ValueError("no phases")
+    at = lambda phase: {t: (float(sent), float(served), budget) for p, t, sent, served, budget in tenants if p == phase}
+    low, high = at("critical_40"), at("critical_80")
+    return ("priority bands: tenants below a critical tenant at 40% and 80% of a batch pool's capacity",
+        f"at 40%: within budget A {low['a'][2]}, B {low['b'][2]}, C {low['c'][2]}, D {low['d'][2]} "
+        f"({batches['critical_40']}); at 80%: A {high['a'][2]}, the rest served B {high['b'][1]:.1f}, "
+        f"C {high['c'][1]:.1f}, D {high['d'][1]:.1f} rows/s (B and C weights 2:1) in batches of "
+        f"{batches['critical_80']}",
+        "lower bands within budget at 40%; at 80% what is left, in full batches")
+
+
+for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, bands,
+               capacity, console_overhead):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

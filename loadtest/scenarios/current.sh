@@ -34,6 +34,7 @@ if [ "${1:-}" != "--table" ]; then
   run shadow shadow.sh
   run cache cache.sh
   run fairness fairness.sh
+  run bands bands.sh
   run capacity capacity.sh
   run console_overhead console_overhead.sh
 fi

@@ -46,7 +46,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -103,7 +102,7 @@ pub async fn listen(
     if admin.tokens.is_open() {
         tracing::warn!(addr = %listener.local_addr()?, "the admin API is UNAUTHENTICATED (admin.insecure_no_auth): anyone on this host can change the policy");
     }
-    let answer = move |req: Request<Incoming>| {
+    let answer = move |req: Request<crate::server::Incoming>| {
         let admin = admin.clone();
         async move { admin.answer(req).await }
     };
@@ -119,8 +118,15 @@ pub async fn listen(
 impl Admin {
     /// Answers one admin request (any body type, so tests drive it without a socket).
     pub async fn answer<B: crate::front::http::RequestBody>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+        // One name for each thing: a path with `.` or `..` segments, empty ones or
+        // escaped separators names nothing here, whatever a resolver would make of it.
+        if !plain_path(req.uri().path()) {
+            ::metrics::counter!(metrics::ADMIN_REFUSALS, "reason" => "path").increment(1);
+            let message = "the path has '.' or '..' segments, empty segments or escaped separators; send it plainly";
+            return error(StatusCode::BAD_REQUEST, "bad_path", message);
+        }
         // The console's page (no data in it: everything it shows is asked with the token).
-        if req.method() == Method::GET {
+        if req.method() == Method::GET && req.uri().query().is_none() {
             if let Some(page) = console::asset(req.uri().path()) {
                 return page;
             }
@@ -555,4 +561,20 @@ fn with_etag(mut response: Response<Full<Bytes>>, etag: &str) -> Response<Full<B
         response.headers_mut().insert(http::header::ETAG, v);
     }
     response
+}
+
+/// Whether `path` is plain: `/`-separated segments, none empty (but a last one, for a
+/// trailing slash), `.` or `..`, none with an escaped `.`, `/` or backslash.
+fn plain_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if ["%2e", "%2f", "%5c", "\\"].iter().any(|bad| lower.contains(bad)) {
+        return false;
+    }
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let last = segments.len().saturating_sub(1);
+    path.starts_with('/')
+        && segments
+            .iter()
+            .enumerate()
+            .all(|(i, s)| !matches!(*s, "." | "..") && (!s.is_empty() || i == last))
 }

@@ -542,7 +542,7 @@ fn grpc_door(
 ) -> impl FnOnce(tokio::net::TcpListener) -> BoxFuture + Clone + Send + 'static {
     let (closing, ending) = (closing.clone(), ending.clone());
     move |listener| {
-        let answer = move |req: http::Request<hyper::body::Incoming>| {
+        let answer = move |req: http::Request<crate::server::Incoming>| {
             let service = service.clone();
             async move {
                 match tower::ServiceExt::oneshot(service, req).await {

@@ -27,7 +27,7 @@ pub(super) async fn listen(
             }
         }
     });
-    let answer = move |req: http::Request<hyper::body::Incoming>| {
+    let answer = move |req: http::Request<crate::server::Incoming>| {
         let handle = handle.clone();
         async move {
             if req.uri().path() != "/metrics" {

@@ -119,6 +119,14 @@ impl Verdict<'_> {
             self.health.failed(why, Instant::now());
         }
     }
+
+    /// A failure `input` (a fingerprint of the request) may have caused: counted once
+    /// per input in the endpoint's run of failures.
+    pub(super) fn fail_on(&mut self, why: &'static str, input: u64) {
+        if !std::mem::replace(&mut self.given, true) {
+            self.health.failed_on(why, input, Instant::now());
+        }
+    }
 }
 
 impl Drop for Verdict<'_> {

@@ -9,6 +9,12 @@
 //! short wait before traffic moves away). Active checks, when the pool has a
 //! `check_path`, poll every endpoint: a failing check counts like a failed call, and a
 //! passing one lets an ejected endpoint be probed again.
+//!
+//! A failure that may be its input's rather than the endpoint's (an answer, or its
+//! absence, after the request was sent) counts once per input in a run of failures
+//! ([`Health::failed_on`]): one caller sending the same poison input again and again
+//! adds one failure, not one a call, so ejection needs evidence from several inputs.
+//! The pool decides which failures are the endpoint's alone (see `backend::pool`).
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -20,6 +26,9 @@ use crate::policy::HealthSpec;
 
 /// Longest ejection, as a multiple of `eject_for`.
 const MAX_BACKOFF: u32 = 10;
+
+/// Inputs a run of failures remembers (the last ones counted).
+const INPUTS: usize = 8;
 
 /// The circuit of one endpoint.
 #[derive(Debug)]
@@ -36,6 +45,8 @@ pub struct Health {
 struct State {
     failures: u32,
     trips: u32,
+    /// The inputs of the failures counted since the last success, the latest ones.
+    inputs: [Option<u64>; INPUTS],
     circuit: Circuit,
     /// When the last active check ended, and whether it passed.
     last_check: Option<(SystemTime, bool)>,
@@ -103,6 +114,7 @@ impl Health {
             state: Mutex::new(State {
                 failures: 0,
                 trips: 0,
+                inputs: [None; INPUTS],
                 circuit: Circuit::Closed,
                 last_check: None,
             }),
@@ -146,12 +158,35 @@ impl Health {
         }
         s.failures = 0;
         s.trips = 0;
+        s.inputs = [None; INPUTS];
         s.circuit = Circuit::Closed;
     }
 
-    /// A call failed for `why` (`unreachable`, `status_5xx`, `timeout`, `slow`, `check`).
+    /// A call failed for `why` (`unreachable`, `status_5xx`, `timeout`, `slow`, `check`),
+    /// the endpoint's own fault.
     pub fn failed(&self, why: &'static str, now: Instant) {
         let mut s = self.lock();
+        self.count(&mut s, why, now);
+    }
+
+    /// A call with `input` (a fingerprint of the request) failed for `why` in a way its
+    /// input may have caused: counted unless a failure of the same input already was
+    /// since the last success (nor does it end a probe then: the next call probes).
+    pub fn failed_on(&self, why: &'static str, input: u64, now: Instant) {
+        let mut s = self.lock();
+        if s.inputs.contains(&Some(input)) {
+            if s.circuit == (Circuit::HalfOpen { probing: true }) {
+                s.circuit = Circuit::HalfOpen { probing: false };
+            }
+            return;
+        }
+        let slot = s.failures as usize % INPUTS;
+        s.inputs[slot] = Some(input);
+        self.count(&mut s, why, now);
+    }
+
+    /// One more failure in a row for `why`, ejecting when it is one too many.
+    fn count(&self, s: &mut State, why: &'static str, now: Instant) {
         s.failures = s.failures.saturating_add(1);
         let eject = match s.circuit {
             Circuit::Closed => self.spec.eject_after > 0 && s.failures >= self.spec.eject_after,
@@ -296,6 +331,39 @@ mod tests {
             never.failed("status_5xx", t0);
         }
         assert_eq!(never.admit(t0), Admit::Yes);
+    }
+
+    #[test]
+    fn the_same_input_failing_again_counts_once_and_a_success_forgets_it() {
+        let h = health(3);
+        let t0 = Instant::now();
+        for _ in 0..50 {
+            h.failed_on("status_5xx", 7, t0);
+        }
+        assert_eq!(h.admit(t0), Admit::Yes, "one input, however often, is one failure");
+        h.failed_on("status_5xx", 8, t0);
+        assert_eq!(h.admit(t0), Admit::Yes);
+        h.failed_on("status_5xx", 9, t0);
+        assert!(
+            matches!(h.admit(t0), Admit::No(_)),
+            "three inputs failing in a row eject"
+        );
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(h.admit(later), Admit::Probe);
+        h.failed_on("status_5xx", 7, later);
+        assert_eq!(
+            h.admit(later),
+            Admit::Probe,
+            "a probe failed by an input already counted proves nothing: the next call probes"
+        );
+        h.succeeded();
+        h.failed_on("status_5xx", 7, later);
+        h.failed_on("status_5xx", 7, later);
+        assert_eq!(
+            h.view(later).failures,
+            1,
+            "after a success the input counts again, once"
+        );
     }
 
     #[test]

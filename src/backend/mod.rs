@@ -31,7 +31,7 @@ use dashmap::DashMap;
 use crate::decision::Tier;
 use crate::policy::PoolSpec;
 
-pub use pool::{EndpointView, Pool};
+pub use pool::{EndpointView, InputFailed, Pool};
 pub use tls::Trust;
 
 /// What every pool of a gateway is built with.

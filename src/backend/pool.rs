@@ -6,7 +6,8 @@
 //! (shedding at once at the limit, never queueing), picks the less loaded of two
 //! random endpoints among those not ejected (see [`super::health`]), and sends the
 //! request under the caller's deadline: when the deadline passes the backend call is
-//! dropped, which closes its connection. Every outcome feeds the endpoint's circuit.
+//! dropped, which closes its connection. Every outcome feeds the endpoint's circuit,
+//! a failure its input may have caused only once it is known whose it is (`blame`).
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 mod again;
+mod blame;
 
 use super::checks::Probe;
 use super::endpoint::{Endpoint, Failure, InFlight, Verdict};
@@ -40,7 +42,14 @@ struct Fitted {
     trace: Option<(crate::trace::TraceParent, http::HeaderValue)>,
     /// When it was last sent (for the answer's `Server-Timing`).
     sent_at: Option<Instant>,
+    /// Failures its input may have caused, not charged yet (see `blame`).
+    held: Vec<blame::Held>,
 }
+
+/// Marks an answer (a server error) the call met alike on two endpoints: its input's
+/// failure, not an endpoint's (see `blame`). A batch with it is split to find whose.
+#[derive(Debug, Clone, Copy)]
+pub struct InputFailed;
 
 /// One endpoint of a pool as the admin API shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +88,8 @@ pub struct Pool {
     budget: Budget,
     /// The pool's clock for its endpoints' costs (see [`Pool::clock`]).
     born: Instant,
+    /// Inputs found failing on two endpoints (see `blame`).
+    blamed: blame::Blamed,
 }
 
 /// How the pool talks to its endpoints.
@@ -165,10 +176,10 @@ impl Pool {
         }
         if let Some(tier) = tier {
             // Every series of retries at 0 from the start, so a rate over them has a base.
-            for reason in [Reason::Unreachable, Reason::Reset, Reason::Unavailable] {
+            for reason in [Reason::Unreachable, Reason::Reset, Reason::Unavailable, Reason::Error] {
                 retry_counter(route, tier, RETRIED, reason.as_str()).absolute(0);
             }
-            for why in ["budget", "deadline"] {
+            for why in ["budget", "deadline", "input"] {
                 retry_counter(route, tier, REFUSED, why).absolute(0);
             }
             for outcome in ["sent", "won", "cancelled", "over_budget"] {
@@ -191,6 +202,7 @@ impl Pool {
             hedge: spec.hedge,
             budget: Budget::new(&spec.retry, spec.hedge.map_or(0, |h| h.budget_per_mille)),
             born: Instant::now(),
+            blamed: blame::Blamed::default(),
         }
     }
 
@@ -358,6 +370,7 @@ impl Pool {
                 body,
                 trace,
                 sent_at: None,
+                held: Vec::new(),
             },
             span,
         ))
@@ -408,8 +421,9 @@ impl Pool {
         let result = self
             .send((at, false), &mut fitted, deadline, Instant::now())
             .instrument(span)
-            .await
-            .map_err(|f| self.error(at, f));
+            .await;
+        self.settle_alone(&mut fitted);
+        let result = result.map_err(|f| self.error(at, f));
         if sequence.end {
             self.sequences.release(&sequence.id, &pinned);
         }
@@ -429,7 +443,12 @@ impl Pool {
         }
         let result = self.send(first, &mut fitted, deadline, now).await;
         match self.retryable(&result, &fitted.parts) {
-            None => result.map_err(|f| self.error(first.0, f)),
+            None => {
+                if !fitted.held.is_empty() {
+                    self.settle_alone(&mut fitted);
+                }
+                result.map_err(|f| self.error(first.0, f))
+            }
             // Boxed: a retry is rare, and its state would make every call's future larger.
             Some(reason) => Box::pin(self.again(fitted, deadline, vec![first.0], first.0, result, reason)).await,
         }
@@ -601,7 +620,9 @@ impl Pool {
             body,
             trace,
             sent_at,
+            held,
         } = fitted;
+        let sent: &Bytes = body;
         let body = body.clone();
         // Read before the call, which may move the headers out of `parts`.
         let post = parts.method == http::Method::POST;
@@ -652,8 +673,9 @@ impl Pool {
             Some(slow) => tokio::select! {
                 done = &mut call => done,
                 _ = tokio::time::sleep_until(slow) => {
-                    // Stalled: set the endpoint aside now, still wait for this answer.
-                    verdict.fail("slow");
+                    // Stalled: set the endpoint aside now (once per input: a call may be
+                    // slow for its input), still wait for this answer.
+                    verdict.fail_on("slow", blame::fingerprint(sent));
                     call.await
                 }
             },
@@ -672,8 +694,15 @@ impl Pool {
         }
         let took = started.elapsed();
         self.instruments.backend_seconds.record(took.as_secs_f64());
+        // A failure after the request was sent may be its input's: held until the call
+        // has been tried elsewhere (or settled alone), never charged here.
+        let mut hold = |why| {
+            if !verdict.given {
+                held.push((at, why));
+            }
+        };
         match &result {
-            Ok(r) if r.status().is_server_error() => verdict.fail("status_5xx"),
+            Ok(r) if r.status().is_server_error() => hold("status_5xx"),
             Ok(_) => {
                 verdict.pass();
                 self.latency.answered(took);
@@ -687,11 +716,11 @@ impl Pool {
                 endpoint.cost.at_least(took, self.clock(started));
                 let limit = endpoint.health.spec().slow_call.or_else(|| self.latency.p99());
                 if limit.is_some_and(|limit| took > limit) {
-                    verdict.fail("timeout");
+                    hold("timeout");
                 }
             }
             Err(Failure::Unanswered(_) | Failure::Other(_) | Failure::Body(_) | Failure::Garbled(_)) => {
-                verdict.fail("broken_answer")
+                hold("broken_answer")
             }
         }
         result

@@ -5,7 +5,13 @@
 //! stay under `budget_per_mille` of the calls plus `min_per_second` per second of the
 //! window. So a pool whose endpoints all fail is called at most about 10% harder (the
 //! default), never twice as hard, while a pool with one bad endpoint among many has its
-//! few failures retried. A call costs one atomic add in the slot of its second. Hedges
+//! few failures retried. The budget is shared fairly by the callers who retry: while
+//! others have retried in the window, a caller may take only its share (the budget over
+//! the callers retrying), and a newcomer may go past the budget to take its own (the
+//! retries of a window stay under twice the budget), so one caller's failing calls
+//! cannot spend the retries another's need. Callers are told apart by their tenant's
+//! credential (every caller without one is the same caller). A call costs one atomic
+//! add in the slot of its second; only a retry looks at callers. Hedges
 //! (a second copy of a slow call) are counted against the same calls in their own
 //! share, the duplicate-work budget, with no floor. The counters of retries and hedges
 //! are made here too, for the pool and its calls sent again.
@@ -29,6 +35,8 @@ pub(super) enum Reason {
     Reset,
     /// The backend answered 503 (or gRPC `UNAVAILABLE`).
     Unavailable,
+    /// The backend answered 500, 502 or 504, or with something that is not an answer.
+    Error,
 }
 
 impl Reason {
@@ -38,6 +46,7 @@ impl Reason {
             Reason::Unreachable => "unreachable",
             Reason::Reset => "reset",
             Reason::Unavailable => "unavailable",
+            Reason::Error => "error",
         }
     }
 }
@@ -53,7 +62,13 @@ pub(super) struct Budget {
     calls: Slots,
     retries: Slots,
     hedges: Slots,
+    /// Retries by caller over the window, for the callers who retried lately.
+    callers: std::sync::Mutex<Vec<(u64, Slots)>>,
 }
+
+/// Callers whose retries a budget remembers at once (those with none in the window are
+/// forgotten first).
+const CALLERS: usize = 64;
 
 /// One counter per second of the window: the second (high 32 bits) and the count.
 #[derive(Debug, Default)]
@@ -70,6 +85,7 @@ impl Budget {
             calls: Slots::default(),
             retries: Slots::default(),
             hedges: Slots::default(),
+            callers: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -79,11 +95,42 @@ impl Budget {
         self.calls.add(self.second(at));
     }
 
-    /// Takes a retry at `now` out of the budget; `false` when the window has none left.
-    pub(super) fn withdraw(&self, now: Instant) -> bool {
+    /// Takes a retry of `caller` at `now` out of the budget; `false` when its share of
+    /// the window has none left (see the module's docs).
+    pub(super) fn withdraw(&self, now: Instant, caller: u64) -> bool {
         let second = self.second(now);
         let allowed = self.calls.sum(second) * self.per_mille / 1000 + self.min_per_second * WINDOW;
-        self.retries.take(second, allowed)
+        let mut callers = self.callers.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut own, mut others) = (0, 0u64);
+        for (who, slots) in callers.iter() {
+            match (*who == caller, slots.sum(second)) {
+                (true, n) => own = n,
+                (false, 0) => {}
+                (false, _) => others += 1,
+            }
+        }
+        let share = match allowed {
+            0 => 0,
+            allowed => (allowed / (others + 1)).max(1),
+        };
+        if own >= share || !self.retries.take(second, allowed.saturating_mul(2)) {
+            return false;
+        }
+        match callers.iter().position(|(who, _)| *who == caller) {
+            Some(i) => callers[i].1.add(second),
+            None => {
+                if callers.len() >= CALLERS {
+                    callers.retain(|(_, slots)| slots.sum(second) > 0);
+                }
+                if callers.len() >= CALLERS {
+                    callers.remove(0);
+                }
+                let slots = Slots::default();
+                slots.add(second);
+                callers.push((caller, slots));
+            }
+        }
+        true
     }
 
     /// Takes a hedge at `now` out of the duplicate-work budget (hedges within
@@ -174,17 +221,20 @@ mod tests {
     fn retries_stay_within_their_share_of_the_calls() {
         let budget = Budget::new(&spec(100, 0), 0);
         let t0 = budget.started;
-        assert!(!budget.withdraw(t0), "no calls yet: no retries");
+        assert!(!budget.withdraw(t0, 0), "no calls yet: no retries");
         for _ in 0..50 {
             budget.deposit(t0);
         }
-        let allowed = (0..10).take_while(|_| budget.withdraw(t0)).count();
+        let allowed = (0..10).take_while(|_| budget.withdraw(t0, 0)).count();
         assert_eq!(allowed, 5, "10% of 50 calls");
         for _ in 0..10 {
             budget.deposit(t0 + Duration::from_secs(3));
         }
-        assert!(budget.withdraw(t0 + Duration::from_secs(3)), "60 calls allow a sixth");
-        assert!(!budget.withdraw(t0 + Duration::from_secs(3)));
+        assert!(
+            budget.withdraw(t0 + Duration::from_secs(3), 0),
+            "60 calls allow a sixth"
+        );
+        assert!(!budget.withdraw(t0 + Duration::from_secs(3), 0));
     }
 
     #[test]
@@ -194,22 +244,57 @@ mod tests {
         for _ in 0..20 {
             budget.deposit(t0);
         }
-        assert!(budget.withdraw(t0) && budget.withdraw(t0));
-        assert!(!budget.withdraw(t0 + Duration::from_secs(9)), "still in the window");
+        assert!(budget.withdraw(t0, 0) && budget.withdraw(t0, 0));
+        assert!(!budget.withdraw(t0 + Duration::from_secs(9), 0), "still in the window");
         let later = t0 + Duration::from_secs(10);
-        assert!(!budget.withdraw(later), "the calls left the window with their retries");
+        assert!(
+            !budget.withdraw(later, 0),
+            "the calls left the window with their retries"
+        );
         for _ in 0..10 {
             budget.deposit(later);
         }
-        assert!(budget.withdraw(later), "a slot reused for a later second starts again");
-        assert!(!budget.withdraw(later));
+        assert!(
+            budget.withdraw(later, 0),
+            "a slot reused for a later second starts again"
+        );
+        assert!(!budget.withdraw(later, 0));
+    }
+
+    #[test]
+    fn one_caller_cannot_spend_the_retries_another_needs() {
+        let budget = Budget::new(&spec(100, 0), 0);
+        let t0 = budget.started;
+        for _ in 0..100 {
+            budget.deposit(t0);
+        }
+        let greedy = (0..20).take_while(|_| budget.withdraw(t0, 1)).count();
+        assert_eq!(
+            greedy, 10,
+            "alone, a caller may take the whole budget: 10% of 100 calls"
+        );
+        let (victim, greedy) = (2, 1);
+        let mine = (0..20).take_while(|_| budget.withdraw(t0, victim)).count();
+        assert_eq!(
+            mine, 5,
+            "a newcomer still has its share, half of the budget beside one other"
+        );
+        assert!(!budget.withdraw(t0, greedy), "past its share, the first caller waits");
+        let more = |caller| (0..20).take_while(|_| budget.withdraw(t0, caller)).count();
+        assert_eq!((more(3), more(4)), (3, 2), "a third of the budget, a fourth");
+        assert_eq!(more(5), 0, "and the window stays under twice the budget");
+        let later = t0 + Duration::from_secs(WINDOW);
+        for _ in 0..100 {
+            budget.deposit(later);
+        }
+        assert!(budget.withdraw(later, greedy), "a new window forgets");
     }
 
     #[test]
     fn a_floor_per_second_holds_without_calls() {
         let budget = Budget::new(&spec(0, 3), 0);
         let t0 = budget.started;
-        let allowed = (0..100).take_while(|_| budget.withdraw(t0)).count();
+        let allowed = (0..100).take_while(|_| budget.withdraw(t0, 0)).count();
         assert_eq!(allowed, 30, "3 a second over the 10 s window");
     }
 
@@ -226,6 +311,6 @@ mod tests {
         }
         let allowed = (0..10).take_while(|_| budget.hedge(t0)).count();
         assert_eq!(allowed, 2, "2% of 100 calls");
-        assert!(budget.withdraw(t0), "hedges take nothing from the retries");
+        assert!(budget.withdraw(t0, 0), "hedges take nothing from the retries");
     }
 }

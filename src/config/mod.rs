@@ -393,7 +393,9 @@ pub struct Limits {
     /// `idle_timeout` instead.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
-    /// How long a client may take to send its request body (408 past it).
+    /// How long a client may take to send its request body, from its request's head
+    /// (408 past it); less once the connection table is more than half full, down to a
+    /// tenth when it is full.
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
     /// Requests in flight across the gateway (both doors); past it new ones get 503.
@@ -414,6 +416,10 @@ pub struct Limits {
     /// over 10 s windows; a slower reader's connection is closed, so it cannot hold an
     /// answer (a Batch API file, say) and its connection for as long as it likes. 0 is off.
     pub min_send_rate: u64,
+    /// Bytes a second a request body on its way must arrive at, measured over 10 s
+    /// windows; a slower body fails with 408 (its connection then closes), so a client
+    /// sending a body a byte at a time cannot hold its connection for long. 0 is off.
+    pub min_receive_rate: u64,
     /// How long a connection may have no request in flight before it is closed (an idle
     /// keep-alive HTTP/1.1 connection, an HTTP/2 connection with no open stream); it is
     /// looked at four times per `idle_timeout`, so closed within 1.25 × of it.
@@ -545,6 +551,7 @@ impl Default for Limits {
             max_connections: 10_000,
             max_connections_per_client: 1_000,
             min_send_rate: 4096,
+            min_receive_rate: 4096,
             idle_timeout: Duration::from_secs(120),
             listen_backlog: 4096,
             budget_reserve: 0.0,

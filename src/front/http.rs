@@ -9,9 +9,7 @@
 //! `x-tiergate-reason`; every error is `{"error": "..."}` with the status from
 //! [`crate::error`].
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -29,6 +27,7 @@ use crate::headers::{self, Head};
 use crate::metrics;
 use crate::policy::Route;
 use crate::protocol;
+use crate::server::TooSlow;
 use crate::tenant::Tenant;
 use crate::timing::Line;
 use crate::trace;
@@ -392,7 +391,8 @@ impl HttpDoor {
         response
     }
 
-    /// Reads a body of at most `max` bytes within the body read timeout.
+    /// Reads a body of at most `max` bytes. How long it may take, and how slowly it may
+    /// come, is the listener's to enforce (`server::receive`): its [`TooSlow`] is a 408.
     async fn read_body<B: RequestBody>(&self, body: B, max: usize) -> Result<Bytes, Error> {
         let declared = body.size_hint().exact();
         let too_large = || {
@@ -405,27 +405,16 @@ impl HttpDoor {
             return Err(too_large());
         }
         let room = declared.map_or(0, |n| n as usize);
-        let mut reading = std::pin::pin!(gather(body, room, max));
-        // A body that came whole with its head (nearly every small one) is read at the
-        // first poll, and needs no timer.
-        let read = match std::future::poll_fn(|cx| Poll::Ready(reading.as_mut().poll(cx))).await {
-            Poll::Ready(read) => Ok(read),
-            Poll::Pending => tokio::time::timeout(self.limits.body_read_timeout, reading).await,
-        };
-        match read {
-            Ok(Ok(Some(body))) => Ok(body),
-            Ok(Ok(None)) => Err(too_large()),
-            Ok(Err(e)) => Err(Error::new(
-                Kind::BadRequest,
-                format!("could not read the request body: {e}"),
-            )),
-            Err(_) => Err(Error::new(
-                Kind::ClientTimeout,
-                format!(
-                    "the request body took longer than {:?} to arrive",
-                    self.limits.body_read_timeout
-                ),
-            )),
+        match gather(body, room, max).await {
+            Ok(Some(body)) => Ok(body),
+            Ok(None) => Err(too_large()),
+            Err(e) => match e.downcast_ref::<TooSlow>() {
+                Some(slow) => Err(Error::new(Kind::ClientTimeout, slow.to_string())),
+                None => Err(Error::new(
+                    Kind::BadRequest,
+                    format!("could not read the request body: {e}"),
+                )),
+            },
         }
     }
 }

@@ -372,9 +372,12 @@ pub struct BatchFile {
     pub capacity: Option<CapacityFile>,
     /// Most rows in one batch.
     pub max_batch: Option<i64>,
-    /// Longest a request may wait for its batch to fill (a ceiling, never a floor).
+    /// Accepted so files that set it still load; it bounds nothing (a batch is formed
+    /// from everyone waiting when a slot frees).
     #[serde(default, with = "humantime_serde")]
     pub max_wait: Option<Duration>,
+    /// Most bytes of request body in one batch call.
+    pub max_batch_bytes: Option<i64>,
     /// Batches in flight per endpoint.
     pub max_in_flight: Option<i64>,
     /// Rows that may wait in the queue before new ones get 429.

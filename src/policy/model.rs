@@ -266,6 +266,9 @@ pub struct RetryOn {
     pub reset: bool,
     /// The backend answered 503 or gRPC `UNAVAILABLE` (`unavailable`).
     pub unavailable: bool,
+    /// The backend answered 500, 502 or 504 (gRPC `INTERNAL`, `UNKNOWN`), or with
+    /// something that is not an answer (`error`).
+    pub error: bool,
 }
 
 /// Borrowing rules: every one is off unless the route turns it on.
@@ -319,8 +322,10 @@ pub struct BatchSpec {
     pub pool: Arc<PoolSpec>,
     /// Most rows in one batch.
     pub max_batch: NonZeroU32,
-    /// Ceiling on how long a request waits for its batch.
+    /// Accepted from files for compatibility; it bounds nothing.
     pub max_wait: Duration,
+    /// Most bytes of request body in one batch call (a request larger goes alone).
+    pub max_batch_bytes: u64,
     /// Batches in flight per endpoint.
     pub max_in_flight: NonZeroU32,
     /// Rows that may wait in the queue.

@@ -470,7 +470,7 @@ budget_percent = -2
         "r.toml",
         bad,
         &[
-            "r.toml: routes.r.micro_batch.retry.on[1]: must be \"reset\" or \"unavailable\", got \"always\"",
+            "r.toml: routes.r.micro_batch.retry.on[1]: must be \"reset\", \"unavailable\" or \"error\", got \"always\" (an unreachable endpoint is always retried)",
             "r.toml: routes.r.micro_batch.retry.max_retries: must be 0 to 10, got 11",
             "r.toml: routes.r.micro_batch.retry.budget_percent: must be 0 to 100, got 150",
             "r.toml: routes.r.micro_batch.retry.min_per_second: must be 0 to 10000, got -1",

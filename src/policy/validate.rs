@@ -33,6 +33,8 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(5);
 const MAX_BATCH: u32 = 64;
 const MAX_WAIT: Duration = Duration::from_millis(20);
 const MAX_IN_FLIGHT: u32 = 2;
+/// Triton's own default limit on an HTTP request body, and the gateway's.
+const MAX_BATCH_BYTES: u64 = 64 << 20;
 const QUEUE_CAPACITY: u32 = 4096;
 /// The share of a queue beyond which sheddable requests are refused.
 const SHED_ABOVE: f64 = 0.5;
@@ -611,11 +613,12 @@ fn retry(check: &mut Check<'_>, at: &str, file: Option<&RetryFile>) -> RetrySpec
             match kind.as_str() {
                 "reset" => on.reset = true,
                 "unavailable" => on.unavailable = true,
+                "error" => on.error = true,
                 other => check.fail(
                     format!("{at}.on[{i}]"),
                     format!(
-                        "must be \"reset\" or \"unavailable\", got {other:?} (an unreachable endpoint is always \
-                         retried)"
+                        "must be \"reset\", \"unavailable\" or \"error\", got {other:?} (an unreachable endpoint is \
+                         always retried)"
                     ),
                 ),
             }
@@ -721,6 +724,17 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
             "must be more than 0ms and at most 5s (the micro-batch SLO)",
         );
     }
+    let max_batch_bytes = match file.max_batch_bytes {
+        None => MAX_BATCH_BYTES,
+        Some(n) if (1024..=1 << 40).contains(&n) => n as u64,
+        Some(n) => {
+            check.fail(
+                format!("{at}.max_batch_bytes"),
+                format!("must be 1024 to 2^40 bytes, got {n}"),
+            );
+            MAX_BATCH_BYTES
+        }
+    };
     let endpoint_count = u32::try_from(endpoints.len().max(1)).unwrap_or(u32::MAX);
     let max_concurrency = NonZeroU32::new(endpoint_count.saturating_mul(max_in_flight.get()))
         .expect("product of non-zero numbers, saturating");
@@ -738,6 +752,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
         }),
         max_batch,
         max_wait,
+        max_batch_bytes,
         max_in_flight,
         queue_capacity,
         json_adapter: file.json_adapter.map(|a| match a {

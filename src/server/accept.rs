@@ -5,17 +5,20 @@
 //!
 //! A full table does not shut newcomers out: the listener closes the connection least
 //! likely to be a client's to make room, the oldest that has not sent its first request
-//! yet, else the one idle longest; and the fuller the table, the less time a new
-//! connection has for its first request (from half full, down to a tenth of
-//! `first_request` when full). So a client holding sockets open, idle or half-sent,
-//! from however many addresses, cannot keep others out.
-//!
+//! yet, else the one idle longest, else the one whose request body comes slowest; and
+//! the fuller the table, the less time a new connection has for its first request and a
+//! request for its body (from half full, down to a tenth of `first_request` and of the
+//! body deadline when full), while a body must keep coming at `min_receive_rate` (see
+//! [`super::receive`]). So a client holding sockets open, idle, half-sent or sending a
+//! body a byte at a time, from however many addresses, cannot keep others out.
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +44,12 @@ pub struct Connections {
     /// Bytes a second a client must take of an answer waiting to be written, over 10 s
     /// windows, or its connection is closed (0: no floor).
     pub min_send_rate: u64,
+    /// How long a request body may take to arrive, from its request's head (less as the
+    /// table fills).
+    pub body: Duration,
+    /// Bytes a second a request body in progress must arrive at, over 10 s windows, or
+    /// it fails with 408 (0: no floor).
+    pub min_receive_rate: u64,
     /// TLS, when the listener speaks it (see [`super::tls`]).
     pub tls: Option<TlsAcceptor>,
 }
@@ -53,6 +62,8 @@ impl std::fmt::Debug for Connections {
             .field("first_request", &self.first_request)
             .field("idle", &self.idle)
             .field("min_send_rate", &self.min_send_rate)
+            .field("body", &self.body)
+            .field("min_receive_rate", &self.min_receive_rate)
             .field("tls", &self.tls.is_some())
             .finish()
     }
@@ -67,6 +78,8 @@ impl Connections {
             first_request: limits.header_read_timeout,
             idle: limits.idle_timeout,
             min_send_rate: limits.min_send_rate,
+            body: limits.body_read_timeout,
+            min_receive_rate: limits.min_receive_rate,
             tls: None,
         }
     }
@@ -78,7 +91,7 @@ impl Connections {
     }
 
     /// A small listener's (the admin API, the metrics endpoint): `max` connections,
-    /// 10 s to the first request, 2 minutes idle.
+    /// 10 s to the first request and to a request's body, 2 minutes idle.
     pub fn small(max: usize) -> Self {
         Connections {
             max,
@@ -86,7 +99,34 @@ impl Connections {
             first_request: Duration::from_secs(10),
             idle: Duration::from_secs(120),
             min_send_rate: 0,
+            body: Duration::from_secs(10),
+            min_receive_rate: 0,
             tls: None,
+        }
+    }
+}
+
+/// What a listener's request bodies are held to (see [`super::receive`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bodies {
+    deadline: Duration,
+    min_rate: u64,
+}
+
+impl Bodies {
+    /// `allow`'s.
+    pub(super) fn of(allow: &Connections) -> Self {
+        Bodies {
+            deadline: allow.body,
+            min_rate: allow.min_receive_rate,
+        }
+    }
+
+    /// The rules of a body beginning now, with the table as full as `fill` says.
+    pub(super) fn rules(&self, fill: &Fill) -> super::receive::Rules {
+        super::receive::Rules {
+            deadline: self.deadline.mul_f64(fill.share()),
+            min_rate: self.min_rate,
         }
     }
 }
@@ -98,8 +138,13 @@ impl Connections {
 /// request. New clients are refused at connect from then on.
 /// With TLS, each connection's handshake runs on a task of its own (a slow one holds up
 /// nobody) and the connection comes out once it is done.
-pub(super) fn accept(listener: TcpListener, allow: Connections, closing: CancellationToken) -> mpsc::Receiver<Conn> {
+pub(super) fn accept(
+    listener: TcpListener,
+    allow: Connections,
+    closing: CancellationToken,
+) -> (mpsc::Receiver<Conn>, Arc<Fill>) {
     let mut table = Table::new(&allow);
+    let fill = table.fill.clone();
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         // Hands a counted connection on: at once, or once its TLS handshake is done.
@@ -156,14 +201,33 @@ pub(super) fn accept(listener: TcpListener, allow: Connections, closing: Cancell
         }
         // `listener` closes here, with nothing left in its backlog.
     });
-    rx
+    (rx, fill)
+}
+
+/// How full a listener's table is, for the deadlines that shrink as it fills.
+#[derive(Debug)]
+pub(super) struct Fill {
+    places: Arc<Semaphore>,
+    max: usize,
+}
+
+impl Fill {
+    /// The share of a deadline a connection gets now: all of it until the table is half
+    /// full, then less as it fills, down to a tenth when full.
+    pub(super) fn share(&self) -> f64 {
+        let used = self.max - self.places.available_permits().min(self.max);
+        let fill = used as f64 / self.max as f64;
+        match fill <= 0.5 {
+            true => 1.0,
+            false => (2.0 * (1.0 - fill)).max(0.1),
+        }
+    }
 }
 
 /// A listener's open connections: their places, by client too, and each one's activity
 /// (to choose which to close when a newcomer finds the table full).
 struct Table {
-    places: Arc<Semaphore>,
-    max: usize,
+    fill: Arc<Fill>,
     per_client: usize,
     clients: Arc<Clients>,
     open: Vec<Weak<Activity>>,
@@ -174,8 +238,10 @@ impl Table {
     fn new(allow: &Connections) -> Self {
         let max = allow.max.clamp(1, Semaphore::MAX_PERMITS);
         Table {
-            places: Arc::new(Semaphore::new(max)),
-            max,
+            fill: Arc::new(Fill {
+                places: Arc::new(Semaphore::new(max)),
+                max,
+            }),
             per_client: allow.per_client,
             clients: Arc::new(Clients::default()),
             open: Vec::new(),
@@ -195,10 +261,10 @@ impl Table {
             ::metrics::counter!(metrics::ADMISSION_REFUSALS, "reason" => reason).increment(1);
             None
         };
-        let place = match self.places.clone().try_acquire_owned() {
+        let place = match self.fill.places.clone().try_acquire_owned() {
             Ok(place) => place,
             Err(_) if make_room && self.make_room() => {
-                let freed = tokio::time::timeout(EVICTED_WITHIN, self.places.clone().acquire_owned()).await;
+                let freed = tokio::time::timeout(EVICTED_WITHIN, self.fill.places.clone().acquire_owned()).await;
                 match freed {
                     Ok(Ok(place)) => place,
                     _ => return refused("connections"),
@@ -211,38 +277,29 @@ impl Table {
         };
         let _ = stream.set_nodelay(true);
         let deadlines = Deadlines {
-            first_request: self.first_request(),
+            first_request: self.deadlines.first_request.mul_f64(self.fill.share()),
             ..self.deadlines
         };
         let counted = Counted::new(stream, peer, deadlines, (place, client));
-        if self.open.len() >= 2 * self.max {
+        if self.open.len() >= 2 * self.fill.max {
             self.open.retain(|a| a.strong_count() > 0);
         }
         self.open.push(Arc::downgrade(counted.activity()));
         Some(counted)
     }
 
-    /// The first-request deadline for a connection accepted now: the listener's until
-    /// the table is half full, then less as it fills, down to a tenth when full.
-    fn first_request(&self) -> Duration {
-        let used = self.max - self.places.available_permits();
-        let fill = used as f64 / self.max as f64;
-        let share = match fill <= 0.5 {
-            true => 1.0,
-            false => (2.0 * (1.0 - fill)).max(0.1),
-        };
-        self.deadlines.first_request.mul_f64(share)
-    }
-
     /// Closes one connection to make room for a newcomer: the oldest that has not had
-    /// its first request, else the one idle longest; whether there was one.
+    /// its first request, else the one idle longest, else the one whose request body
+    /// comes slowest; whether there was one. A connection without a request, or with
+    /// a body on its way, is closed at once; an idle one is asked to close first.
     fn make_room(&mut self) -> bool {
         let open: Vec<Arc<Activity>> = self.open.iter().filter_map(Weak::upgrade).collect();
-        let Some(victim) = choose(&open) else {
+        let Some(victim) = choose(&open, Instant::now()) else {
             return false;
         };
         ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "reason" => "evicted").increment(1);
-        match victim.opened.load(std::sync::atomic::Ordering::Acquire) {
+        let opened = victim.opened.load(std::sync::atomic::Ordering::Acquire);
+        match opened && victim.receive_rate(Instant::now()).is_none() {
             false => victim.close_now(),
             true => victim.close_soon(),
         }
@@ -250,18 +307,27 @@ impl Table {
     }
 }
 
-/// The connection to close for a newcomer (see [`Table::make_room`]), if any may be.
-fn choose(open: &[Arc<Activity>]) -> Option<&Arc<Activity>> {
+/// The connection to close for a newcomer at `now` (see [`Table::make_room`]), if any
+/// may be.
+fn choose(open: &[Arc<Activity>], now: Instant) -> Option<&Arc<Activity>> {
     use std::sync::atomic::Ordering::Acquire;
     let live = open.iter().filter(|a| !a.is_closing());
     let silent = live
         .clone()
         .filter(|a| !a.opened.load(Acquire))
         .min_by_key(|a| a.accepted);
-    silent.or_else(|| {
-        live.filter(|a| a.in_flight.load(Acquire) == 0)
+    let idle = || {
+        live.clone()
+            .filter(|a| a.in_flight.load(Acquire) == 0)
             .max_by_key(|a| (a.quiet.load(Acquire), std::cmp::Reverse(a.accepted)))
-    })
+    };
+    let slowest_body = || {
+        live.clone()
+            .filter_map(|a| Some((a.receive_rate(now)?, a)))
+            .min_by(|x, y| x.0.total_cmp(&y.0))
+            .map(|(_, a)| a)
+    };
+    silent.or_else(idle).or_else(slowest_body)
 }
 
 #[cfg(test)]
@@ -280,8 +346,8 @@ mod tests {
         };
         let table = Table::new(&allow);
         let at = |taken: u32| {
-            let held = table.places.clone().try_acquire_many_owned(taken).expect("places");
-            let deadline = table.first_request();
+            let held = table.fill.places.clone().try_acquire_many_owned(taken).expect("places");
+            let deadline = allow.first_request.mul_f64(table.fill.share());
             drop(held);
             deadline
         };
@@ -292,23 +358,38 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_full_table_closes_the_oldest_silent_connection_then_the_longest_idle() {
+    async fn a_full_table_closes_the_oldest_silent_connection_then_the_longest_idle_then_the_slowest_body() {
         let t0 = Instant::now();
         let at = |ms: u64| Arc::new(Activity::new(t0 + Duration::from_millis(ms)));
         let (busy, idle_long, idle_short, silent_old, silent_new) = (at(0), at(1), at(2), at(3), at(4));
-        for (opened, quiet) in [(&busy, 9), (&idle_long, 3), (&idle_short, 1)] {
+        let (trickle, upload) = (at(5), at(6));
+        for (opened, quiet) in [
+            (&busy, 9),
+            (&idle_long, 3),
+            (&idle_short, 1),
+            (&trickle, 0),
+            (&upload, 0),
+        ] {
             opened.opened.store(true, Ordering::Release);
             opened.quiet.store(quiet, Ordering::Relaxed);
+        }
+        for (receiving, bytes) in [(&trickle, 3), (&upload, 300_000)] {
+            receiving.in_flight.store(1, Ordering::Release);
+            receiving.receiving_began(t0);
+            receiving.received(bytes);
         }
         busy.in_flight.store(1, Ordering::Release);
         let mut open = vec![
             busy.clone(),
+            upload.clone(),
             idle_short.clone(),
+            trickle.clone(),
             silent_new.clone(),
             idle_long.clone(),
             silent_old.clone(),
         ];
-        let chosen = |open: &[Arc<Activity>]| choose(open).map(|a| a.accepted);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let chosen = |open: &[Arc<Activity>]| choose(open, Instant::now()).map(|a| a.accepted);
         assert_eq!(
             chosen(&open),
             Some(silent_old.accepted),
@@ -319,6 +400,18 @@ mod tests {
         open.retain(|a| !Arc::ptr_eq(a, &silent_new));
         assert_eq!(chosen(&open), Some(idle_long.accepted), "then the one idle longest");
         open.retain(|a| !Arc::ptr_eq(a, &idle_long) && !Arc::ptr_eq(a, &idle_short));
-        assert_eq!(chosen(&open), None, "never one with a request in flight");
+        assert_eq!(
+            chosen(&open),
+            Some(trickle.accepted),
+            "then the slowest body on its way"
+        );
+        open.retain(|a| !Arc::ptr_eq(a, &trickle));
+        assert_eq!(
+            chosen(&open),
+            Some(upload.accepted),
+            "however fast, a body is not yet an answer"
+        );
+        upload.receiving_ended();
+        assert_eq!(chosen(&open), None, "never one whose request is being answered");
     }
 }

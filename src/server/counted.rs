@@ -50,6 +50,14 @@ pub struct Activity {
     closed: AtomicBool,
     /// The task reading the socket, woken when `closed` is set.
     reader: Mutex<Option<Waker>>,
+    /// Request bodies (gRPC: messages) in progress (see `server::receive`).
+    receiving: AtomicU32,
+    /// Since when some body has been in progress, in microseconds from `accepted`, and
+    /// the bytes received since: how fast the connection's bodies come.
+    receiving_since: AtomicU64,
+    received: AtomicU64,
+    /// Set when a request's body was left unread by its answer (an early refusal).
+    unread: AtomicBool,
 }
 
 /// How many quiet looks, `idle / IDLE_LOOKS` apart, close a connection as idle: it is
@@ -74,7 +82,51 @@ impl Activity {
             server: Mutex::new(None),
             closed: AtomicBool::new(false),
             reader: Mutex::new(None),
+            receiving: AtomicU32::new(0),
+            receiving_since: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            unread: AtomicBool::new(false),
         }
+    }
+
+    /// A request body (gRPC: a message) began to arrive at `now`.
+    pub(super) fn receiving_began(&self, now: Instant) {
+        if self.receiving.fetch_add(1, Ordering::AcqRel) == 0 {
+            let since = u64::try_from(now.saturating_duration_since(self.accepted).as_micros()).unwrap_or(u64::MAX);
+            self.receiving_since.store(since, Ordering::Release);
+            self.received.store(0, Ordering::Release);
+        }
+    }
+
+    /// `bytes` of a body in progress came.
+    pub(super) fn received(&self, bytes: usize) {
+        self.received.fetch_add(bytes as u64, Ordering::AcqRel);
+    }
+
+    /// A body (or message) in progress ended, or was given up.
+    pub(super) fn receiving_ended(&self) {
+        self.receiving.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How fast its bodies in progress come, in bytes a second at `now` (over at least
+    /// a second); `None` when none is in progress.
+    pub(super) fn receive_rate(&self, now: Instant) -> Option<f64> {
+        if self.receiving.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let since = self.accepted + Duration::from_micros(self.receiving_since.load(Ordering::Acquire));
+        let secs = now.saturating_duration_since(since).as_secs_f64().max(1.0);
+        Some(self.received.load(Ordering::Acquire) as f64 / secs)
+    }
+
+    /// A request's body was dropped before its end.
+    pub(super) fn left_unread(&self) {
+        self.unread.store(true, Ordering::Release);
+    }
+
+    /// Whether the last request's body was left unread (and forgets it).
+    pub(super) fn take_unread(&self) -> bool {
+        self.unread.swap(false, Ordering::AcqRel)
     }
 
     /// A request has started on the connection; it is in flight until the guard drops.

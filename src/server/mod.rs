@@ -10,20 +10,23 @@
 //!
 //! `accept` (the connection table: limits, eviction, deadlines by fullness) ·
 //! `clients` (per-client counts, IPv6 by /64) · `counted` (one connection's socket and
-//! deadlines, [`Activity`]) · `conn` (plain or TLS, and an answer's body tracked until
-//! written) · [`tls`] (certificates, reloaded live).
+//! deadlines, [`Activity`]) · `receive` (a request body held to its deadline and rate,
+//! [`Incoming`]) · `conn` (plain or TLS, and an answer's body tracked until written) ·
+//! [`tls`] (certificates, reloaded live).
 
 mod accept;
 mod clients;
 mod conn;
 mod counted;
 mod lean;
+mod receive;
 pub mod tls;
 
 pub use accept::Connections;
 pub use conn::{Conn, TrackedBody};
 pub use counted::{Activity, Counted, InFlight};
 pub use lean::{reads_as_httparse, Whole};
+pub use receive::{Incoming, TooSlow};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -34,7 +37,6 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -165,7 +167,8 @@ async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
     let builder = Arc::new(builder);
     let connections = TaskTracker::new();
     let first_request = allow.first_request.min(FIRST_REQUEST);
-    let mut accepted = accept::accept(listener, allow, closing.clone());
+    let bodies = accept::Bodies::of(&allow);
+    let (mut accepted, fill) = accept::accept(listener, allow, closing.clone());
     while let Some(mut stream) = accepted.recv().await {
         let answer = answer.clone();
         let lean = lean.clone();
@@ -173,13 +176,26 @@ async fn run<B: AnswerBody, F: Answers<Incoming, B>, L: Answers<Whole, B>>(
         // Told of every request: its deadlines, and a stop, need to know.
         let activity = stream.activity();
         let told = activity.clone();
-        let service = service_fn(move |req| {
+        let fill = fill.clone();
+        let service = service_fn(move |req: ::http::Request<hyper::body::Incoming>| {
             let in_flight = told.begin();
             let answer = answer.clone();
+            let h1 = req.version() <= ::http::Version::HTTP_11;
+            let (parts, body) = req.into_parts();
+            let body = Incoming::new(body, &parts.headers, &told, || bodies.rules(&fill));
+            let req = ::http::Request::from_parts(parts, body);
+            let told = told.clone();
             async move {
                 let (mut head, mut body) = answer(req).await.into_parts();
                 if let Some(stamping) = stamping {
                     (stamping.store)(&mut body, &mut head.headers);
+                }
+                // A body the answer left unread closes an HTTP/1.1 connection (the rest
+                // of it is not read to find the next request): said, so the client does
+                // not send its next request on it.
+                if told.take_unread() && h1 {
+                    head.headers
+                        .insert(::http::header::CONNECTION, ::http::HeaderValue::from_static("close"));
                 }
                 // In flight until the answer's body is written (a gRPC stream, a file).
                 let answer = ::http::Response::from_parts(head, body);

@@ -42,6 +42,11 @@ struct GateState {
     unavailable: bool,
     /// Every batch takes this many times its cost (0 and 1: as its model says).
     slow: u32,
+    /// Request bodies larger than this are refused with 413 (0: the simulator's own
+    /// limit), as a server started with a smaller input limit refuses them.
+    max_body: u64,
+    /// Requests refused for their body's size.
+    too_large: u64,
 }
 
 /// What one instance thread needs.
@@ -80,7 +85,24 @@ impl Gate {
     /// The faults set from outside (see `sim::server`), as JSON.
     pub(crate) fn faults(&self) -> serde_json::Value {
         let state = lock(&self.state);
-        serde_json::json!({"unavailable": state.unavailable, "slow": state.slow.max(1)})
+        serde_json::json!({"unavailable": state.unavailable, "slow": state.slow.max(1), "max_body_bytes": state.max_body})
+    }
+
+    pub(crate) fn set_max_body(&self, bytes: u64) {
+        lock(&self.state).max_body = bytes;
+    }
+
+    /// Whether a body of `bytes` is over the limit set from outside (counted if so).
+    pub(crate) fn too_large(&self, bytes: u64) -> bool {
+        let mut state = lock(&self.state);
+        let over = state.max_body > 0 && bytes > state.max_body;
+        state.too_large += u64::from(over);
+        over
+    }
+
+    /// Requests refused so far for their body's size.
+    pub(crate) fn refused_too_large(&self) -> u64 {
+        lock(&self.state).too_large
     }
 
     pub(crate) fn unavailable(&self) -> bool {

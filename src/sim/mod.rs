@@ -173,6 +173,18 @@ impl Simulator {
         self.inner.gate.set_slow(factor);
     }
 
+    /// Test hook: from now on an inference request whose body is over `bytes` is
+    /// refused with 413 (0: the simulator's own limit again), as Triton started with a
+    /// smaller `--http-max-input-size` refuses it.
+    pub fn limit_body(&self, bytes: u64) {
+        self.inner.gate.set_max_body(bytes);
+    }
+
+    /// Inference requests refused so far for a body over [`Simulator::limit_body`].
+    pub fn refused_too_large(&self) -> u64 {
+        self.inner.gate.refused_too_large()
+    }
+
     /// Lets instances start batches again, in queue order.
     pub fn release(&self) {
         self.inner.gate.set_held(false);

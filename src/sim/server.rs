@@ -77,10 +77,19 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
     if path == FAULTS {
         return faults(sim, req).await;
     }
-    if sim.inner.gate.unavailable() && (path.ends_with("/infer") || super::json::parse(&path).is_some()) {
+    let inference = path.ends_with("/infer") || super::json::parse(&path).is_some();
+    if sim.inner.gate.unavailable() && inference {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is unavailable (an injected fault)",
+        );
+    }
+    let declared = req.headers().get(header::CONTENT_LENGTH);
+    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if inference && declared.is_some_and(|n| sim.inner.gate.too_large(n)) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body is over the server's input limit",
         );
     }
     if let Some(service) = super::json::parse(&path) {
@@ -131,8 +140,8 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
 }
 
 /// The path that sets the simulator's faults from outside its process (load-test
-/// scenarios): `POST {"unavailable": bool, "slow": factor}`, each key optional; the
-/// answer is the faults in force. A test tool: the simulator has no authentication.
+/// scenarios): `POST {"unavailable": bool, "slow": factor, "max_body_bytes": n}`, each
+/// key optional; the answer is the faults in force. A test tool: the simulator has no authentication.
 const FAULTS: &str = "/sim/faults";
 
 async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
@@ -149,6 +158,7 @@ async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
     struct Faults {
         unavailable: Option<bool>,
         slow: Option<u32>,
+        max_body_bytes: Option<u64>,
     }
     let faults: Faults = match serde_json::from_slice(&body) {
         Ok(f) => f,
@@ -165,6 +175,9 @@ async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
     }
     if let Some(factor) = faults.slow {
         gate.set_slow(factor);
+    }
+    if let Some(bytes) = faults.max_body_bytes {
+        gate.set_max_body(bytes);
     }
     json_reply(StatusCode::OK, &gate.faults())
 }

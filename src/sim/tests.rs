@@ -485,18 +485,35 @@ async fn faults_set_from_outside_answer_503_and_slow_every_batch() {
     let on = set(r#"{"unavailable": true}"#).await;
     assert_eq!(
         (on.status, on.json()),
-        (StatusCode::OK, json!({"unavailable": true, "slow": 1}))
+        (
+            StatusCode::OK,
+            json!({"unavailable": true, "slow": 1, "max_body_bytes": 0})
+        )
     );
     let refused = h.caller.infer("m", &rows_request("a", 1), false).await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h.sim.stats("m").unwrap().requests, 0, "refused before the queue");
 
     let slow = set(r#"{"unavailable": false, "slow": 10}"#).await;
-    assert_eq!(slow.json(), json!({"unavailable": false, "slow": 10}));
+    assert_eq!(
+        slow.json(),
+        json!({"unavailable": false, "slow": 10, "max_body_bytes": 0})
+    );
     let started = std::time::Instant::now();
     h.caller.infer("m", &rows_request("b", 1), false).await.response();
     assert!(started.elapsed() >= Duration::from_millis(50), "10 times its 5 ms");
 
+    let limited = set(r#"{"slow": 1, "max_body_bytes": 64}"#).await;
+    assert_eq!(
+        limited.json(),
+        json!({"unavailable": false, "slow": 1, "max_body_bytes": 64})
+    );
+    let refused = h.caller.infer("m", &rows_request("c", 4), false).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "a body over the input limit"
+    );
     assert_eq!(set(r#"{"slow": "x"}"#).await.status, StatusCode::BAD_REQUEST);
     assert_eq!(set(r#"{"other": 1}"#).await.status, StatusCode::BAD_REQUEST);
     let get = h.caller.get("/sim/faults").await;

@@ -8,10 +8,11 @@
 //! waits, a batch goes out at once, formed then from what waits. Which lane and which
 //! callers is `order`'s: the highest band first, then the tenant with the least
 //! weighted service, then earliest deadline first across the lanes. A batch takes its
-//! lane's callers in that order up to the batch size, unless one more would make the
-//! batch's earliest deadline miss under the pool's learned cost (see [`super::cost`]) or
-//! came more than `max_wait` after the batch opened; so a lone request at low load is
-//! sent at once, and `max_wait` is a ceiling, never a floor. The queues in front of one
+//! lane's callers in that order up to the batch size (passing over one too large for the
+//! room left, so lower bands fill what higher ones leave), unless one more would make
+//! the batch's earliest deadline miss under the pool's learned cost (see
+//! [`super::cost`]); so a lone request at low load is sent at once, and nothing waits
+//! for a batch to fill. The queues in front of one
 //! pool share its slots, its cost and one capacity in rows ([`Shared`]; a full queue
 //! refuses at once, after evicting sheddable callers for a higher band); a caller whose
 //! deadline passed, whom the learned cost says cannot be answered in time, or who went
@@ -48,8 +49,8 @@ pub const IDLE_FOR_FILLER: Duration = Duration::from_millis(50);
 pub struct Settings {
     /// Most rows in one batch.
     pub max_batch: u64,
-    /// Longest a batch waits to fill once it could otherwise be sent.
-    pub max_wait: Duration,
+    /// Most bytes of request body in one batch (a request larger goes alone).
+    pub max_bytes: u64,
     /// Batches in flight at once (backend slots).
     pub slots: usize,
     /// Rows that may wait in the queue; beyond, submissions are refused.
@@ -77,6 +78,8 @@ pub struct Shared {
     pub epoch: Instant,
     /// The pool's progressive batch size: most rows a batch carries now.
     pub limit: Arc<Limit>,
+    /// Most bytes of request body a batch carries now (set, or learned from a 413).
+    pub max_bytes: Arc<MaxBytes>,
     /// The pool's time as its calls share it, for the usage ledger.
     pub shares: Arc<crate::usage::Shares>,
 }
@@ -119,6 +122,30 @@ impl Limit {
     }
 }
 
+/// A batch pool's largest batch in bytes of request body: the route's
+/// `max_batch_bytes`, lowered to half of a batch its backend refused as too large (413).
+#[derive(Debug)]
+pub struct MaxBytes(AtomicU64);
+
+impl MaxBytes {
+    /// At most `max` bytes.
+    pub fn new(max: u64) -> Self {
+        MaxBytes(AtomicU64::new(max.max(1)))
+    }
+
+    /// Most bytes a batch may carry now.
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// A batch of `bytes` bytes was refused as too large: batches carry at most half of
+    /// it from now on (never less than 1 byte: a request alone still goes); the new limit.
+    pub fn refused(&self, bytes: u64) -> u64 {
+        let half = (bytes / 2).max(1);
+        self.0.fetch_min(half, Ordering::AcqRel).min(half)
+    }
+}
+
 impl Shared {
     /// Fresh slots, counter and cost for `settings`; the depth is not exported.
     pub fn new(settings: &Settings) -> Self {
@@ -130,6 +157,7 @@ impl Shared {
             last_caller: Arc::default(),
             epoch: Instant::now(),
             limit: Arc::new(Limit::new(settings.max_batch)),
+            max_bytes: Arc::new(MaxBytes::new(settings.max_bytes)),
             shares: Arc::default(),
         }
     }
@@ -247,6 +275,18 @@ impl<L, T, R> Queue<L, T, R> {
         (rows, deadline): (u64, Instant),
         class: Class,
     ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
+        self.submit_sized(lane, payload, (rows, 0, deadline), class)
+    }
+
+    /// [`Queue::submit`] of a payload that adds `bytes` to its batch's request body,
+    /// counted against the pool's [`MaxBytes`].
+    pub fn submit_sized(
+        &self,
+        lane: &Arc<L>,
+        payload: T,
+        (rows, bytes, deadline): (u64, u64, Instant),
+        class: Class,
+    ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
         if self.is_closed() {
             return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
         }
@@ -293,7 +333,8 @@ impl<L, T, R> Queue<L, T, R> {
         self.shared
             .last_caller
             .store(self.shared.since_epoch().max(1), Ordering::Release);
-        let (entry, answer) = Entry::new(payload, rows, deadline, (false, class.priority));
+        let (mut entry, answer) = Entry::new(payload, rows, deadline, (false, class.priority));
+        entry.bytes = bytes;
         waiting.push(lane, class, entry);
         drop(waiting);
         self.line.wake.notify_one();
@@ -321,13 +362,14 @@ impl<L, T, R> Queue<L, T, R> {
         &self,
         lane: &Arc<L>,
         payload: T,
-        rows: u64,
+        (rows, bytes): (u64, u64),
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<R, Error>>, Error> {
         if self.is_closed() {
             return Err(Error::new(Kind::Unavailable, "the micro-batch worker has stopped"));
         }
-        let (entry, answer) = Entry::new(payload, rows, deadline, (true, Priority::Sheddable));
+        let (mut entry, answer) = Entry::new(payload, rows, deadline, (true, Priority::Sheddable));
+        entry.bytes = bytes;
         self.line.lock().push(lane, Class::default(), entry);
         self.line.wake.notify_one();
         Ok(answer)
@@ -398,9 +440,12 @@ impl<L: Send + Sync + 'static, T: Send + 'static, R: Send + 'static> Worker<L, T
                 // Filler alone has a batch only while the pool is idle.
                 if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
                     let limit = self.shared.max_batch(self.settings.max_batch);
+                    let max_bytes = self.shared.max_bytes.now();
                     let formed = {
                         let mut waiting = self.line.lock();
-                        waiting.filler_lane().and_then(|lane| waiting.form_filler(lane, limit))
+                        waiting
+                            .filler_lane()
+                            .and_then(|lane| waiting.form_filler(lane, (limit, max_bytes)))
                     };
                     if let Some(formed) = formed {
                         spawn_send(&send, (formed.lane, formed.entries, Flush::IdleBackend), slot);
@@ -430,8 +475,8 @@ impl<L: Send + Sync + 'static, T: Send + 'static, R: Send + 'static> Worker<L, T
         let rule = Rule {
             now: Instant::now(),
             limit: self.shared.max_batch(self.settings.max_batch),
+            max_bytes: self.shared.max_bytes.now(),
             cost: self.shared.cost.estimate(),
-            max_wait: self.settings.max_wait,
         };
         let mut waiting = self.line.lock();
         loop {
@@ -444,8 +489,8 @@ impl<L: Send + Sync + 'static, T: Send + 'static, R: Send + 'static> Worker<L, T
             if let Some(cost) = rule.cost {
                 let callers: u64 = formed.entries.iter().map(|e| e.rows).sum();
                 let ceiling = cost.predict(callers).mul_f64(1.0 + FILL_SLACK);
-                waiting.top_up(lane, &mut formed.entries, |rows| {
-                    rows <= rule.limit && cost.predict(rows) <= ceiling
+                waiting.top_up(lane, &mut formed.entries, |rows, bytes| {
+                    rows <= rule.limit && bytes <= rule.max_bytes && cost.predict(rows) <= ceiling
                 });
             }
             return Some((formed.lane, formed.entries, formed.sealed.unwrap_or(Flush::IdleBackend)));

@@ -180,6 +180,45 @@ async fn unauthenticated_and_wrong_token_calls_get_401_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn paths_that_are_not_plain_are_refused_and_the_console_page_takes_no_query() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let a = admined(&rt, &batch).await;
+    let auth = format!("Bearer {TOKEN}");
+    for path in [
+        "/admin/ui/./index.html",
+        "/admin/ui/../policy",
+        "/admin//policy",
+        "/admin/%2e%2e/policy",
+        "/admin/ui%2Findex.html",
+        "/admin/policy/..",
+    ] {
+        for headers in [vec![], vec![("authorization", auth.as_str())]] {
+            let r = send("GET", a.admin, path, &headers, "").await;
+            assert_eq!(r.status, 400, "{path}: {}", r.text());
+            assert!(r.text().contains("plainly"), "{path}: {}", r.text());
+        }
+    }
+    let page = send("GET", a.admin, "/admin/ui/index.html", &[], "").await;
+    assert_eq!(page.status, 200, "the page itself");
+    let queried = send("GET", a.admin, "/admin/ui/index.html?/../../stats", &[], "").await;
+    assert_eq!(
+        queried.status,
+        401,
+        "not the page, and no data without the token: {}",
+        queried.text()
+    );
+    let ok = send(
+        "GET",
+        a.admin,
+        "/admin/policy/",
+        &[("authorization", auth.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(ok.status, 200, "a trailing slash is plain: {}", ok.text());
+}
+
+#[tokio::test]
 async fn admin_paths_are_not_served_on_the_data_or_metrics_ports() {
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
     let a = admined(&rt, &batch).await;

@@ -145,6 +145,21 @@ async fn body_bytes_held_past_the_limit_are_shed() {
         h.await.expect("task");
     }
     assert_eq!(infer(addr, "m", &[], &body).await.status, 200, "the bytes came back");
+    // A body larger than the whole budget could never be held: 413, not a 503 to retry.
+    let data: Vec<String> = (0..1800).map(|i| format!("{i}.5")).collect();
+    let huge = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1,1800],"data":[{}]}}]}}"#,
+        data.join(",")
+    );
+    assert!(huge.len() > 8 << 10, "{}", huge.len());
+    let refused = infer(addr, "m", &[], &huge).await;
+    assert_eq!(refused.status, 413, "{}", refused.text());
+    assert!(
+        refused.text().contains("max_in_flight_body_bytes"),
+        "{}",
+        refused.text()
+    );
+    assert!(refused.header("retry-after").is_none(), "nothing to retry");
 }
 
 #[tokio::test]

@@ -318,3 +318,153 @@ async fn a_body_that_stops_arriving_is_answered_408_at_the_body_read_timeout() {
     // The door is still open to everyone else.
     assert_eq!(infer(gw.http_addr(), "m", &[], BODY).await.status, 200);
 }
+
+/// Reads one answer with a JSON body from `stream` (lower-cased).
+async fn answer_on(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains('}') {
+        let n = tokio::time::timeout(BOUND, stream.read(&mut buf))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(n > 0, "closed without an answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).to_ascii_lowercase()
+}
+
+/// A POST head for model `m` declaring a `length`-byte body.
+fn post_head(length: usize) -> String {
+    format!("POST /v2/models/m/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n")
+}
+
+#[tokio::test]
+async fn a_full_table_makes_room_however_many_connections_trickle_half_sent_bodies() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.max_connections = 32;
+    cfg.limits.max_connections_per_client = 0;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
+    let addr = gw.http_addr();
+    // 32 connections from 16 addresses, each a whole head declaring 1,000 bytes of body
+    // and then a byte every 200 ms, reopened whenever the gateway closes it.
+    let mut tricklers = Vec::new();
+    for i in 0..32 {
+        let from = format!("127.0.0.{}", 10 + i % 16);
+        let (opened, mut ready) = tokio::sync::watch::channel(false);
+        tricklers.push(tokio::spawn(async move {
+            loop {
+                let mut stream = connect_from(&from, addr).await;
+                if stream.write_all(post_head(1000).as_bytes()).await.is_err() {
+                    continue;
+                }
+                let _ = opened.send(true);
+                let mut tick = tokio::time::interval(Duration::from_millis(200));
+                while stream.write_all(b"{").await.is_ok() {
+                    tick.tick().await;
+                }
+            }
+        }));
+        ready.wait_for(|opened| *opened).await.expect("opened");
+    }
+    for round in 0..10 {
+        let mut newcomer = connect_from("127.0.0.100", addr).await;
+        match live_on(&mut newcomer).await {
+            Some(answer) if answer.starts_with("HTTP/1.1 200") => {}
+            other => panic!("round {round}: a newcomer was kept out by half-sent bodies: {other:?}"),
+        }
+    }
+    for trickler in tricklers {
+        trickler.abort();
+    }
+    let evicted = metric(&gw, "tiergate_connections_closed_total{reason=\"evicted\"}").await;
+    assert!(
+        evicted >= 10.0,
+        "places were made by closing the slowest bodies: {evicted}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_slower_than_the_minimum_receive_rate_is_answered_408() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.body_read_timeout = Duration::from_secs(60);
+    cfg.limits.min_receive_rate = 1024;
+    let gw = gateway_with(cfg, &route_r(&be.url(), &be.url()).flags(&["realtime"]).toml()).await;
+    let mut stream = TcpStream::connect(gw.http_addr()).await.expect("connect");
+    stream.write_all(post_head(100_000).as_bytes()).await.expect("write");
+    let started = std::time::Instant::now();
+    // 100 bytes every 200 ms: 500 bytes a second, half the floor.
+    let (mut read, mut write) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        while write.write_all(&[b' '; 100]).await.is_ok() {
+            tick.tick().await;
+        }
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains('}') {
+        let n = tokio::time::timeout(Duration::from_secs(20), read.read(&mut buf))
+            .await
+            .expect("answered within 20 s")
+            .expect("read");
+        assert!(n > 0, "closed without an answer: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    trickle.abort();
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 408"), "{text}");
+    assert!(text.contains("min_receive_rate"), "{text}");
+    assert!(
+        text.contains("connection: close"),
+        "the rest of the body is not read: {text}"
+    );
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_secs(9)..Duration::from_secs(15)).contains(&took),
+        "cut at the end of its first 10 s window, long before body_read_timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_given_before_its_body_was_read_says_the_connection_closes_and_one_after_keeps_it() {
+    let be = backend(&["m"]).await;
+    let mut cfg = config();
+    cfg.limits.max_body_bytes = 1 << 20;
+    let toml = route_r(&be.url(), &be.url())
+        .flags(&["realtime"])
+        .set("limits.rate", 0.1)
+        .set("limits.burst", 2)
+        .toml();
+    let gw = gateway_with(cfg, &toml).await;
+    // A body over max_body_bytes is refused from its head, unread.
+    let mut stream = TcpStream::connect(gw.http_addr()).await.expect("connect");
+    stream.write_all(post_head(2 << 20).as_bytes()).await.expect("write");
+    let text = answer_on(&mut stream).await;
+    assert!(text.starts_with("http/1.1 413"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    // The route's other request: served, the connection kept.
+    let mut stream = TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let whole = format!("{}{BODY}", post_head(BODY.len()));
+    stream.write_all(whole.as_bytes()).await.expect("write");
+    let text = answer_on(&mut stream).await;
+    assert!(
+        text.starts_with("http/1.1 200") && !text.contains("connection: close"),
+        "{text}"
+    );
+    // Past the route's rate, with a whole body: refused, and the connection kept.
+    stream.write_all(whole.as_bytes()).await.expect("write");
+    let text = answer_on(&mut stream).await;
+    assert!(
+        text.starts_with("http/1.1 429") && !text.contains("connection: close"),
+        "{text}"
+    );
+    // Past it with half a body sent: refused from the head, unread, and said.
+    stream.write_all(post_head(BODY.len()).as_bytes()).await.expect("write");
+    stream.write_all(&BODY.as_bytes()[..10]).await.expect("write");
+    let text = answer_on(&mut stream).await;
+    assert!(text.starts_with("http/1.1 429"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+}

@@ -237,10 +237,12 @@ async fn an_endpoint_that_stalls_past_the_pools_learned_p99_is_still_ejected_wit
     }
     a.sim.hold(); // a stalls: its calls run to the callers' 100 ms, far past the pool's p99
     let mut statuses = Vec::new();
-    for _ in 0..5 {
-        statuses.push(infer(gw.http_addr(), "m", &budget, BODY).await.status);
+    // The same input cut twice is one input's evidence; two inputs eject it.
+    for id in ["same", "same", "other", "third", "fourth", "fifth"] {
+        let body = BODY.replace("req-1", id);
+        statuses.push(infer(gw.http_addr(), "m", &budget, &body).await.status);
     }
-    assert_eq!(statuses, [504, 504, 503, 503, 503], "two cut calls eject it");
+    assert_eq!(statuses, [504, 504, 504, 503, 503, 503], "two inputs cut eject it");
     let scrape = get(gw.metrics_addr(), "/metrics").await.text();
     let ejected = format!(
         "tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"{}\",reason=\"timeout\"}} 1",
@@ -341,7 +343,7 @@ async fn html_server() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomi
 }
 
 #[tokio::test]
-async fn an_endpoint_answering_200_with_garbage_is_refused_as_broken_and_ejected() {
+async fn an_endpoint_answering_200_with_garbage_is_passed_over_and_ejected() {
     let good = backend(&["m"]).await;
     let (bad, answered) = html_server().await;
     let gw = gateway(&health_route(
@@ -350,21 +352,18 @@ async fn an_endpoint_answering_200_with_garbage_is_refused_as_broken_and_ejected
     ))
     .await;
     let budget = [("x-tiergate-budget-ms", "250")];
-    let mut broken = 0;
     for _ in 0..60 {
+        // A garbled answer is not taken: the call goes to the other endpoint, which
+        // answers, so the garbling is the endpoint's own.
         let answer = infer(gw.http_addr(), "m", &budget, BODY).await;
-        match answer.status {
-            200 => assert!(answer.json()["outputs"].is_array(), "{}", answer.text()),
-            502 => {
-                assert!(answer.text().contains("content type is not JSON"), "{}", answer.text());
-                broken += 1;
-            }
-            other => panic!("{other}: {}", answer.text()),
-        }
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(answer.json()["outputs"].is_array(), "{}", answer.text());
     }
     let reached = answered.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(broken, reached, "every garbled answer became a 502, none a 200");
-    assert!(broken <= 2, "two in a row eject it: {broken} callers saw it");
+    assert!(
+        (1..=2).contains(&reached),
+        "two in a row eject it: it answered {reached}"
+    );
     let scrape = get(gw.metrics_addr(), "/metrics").await.text();
     let ejected = format!(
         "tiergate_backend_ejections_total{{route=\"r\",tier=\"realtime\",endpoint=\"{bad}\",reason=\"broken_answer\"}} 1"

@@ -842,3 +842,79 @@ async fn batches_shrink_after_failures_and_grow_back_as_they_succeed() {
     }
     gw.stop().await.expect("stops");
 }
+
+/// A KServe v2 JSON body of one row of 400 FP32 values (about 2.5 KB; 1.6 KB as a
+/// binary tensor).
+fn wide_row(id: &str) -> String {
+    let data: Vec<String> = (0..400).map(|i| format!("{i}.5")).collect();
+    format!(
+        r#"{{"id":"{id}","inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1,400],"data":[{}]}}]}}"#,
+        data.join(",")
+    )
+}
+
+/// `n` callers of [`wide_row`] queued behind the busy slot of route `name`, then
+/// released; every caller's answer.
+async fn wide_callers(gw: &Gateway, batch: &Backend, name: &str, n: u32) -> Vec<Answer> {
+    let busy = occupy(gw, batch).await;
+    let mut calls = Vec::new();
+    for i in 1..=n {
+        calls.push(spawn_infer(gw.http_addr(), wide_row(&format!("w{i}"))));
+        queued(gw, name, u64::from(i)).await;
+    }
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.expect("task"));
+    }
+    answers
+}
+
+#[tokio::test]
+async fn a_batch_stays_under_max_batch_bytes_and_a_larger_request_goes_alone() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    let one = wide_row("w1").len();
+    let limit = 2 * one + one / 2;
+    let extra = format!("max_batch_bytes = {limit}");
+    let gw = gateway(&policy("bytes", &rt.url(), &batch.url(), "", &extra)).await;
+    let answers = wide_callers(&gw, &batch, "bytes", 6).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.header("x-tiergate-batch-size"),
+            Some("2"),
+            "two fit in the limit, three do not"
+        );
+    }
+    let sizes = batch.sim.stats("m").expect("stats").batch_sizes;
+    assert_eq!(sizes, [(1, 1), (2, 3)].into(), "{sizes:?}");
+    // One request over the limit: sent alone, answered.
+    let (b, _) = body(&"y".repeat(limit), 9, 1, false);
+    let alone = infer(gw.http_addr(), "m", &BATCH, &b).await;
+    assert_eq!(alone.status, 200, "{}", alone.text());
+    assert_eq!(alone.header("x-tiergate-batch-size"), None, "sent alone");
+}
+
+#[tokio::test]
+async fn a_batch_the_backend_refuses_as_too_large_is_split_and_later_ones_stay_under_half_of_it() {
+    let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
+    // Room for two rows in a batch call, not three.
+    batch.sim.limit_body(4000);
+    let gw = gateway(&policy("learned", &rt.url(), &batch.url(), "", "")).await;
+    let answers = wide_callers(&gw, &batch, "learned", 6).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "every caller answered: {}", answer.text());
+    }
+    let refused = batch.sim.refused_too_large();
+    assert!(refused > 0, "the first batch was refused as too large");
+    let answers = wide_callers(&gw, &batch, "learned", 4).await;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    assert_eq!(
+        batch.sim.refused_too_large(),
+        refused,
+        "no batch too large once it was learned"
+    );
+}

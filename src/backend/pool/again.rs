@@ -1,7 +1,8 @@
-//! A pool's calls sent again: a failed call retried on another endpoint within the
-//! pool's retry budget, a slow one hedged to another within its duplicate-work budget
-//! (see [`super::super::retry`]), and their counters. The rare branches of
-//! [`Pool::call`](super::Pool), boxed there so the common call stays small.
+//! A pool's calls sent again: a failed call retried on another endpoint within its
+//! caller's share of the pool's retry budget, a slow one hedged to another within its
+//! duplicate-work budget (see [`super::super::retry`]), and their counters; what the
+//! call meets there settles whose its earlier failures were (see `blame`). The rare
+//! branches of [`Pool::call`](super::Pool), boxed there so the common call stays small.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use bytes::Bytes;
 use http::Response;
 use tokio::time::Instant;
 
+use super::blame::is_answer;
 use super::{Fitted, Pool};
 use crate::backend::endpoint::Failure;
 use crate::backend::retry::{retry_counter, Reason, RetryFamily, HEDGED, REFUSED, RETRIED};
@@ -97,8 +99,22 @@ impl Pool {
                 );
             }
         }
+        // The two calls compared: an answer from either makes the other's failure its
+        // endpoint's own; both failing alike makes them the request's.
+        let (mine, theirs) = (std::mem::take(&mut fitted.held), std::mem::take(&mut copy.held));
+        if is_answer(&result) {
+            self.theirs(mine.into_iter().chain(theirs));
+        } else if !mine.is_empty() && !theirs.is_empty() {
+            self.inputs(&fitted, &mut result);
+            return result.map_err(|f| self.error(at, f).tried(tried.len()));
+        } else {
+            fitted.held = mine.into_iter().chain(theirs).collect();
+        }
         match self.retryable(&result, &fitted.parts) {
-            None => result.map_err(|f| self.error(at, f).tried(tried.len())),
+            None => {
+                self.settle_alone(&mut fitted);
+                result.map_err(|f| self.error(at, f).tried(tried.len()))
+            }
             Some(reason) => self.again(fitted, deadline, tried, at, result, reason).await,
         }
     }
@@ -131,8 +147,10 @@ impl Pool {
 
     /// Retries a call that failed on endpoint `last` (having `tried` these) for
     /// `reason`: on an endpoint it has not tried, while the pool allows another retry
-    /// (`max_retries`), the budget left covers what the pool's calls take, and the retry
-    /// budget has one to give. The last outcome is the answer.
+    /// (`max_retries`), the budget left covers what the pool's calls take, and its
+    /// caller's share of the retry budget has one to give. What each attempt meets
+    /// settles the failures held before it (see `blame`): the request's own ends the
+    /// retries. The last outcome is the answer.
     #[cold]
     pub(super) async fn again(
         &self,
@@ -144,12 +162,27 @@ impl Pool {
         mut reason: Reason,
     ) -> Result<Response<Bytes>, Error> {
         let first_sent = fitted.sent_at;
+        let caller = caller_of(&fitted.parts);
+        if !self.comparable(&mut fitted) {
+            // An input known to fail on every endpoint: not sent again.
+            return result.map_err(|f| self.error(last, f).tried(tried.len()));
+        }
         loop {
-            let Some(next) = self.retry_to(&tried, reason, deadline) else {
-                return result.map_err(|f| self.error(last, f).tried(tried.len()));
+            let next = match self.retry_to(&tried, reason, deadline, caller) {
+                Ok(next) => next,
+                Err(unsent) => {
+                    match unsent {
+                        // A pool short of retries cannot tell whose its failures are:
+                        // nobody is charged, so a flood of failing inputs ejects nothing.
+                        Unsent::Budget => fitted.held.clear(),
+                        Unsent::Nowhere => self.settle_alone(&mut fitted),
+                    }
+                    return result.map_err(|f| self.error(last, f).tried(tried.len()));
+                }
             };
             tried.push(next.0);
             last = next.0;
+            let earlier = std::mem::take(&mut fitted.held);
             result = self.send(next, &mut fitted, deadline, Instant::now()).await;
             if let (Ok(answer), Some(first), Some(this)) = (&mut result, first_sent, fitted.sent_at) {
                 crate::timing::set(
@@ -157,31 +190,49 @@ impl Pool {
                     &[(Spent::Backend, this.elapsed()), (Spent::Retry, this - first)],
                 );
             }
+            if is_answer(&result) {
+                self.theirs(earlier);
+            } else if !earlier.is_empty() && !fitted.held.is_empty() {
+                fitted.held.clear();
+                self.inputs(&fitted, &mut result);
+                return result.map_err(|f| self.error(last, f).tried(tried.len()));
+            } else {
+                fitted.held.extend(earlier);
+            }
             match self.retryable(&result, &fitted.parts) {
                 Some(again) => reason = again,
-                None => return result.map_err(|f| self.error(last, f).tried(tried.len())),
+                None => {
+                    self.settle_alone(&mut fitted);
+                    return result.map_err(|f| self.error(last, f).tried(tried.len()));
+                }
             }
         }
     }
 
-    /// The endpoint a retry for `reason` goes to, having `tried` these, or `None` when
-    /// it may not go (refusals for the deadline or the retry budget counted).
-    fn retry_to(&self, tried: &[usize], reason: Reason, deadline: Instant) -> Option<(usize, bool)> {
+    /// The endpoint a retry of `caller`'s for `reason` goes to, having `tried` these,
+    /// or why it may not go (refusals for the deadline or the retry budget counted).
+    fn retry_to(
+        &self,
+        tried: &[usize],
+        reason: Reason,
+        deadline: Instant,
+        caller: u64,
+    ) -> Result<(usize, bool), Unsent> {
         if tried.len() > self.retry.max_retries as usize || tried.len() >= self.endpoints.len() {
-            return None;
+            return Err(Unsent::Nowhere);
         }
         let now = Instant::now();
         if now >= deadline || self.meetable(deadline - now).is_err() {
             self.count(REFUSED, "deadline");
-            return None;
+            return Err(Unsent::Nowhere);
         }
-        if !self.budget.withdraw(now) {
+        if !self.budget.withdraw(now, caller) {
             self.count(REFUSED, "budget");
-            return None;
+            return Err(Unsent::Budget);
         }
-        let next = self.pick_untried(tried, now)?;
+        let next = self.pick_untried(tried, now).ok_or(Unsent::Nowhere)?;
         self.count(RETRIED, reason.as_str());
-        Some(next)
+        Ok(next)
     }
 
     /// Why `result` of a call with `parts` may go again to another endpoint, if it may:
@@ -194,11 +245,16 @@ impl Pool {
         parts: &http::request::Parts,
     ) -> Option<Reason> {
         match result {
-            Ok(answer) if answer.status() != http::StatusCode::SERVICE_UNAVAILABLE => None,
-            Ok(_) => self.retried_on(parts).unavailable.then_some(Reason::Unavailable),
+            Ok(answer) if !answer.status().is_server_error() => None,
+            Ok(answer) if answer.status() == http::StatusCode::SERVICE_UNAVAILABLE => {
+                self.retried_on(parts).unavailable.then_some(Reason::Unavailable)
+            }
+            Ok(answer) if is_error(answer.status()) => self.retried_on(parts).error.then_some(Reason::Error),
+            Ok(_) => None,
             Err(Failure::Connect(_)) => Some(Reason::Unreachable),
             Err(Failure::Unanswered(_)) => self.retried_on(parts).reset.then_some(Reason::Reset),
-            Err(_) => None,
+            Err(Failure::Other(_) | Failure::Garbled(_)) => self.retried_on(parts).error.then_some(Reason::Error),
+            Err(Failure::Body(_) | Failure::Deadline) => None,
         }
     }
 
@@ -210,6 +266,7 @@ impl Pool {
             RetryOn {
                 reset: inference,
                 unavailable: inference,
+                error: inference,
             }
         })
     }
@@ -222,4 +279,28 @@ impl Pool {
             retry_counter(&self.route, self.role.as_str(), family, value).increment(1);
         }
     }
+}
+
+/// Whose retries a call's are: its caller's tenant when it has a credential, else the
+/// one anonymous caller (a tenant named by a header alone could be anyone).
+fn caller_of(parts: &http::request::Parts) -> u64 {
+    use std::hash::BuildHasher;
+    match parts.extensions.get::<crate::tenant::Tenant>() {
+        Some(tenant) if tenant.is_authenticated() => foldhash::fast::FixedState::with_seed(1).hash_one(tenant.as_str()),
+        _ => 0,
+    }
+}
+
+/// Statuses retried as `error`: a server error other than 503 (retried as
+/// `unavailable`) and those that say the request itself cannot be served (501, 505).
+fn is_error(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 504)
+}
+
+/// Why a retry did not go.
+enum Unsent {
+    /// Its caller's share of the retry budget was spent.
+    Budget,
+    /// No endpoint, no retry or no time was left for it.
+    Nowhere,
 }

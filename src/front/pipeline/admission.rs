@@ -146,11 +146,26 @@ impl Admission {
 }
 
 impl Ticket {
-    /// Holds `bytes` of request body against the global budget, or sheds.
+    /// Holds `bytes` of request body against the global budget, or sheds; refuses
+    /// (413) a body the whole budget could never hold.
     pub fn hold(&mut self, bytes: usize) -> Result<(), Error> {
         let units = bytes.div_ceil(UNIT);
         if units == 0 {
             return Ok(());
+        }
+        let held = self.bytes.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        if units.saturating_add(held) > self.admission.max_bytes {
+            // More than the whole budget: never admitted, however long the client waits.
+            return Err(Error::new(
+                Kind::TooLarge,
+                format!(
+                    "request body of {} KiB is over limits.max_in_flight_body_bytes ({} KiB), the most the gateway \
+                     holds of all bodies at once; send a smaller body",
+                    units.saturating_add(held),
+                    self.admission.max_bytes
+                ),
+            )
+            .knob("limits.max_in_flight_body_bytes"));
         }
         let units = u32::try_from(units).unwrap_or(u32::MAX);
         match self.admission.bytes.clone().try_acquire_many_owned(units) {

@@ -42,7 +42,7 @@ fn start(settings: Settings, gate: Option<Arc<Notify>>) -> (Queue<u8, u32, u32>,
 fn settings(max_batch: u64, slots: usize, capacity: u64) -> Settings {
     Settings {
         max_batch,
-        max_wait: Duration::from_secs(5),
+        max_bytes: u64::MAX,
         slots,
         capacity,
         shed_at: capacity / 2,
@@ -233,4 +233,151 @@ async fn a_tenant_flooding_at_ten_times_its_share_leaves_the_other_on_time() {
     // As one tenant, earliest deadline first still puts B's shorter budgets first, but
     // the flood holds the queue and B is refused at the door.
     assert!(mixed.attained < 0.9, "as one tenant, the flood shuts B out: {mixed:?}");
+}
+
+/// What one band saw of a run: callers sent, answered within their budget, answered at all.
+#[derive(Debug, Default, Clone, Copy)]
+struct BandOutcome {
+    sent: u32,
+    in_budget: u32,
+    answered: u32,
+}
+
+/// A critical load of one-row callers at `critical_per_s` (budget 500 ms) beside a
+/// standard and a sheddable load (`lower_per_s` each, budgets 500 ms and 1 s), for 3 s,
+/// on a pool of one slot whose batches of at most 8 rows cost 20 ms + 1.75 ms a row (34
+/// ms full: about 235 rows/s), its cost learned. Returns each band's outcome, highest
+/// band first, and the batches that left with room while a caller who had been waiting
+/// in time for them went in a later one.
+async fn bands(critical_per_s: u64, lower_per_s: u64) -> ([BandOutcome; 3], usize) {
+    type Sent = (Instant, u64, Vec<Instant>);
+    let shared = Shared::new(&settings(8, 1, 4096));
+    for rows in 1..=8 {
+        shared.cost.observe(rows, Duration::from_micros(20_000 + 1_750 * rows));
+    }
+    let (queue, worker) = pair_sharing::<u8, u32, u32>(settings(8, 1, 4096), shared);
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+    let log = sent.clone();
+    let send = move |_lane: Arc<u8>, batch: Batch<u32, u32>, _: Flush| {
+        let log = log.clone();
+        async move {
+            let rows: u64 = batch.iter().map(|e| e.rows).sum();
+            let queued = batch.iter().map(|e| e.queued_at).collect();
+            log.lock().unwrap().push((Instant::now(), rows, queued));
+            tokio::time::sleep(Duration::from_micros(20_000 + 1_750 * rows)).await;
+            for e in batch {
+                let _ = e.reply.send(Ok(e.payload));
+            }
+        }
+    };
+    tokio::spawn(worker.run(send, CancellationToken::new()));
+    let lane = Arc::new(0u8);
+    let load = |priority: Priority, every: Duration, budget_ms: u64| {
+        let (queue, lane) = (queue.clone(), lane.clone());
+        tokio::spawn(async move {
+            let mut calls = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            let end = Instant::now() + Duration::from_secs(3);
+            while tick.tick().await < end {
+                let at = Instant::now();
+                let answer = queue.submit(&lane, 0, (1, at + Duration::from_millis(budget_ms)), band(priority));
+                calls.push(tokio::spawn(async move {
+                    match answer {
+                        Ok(answer) => matches!(answer.await, Ok(Ok(_))).then(|| at.elapsed()),
+                        Err(_) => None,
+                    }
+                }));
+            }
+            let mut outcome = BandOutcome::default();
+            for call in calls {
+                outcome.sent += 1;
+                if let Some(took) = call.await.unwrap() {
+                    outcome.answered += 1;
+                    outcome.in_budget += u32::from(took <= Duration::from_millis(budget_ms));
+                }
+            }
+            outcome
+        })
+    };
+    let critical = load(
+        Priority::Critical,
+        Duration::from_micros(1_000_000 / critical_per_s),
+        500,
+    );
+    let lower = Duration::from_micros(1_000_000 / lower_per_s);
+    let standard = load(Priority::Standard, lower, 500);
+    let sheddable = load(Priority::Sheddable, lower, 1000);
+    let outcomes = [
+        critical.await.unwrap(),
+        standard.await.unwrap(),
+        sheddable.await.unwrap(),
+    ];
+    let sent = sent.lock().unwrap().clone();
+    // A batch with room left while a caller queued before it left went in a later one.
+    let short = sent
+        .iter()
+        .filter(|(at, rows, _)| {
+            *rows < 8
+                && sent
+                    .iter()
+                    .any(|(later, _, queued)| later > at && queued.iter().any(|q| q < at))
+        })
+        .count();
+    (outcomes, short)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_critical_load_at_40_percent_leaves_lower_bands_within_their_budgets() {
+    let (outcomes, short) = bands(94, 20).await;
+    eprintln!("critical at 40%: {outcomes:?}, batches left short: {short}");
+    for (band, outcome) in ["critical", "standard", "sheddable"].iter().zip(outcomes) {
+        assert_eq!(
+            outcome.in_budget, outcome.sent,
+            "{band}: every caller within its budget: {outcome:?}"
+        );
+    }
+    assert_eq!(short, 0, "no batch leaves room while someone who fits waits");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_critical_load_at_80_percent_leaves_lower_bands_what_is_left_in_full_batches() {
+    let (outcomes, short) = bands(188, 20).await;
+    eprintln!("critical at 80%: {outcomes:?}, batches left short: {short}");
+    let [critical, standard, sheddable] = outcomes;
+    assert_eq!(
+        critical.in_budget, critical.sent,
+        "the critical band first: {critical:?}"
+    );
+    // 235 rows/s less 188 leave about 47 for the 40 a second of the lower bands.
+    assert_eq!(
+        standard.in_budget, standard.sent,
+        "standard is served from what is left: {standard:?}"
+    );
+    assert_eq!(
+        sheddable.in_budget, sheddable.sent,
+        "and sheddable after it: {sheddable:?}"
+    );
+    assert_eq!(short, 0, "no batch leaves room while someone who fits waits");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lower_bands_asking_more_than_a_critical_load_leaves_get_the_rest_in_full_batches() {
+    // 188 critical rows a second leave about 47 of the pool's 235; the lower bands ask 80.
+    let (outcomes, short) = bands(188, 40).await;
+    eprintln!("critical at 80%, 80 rows a second below it: {outcomes:?}, batches left short: {short}");
+    let [critical, standard, sheddable] = outcomes;
+    assert_eq!(
+        critical.in_budget, critical.sent,
+        "the critical band first: {critical:?}"
+    );
+    let below = f64::from(standard.answered + sheddable.answered) / 3.0;
+    assert!(
+        below >= 0.85 * 47.0,
+        "the lower bands get what is left: {below:.1} rows/s"
+    );
+    assert!(
+        standard.answered > sheddable.answered,
+        "standard before sheddable: {outcomes:?}"
+    );
+    assert_eq!(short, 0, "no batch leaves room while someone who fits waits");
 }

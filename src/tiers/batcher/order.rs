@@ -41,6 +41,10 @@ use crate::tiers::cost::Estimate;
 /// forgets them all; bounds memory when tenants' names are many.
 const MAX_IDLE_FLOWS: usize = 4096;
 
+/// Callers too large for the room left that one batch passes over looking for smaller
+/// ones behind them, before it goes as it is: bounds the work of forming one batch.
+pub(super) const MAX_PASSED: usize = 32;
+
 /// One caller's place in a batch: its payload, rows, deadline and reply channel.
 #[derive(Debug)]
 pub struct Entry<T, R> {
@@ -48,6 +52,8 @@ pub struct Entry<T, R> {
     pub payload: T,
     /// Its rows (dimension 0).
     pub rows: u64,
+    /// What it adds to the batch's request body, in bytes (0: not counted).
+    pub bytes: u64,
     /// When its budget runs out.
     pub deadline: Instant,
     /// When it was queued.
@@ -73,6 +79,7 @@ impl<T, R> Entry<T, R> {
         let entry = Entry {
             payload,
             rows,
+            bytes: 0,
             deadline,
             queued_at: Instant::now(),
             filler,
@@ -119,8 +126,6 @@ pub enum Flush {
     IdleBackend,
     /// One more caller would make the batch's earliest deadline miss under the learned cost.
     Deadline,
-    /// The next caller came more than `max_wait` after the batch opened.
-    MaxWait,
 }
 
 impl Flush {
@@ -130,7 +135,6 @@ impl Flush {
             Flush::Full => "full",
             Flush::IdleBackend => "idle_backend",
             Flush::Deadline => "deadline",
-            Flush::MaxWait => "max_wait",
         }
     }
 }
@@ -142,10 +146,10 @@ pub(super) struct Rule {
     pub now: Instant,
     /// Most rows it may carry (the progressive batch size).
     pub limit: u64,
+    /// Most bytes of request body it may carry (a caller alone may carry more).
+    pub max_bytes: u64,
     /// The pool's learned cost, once known.
     pub cost: Option<Estimate>,
-    /// How long after its lane opened a caller may still join it.
-    pub max_wait: std::time::Duration,
 }
 
 /// A formed batch: its callers and why it stopped growing.
@@ -170,8 +174,6 @@ struct LaneState<L> {
     lane: Arc<L>,
     /// Callers' rows waiting in it.
     rows: u64,
-    /// When its next batch opened: its first caller's arrival, or its last batch's leaving.
-    opened: Instant,
 }
 
 /// Callers by deadline, then arrival.
@@ -193,9 +195,10 @@ impl<T, R> Flow<T, R> {
         self.finish.max(clock)
     }
 
-    /// The key of its most urgent caller in `lane`.
-    fn head_in(&self, lane: LaneId) -> Option<(Instant, u64)> {
-        self.lanes.get(&lane).and_then(|m| m.first_key_value()).map(|(k, _)| *k)
+    /// The key of its most urgent caller in `lane`, leaving out those `passed` over.
+    fn head_in(&self, lane: LaneId, passed: &[(Instant, u64)]) -> Option<(Instant, u64)> {
+        let callers = self.lanes.get(&lane)?;
+        callers.keys().find(|k| !passed.contains(k)).copied()
     }
 }
 
@@ -218,13 +221,13 @@ impl<T, R> Default for Band<T, R> {
 }
 
 impl<T, R> Band<T, R> {
-    /// The flow served next among those with a caller in `lane` (any lane when `None`):
-    /// least start tag, then earliest deadline.
-    fn next_flow(&self, lane: Option<LaneId>) -> Option<u64> {
+    /// The flow served next among those with a caller in `lane` (any lane when `None`)
+    /// other than those `passed` over: least start tag, then earliest deadline.
+    fn next_flow(&self, lane: Option<LaneId>, passed: &[(Instant, u64)]) -> Option<u64> {
         let mut best: Option<(f64, (Instant, u64), u64)> = None;
         for (&key, flow) in &self.flows {
             let head = match lane {
-                Some(lane) => flow.head_in(lane),
+                Some(lane) => flow.head_in(lane, passed),
                 None => flow
                     .lanes
                     .values()
@@ -329,14 +332,10 @@ impl<L, T, R> Waiting<L, T, R> {
         let state = self.lanes.entry(id).or_insert_with(|| LaneState {
             lane: lane.clone(),
             rows: 0,
-            opened: entry.queued_at,
         });
         if entry.filler {
             self.fillers.entry(id).or_default().push_back(entry);
             return;
-        }
-        if state.rows == 0 {
-            state.opened = entry.queued_at;
         }
         state.rows += entry.rows;
         let band = &mut self.bands[class.priority.index()];
@@ -451,7 +450,7 @@ impl<L, T, R> Waiting<L, T, R> {
             .iter()
             .map(|p| &self.bands[p.index()])
             .find(|b| b.rows > 0)?;
-        let flow = &band.flows[&band.next_flow(None)?];
+        let flow = &band.flows[&band.next_flow(None, &[])?];
         flow.lanes
             .iter()
             .filter_map(|(&lane, m)| m.first_key_value().map(|(k, _)| (lane, k.0)))
@@ -467,77 +466,67 @@ impl<L, T, R> Waiting<L, T, R> {
     /// Forms `lane`'s next batch under `rule`, in the pool's order, answering callers
     /// who cannot be served in time as it meets them; returns it (possibly empty) and the
     /// callers' rows it took out of the queue (sent or answered).
+    ///
+    /// Every caller waiting in the lane may join, whenever it came: the batch goes now
+    /// (a slot is free), so taking one more delays nobody but through the batch's cost,
+    /// which the deadline rule bounds. A caller that cannot join is passed over, not a
+    /// reason to stop: one too large for the room left leads a later batch, one that
+    /// would make the batch's earliest deadline (or its own) miss waits for a smaller
+    /// one, and the callers behind it in the pool's order (a lower band's among them)
+    /// fill this one.
     pub fn form(&mut self, lane: LaneId, rule: &Rule) -> (Option<Formed<L, T, R>>, u64) {
         let Some(state) = self.lanes.get(&lane) else {
             return (None, 0);
         };
-        let (handle, window) = (state.lane.clone(), state.opened + rule.max_wait);
+        let handle = state.lane.clone();
         let mut entries: Vec<Entry<T, R>> = Vec::new();
-        let (mut rows, mut released) = (0u64, 0u64);
+        let mut passed: Vec<(Instant, u64)> = Vec::new();
+        let (mut rows, mut bytes, mut released) = (0u64, 0u64, 0u64);
         let mut earliest: Option<Instant> = None;
         let mut sealed = None;
-        while let Some((priority, flow, key)) = self.next_in(lane) {
+        while let Some((priority, flow, key)) = self.next_in(lane, &passed) {
             let entry = self.peek(priority, flow, lane, key);
             let (entry_rows, deadline, queued_at) = (entry.rows, entry.deadline, entry.queued_at);
+            let entry_bytes = entry.bytes;
             let departed = entry.reply.is_closed();
             let doomed = rule.cost.map(|c| rule.now + c.predict(entry_rows) > deadline);
             if departed || deadline <= rule.now || doomed == Some(true) {
                 let entry = self.take_out(priority, flow, lane, key, false).expect("peeked");
                 released += entry_rows;
-                if departed {
-                    continue; // nothing to answer, nothing to send
-                }
-                match deadline <= rule.now {
-                    true => entry.refuse(Error::new(
-                        Kind::Deadline,
-                        "the budget ran out while the request waited for its batch",
-                    )),
-                    false => entry.refuse(
-                        Error::new(
-                            Kind::DeadlineUnmeetable,
-                            format!(
-                                "deadline unmeetable: learned cost of a batch > {:.1} ms left of the budget (the \
-                                 request waited {:.1} ms); send a larger budget or retry later",
-                                deadline.saturating_duration_since(rule.now).as_secs_f64() * 1e3,
-                                rule.now.saturating_duration_since(queued_at).as_secs_f64() * 1e3,
-                            ),
-                        )
-                        .knob("deadline"),
-                    ),
+                if !departed {
+                    refuse_late(entry, rule.now, queued_at); // nothing to answer when it left
                 }
                 continue;
             }
             if !entries.is_empty() {
-                if rows + entry_rows > rule.limit {
-                    sealed = Some(Flush::Full);
-                    break;
-                }
-                if queued_at > window {
-                    sealed = Some(Flush::MaxWait);
-                    break;
-                }
-                let earliest_now = earliest.unwrap_or(deadline);
-                if let Some(c) = rule.cost {
-                    // Seal only if the batch can still make its earliest deadline without it.
-                    let with = earliest_now.min(deadline);
-                    if rule.now + c.predict(rows) <= earliest_now && rule.now + c.predict(rows + entry_rows) > with {
-                        sealed = Some(Flush::Deadline);
-                        break;
+                let full = rows + entry_rows > rule.limit || bytes.saturating_add(entry_bytes) > rule.max_bytes;
+                // Too late for this batch: it would make the batch's earliest deadline, or
+                // its own, miss under the learned cost (while the batch makes it without).
+                let late = rule.cost.is_some_and(|c| {
+                    let earliest = earliest.unwrap_or(deadline);
+                    rule.now + c.predict(rows) <= earliest
+                        && rule.now + c.predict(rows + entry_rows) > earliest.min(deadline)
+                });
+                if full || late {
+                    // Passed over, not a reason to stop: callers behind it may fit.
+                    sealed = Some(if full { Flush::Full } else { Flush::Deadline });
+                    if passed.len() < MAX_PASSED {
+                        passed.push(key);
+                        continue;
                     }
+                    break;
                 }
             }
             let entry = self.take_out(priority, flow, lane, key, true).expect("peeked");
             released += entry_rows;
             rows += entry_rows;
+            bytes = bytes.saturating_add(entry_bytes);
             earliest = Some(earliest.map_or(deadline, |e| e.min(deadline)));
             entries.push(entry);
-            if rows >= rule.limit {
+            if rows >= rule.limit || bytes >= rule.max_bytes {
                 sealed = Some(Flush::Full);
                 break;
             }
-        }
-        if let Some(state) = self.lanes.get_mut(&lane) {
-            state.opened = rule.now; // its next batch opens as this one leaves
         }
         let formed = (!entries.is_empty()).then(|| Formed {
             lane: handle,
@@ -547,15 +536,16 @@ impl<L, T, R> Waiting<L, T, R> {
         (formed, released)
     }
 
-    /// The next caller of `lane` in the pool's order: its band, flow and key.
-    fn next_in(&self, lane: LaneId) -> Option<(Priority, u64, (Instant, u64))> {
+    /// The next caller of `lane` in the pool's order, other than those `passed` over:
+    /// its band, flow and key.
+    fn next_in(&self, lane: LaneId, passed: &[(Instant, u64)]) -> Option<(Priority, u64, (Instant, u64))> {
         if self.lanes.get(&lane).is_none_or(|s| s.rows == 0) {
             return None;
         }
         Priority::ALL.into_iter().find_map(|priority| {
             let band = &self.bands[priority.index()];
-            let flow = band.next_flow(Some(lane))?;
-            let key = band.flows[&flow].head_in(lane)?;
+            let flow = band.next_flow(Some(lane), passed)?;
+            let key = band.flows[&flow].head_in(lane, passed)?;
             Some((priority, flow, key))
         })
     }
@@ -598,11 +588,12 @@ impl<L, T, R> Waiting<L, T, R> {
             .map(|(_, lane)| lane)
     }
 
-    /// A batch of `lane`'s filler alone, up to `limit` rows (callers are quiet).
-    pub fn form_filler(&mut self, lane: LaneId, limit: u64) -> Option<Formed<L, T, R>> {
+    /// A batch of `lane`'s filler alone, up to `limit` rows and `max_bytes` bytes
+    /// (callers are quiet).
+    pub fn form_filler(&mut self, lane: LaneId, (limit, max_bytes): (u64, u64)) -> Option<Formed<L, T, R>> {
         let handle = self.lanes.get(&lane)?.lane.clone();
         let mut entries = Vec::new();
-        self.top_up(lane, &mut entries, |rows| rows <= limit);
+        self.top_up(lane, &mut entries, |rows, bytes| rows <= limit && bytes <= max_bytes);
         (!entries.is_empty()).then_some(Formed {
             lane: handle,
             entries,
@@ -610,11 +601,12 @@ impl<L, T, R> Waiting<L, T, R> {
         })
     }
 
-    /// Adds `lane`'s filler, in arrival order, to `entries` while `fits(rows)` holds
-    /// for the batch's rows with it (the first always goes into an empty batch). Filler
+    /// Adds `lane`'s filler, in arrival order, to `entries` while `fits(rows, bytes)`
+    /// holds for the batch with it (the first always goes into an empty batch). Filler
     /// whose caller went away is dropped; filler past its deadline is answered.
-    pub fn top_up(&mut self, lane: LaneId, entries: &mut Vec<Entry<T, R>>, fits: impl Fn(u64) -> bool) {
+    pub fn top_up(&mut self, lane: LaneId, entries: &mut Vec<Entry<T, R>>, fits: impl Fn(u64, u64) -> bool) {
         let mut rows: u64 = entries.iter().map(|e| e.rows).sum();
+        let mut bytes: u64 = entries.iter().map(|e| e.bytes).sum();
         let now = Instant::now();
         if let Some(queue) = self.fillers.get_mut(&lane) {
             while let Some(entry) = queue.front() {
@@ -628,11 +620,12 @@ impl<L, T, R> Waiting<L, T, R> {
                     }
                     continue;
                 }
-                if !entries.is_empty() && !fits(rows + entry.rows) {
+                if !entries.is_empty() && !fits(rows + entry.rows, bytes.saturating_add(entry.bytes)) {
                     break;
                 }
                 let entry = queue.pop_front().expect("front");
                 rows += entry.rows;
+                bytes = bytes.saturating_add(entry.bytes);
                 entries.push(entry);
             }
             if queue.is_empty() {
@@ -659,6 +652,28 @@ impl<L, T, R> Waiting<L, T, R> {
         self.lanes.clear();
         (all, rows)
     }
+}
+
+/// Answers a caller taken out at `now` because its deadline passed, or because the
+/// learned cost says it can no longer be met (it waited since `queued_at`).
+fn refuse_late<T, R>(entry: Entry<T, R>, now: Instant, queued_at: Instant) {
+    let error = match entry.deadline <= now {
+        true => Error::new(
+            Kind::Deadline,
+            "the budget ran out while the request waited for its batch",
+        ),
+        false => Error::new(
+            Kind::DeadlineUnmeetable,
+            format!(
+                "deadline unmeetable: learned cost of a batch > {:.1} ms left of the budget (the request waited \
+                 {:.1} ms); send a larger budget or retry later",
+                entry.deadline.saturating_duration_since(now).as_secs_f64() * 1e3,
+                now.saturating_duration_since(queued_at).as_secs_f64() * 1e3,
+            ),
+        )
+        .knob("deadline"),
+    };
+    entry.refuse(error);
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Property test: for random arrivals, row counts, signatures (one lane per signature,
 //! sharing the pool's slots), bands, tenants, deadlines, backend times and failing
 //! batches, every caller is answered exactly once with its own result; no batch mixes
-//! signatures or exceeds `max_batch` rows; nothing is sent past its deadline; and a
-//! batch is only ever sent at an event (a caller's arrival, a slot freeing, or
-//! `max_wait` running out), never after an idle wait.
+//! signatures or exceeds `max_batch` rows; nothing is sent past its deadline; a batch
+//! is only ever sent at an event (a caller's arrival or a slot freeing), never after an
+//! idle wait; and a batch with room left leaves behind, in its lane, only callers too
+//! large for that room (or it was sealed for a deadline).
 #![allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
@@ -24,6 +25,7 @@ struct Sent {
     at: Instant,
     done: Instant,
     lane: usize,
+    flush: Flush,
     callers: Vec<(usize, usize, u64, Instant, Instant)>,
 }
 
@@ -62,7 +64,7 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
         let (queue, worker) = pair_sharing::<usize, (usize, bool), usize>(settings, shared.clone());
         {
             let log = log.clone();
-            let send = move |lane: Arc<usize>, batch: Batch<(usize, bool), usize>, _flush: Flush| {
+            let send = move |lane: Arc<usize>, batch: Batch<(usize, bool), usize>, flush: Flush| {
                 let log = log.clone();
                 let lane = *lane;
                 async move {
@@ -77,6 +79,7 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
                         at,
                         done: Instant::now(),
                         lane,
+                        flush,
                         callers,
                     });
                     for e in batch {
@@ -141,20 +144,30 @@ fn run(settings: Settings, backend_ms: u64, learned: bool, arrivals: Vec<Arrival
                 prop_assert_eq!(lane, batch.lane, "caller {} mixed into another signature", id);
                 prop_assert!(deadline > batch.at, "caller {} sent past its deadline", id);
             }
-            // Sent at an event: an arrival, a slot freeing, or max_wait after a caller
-            // queued or after the lane's previous batch left (when this one opened).
-            let previous = log
-                .iter()
-                .filter(|s| s.lane == batch.lane && s.at <= batch.at && !std::ptr::eq(*s, batch))
-                .map(|s| s.at);
-            let mut events: Vec<Instant> = arrived.iter().chain(&done).copied().collect();
-            events.extend(previous.flat_map(|p| [p, p + settings.max_wait]));
-            events.extend(batch.callers.iter().map(|c| c.3 + settings.max_wait));
+            // Sent at an event: an arrival or a slot freeing.
             prop_assert!(
-                events.contains(&batch.at),
+                arrived.contains(&batch.at) || done.contains(&batch.at),
                 "a batch left at {:?}, not at any event",
                 batch.at
             );
+            // Full, or nobody who was waiting in its lane would have fitted.
+            if batch.flush != Flush::Deadline {
+                let left: Vec<u64> = log
+                    .iter()
+                    .filter(|s| s.lane == batch.lane && s.at > batch.at)
+                    .flat_map(|s| s.callers.iter().filter(|c| c.3 < batch.at).map(|c| c.2))
+                    .collect();
+                if left.len() < super::order::MAX_PASSED {
+                    for rows_left in left {
+                        prop_assert!(
+                            rows + rows_left > settings.max_batch,
+                            "a batch of {} rows left with room for a waiting caller's {}",
+                            rows,
+                            rows_left
+                        );
+                    }
+                }
+            }
         }
         Ok(())
     })
@@ -167,14 +180,13 @@ proptest! {
     fn every_caller_is_answered_once_within_its_rules(
         max_batch in 1u64..12,
         slots in 1usize..3,
-        max_wait_ms in 1u64..40,
         backend_ms in 1u64..30,
         learned in any::<bool>(),
         arrivals in arrivals(),
     ) {
         let settings = Settings {
             max_batch,
-            max_wait: Duration::from_millis(max_wait_ms),
+            max_bytes: u64::MAX,
             slots,
             capacity: 10_000,
             shed_at: 10_000,

@@ -172,6 +172,8 @@ struct Lane {
     max_batch: u64,
     /// The pool's progressive batch size.
     limit: Arc<batcher::Limit>,
+    /// The pool's largest batch in bytes.
+    max_bytes: Arc<batcher::MaxBytes>,
     metrics: Arc<BatchMetrics>,
     /// The route's usage counters.
     usage: Arc<crate::usage::RouteUsage>,
@@ -181,7 +183,7 @@ struct Lane {
 
 /// One route's micro-batch instruments, registered once per route spec.
 struct BatchMetrics {
-    flushes: [::metrics::Counter; 4],
+    flushes: [::metrics::Counter; 3],
     rows: ::metrics::Histogram,
     fill: ::metrics::Histogram,
     /// By [`Priority::index`].
@@ -211,7 +213,7 @@ impl BatchMetrics {
             ::metrics::counter!(metrics::BATCH_REJECTIONS, "route" => route.to_owned(), "reason" => reason).absolute(0);
         }
         BatchMetrics {
-            flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline, Flush::MaxWait].map(flush),
+            flushes: [Flush::Full, Flush::IdleBackend, Flush::Deadline].map(flush),
             rows: ::metrics::histogram!(metrics::BATCH_ROWS, &label()),
             fill: ::metrics::histogram!(metrics::BATCH_FILL_RATIO, &label()),
             queue_seconds: Priority::BY_INDEX.map(|p| {
@@ -238,7 +240,6 @@ impl BatchMetrics {
             Flush::Full => 0,
             Flush::IdleBackend => 1,
             Flush::Deadline => 2,
-            Flush::MaxWait => 3,
         };
         self.flushes[i].increment(1);
         self.rows.record(rows as f64);
@@ -336,6 +337,9 @@ pub struct PoolState {
     /// What one row alone costs the pool as the usage ledger prices it (`t(1)` from
     /// the batches' service times), once it can tell.
     pub one_row: Option<Duration>,
+    /// Most bytes of request body a batch carries now (`max_batch_bytes`, lowered to
+    /// half of a batch the backend refused as too large).
+    pub max_batch_bytes: u64,
 }
 
 impl MicroBatch {
@@ -348,6 +352,7 @@ impl MicroBatch {
             cost: lanes.shared.cost.estimate(),
             batch_limit: lanes.shared.limit.now(lanes.settings.max_batch),
             one_row: lanes.shared.shares.one(),
+            max_batch_bytes: lanes.shared.max_bytes.now(),
         })
     }
 
@@ -540,13 +545,17 @@ impl Inner {
     ) -> RouteLanes {
         let settings = Settings {
             max_batch: u64::from(spec.max_batch.get()),
-            max_wait: spec.max_wait,
+            max_bytes: spec.max_batch_bytes,
             slots: spec.pool.max_concurrency.get() as usize,
             capacity: u64::from(spec.queue_capacity.get()),
             shed_at: u64::from(spec.scheduling.shed_at),
         };
         let shared = match previous.filter(|p| p.spec.pool == spec.pool) {
-            Some(p) => p.shared.clone(),
+            Some(p) if p.spec.max_batch_bytes == spec.max_batch_bytes => p.shared.clone(),
+            Some(p) => Shared {
+                max_bytes: Arc::new(batcher::MaxBytes::new(spec.max_batch_bytes)),
+                ..p.shared.clone()
+            },
             None => Shared {
                 depth: ::metrics::gauge!(metrics::BATCH_QUEUE_ROWS, "route" => route.to_owned()),
                 cost: Arc::new(Cost::new()),
@@ -606,12 +615,17 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
             .map(|(signature, part, rows)| (LaneKey::Json { path, signature }, Rows::Json(part), rows, None)),
         (false, None) => Err(Unbatched("the route has no json_adapter".into())),
     };
+    let bytes = call.request.body().len() as u64;
     let (key, part, rows, asked) = match parsed {
-        Ok(batchable) if batchable.2 <= lanes.settings.max_batch => batchable,
-        Ok(_) => {
+        Ok(batchable) if batchable.2 > lanes.settings.max_batch => {
             let why = "it has more rows than max_batch".into();
             return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
         }
+        Ok(_) if bytes > lanes.shared.max_bytes.now() => {
+            let why = "its body is larger than a batch may be (max_batch_bytes)".into();
+            return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+        }
+        Ok(batchable) => batchable,
         Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
     };
     let (class, tenant) = class(spec, &call)?;
@@ -628,8 +642,10 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         tenant,
     };
     let submitted = match filler {
-        true => lanes.queue.submit_filler(&lane, part, rows, call.deadline),
-        false => lanes.queue.submit(&lane, part, (rows, call.deadline), class),
+        true => lanes.queue.submit_filler(&lane, part, (rows, bytes), call.deadline),
+        false => lanes
+            .queue
+            .submit_sized(&lane, part, (rows, bytes, call.deadline), class),
     };
     let answer = submitted.inspect_err(|e| {
         if e.kind == Kind::QueueFull {
@@ -802,6 +818,7 @@ impl RouteLanes {
             cost: self.shared.cost.clone(),
             max_batch: self.settings.max_batch,
             limit: self.shared.limit.clone(),
+            max_bytes: self.shared.max_bytes.clone(),
             metrics: self.metrics.clone(),
             usage: self.usage.clone(),
             shares: self.shared.shares.clone(),

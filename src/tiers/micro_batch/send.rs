@@ -96,6 +96,7 @@ fn run<'a>(
             .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
             .map(|(shadow, spec)| (shadow, spec, crate::backend::copy(&request)));
         let learned = lane.cost.predict(total);
+        let bytes: u64 = callers.iter().map(|e| e.bytes).sum();
         let one = lane.shares.one();
         let call = lane.shares.begin(lane.pool.healthy());
         let called = lane.pool.forward(request, deadline).instrument(span).await;
@@ -134,7 +135,12 @@ fn run<'a>(
                 };
                 scattered(callers, Some(replies), (total, Some(&id)), (sent, took));
             }
-            Ok(reply) if refused(reply.status()) && callers.len() > 1 => {
+            Ok(reply) if input_failed(&reply) && callers.len() > 1 => {
+                if reply.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    // Too large together: batches stay under half of it from now on.
+                    let now = lane.max_bytes.refused(bytes);
+                    tracing::info!(route = %lane.route, bytes, "a batch was refused as too large: batches now carry at most {now} bytes");
+                }
                 lane.metrics.isolations.increment(1);
                 let second = callers.split_off(callers.len() / 2);
                 run(lane, callers, (sent, flush)).await;
@@ -166,10 +172,10 @@ impl Lane {
     /// Moves the pool's progressive batch size by how a batch went: halved after a
     /// failure (an error, a 5xx, a timeout) or a batch that took more than three times
     /// its learned cost and 10 ms more; grown after one that went well; left alone after a
-    /// refusal (the input's fault, not the pool's).
+    /// refusal or a failure the pool found to be the input's (not the pool's fault).
     fn went(&self, called: &Result<Reply, Error>, learned: Option<Duration>, took: Duration) {
         let ok = match called {
-            Ok(reply) if refused(reply.status()) => return,
+            Ok(reply) if input_failed(reply) => return,
             Ok(reply) if reply.status().is_success() => {
                 learned.is_none_or(|t| took <= t.saturating_mul(3) + Duration::from_millis(10))
             }
@@ -240,6 +246,12 @@ fn charge(
 /// Statuses that mean "this input is wrong": the batch is split to find whose.
 fn refused(status: StatusCode) -> bool {
     matches!(status.as_u16(), 400 | 413 | 422)
+}
+
+/// Whether an answer says its input is wrong: a refusal, or a server error the batch
+/// met alike on two endpoints (the pool's [`crate::backend::InputFailed`]).
+fn input_failed(reply: &Reply) -> bool {
+    refused(reply.status()) || reply.extensions().get::<crate::backend::InputFailed>().is_some()
 }
 
 /// The backend request for `callers` (none when the cache holds every row) and, on a

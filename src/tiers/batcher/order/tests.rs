@@ -34,8 +34,8 @@ impl Fixture {
         Rule {
             now: self.start,
             limit,
+            max_bytes: u64::MAX,
             cost: None,
-            max_wait: Duration::from_secs(5),
         }
     }
 
@@ -227,18 +227,18 @@ fn the_doomed_the_expired_and_the_departed_are_never_sent() {
 }
 
 #[test]
-fn a_batch_takes_no_caller_that_came_after_max_wait_or_would_make_it_miss() {
+fn a_batch_takes_every_caller_waiting_whenever_it_came_unless_one_would_make_it_miss() {
     let mut f = Fixture::new();
     f.push(0, Class::default(), 1, 1, 1000);
     let (mut late, answer) = Entry::new(2, 1, f.start + ms(2000), (false, Priority::Standard));
     late.queued_at = f.start + ms(30);
     f.waiting.push(&f.lanes[0], Class::default(), late);
     f.answers.push((2, answer));
-    let rule = Rule {
-        max_wait: ms(20),
-        ..f.rule(8)
-    };
-    assert_eq!(f.next(&rule), Some((0, vec![1], Some(Flush::MaxWait))));
+    assert_eq!(
+        f.next(&f.rule(8)),
+        Some((0, vec![1, 2], None)),
+        "the slot is free now: a caller that came later joins"
+    );
 
     let mut f = Fixture::new();
     f.push(0, Class::default(), 1, 1, 100);
@@ -255,6 +255,44 @@ fn a_batch_takes_no_caller_that_came_after_max_wait_or_would_make_it_miss() {
     // One row costs 95 ms, two 110 ms: the second would make the first miss.
     assert_eq!(f.next(&rule), Some((0, vec![1], Some(Flush::Deadline))));
     assert_eq!(f.next(&rule), Some((0, vec![2], None)));
+}
+
+#[test]
+fn a_higher_band_arriving_all_the_time_leaves_the_rest_of_each_batch_to_lower_bands() {
+    // Critical callers keep coming, each later than the last; standard and sheddable
+    // callers came before them. Each batch takes every critical caller, then fills up
+    // from the standard band, then the sheddable one.
+    let mut f = Fixture::new();
+    f.push(0, class(Priority::Standard, 2, 1), 20, 1, 900);
+    f.push(0, class(Priority::Sheddable, 3, 1), 30, 1, 900);
+    for p in 1..=3 {
+        let (mut entry, answer) = Entry::new(p, 1, f.start + ms(500), (false, Priority::Critical));
+        entry.queued_at = f.start + ms(u64::from(p) * 40);
+        f.waiting.push(&f.lanes[0], class(Priority::Critical, 1, 1), entry);
+        f.answers.push((p, answer));
+    }
+    assert_eq!(f.next(&f.rule(8)), Some((0, vec![1, 2, 3, 20, 30], None)));
+}
+
+#[test]
+fn a_caller_too_large_for_the_room_left_leads_the_next_batch_and_smaller_ones_fill_this() {
+    let mut f = Fixture::new();
+    f.push(0, class(Priority::Critical, 1, 1), 1, 5, 100);
+    f.push(0, class(Priority::Critical, 1, 1), 2, 4, 200);
+    f.push(0, class(Priority::Standard, 2, 1), 3, 2, 300);
+    f.push(0, class(Priority::Standard, 2, 1), 4, 2, 400);
+    let rule = f.rule(8);
+    assert_eq!(
+        f.next(&rule),
+        Some((0, vec![1, 3], Some(Flush::Full))),
+        "4 rows do not fit beside 5; 2 do, and then 2 more would not"
+    );
+    assert_eq!(
+        f.next(&rule),
+        Some((0, vec![2, 4], None)),
+        "the one passed over goes first"
+    );
+    assert!(f.waiting.is_empty());
 }
 
 #[test]
