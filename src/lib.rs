@@ -17,6 +17,7 @@
 //! - [`front`]: the doors (KServe v2 over HTTP and gRPC, JSON routes, the Batch API,
 //!   Kafka sources) and the pipeline each request takes through them.
 //! - [`protocol`]: KServe v2 wire formats, JSON and Triton's binary tensor extension.
+//! - [`llm`]: what the gateway reads of LLM traffic: server-sent events, OpenAI's API.
 //! - [`cache`]: before any tier, answers kept per route and identical calls in flight
 //!   sharing one backend call.
 //! - [`classify`]: the pure decision function, (route, flags, budget) → tier + reason,
@@ -40,6 +41,7 @@
 pub mod server;
 
 pub mod front;
+pub mod llm;
 pub mod protocol;
 
 pub mod cache;

@@ -254,6 +254,22 @@ families! {
     ENDPOINTS_NEEDED = "tiergate_endpoints_needed", Gauge;
     /// A pool's endpoints not ejected now, by `route` and `tier`.
     ENDPOINTS_HEALTHY = "tiergate_endpoints_healthy", Gauge;
+
+    /// Streams being relayed now, by `route` and `tier`.
+    STREAMS_OPEN = "tiergate_streams_open", Gauge;
+    /// Streams that ended, by `route`, `tier` and `reason` (`done`, `client_gone`,
+    /// `first_token` (its budget ran out first), `idle`, `too_long`, `backend_error`,
+    /// `event_too_big`, `malformed`, `slow_reader`).
+    STREAMS_ENDED = "tiergate_streams_ended_total", Counter;
+    /// Tokens backends reported (or streams' content events counted, where a backend
+    /// reported none), by `route`, `tier` and `kind` (`prompt`, `completion`,
+    /// `completion_estimated`).
+    TOKENS = "tiergate_tokens_total", Counter;
+    /// Time from a streamed call's sending to its first token, by `route` and `tier`
+    /// (histogram, seconds).
+    TIME_TO_FIRST_TOKEN = "tiergate_time_to_first_token_seconds", Histogram;
+    /// Time per output token after the first, by `route` and `tier` (histogram, seconds).
+    TIME_PER_OUTPUT_TOKEN = "tiergate_time_per_output_token_seconds", Histogram;
 }
 
 /// Histogram buckets (seconds): 100 µs to 60 s, dense where real-time calls land.

@@ -460,6 +460,7 @@ impl Parts {
         let dispatch = Arc::new(
             Dispatch::new(policy.clone(), admission, tiers, backends, readiness.clone())
                 .with_budget_reserve(config.limits.budget_reserve)
+                .with_max_stream_event(config.limits.max_stream_event_bytes)
                 .with_callers(callers)
                 .with_cache(cache.clone())
                 .with_usage(usage.clone()),

@@ -72,7 +72,7 @@ async fn check(endpoint: &Endpoint, at: usize, probe: &Probe, interval: Duration
                 let uri = client.uri(&endpoint.authority, path.parse().ok()?).ok()?;
                 let request = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
                 // The (small) body is read whole, so the connection goes back to the pool.
-                let response = client.request(request, CHECK_BODY).await.ok()?;
+                let response = client.request(request, (CHECK_BODY, false)).await.ok()?;
                 Some(response.status() == http::StatusCode::OK)
             }
             Probe::Grpc(clients) => {

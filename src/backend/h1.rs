@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::endpoint::{chain, Failure};
 use super::message::{outgoing, path_and_query, restore};
 use super::tls::Handshake;
-pub(super) use wire::Trace;
+pub(super) use wire::{is_event_stream, Trace};
 use wire::{Io, Sent, Wire};
 
 mod wire;
@@ -107,13 +107,13 @@ impl Conns {
         parts: &mut http::request::Parts,
         body: Bytes,
         (trace, started): (Option<&Trace>, Instant),
-        max_body: usize,
+        (max_body, stream): (usize, bool),
     ) -> Result<Response<Bytes>, Failure> {
         let mut uri = http::uri::Parts::default();
         uri.path_and_query = Some(path_and_query(parts));
         let uri = http::Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))?;
         let mut request = outgoing(parts, uri, body);
-        let answer = self.exchange(&mut request, (trace, started), max_body).await;
+        let answer = self.exchange(&mut request, (trace, started), (max_body, stream)).await;
         restore(parts, request);
         answer
     }
@@ -121,7 +121,8 @@ impl Conns {
     /// Sends `request` (its URI in origin form, `/path?query`) and reads the whole
     /// answer, refusing a body over `max_body` bytes.
     pub(super) async fn send(&self, mut request: Request<Bytes>, max_body: usize) -> Result<Response<Bytes>, Failure> {
-        self.exchange(&mut request, (None, Instant::now()), max_body).await
+        self.exchange(&mut request, (None, Instant::now()), (max_body, false))
+            .await
     }
 
     /// [`Conns::send`] of a request the caller keeps, sent at `started` (the idle
@@ -130,7 +131,7 @@ impl Conns {
         &self,
         request: &mut Request<Bytes>,
         (trace, started): (Option<&Trace>, Instant),
-        max_body: usize,
+        framed: (usize, bool),
     ) -> Result<Response<Bytes>, Failure> {
         let runtime = match Handle::try_current() {
             Ok(handle) => handle.id(),
@@ -141,11 +142,7 @@ impl Conns {
                 Some(idle) => idle,
                 None => self.connect(runtime).await?,
             };
-            match conn
-                .wire
-                .exchange(request, &self.host, trace, max_body, conn.used)
-                .await
-            {
+            match conn.wire.exchange(request, &self.host, trace, framed, conn.used).await {
                 Sent::Done(answer) => {
                     // Only after a whole answer is the connection in step for another.
                     if answer.is_ok() && conn.wire.reusable {
@@ -154,8 +151,16 @@ impl Conns {
                     }
                     return answer;
                 }
+                // A stream's body is read as it comes, on its connection, which it keeps.
+                Sent::Stream(parts, framing) => {
+                    let body = conn.wire.into_stream(framing);
+                    let mut answer = Response::from_parts(parts, Bytes::new());
+                    let body = http_body_util::BodyExt::boxed_unsync(body);
+                    answer.extensions_mut().insert(super::stream::Raw::new(body));
+                    return Ok(answer);
+                }
                 // A stale idle connection: try the next one, or a new one.
-                Sent::NotSent(why) => {
+                Sent::Unsent(why) => {
                     tracing::debug!(endpoint = %self.authority, "{why}: the request goes on another connection");
                 }
             }

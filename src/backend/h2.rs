@@ -51,11 +51,13 @@ impl Client {
         Uri::from_parts(uri).map_err(|e| Failure::Other(e.to_string()))
     }
 
-    /// Sends `request` and reads the whole answer, refusing a body over `max_body` bytes.
+    /// Sends `request` and reads the whole answer, refusing a body over `max_body` bytes
+    /// (a successful stream of server-sent events, when `stream`, is handed up to be
+    /// read as it comes: see `backend::stream`).
     pub(super) async fn request(
         &self,
         request: http::Request<Full<Bytes>>,
-        max_body: usize,
+        (max_body, stream): (usize, bool),
     ) -> Result<Response<Bytes>, Failure> {
         let response = self.hyper.request(request).await.map_err(|e| {
             let detail = chain(&e);
@@ -66,6 +68,14 @@ impl Client {
             }
         })?;
         let (head, body) = response.into_parts();
+        if stream && head.status.is_success() && super::h1::is_event_stream(&head.headers) {
+            let mut answer = Response::from_parts(head, Bytes::new());
+            let body = body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
+            answer
+                .extensions_mut()
+                .insert(super::stream::Raw::new(body.boxed_unsync()));
+            return Ok(answer);
+        }
         let body = Limited::new(body, max_body)
             .collect()
             .await
@@ -76,17 +86,17 @@ impl Client {
 }
 
 /// Sends the request of `parts` and `body` to `authority` and reads the whole answer,
-/// refusing a body over `max_body` bytes.
+/// refusing a body over `max_body` bytes (or a stream's head, when `stream`).
 pub(super) async fn send(
     client: &Client,
     authority: &Authority,
     parts: &http::request::Parts,
     body: Bytes,
-    max_body: usize,
+    framed: (usize, bool),
 ) -> Result<Response<Bytes>, Failure> {
     let uri = client.uri(authority, path_and_query(parts))?;
     // The client keeps the request whatever happens: the pool's `parts` keep their
     // headers for a try on another endpoint.
-    let response = client.request(outgoing_copy(parts, uri, body), max_body).await?;
+    let response = client.request(outgoing_copy(parts, uri, body), framed).await?;
     Ok(end_to_end(response))
 }

@@ -3,7 +3,8 @@
 //! The bottom of the request path. [`Pool`] sends calls to the endpoints of one tier
 //! of one route (endpoint choice, circuits, limits, errors), over `h1` (HTTP/1.1, its
 //! own client), `h2` (HTTP/2) or, for `grpc://` endpoints, `grpc`, with the messages of
-//! `message` (end-to-end headers only); `endpoint` holds what they and the active
+//! `message` (end-to-end headers only), a streamed answer read as it comes ([`stream`]);
+//! `endpoint` holds what they and the active
 //! `checks` share; `sequences` keeps each Triton sequence to one endpoint, in order;
 //! `tls` is how `https://` and `grpcs://` endpoints are verified
 //! ([`Trust`]); [`Pools`] finds or builds the pool for a route's current spec, so a
@@ -22,6 +23,7 @@ pub use message::copy;
 mod pool;
 mod retry;
 pub(crate) mod sequences;
+pub mod stream;
 mod tls;
 
 use std::sync::Arc;

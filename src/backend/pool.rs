@@ -80,6 +80,8 @@ pub struct Pool {
     sequences: super::sequences::Sequences<usize>,
     /// What the pool's answered calls took (see [`super::latency`]).
     latency: super::latency::Latency,
+    /// What its streams took to their first token (see [`super::stream`]).
+    ttft: Arc<super::latency::Latency>,
     /// Which failed calls go again to another endpoint.
     retry: RetrySpec,
     /// When a slow call is sent again to a second endpoint.
@@ -198,6 +200,7 @@ impl Pool {
             instruments: tier.map_or_else(Instruments::unexported, |tier| Instruments::new(route, tier)),
             sequences: super::sequences::Sequences::default(),
             latency: super::latency::Latency::default(),
+            ttft: Arc::default(),
             retry: spec.retry,
             hedge: spec.hedge,
             budget: Budget::new(&spec.retry, spec.hedge.map_or(0, |h| h.budget_per_mille)),
@@ -270,8 +273,13 @@ impl Pool {
     /// time left is below what the pool's calls take (its learned floor, see
     /// `backend::latency`); a failed call goes again to another endpoint as the pool's
     /// retry policy says (its `retry` table).
+    ///
+    /// A request that asks for a stream ([`super::stream::Wanted`]) is answered, when
+    /// its answer is one, with its head and the stream in its extensions; its deadline
+    /// is its first token's, and the floor it is held to the pool's learned time to
+    /// first token.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        let now = self.in_time(deadline)?;
+        let now = self.in_time_for(deadline, super::stream::wanted(&request))?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
             let sequence = sequence.clone();
             return Box::pin(self.forward_step(request, deadline, sequence)).await;
@@ -283,6 +291,12 @@ impl Pool {
     /// What [`Pool::forward`] checks first: that `deadline` has not passed and that the
     /// time left covers what the pool's calls take; the time it was checked at.
     pub fn in_time(&self, deadline: Instant) -> Result<Instant, Error> {
+        self.in_time_for(deadline, false)
+    }
+
+    /// [`Pool::in_time`] for a call that asks for a `stream` or not: a stream's budget
+    /// runs to its first token, so it is held to what the pool's streams take to it.
+    pub fn in_time_for(&self, deadline: Instant, stream: bool) -> Result<Instant, Error> {
         let now = Instant::now();
         if now >= deadline {
             return Err(Error::new(
@@ -290,7 +304,8 @@ impl Pool {
                 "the budget was spent before the request reached a backend",
             ));
         }
-        self.meetable(deadline - now).map(|()| now)
+        let learned = if stream { &*self.ttft } else { &self.latency };
+        self.meetable_by(deadline - now, learned).map(|()| now)
     }
 
     /// A call slot, or the pool's refusal ([`Kind::Shed`]) when every one is taken: a
@@ -459,7 +474,13 @@ impl Pool {
     /// loads it nor, cut short, counts against it.
     #[inline(always)]
     fn meetable(&self, left: Duration) -> Result<(), Error> {
-        match self.latency.floor() {
+        self.meetable_by(left, &self.latency)
+    }
+
+    /// [`Pool::meetable`] against what `learned` says the pool's calls take.
+    #[inline(always)]
+    fn meetable_by(&self, left: Duration, learned: &super::latency::Latency) -> Result<(), Error> {
+        match learned.floor() {
             Some(floor) if left < floor => Err(self.unmeetable(left, floor)),
             _ => Ok(()),
         }
@@ -627,6 +648,7 @@ impl Pool {
         // Read before the call, which may move the headers out of `parts`.
         let post = parts.method == http::Method::POST;
         let kserve = parts.uri.path().starts_with("/v2/");
+        let stream = super::stream::asked(&parts.uri, &parts.extensions);
         let endpoint = &self.endpoints[at];
         crate::telemetry::current_span().record("endpoint", tracing::field::display(&endpoint.authority));
         let _in_flight = InFlight::enter(&endpoint.in_flight);
@@ -643,7 +665,12 @@ impl Pool {
             match &self.transport {
                 Transport::Http1(conns) => {
                     conns[at]
-                        .send_call(parts, body, (trace.as_ref(), started), self.max_response_bytes)
+                        .send_call(
+                            parts,
+                            body,
+                            (trace.as_ref(), started),
+                            (self.max_response_bytes, stream),
+                        )
                         .await
                 }
                 Transport::Http2(client) => {
@@ -652,7 +679,7 @@ impl Pool {
                         &endpoint.authority,
                         &*parts,
                         body,
-                        self.max_response_bytes,
+                        (self.max_response_bytes, stream),
                     ))
                     .await
                 }
@@ -682,7 +709,11 @@ impl Pool {
             None => call.await,
         };
         let mut result = result.unwrap_or(Err(Failure::Deadline));
-        if let Ok(answer) = &result {
+        let streamed = stream
+            && result
+                .as_mut()
+                .is_ok_and(|answer| self.streamed(answer, (at, sent), (deadline, started)));
+        if let (Ok(answer), false) = (&result, streamed) {
             // A pass-through answer is read by the client only: look at it here, so an
             // endpoint answering 200 with something else is caught and set aside.
             let http = !matches!(self.transport, Transport::Grpc(_));
@@ -705,7 +736,10 @@ impl Pool {
             Ok(r) if r.status().is_server_error() => hold("status_5xx"),
             Ok(_) => {
                 verdict.pass();
-                self.latency.answered(took);
+                if !streamed {
+                    // A stream's head says nothing of what its answer takes.
+                    self.latency.answered(took);
+                }
                 endpoint.cost.answered(took, self.clock(started));
             }
             Err(Failure::Connect(_)) => verdict.fail("unreachable"),
@@ -724,6 +758,35 @@ impl Pool {
             }
         }
         result
+    }
+
+    /// Wraps the stream a transport handed up with `answer` (from endpoint `at`, for a
+    /// request of body `sent`, due by `deadline` and sent at `started`) for the tiers
+    /// and doors above; whether it was one.
+    #[cold]
+    fn streamed(
+        &self,
+        answer: &mut Response<Bytes>,
+        (at, sent): (usize, &Bytes),
+        (deadline, started): (Instant, Instant),
+    ) -> bool {
+        let Some(body) = answer
+            .extensions_mut()
+            .remove::<super::stream::Raw>()
+            .and_then(|raw| raw.take())
+        else {
+            return false;
+        };
+        let outcome =
+            super::stream::Outcome::new(self.endpoints.clone(), at, blame::fingerprint(sent), self.ttft.clone());
+        let stream = super::stream::Stream {
+            body,
+            deadline,
+            sent: started,
+            outcome,
+        };
+        answer.extensions_mut().insert(super::stream::Streamed::new(stream));
+        true
     }
 
     fn error(&self, at: usize, failure: Failure) -> Error {

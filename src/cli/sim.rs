@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use tiergate::config::Config;
-use tiergate::sim::{Faults, ModelSpec, Profile, Simulator};
+use tiergate::sim::{Faults, LlmProfile, ModelSpec, Profile, Simulator};
 use tokio_util::sync::CancellationToken;
 
 /// `tiergate sim`'s flags.
@@ -21,8 +21,9 @@ pub struct SimArgs {
     #[arg(long)]
     grpc: Option<SocketAddr>,
     /// A model as NAME:PROFILE (profiles: resnet50-trt, resnet50-eager, bert-base-trt,
-    /// instant), or a combined model as NAME:PROFILE:HEAD,HEAD,... (outputs HEAD_OUTPUT0
-    /// and HEAD_OUTPUT1 per head); repeat for several models.
+    /// instant), a combined model as NAME:PROFILE:HEAD,HEAD,... (outputs HEAD_OUTPUT0
+    /// and HEAD_OUTPUT1 per head), or an LLM as NAME:llm-PROFILE (llm-8b-a100,
+    /// llm-tiny: OpenAI's API and Triton's generate); repeat for several models.
     #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
     models: Vec<String>,
     /// Instances per model (batches run one at a time on each, FIFO).
@@ -74,13 +75,17 @@ fn models(args: &SimArgs) -> anyhow::Result<Vec<ModelSpec>> {
             .with_context(|| format!("--model {text:?}: write it as NAME:PROFILE"))?;
         let (profile, heads) = profile.split_once(':').unwrap_or((profile, ""));
         let heads: Vec<String> = heads.split(',').filter(|h| !h.is_empty()).map(str::to_owned).collect();
-        let profile = Profile::named(profile).with_context(|| {
-            format!(
-                "--model {text:?}: unknown profile; known: {}",
-                Profile::NAMES.join(", ")
-            )
-        })?;
-        let mut spec = ModelSpec::new(name, profile.scaled(args.slowdown));
+        let unknown = || {
+            let known: Vec<&str> = Profile::NAMES.iter().chain(LlmProfile::NAMES).copied().collect();
+            format!("--model {text:?}: unknown profile; known: {}", known.join(", "))
+        };
+        let mut spec = match LlmProfile::named(profile) {
+            Some(llm) => ModelSpec::llm(name, llm.scaled(args.slowdown)),
+            None => {
+                let profile = Profile::named(profile).with_context(unknown)?;
+                ModelSpec::new(name, profile.scaled(args.slowdown))
+            }
+        };
         spec.instances = args.instances.max(1);
         spec.heads = heads;
         spec.drift = args.drift;

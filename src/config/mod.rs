@@ -416,6 +416,9 @@ pub struct Limits {
     /// over 10 s windows; a slower reader's connection is closed, so it cannot hold an
     /// answer (a Batch API file, say) and its connection for as long as it likes. 0 is off.
     pub min_send_rate: u64,
+    /// The largest event a stream may relay, in bytes: a larger one cuts the stream
+    /// (the client gets an error event). A relay holds at most one event in progress.
+    pub max_stream_event_bytes: usize,
     /// Bytes a second a request body on its way must arrive at, measured over 10 s
     /// windows; a slower body fails with 408 (its connection then closes), so a client
     /// sending a body a byte at a time cannot hold its connection for long. 0 is off.
@@ -552,6 +555,7 @@ impl Default for Limits {
             max_connections_per_client: 1_000,
             min_send_rate: 4096,
             min_receive_rate: 4096,
+            max_stream_event_bytes: 1 << 20,
             idle_timeout: Duration::from_secs(120),
             listen_backlog: 4096,
             budget_reserve: 0.0,

@@ -121,6 +121,7 @@ impl Config {
             ("limits.max_in_flight_requests", limits.max_in_flight_requests),
             ("limits.max_in_flight_body_bytes", limits.max_in_flight_body_bytes),
             ("limits.max_connections", limits.max_connections),
+            ("limits.max_stream_event_bytes", limits.max_stream_event_bytes),
         ] {
             check.at_least(key, value as u64, 1);
         }

@@ -1,10 +1,12 @@
-//! The body of an answer the HTTP door writes: whole, as nearly every answer is, or
+//! The body of an answer the HTTP door writes: whole, as nearly every answer is;
 //! streamed in chunks from the offline store (a Batch API file's content), so a large
-//! file is never held whole in memory while its client reads it slowly. Its length is
-//! known either way, so the answer carries `Content-Length`. A whole answer of the
-//! inference path carries its [`Stamp`]: tiergate's own fields, written by the server
-//! with the head rather than put in the header map (four names hashed and a value
-//! made, on every request, for fields the server can write as it goes).
+//! file is never held whole in memory while its client reads it slowly (its length is
+//! known either way, so the answer carries `Content-Length`); or a backend's events as
+//! they come ([`super::relay`]: no length, so HTTP/1.1 chunks them). A whole answer of
+//! the inference path, and a relayed one, carries its [`Stamp`]: tiergate's own fields,
+//! written by the server with the head rather than put in the header map (four names
+//! hashed and a value made, on every request, for fields the server can write as it
+//! goes).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -29,6 +31,8 @@ pub enum Answered {
         /// Bytes still to come.
         left: u64,
     },
+    /// A backend's events, relayed as they come, and the answer's fields.
+    Events(Box<super::relay::Relay>, Option<Stamp>),
 }
 
 /// What tiergate says of an inference answer in fields of its own: `x-tiergate-tier`,
@@ -99,10 +103,19 @@ impl Answered {
         Answered::Streamed { chunks, left: len }
     }
 
-    /// The same body carrying `stamp` (a streamed body carries none).
+    /// The answer of `reply`: its whole body, or the events of the relay it carries.
+    pub fn of(mut reply: crate::protocol::Reply) -> http::Response<Answered> {
+        match super::relay::Relayed::of(&mut reply) {
+            Some(relay) => reply.map(|_| Answered::Events(Box::new(relay), None)),
+            None => reply.map(Answered::from),
+        }
+    }
+
+    /// The same body carrying `stamp` (a stored file's carries none).
     pub fn stamped(self, stamp: Stamp) -> Self {
         match self {
             Answered::Whole(bytes, _) => Answered::Whole(bytes, Some(stamp)),
+            Answered::Events(relay, _) => Answered::Events(relay, Some(stamp)),
             streamed => streamed,
         }
     }
@@ -111,7 +124,7 @@ impl Answered {
     /// server's hook ([`STAMPING`]); whether it had one.
     pub fn write_stamp(&self, head: &mut Vec<u8>) -> bool {
         match self {
-            Answered::Whole(_, Some(stamp)) => {
+            Answered::Whole(_, Some(stamp)) | Answered::Events(_, Some(stamp)) => {
                 stamp.write(head);
                 true
             }
@@ -122,7 +135,7 @@ impl Answered {
     /// Moves the body's stamp, if it has one, into its answer's `headers`: for hyper
     /// (HTTP/2, TLS) and for callers of the door without a server.
     pub fn stamp_headers(&mut self, headers: &mut HeaderMap) {
-        if let Answered::Whole(_, stamp) = self {
+        if let Answered::Whole(_, stamp) | Answered::Events(_, stamp) = self {
             if let Some(stamp) = stamp.take() {
                 stamp.store(headers);
             }
@@ -165,6 +178,7 @@ impl Body for Answered {
                 Poll::Ready(None) if *left == 0 => Poll::Ready(None),
                 Poll::Ready(None) => Poll::Ready(Some(Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)))),
             },
+            Answered::Events(relay, _) => Pin::new(relay.as_mut()).poll_frame(cx).map_err(|never| match never {}),
         }
     }
 
@@ -172,6 +186,7 @@ impl Body for Answered {
         match self {
             Answered::Whole(bytes, _) => bytes.as_ref().is_none_or(Bytes::is_empty),
             Answered::Streamed { left, .. } => *left == 0,
+            Answered::Events(relay, _) => relay.is_end_stream(),
         }
     }
 
@@ -179,6 +194,7 @@ impl Body for Answered {
         match self {
             Answered::Whole(bytes, _) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Answered::Streamed { left, .. } => SizeHint::with_exact(*left),
+            Answered::Events(..) => SizeHint::default(),
         }
     }
 }

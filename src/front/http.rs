@@ -140,11 +140,15 @@ impl HttpDoor {
                     return Box::pin(self.serve(route, req, Body::Kserve)).await;
                 }
             }
+            (Target::Other(p), &Method::POST) if crate::llm::openai::is_path(p) => {
+                return Box::pin(super::openai::serve(&self, req)).await;
+            }
             (Target::Other(p), &Method::POST) if !(self.offline.is_some() && offline_path(p)) => {
                 if let Some(route) = self.dispatch.policy().route_for_path(p).cloned() {
                     return Box::pin(self.serve(route, req, Body::Json)).await;
                 }
             }
+            (Target::Other("/v1/models"), _) => return super::openai::models(&self, &method),
             _ => {}
         }
         let id = trace::request_id(req.headers());
@@ -289,6 +293,16 @@ impl HttpDoor {
         }
     }
 
+    /// [`HttpDoor::serve`] of a JSON route's request.
+    pub(super) async fn serve_json<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>) -> Response<Answered> {
+        self.serve(route, req, Body::Json).await
+    }
+
+    /// The limits the door enforces.
+    pub(super) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
     async fn serve<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>, kind: Body) -> Response<Answered> {
         let head = Head::scan(req.headers(), (&route.rollout_key_header, &route.tenant_header));
@@ -393,7 +407,7 @@ impl HttpDoor {
 
     /// Reads a body of at most `max` bytes. How long it may take, and how slowly it may
     /// come, is the listener's to enforce (`server::receive`): its [`TooSlow`] is a 408.
-    async fn read_body<B: RequestBody>(&self, body: B, max: usize) -> Result<Bytes, Error> {
+    pub(super) async fn read_body<B: RequestBody>(&self, body: B, max: usize) -> Result<Bytes, Error> {
         let declared = body.size_hint().exact();
         let too_large = || {
             Error::new(
@@ -468,7 +482,7 @@ fn render(served: Served, shape: Shape, received: Instant) -> Response<Answered>
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
             let elapsed = served.elapsed.unwrap_or_else(|| received.elapsed());
             let timing = Line::answer(parts, elapsed, served.tier_took);
-            (reply.map(Answered::from), timing)
+            (Answered::of(reply), timing)
         }
         Err(e) => (failure_as(&e, shape), Line::error(received.elapsed())),
     };

@@ -11,7 +11,8 @@
 //! `paths` maps a path to its route, [`body`] reads bodies within their budget,
 //! `encoding` decodes compressed bodies and compresses answers when asked, `extensions`
 //! answers Triton's protocol extensions, `failures` logs the gateway's own 5xx answers
-//! (rate-limited). The doors run on [`crate::server`], the
+//! (rate-limited), and [`relay`] passes a backend's stream to the client event by event
+//! (the pipeline makes the relay; every door writes it). The doors run on [`crate::server`], the
 //! connection loop every listener here shares.
 
 pub mod auth;
@@ -26,6 +27,8 @@ pub mod job_status;
 #[cfg(feature = "kafka")]
 pub mod kafka_source;
 pub mod meta;
+mod openai;
 mod paths;
 pub mod pipeline;
 pub mod ready;
+pub mod relay;

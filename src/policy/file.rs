@@ -115,6 +115,12 @@ pub struct RouteFile {
     pub body_check: Option<crate::protocol::BodyCheck>,
     /// Tenants' quotas on this route.
     pub quotas: Option<QuotasFile>,
+    /// The longest a stream may run after its first token (default 10m).
+    #[serde(default, with = "humantime_serde")]
+    pub max_stream_duration: Option<Duration>,
+    /// The longest a stream may go between two events after its first token (default 60s).
+    #[serde(default, with = "humantime_serde")]
+    pub stream_idle_timeout: Option<Duration>,
 }
 
 /// The route's prediction cache: how long an answer is kept and how many bytes of

@@ -27,6 +27,8 @@ pub struct Policy {
     pub(super) routes: Vec<Arc<Route>>,
     pub(super) by_model: Index,
     pub(super) by_path: Index,
+    /// Routes on OpenAI's paths, by path and the body's `model` (`"PATH\nMODEL"`).
+    pub(super) by_openai: Index,
     /// The texts it was built from, each with its file, in load order.
     pub(super) sources: Vec<(PathBuf, String)>,
 }
@@ -82,6 +84,8 @@ pub struct Route {
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
     pub(super) index: std::sync::OnceLock<usize>,
+    /// How long its streams may run, and rest between events, after their first token.
+    pub streams: Streams,
 }
 
 /// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
@@ -271,6 +275,26 @@ pub struct RetryOn {
     pub error: bool,
 }
 
+/// What a route's streams may do once their first token came (their budget runs to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streams {
+    /// The longest a stream runs after its first token (`max_stream_duration`).
+    pub max_duration: Duration,
+    /// The longest a stream goes between events after its first token
+    /// (`stream_idle_timeout`).
+    pub idle: Duration,
+}
+
+impl Default for Streams {
+    /// Ten minutes in all, a minute between events.
+    fn default() -> Self {
+        Streams {
+            max_duration: Duration::from_secs(600),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Borrowing rules: every one is off unless the route turns it on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Borrow {
@@ -447,6 +471,38 @@ impl Policy {
         self.by_path.get(path)
     }
 
+    /// The route serving OpenAI's `path` (see [`crate::llm::openai::PATHS`]) for the
+    /// body's `model`: the route listing that model for the path, else a route with the
+    /// path to itself (no `models` listed).
+    pub fn route_for_openai(&self, path: &str, model: &str) -> Option<&Arc<Route>> {
+        self.by_openai
+            .get(&format!("{path}\n{model}"))
+            .or_else(|| self.by_path.get(path))
+    }
+
+    /// Whether routes share OpenAI's `path` by the body's `model`.
+    pub fn routes_by_model(&self, path: &str) -> bool {
+        self.routes
+            .iter()
+            .any(|r| !r.models.is_empty() && r.paths.iter().any(|p| p == path))
+    }
+
+    /// The `model` values routes serve on OpenAI's paths, each once, in the policy's
+    /// order (what `/v1/models` lists).
+    pub fn openai_models(&self) -> Vec<&str> {
+        let mut models: Vec<&str> = Vec::new();
+        for route in &self.routes {
+            if route.paths.iter().any(|p| crate::llm::openai::is_path(p)) {
+                for model in &route.models {
+                    if !models.contains(&model.as_str()) {
+                        models.push(model);
+                    }
+                }
+            }
+        }
+        models
+    }
+
     /// Every route, in file then name order.
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
@@ -517,6 +573,7 @@ impl Route {
     /// A route for unit tests: model `m`, budgets 200 ms default / 300 ms / 60 s, no pools.
     pub(crate) fn test(flags: Flags, when_unmet: WhenUnmet) -> Route {
         Route {
+            streams: Streams::default(),
             name: "r".into(),
             file: PathBuf::from("r.toml"),
             models: vec!["m".into()],

@@ -285,7 +285,9 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             "needs a [realtime] pool to borrow",
         );
     }
+    let streams = streams(check, &at, file);
     Route {
+        streams,
         name: name.to_owned(),
         file: check.file.to_owned(),
         models: file.models.clone(),
@@ -764,6 +766,23 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
     }
 }
 
+/// A route's stream settings, each from 1 s to a day.
+fn streams(check: &mut Check<'_>, at: &str, file: &RouteFile) -> crate::policy::model::Streams {
+    let defaults = crate::policy::model::Streams::default();
+    let mut within = |key: &str, value: Option<Duration>, default: Duration| match value {
+        None => default,
+        Some(d) if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&d) => d,
+        Some(d) => {
+            check.fail(format!("{at}.{key}"), format!("must be 1s to 24h, got {d:?}"));
+            default
+        }
+    };
+    crate::policy::model::Streams {
+        max_duration: within("max_stream_duration", file.max_stream_duration, defaults.max_duration),
+        idle: within("stream_idle_timeout", file.stream_idle_timeout, defaults.idle),
+    }
+}
+
 /// The batch pool's bands and fair shares.
 fn scheduling(check: &mut Check<'_>, at: &str, file: &BatchFile, capacity: NonZeroU32) -> Scheduling {
     let mut band = |key: &str, value: Option<&str>, default: Priority| match value {
@@ -931,11 +950,30 @@ fn index(check: &mut Check<'_>, policy: &mut Policy, route: Arc<Route>) {
             );
         }
     }
+    // OpenAI's paths are shared by routes that list the `model` values they serve; a
+    // route listing none has its path to itself, as any JSON route.
+    let (openai, plain): (Vec<String>, Vec<String>) = route
+        .paths
+        .iter()
+        .cloned()
+        .partition(|p| crate::llm::openai::is_path(p) && !route.models.is_empty());
+    let keys: Vec<String> = openai
+        .iter()
+        .flat_map(|p| route.models.iter().map(move |m| format!("{p}\n{m}")))
+        .collect();
+    claim(
+        check,
+        &mut policy.by_openai,
+        &route,
+        &keys,
+        &format!("{at}.models"),
+        "OpenAI path and model",
+    );
     claim(
         check,
         &mut policy.by_path,
         &route,
-        &route.paths,
+        &plain,
         &format!("{at}.paths"),
         "path",
     );

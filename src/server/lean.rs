@@ -145,7 +145,7 @@ where
             }
         }
         let close = close || stopping.is_some();
-        let written = write(io, &mut head, response, (close, stamping)).await;
+        let written = write((io, &mut read), &mut head, response, (close, stamping)).await;
         drop(in_flight);
         if !matches!(written, Ok(false)) {
             let _ = io.shutdown().await;
@@ -392,7 +392,7 @@ fn says_close(value: &HeaderValue) -> bool {
 /// it). Whether the connection closes now: `close`, or the answer's own `connection`
 /// said so.
 async fn write<B>(
-    io: &mut Conn,
+    (io, read): (&mut Conn, &mut BytesMut),
     head: &mut Vec<u8>,
     response: Response<B>,
     (close, stamping): (bool, super::Stamping<B>),
@@ -455,10 +455,22 @@ where
     if bodiless {
         return write_all(io, &[head]).await.map(|()| closes);
     }
-    // The first chunk goes with the head (a whole answer: all of it).
+    // The first chunk goes with the head (a whole answer: all of it); a stream's head
+    // goes at once, its events as they come.
     let mut first = true;
+    if chunked {
+        write_all(io, &[head]).await?;
+        first = false;
+    }
     loop {
-        let data = match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let next = std::future::poll_fn(|cx| match Pin::new(&mut body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Ok(frame)),
+            // While a stream waits for its next event, a client that hangs up ends it
+            // (its body dropped: the backend's work with it).
+            Poll::Pending if chunked => hung_up(io, read, cx),
+            Poll::Pending => Poll::Pending,
+        });
+        let data = match next.await? {
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => data,
                 Err(_) => continue, // trailers: not sent over HTTP/1.1
@@ -485,6 +497,28 @@ where
         (false, false) => {}
     }
     Ok(closes)
+}
+
+/// `Err` once the client has closed its end of `io` (or it failed); what it sends
+/// meanwhile (a pipelined request) is kept in `read`, up to [`AHEAD`]; else pending.
+fn hung_up<T>(io: &mut Conn, read: &mut BytesMut, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+    if read.len() >= AHEAD {
+        return Poll::Pending;
+    }
+    let mut chunk = [0u8; 1024];
+    let mut buf = ReadBuf::new(&mut chunk);
+    match Pin::new(io).poll_read(cx, &mut buf) {
+        Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+            Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()))
+        }
+        Poll::Ready(Ok(())) => {
+            read.extend_from_slice(buf.filled());
+            cx.waker().wake_by_ref(); // look again: the client may have closed since
+            Poll::Pending
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
 }
 
 /// Writes all of `parts` (at most four), in as few system calls as the socket takes.

@@ -291,6 +291,7 @@ impl std::fmt::Debug for Incoming {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
 

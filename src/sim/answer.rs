@@ -14,7 +14,47 @@ use super::Stats;
 use crate::protocol::error_body;
 
 /// The simulator's response type.
-pub(crate) type Reply = Response<Full<Bytes>>;
+pub(crate) type Reply = Response<SimBody>;
+
+/// A simulated answer's body: whole, or a stream's events as they are made.
+#[derive(Debug)]
+pub(crate) enum SimBody {
+    /// All of it.
+    Whole(Full<Bytes>),
+    /// Events as they come; the stream ends when the sender does.
+    Stream(tokio::sync::mpsc::Receiver<Bytes>),
+}
+
+impl hyper::body::Body for SimBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            SimBody::Whole(full) => std::pin::Pin::new(full).poll_frame(cx),
+            SimBody::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|event| event.map(|e| Ok(hyper::body::Frame::data(e)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            SimBody::Whole(full) => full.is_end_stream(),
+            SimBody::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            SimBody::Whole(full) => full.size_hint(),
+            SimBody::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
 
 /// Largest request body accepted.
 pub(crate) const MAX_BODY: usize = 64 << 20;
@@ -83,7 +123,7 @@ pub(crate) async fn read_body(req: Request<Incoming>) -> Result<Bytes, Refusal> 
 
 /// A response with a body and a content type.
 pub(crate) fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
-    let mut reply = Response::new(Full::new(body));
+    let mut reply = Response::new(SimBody::Whole(Full::new(body)));
     *reply.status_mut() = status;
     let value = header::HeaderValue::from_static(content_type);
     reply.headers_mut().insert(header::CONTENT_TYPE, value);

@@ -47,6 +47,8 @@ struct GateState {
     max_body: u64,
     /// Requests refused for their body's size.
     too_large: u64,
+    /// What new LLM streams do wrong.
+    streams: super::StreamFaults,
 }
 
 /// What one instance thread needs.
@@ -85,7 +87,16 @@ impl Gate {
     /// The faults set from outside (see `sim::server`), as JSON.
     pub(crate) fn faults(&self) -> serde_json::Value {
         let state = lock(&self.state);
-        serde_json::json!({"unavailable": state.unavailable, "slow": state.slow.max(1), "max_body_bytes": state.max_body})
+        serde_json::json!({"unavailable": state.unavailable, "slow": state.slow.max(1), "max_body_bytes": state.max_body,
+            "stall_after_tokens": state.streams.stall_after, "malformed_after_tokens": state.streams.malformed_after})
+    }
+
+    pub(crate) fn set_stream_faults(&self, faults: super::StreamFaults) {
+        lock(&self.state).streams = faults;
+    }
+
+    pub(crate) fn stream_faults(&self) -> super::StreamFaults {
+        lock(&self.state).streams
     }
 
     pub(crate) fn set_max_body(&self, bytes: u64) {

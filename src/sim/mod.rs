@@ -20,6 +20,7 @@ mod grpc;
 mod infer;
 mod instance;
 mod json;
+mod llm;
 mod profile;
 mod server;
 
@@ -36,6 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub use llm::{LlmProfile, LlmStats, StreamFaults};
 pub use profile::{Faults, ModelSpec, Profile};
 
 use instance::{Gate, Job};
@@ -90,6 +92,8 @@ pub struct Stats {
 
 struct Inner {
     models: HashMap<String, Model>,
+    /// The LLMs' engines, by model.
+    llms: HashMap<String, llm::Engine>,
     gate: Arc<Gate>,
 }
 
@@ -108,6 +112,10 @@ impl Simulator {
     /// replaces an earlier one). The threads end when the last handle is dropped.
     pub fn new(models: Vec<ModelSpec>) -> Self {
         let gate = Arc::new(Gate::default());
+        let llms = models
+            .iter()
+            .filter_map(|spec| Some((spec.name.clone(), llm::Engine::start(spec.llm?))))
+            .collect();
         let models = models
             .into_iter()
             .map(|spec| {
@@ -127,7 +135,7 @@ impl Simulator {
             })
             .collect();
         Simulator {
-            inner: Arc::new(Inner { models, gate }),
+            inner: Arc::new(Inner { models, llms, gate }),
         }
     }
 
@@ -147,6 +155,31 @@ impl Simulator {
     /// A snapshot of `model`'s counters; `None` for an unknown model.
     pub fn stats(&self, model: &str) -> Option<Stats> {
         self.model(model).map(|m| m.stats.borrow().clone())
+    }
+
+    /// A snapshot of LLM `model`'s counters; `None` for a model that is not an LLM.
+    pub fn llm_stats(&self, model: &str) -> Option<LlmStats> {
+        self.inner.llms.get(model).map(llm::Engine::stats)
+    }
+
+    /// Test hook: from now on each new stream stalls, or sends a malformed event and
+    /// ends, after the tokens `faults` says (0: never).
+    pub fn faulty_streams(&self, faults: StreamFaults) {
+        self.inner.gate.set_stream_faults(faults);
+    }
+
+    fn llm(&self, model: &str) -> Option<&llm::Engine> {
+        self.inner.llms.get(model)
+    }
+
+    fn llm_models(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.inner.llms.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn stream_faults(&self) -> StreamFaults {
+        self.inner.gate.stream_faults()
     }
 
     /// Test hook: from now on instances start no batch (requests wait in the queue)

@@ -50,6 +50,9 @@ pub struct ModelSpec {
     /// input) and `h_OUTPUT1` (each row's sum plus `i + 1`) instead of `OUTPUT0` and
     /// `OUTPUT1`, so a caller can tell whose head it got; empty for a plain model.
     pub heads: Vec<String>,
+    /// An LLM's cost model, when the model is one: it serves OpenAI's API and Triton's
+    /// generate extension (see `sim::llm`).
+    pub llm: Option<super::LlmProfile>,
 }
 
 const fn us(micros: u64) -> Duration {
@@ -103,6 +106,15 @@ impl ModelSpec {
             drift: 0.0,
             noise: 0.0,
             heads: Vec::new(),
+            llm: None,
+        }
+    }
+
+    /// An LLM under `profile` (one instance, no faults).
+    pub fn llm(name: &str, profile: super::LlmProfile) -> Self {
+        ModelSpec {
+            llm: Some(profile),
+            ..ModelSpec::new(name, Profile::default())
         }
     }
 }

@@ -77,7 +77,8 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
     if path == FAULTS {
         return faults(sim, req).await;
     }
-    let inference = path.ends_with("/infer") || super::json::parse(&path).is_some();
+    let llm = super::llm::openai::parse(&path);
+    let inference = path.ends_with("/infer") || super::json::parse(&path).is_some() || llm.is_some();
     if sim.inner.gate.unavailable() && inference {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -91,6 +92,14 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             StatusCode::PAYLOAD_TOO_LARGE,
             "the request body is over the server's input limit",
         );
+    }
+    if let Some(api) = llm {
+        let method = req.method().clone();
+        let body = match super::answer::read_body(req).await {
+            Ok(body) => body,
+            Err(refusal) => return error(refusal.0, &refusal.1),
+        };
+        return super::llm::openai::serve(sim, api, &method, body).await;
     }
     if let Some(service) = super::json::parse(&path) {
         if req.method() != Method::POST {
@@ -140,8 +149,9 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
 }
 
 /// The path that sets the simulator's faults from outside its process (load-test
-/// scenarios): `POST {"unavailable": bool, "slow": factor, "max_body_bytes": n}`, each
-/// key optional; the answer is the faults in force. A test tool: the simulator has no authentication.
+/// scenarios): `POST {"unavailable": bool, "slow": factor, "max_body_bytes": n,
+/// "stall_after_tokens": n, "malformed_after_tokens": n}`, each key optional; the
+/// answer is the faults in force. A test tool: the simulator has no authentication.
 const FAULTS: &str = "/sim/faults";
 
 async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
@@ -159,6 +169,8 @@ async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
         unavailable: Option<bool>,
         slow: Option<u32>,
         max_body_bytes: Option<u64>,
+        stall_after_tokens: Option<u64>,
+        malformed_after_tokens: Option<u64>,
     }
     let faults: Faults = match serde_json::from_slice(&body) {
         Ok(f) => f,
@@ -179,6 +191,10 @@ async fn faults(sim: &Simulator, req: Request<Incoming>) -> Reply {
     if let Some(bytes) = faults.max_body_bytes {
         gate.set_max_body(bytes);
     }
+    let mut streams = gate.stream_faults();
+    streams.stall_after = faults.stall_after_tokens.unwrap_or(streams.stall_after);
+    streams.malformed_after = faults.malformed_after_tokens.unwrap_or(streams.malformed_after);
+    gate.set_stream_faults(streams);
     json_reply(StatusCode::OK, &gate.faults())
 }
 
@@ -277,7 +293,7 @@ fn json_reply(status: StatusCode, value: &serde_json::Value) -> Reply {
 }
 
 fn empty(status: StatusCode) -> Reply {
-    let mut reply = Response::new(Full::new(Bytes::new()));
+    let mut reply = Response::new(super::answer::SimBody::Whole(Full::new(Bytes::new())));
     *reply.status_mut() = status;
     reply
 }

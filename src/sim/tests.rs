@@ -487,7 +487,7 @@ async fn faults_set_from_outside_answer_503_and_slow_every_batch() {
         (on.status, on.json()),
         (
             StatusCode::OK,
-            json!({"unavailable": true, "slow": 1, "max_body_bytes": 0})
+            json!({"unavailable": true, "slow": 1, "max_body_bytes": 0, "stall_after_tokens": 0, "malformed_after_tokens": 0})
         )
     );
     let refused = h.caller.infer("m", &rows_request("a", 1), false).await;
@@ -497,16 +497,17 @@ async fn faults_set_from_outside_answer_503_and_slow_every_batch() {
     let slow = set(r#"{"unavailable": false, "slow": 10}"#).await;
     assert_eq!(
         slow.json(),
-        json!({"unavailable": false, "slow": 10, "max_body_bytes": 0})
+        json!({"unavailable": false, "slow": 10, "max_body_bytes": 0, "stall_after_tokens": 0, "malformed_after_tokens": 0})
     );
     let started = std::time::Instant::now();
     h.caller.infer("m", &rows_request("b", 1), false).await.response();
     assert!(started.elapsed() >= Duration::from_millis(50), "10 times its 5 ms");
 
-    let limited = set(r#"{"slow": 1, "max_body_bytes": 64}"#).await;
+    let limited =
+        set(r#"{"slow": 1, "max_body_bytes": 64, "stall_after_tokens": 0, "malformed_after_tokens": 0}"#).await;
     assert_eq!(
         limited.json(),
-        json!({"unavailable": false, "slow": 1, "max_body_bytes": 64})
+        json!({"unavailable": false, "slow": 1, "max_body_bytes": 64, "stall_after_tokens": 0, "malformed_after_tokens": 0})
     );
     let refused = h.caller.infer("m", &rows_request("c", 4), false).await;
     assert_eq!(

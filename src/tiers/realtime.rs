@@ -119,7 +119,8 @@ impl Realtime {
             return Err((ejected, Some(call)));
         }
         Box::pin(async move {
-            let now = pool.in_time(call.deadline).map_err(|e| (e, None))?;
+            let stream = crate::backend::stream::wanted(&call.request);
+            let now = pool.in_time_for(call.deadline, stream).map_err(|e| (e, None))?;
             let slot = match pool.slot() {
                 Ok(slot) => slot,
                 Err(e) => return Err((e, Some(call))),
@@ -131,12 +132,13 @@ impl Realtime {
         .await
     }
 
-    /// The shadow, when `call`'s route has its shadow on for the call's tier.
+    /// The shadow, when `call`'s route has its shadow on for the call's tier (a stream
+    /// is neither mirrored nor served by a canary: it has no whole answer to compare).
     fn shadow_of(&self, call: &Call) -> Option<&Shadow> {
         self.inner
             .shadow
             .as_ref()
-            .filter(|_| Shadow::on(&call.route, call.tier).is_some())
+            .filter(|_| Shadow::on(&call.route, call.tier).is_some() && !crate::backend::stream::wanted(&call.request))
     }
 
     /// A call of a route with its shadow on: the canary's variant when it runs one, and

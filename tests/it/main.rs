@@ -46,6 +46,7 @@ mod serve_check;
 mod server_timing;
 mod shadow;
 mod shutdown;
+mod streams;
 mod tenants;
 mod tls;
 mod traces;

@@ -416,7 +416,7 @@ async fn only_end_to_end_headers_go_out_and_the_calls_trace_replaces_the_clients
             &mut parts,
             Bytes::from_static(b"{}"),
             (Some(&trace), tokio::time::Instant::now()),
-            LIMIT,
+            (LIMIT, false),
         )
         .await
         .expect("answered");

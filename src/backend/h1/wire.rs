@@ -36,6 +36,8 @@ use crate::backend::endpoint::Failure;
 use crate::backend::message::{is_hop_by_hop, keep_end_to_end};
 use crate::trace::{TraceParent, REQUEST_ID, TRACEPARENT};
 
+mod stream;
+
 /// What an HTTP/1.1 call writes for its trace: its `traceparent` and `x-request-id`,
 /// in place of any the client sent.
 pub(crate) type Trace = (TraceParent, HeaderValue);
@@ -77,13 +79,15 @@ pub(super) struct Wire {
 pub(super) enum Sent {
     /// The answer, or why there is none.
     Done(Result<Response<Bytes>, Failure>),
+    /// A stream's head; its body is to be read as it comes, on this connection.
+    Stream(http::response::Parts, Framing),
     /// Nothing was written: the connection had closed (or failed) before.
-    NotSent(String),
+    Unsent(String),
 }
 
 /// How an answer's body is delimited.
 #[derive(Clone, Copy)]
-enum Framing {
+pub(super) enum Framing {
     None,
     Length(usize),
     Chunked,
@@ -102,21 +106,23 @@ impl Wire {
     }
 
     /// Sends `request` (its URI in origin form) with `host`, and reads the whole answer,
-    /// refusing a body over `max_body` bytes. `reused`: the connection carried an answer
-    /// before and may have been closed by the backend since; if so the request is not
-    /// sent. The request stays the caller's, to send again elsewhere should it fail.
+    /// refusing a body over `max_body` bytes; or, when `stream` and the answer is a
+    /// successful stream of server-sent events, its head alone ([`Sent::Stream`]).
+    /// `reused`: the connection carried an answer before and may have been closed by
+    /// the backend since; if so the request is not sent. The request stays the
+    /// caller's, to send again elsewhere should it fail.
     pub(super) async fn exchange(
         &mut self,
         request: &mut Request<Bytes>,
         host: &HeaderValue,
         trace: Option<&Trace>,
-        max_body: usize,
+        (max_body, stream): (usize, bool),
         reused: bool,
     ) -> Sent {
         self.reusable = false;
         if reused {
             if let Err(why) = self.still_open().await {
-                return Sent::NotSent(why);
+                return Sent::Unsent(why);
             }
         }
         self.head(request, host, trace);
@@ -128,7 +134,7 @@ impl Wire {
         // The first write decides whether anything left: if it fails, nothing did.
         let first = match write_some(&mut self.io, &self.write).await {
             Ok(n) => n,
-            Err(e) if reused => return Sent::NotSent(format!("the idle connection had failed: {e}")),
+            Err(e) if reused => return Sent::Unsent(format!("the idle connection had failed: {e}")),
             Err(e) => return Sent::Done(Err(Failure::Connect(format!("could not send the request: {e}")))),
         };
         if let Err(e) = self.write_rest(first, (!together).then_some(body)).await {
@@ -137,7 +143,11 @@ impl Wire {
             ))));
         }
         let head_only = request.method() == Method::HEAD;
-        Sent::Done(self.answer(head_only, max_body).await)
+        match self.answer(head_only, max_body, stream).await {
+            Ok(Answer::Whole(answer)) => Sent::Done(Ok(answer)),
+            Ok(Answer::Stream(parts, framing)) => Sent::Stream(parts, framing),
+            Err(failure) => Sent::Done(Err(failure)),
+        }
     }
 
     /// The head from byte `from` on, then `body` when it was not written with the head.
@@ -218,8 +228,9 @@ impl Wire {
         w.extend_from_slice(b"\r\n");
     }
 
-    /// Reads the answer: its head (informational ones skipped), then its whole body.
-    async fn answer(&mut self, head_only: bool, max_body: usize) -> Result<Response<Bytes>, Failure> {
+    /// Reads the answer: its head (informational ones skipped), then its whole body
+    /// (a successful stream's, when `stream`, not: it is read as it comes).
+    async fn answer(&mut self, head_only: bool, max_body: usize, stream: bool) -> Result<Answer, Failure> {
         // Whether any byte of an answer came (an informational one counts).
         let mut heard = false;
         let ((parts, framing, keep_alive), rest) = loop {
@@ -259,6 +270,13 @@ impl Wire {
             (true, _) => Framing::None,
             (false, framing) => framing,
         };
+        if stream && parts.status.is_success() && is_event_stream(&parts.headers) {
+            if !rest.is_empty() {
+                self.read = BytesMut::from(&rest[..]);
+            }
+            let _ = keep_alive; // a stream's connection closes with it
+            return Ok(Answer::Stream(parts, framing));
+        }
         let body = match framing {
             // Read whole with its head (the common answer): a slice of what was read.
             Framing::Length(n) if n <= rest.len() && n <= max_body => {
@@ -281,7 +299,7 @@ impl Wire {
         };
         let whole = matches!(framing, Framing::None | Framing::Length(_) | Framing::Chunked);
         self.reusable = keep_alive && whole && self.read.is_empty();
-        Ok(Response::from_parts(parts, body))
+        Ok(Answer::Whole(Response::from_parts(parts, body)))
     }
 
     /// Reads more into the read buffer; how many bytes (0 at the end of the stream).
@@ -376,6 +394,21 @@ impl Wire {
             }
         }
     }
+}
+
+/// An answer read by [`Wire::answer`].
+enum Answer {
+    /// Whole.
+    Whole(Response<Bytes>),
+    /// A stream's head; its body waits on the connection.
+    Stream(http::response::Parts, Framing),
+}
+
+/// Whether `headers` say the body is a stream of server-sent events.
+pub(in crate::backend) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 fn too_large(max_body: usize) -> Failure {

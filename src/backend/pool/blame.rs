@@ -138,6 +138,7 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
 mod tests {
     use super::*;
 

@@ -23,6 +23,7 @@ use crate::classify::classify;
 use crate::decision::{Decision, Door, Meta, Reason, Refusal, Tier};
 use crate::error::{Error, Kind};
 use crate::front::auth::Callers;
+use crate::front::relay::{Relay, Relayed, Rules, Shape};
 use crate::metrics::{self, RouteInstruments};
 
 use super::meters::{MeterTable, Meters};
@@ -59,6 +60,8 @@ pub struct Dispatch {
     sequence_tiers: Sequences<Tier>,
     /// The routes' prediction caches.
     cache: Cache,
+    /// The largest event a stream may relay (`limits.max_stream_event_bytes`).
+    max_event: usize,
 }
 
 /// What the dispatch is asked to do about a request's tier.
@@ -153,7 +156,15 @@ impl Dispatch {
             callers: Arc::new(Callers::open()),
             sequence_tiers: Sequences::default(),
             cache: Cache::new(),
+            max_event: 1 << 20,
         }
+    }
+
+    /// The same dispatch, relaying no stream event over `bytes` (the rest of such a
+    /// stream is cut).
+    pub fn with_max_stream_event(mut self, bytes: usize) -> Self {
+        self.max_event = bytes;
+        self
     }
 
     /// The same dispatch, answering from `cache` on routes with theirs on.
@@ -301,6 +312,7 @@ impl Dispatch {
             },
         };
         let ids = debug_ids(&request).cloned();
+        let streaming = streaming(&request);
         let sequence = request.extensions().get::<crate::protocol::Sequence>().cloned();
         let decision = match &sequence {
             Some(sequence) => self.sequence_tier(route, sequence, decision),
@@ -319,6 +331,22 @@ impl Dispatch {
                          requests with a budget under the route's offline_from and without Prefer: respond-async",
                         sequence.id
                     ),
+                )),
+                policy_version: route.policy_version(),
+                tier_took: None,
+                elapsed: None,
+            };
+            return count(route, door, instruments, served, ids.as_ref());
+        }
+        if let (Tier::Offline, Some(_)) = (decision.tier, &streaming) {
+            // An offline job answers later, whole: nobody would read its stream.
+            let served = Served {
+                decision: Some(decision),
+                refusal: None,
+                result: Err(Error::new(
+                    Kind::BadRequest,
+                    "a stream cannot be served offline: send it with a budget under the route's offline_from and \
+                     without Prefer: respond-async, or without \"stream\": true",
                 )),
                 policy_version: route.policy_version(),
                 tier_took: None,
@@ -371,6 +399,10 @@ impl Dispatch {
             true => Box::pin(self.realtime_or_elsewhere(call, decision, instruments)).await,
         };
         handles.in_flight.decrement(1.0);
+        let result = match (streaming, result) {
+            (Some(how), Ok(answer)) => Ok(self.relayed(route, decision.tier, how, answer)),
+            (_, result) => result,
+        };
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(received);
         handles.request_seconds.record(elapsed.as_secs_f64());
@@ -454,6 +486,24 @@ impl Dispatch {
             }
         };
         (decision, answer)
+    }
+
+    /// `answer` with its stream, if it is one, made a relay for the door to write
+    /// (see [`crate::front::relay`]), under `route`'s stream settings.
+    #[cold]
+    fn relayed(&self, route: &Route, tier: Tier, (shape, strip_usage): (Shape, bool), mut answer: Reply) -> Reply {
+        if let Some(stream) = crate::backend::stream::Streamed::of(&mut answer) {
+            let rules = Rules {
+                idle: route.streams.idle,
+                max_duration: route.streams.max_duration,
+                max_event: self.max_event,
+                shape,
+                strip_usage,
+            };
+            let relay = Relay::new(stream, (&route.name, tier.as_str()), rules);
+            answer.extensions_mut().insert(Relayed::new(relay));
+        }
+        answer
     }
 
     /// A request on `route` answered without a tier (from the cache), counted.
@@ -623,4 +673,16 @@ fn count(
         );
     }
     served
+}
+
+/// How `request`'s stream is to be relayed, when it asks for one: the events' shape (by
+/// its path), and whether the usage chunk is the gateway's to take out.
+#[inline]
+fn streaming(request: &Request<Bytes>) -> Option<(Shape, bool)> {
+    let path = request.uri().path();
+    if path.starts_with("/v2/") && path.ends_with("/infer") {
+        return None; // a KServe v2 inference call never streams: no extension looked up
+    }
+    let wanted = request.extensions().get::<crate::backend::stream::Wanted>()?;
+    Some((Shape::of(path), wanted.strip_usage))
 }

@@ -120,7 +120,9 @@ impl Admitted<'_> {
         if self.tenant.is_authenticated() {
             request.extensions_mut().insert(self.tenant.clone());
         }
-        match route.cache.as_ref().filter(|_| route.flags.cache) {
+        // A stream is never kept nor shared: each caller reads its own as it comes.
+        let cached = route.flags.cache && !crate::backend::stream::wanted(&request);
+        match route.cache.as_ref().filter(|_| cached) {
             Some(spec) => {
                 cached::serve(
                     self.dispatch,

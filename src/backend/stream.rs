@@ -1,0 +1,134 @@
+//! Streamed answers as a pool hands them up. A caller that asks for a stream marks its
+//! request ([`Wanted`]); an HTTP pool then reads a successful answer of
+//! `content-type: text/event-stream` to its head only and hands it up at once, its body
+//! to be read as it comes ([`Stream`], carried in the answer's extensions as
+//! [`Streamed`], so every tier passes it on as any answer). The body holds the backend's
+//! connection (HTTP/1.1) or stream (HTTP/2): dropping it, as a door does when its
+//! client goes away, closes or resets it. What the stream does later is told back to
+//! the pool through its [`Outcome`]: its first token (the pool learns its time to first
+//! token) and a failure (counted against its endpoint, once per input).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use tokio::time::Instant;
+
+use super::endpoint::Endpoint;
+use super::latency::Latency;
+
+/// A stream's body as it comes from the backend.
+pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Marks a request whose caller asked for a stream (a request extension): whether the
+/// door asked the backend for the stream's usage itself (the caller did not), so the
+/// relay takes that event out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Wanted {
+    /// The usage chunk is the gateway's, not the caller's.
+    pub strip_usage: bool,
+}
+
+/// Whether `request` asks for a stream. A KServe v2 inference call never does, and is
+/// told so from its path, before any extension is looked up.
+#[inline]
+pub fn wanted<B>(request: &http::Request<B>) -> bool {
+    asked(request.uri(), request.extensions())
+}
+
+/// [`wanted`] of a request's parts.
+#[inline]
+pub(super) fn asked(uri: &http::Uri, extensions: &http::Extensions) -> bool {
+    let path = uri.path();
+    !(path.starts_with("/v2/") && path.ends_with("/infer")) && extensions.get::<Wanted>().is_some()
+}
+
+/// A streamed answer's body, taken once out of the answer's extensions.
+#[derive(Clone)]
+pub struct Streamed(Arc<Mutex<Option<Stream>>>);
+
+/// A stream handed up by a pool: its body, the call's deadline (a stream's budget runs
+/// to its first token), when the call was sent, and where its outcome goes.
+pub struct Stream {
+    /// The events' bytes as they come.
+    pub body: Body,
+    /// When the call's budget runs out: the first token is due by then.
+    pub deadline: Instant,
+    /// When the call was sent.
+    pub sent: Instant,
+    /// Where what the stream does is told.
+    pub outcome: Outcome,
+}
+
+/// Tells a stream's pool what its stream did.
+pub struct Outcome {
+    endpoints: Arc<Vec<Endpoint>>,
+    at: usize,
+    input: u64,
+    ttft: Arc<Latency>,
+}
+
+/// A transport's stream before the pool wraps it (between `h1`/`h2` and the pool).
+#[derive(Clone)]
+pub(super) struct Raw(pub(super) Arc<Mutex<Option<Body>>>);
+
+impl Raw {
+    /// `body`, to carry in an answer's extensions.
+    pub(super) fn new(body: Body) -> Self {
+        Raw(Arc::new(Mutex::new(Some(body))))
+    }
+
+    /// The body, once.
+    pub(super) fn take(&self) -> Option<Body> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl Streamed {
+    pub(super) fn new(stream: Stream) -> Self {
+        Streamed(Arc::new(Mutex::new(Some(stream))))
+    }
+
+    /// The stream, once (a second take finds none).
+    pub fn take(&self) -> Option<Stream> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The stream an answer carries, taken out of its extensions.
+    pub fn of(answer: &mut http::Response<Bytes>) -> Option<Stream> {
+        answer.extensions_mut().remove::<Streamed>()?.take()
+    }
+}
+
+impl std::fmt::Debug for Streamed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streamed").finish_non_exhaustive()
+    }
+}
+
+impl Outcome {
+    pub(super) fn new(endpoints: Arc<Vec<Endpoint>>, at: usize, input: u64, ttft: Arc<Latency>) -> Self {
+        Outcome {
+            endpoints,
+            at,
+            input,
+            ttft,
+        }
+    }
+
+    /// The first token came `took` after the call was sent: the pool learns its time to
+    /// first token from it.
+    pub fn first_token(&self, took: Duration) {
+        self.ttft.answered(took);
+    }
+
+    /// The stream failed on its endpoint for `why` (`stall`, `malformed`, `broken`): its
+    /// endpoint's failure, counted once per input in its run (a stream is never
+    /// compared on another endpoint: it is not replayed).
+    pub fn failed(&self, why: &'static str) {
+        self.endpoints[self.at]
+            .health
+            .failed_on(why, self.input, Instant::now());
+    }
+}

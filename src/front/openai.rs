@@ -1,0 +1,99 @@
+//! The HTTP door's OpenAI paths (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/responses`, `/v1/embeddings`), routed by the body's `model` as LiteLLM and Envoy
+//! AI Gateway route them, and `/v1/models`, answered from the routes.
+//!
+//! A call's body is read first (within the gateway's body budget), for its `model`, and
+//! whether it streams: several routes may share a path, each listing the models it
+//! serves (a route listing none has the path to itself). An unknown model gets 404
+//! `model_not_found`, in OpenAI's error shape. A streamed chat or completions call that
+//! did not ask for its usage is sent asking for it (`stream_options.include_usage`), so
+//! its tokens are counted exactly, and the relay takes that chunk out again: the caller
+//! sees what it asked for. The call then takes the door's common path on its route.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+
+use super::body::Answered;
+use super::http::{failure_as, HttpDoor, RequestBody, Shape};
+use crate::backend::stream::Wanted;
+use crate::error::{Error, Kind};
+use crate::llm::openai::{self, Ask};
+
+/// Serves a POST to OpenAI's `path` (one of [`openai::PATHS`]).
+pub(super) async fn serve<B: RequestBody>(door: &HttpDoor, req: Request<B>) -> Response<Answered> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path().to_owned();
+    let read = async {
+        // The body is read before the route is known: held in the gateway's budget
+        // meanwhile, then let go (the route's admission holds it again).
+        let mut ticket = door.dispatch().admission().admit_any()?;
+        let declared = body.size_hint().exact().unwrap_or(0) as usize;
+        ticket.hold(declared.min(door.limits().max_body_bytes))?;
+        let read = door.read_body(body, door.limits().max_body_bytes).await?;
+        super::encoding::decode(&mut parts.headers, read, door.limits().max_body_bytes)
+    };
+    let body = match read.await {
+        Ok(body) => body,
+        Err(e) => return failure_as(&e, Shape::Openai),
+    };
+    let ask = match Ask::of(&body) {
+        Ok(ask) => ask,
+        Err(why) => return failure_as(&Error::new(Kind::BadRequest, why), Shape::Openai),
+    };
+    let Some(model) = ask.model.as_deref() else {
+        let e = Error::new(Kind::BadRequest, "you must provide a model parameter");
+        return failure_as(&e, Shape::Openai);
+    };
+    let Some(route) = door.dispatch().policy().route_for_openai(&path, model).cloned() else {
+        return model_not_found(model);
+    };
+    let mut body = body;
+    if ask.stream {
+        let asks_usage = matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions");
+        let strip_usage = asks_usage && !ask.include_usage;
+        if strip_usage {
+            body = openai::asking_usage(&body).unwrap_or(body);
+        }
+        parts.extensions.insert(Wanted { strip_usage });
+    }
+    let request = Request::from_parts(parts, Full::new(body));
+    door.serve_json(route, request).await
+}
+
+/// `GET /v1/models`: the models routes serve on OpenAI's paths.
+pub(super) fn models(door: &HttpDoor, method: &Method) -> Response<Answered> {
+    if method != Method::GET {
+        let e = Error::new(Kind::MethodNotAllowed, "/v1/models takes GET");
+        return failure_as(&e, Shape::Openai);
+    }
+    let policy = door.dispatch().policy();
+    let data: Vec<serde_json::Value> = policy
+        .openai_models()
+        .into_iter()
+        .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "tiergate"}))
+        .collect();
+    let body = serde_json::json!({"object": "list", "data": data});
+    answer(StatusCode::OK, Bytes::from(body.to_string()))
+}
+
+/// OpenAI's 404 for a model no route serves.
+fn model_not_found(model: &str) -> Response<Answered> {
+    let body = serde_json::json!({"error": {
+        "message": format!("The model `{model}` does not exist or no route serves it on this path"),
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }});
+    ::metrics::counter!(crate::metrics::UNMATCHED, "door" => "http").increment(1);
+    answer(StatusCode::NOT_FOUND, Bytes::from(body.to_string()))
+}
+
+fn answer(status: StatusCode, body: Bytes) -> Response<Answered> {
+    let mut response = Response::new(Answered::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,338 @@
+//! The simulator's LLMs: a continuous-batching engine per model ([`Engine`]), as vLLM,
+//! TGI and llama.cpp run one, under a cost model ([`LlmProfile`]): a decode step costs
+//! `a + b·(generations running)` and gives every running generation one token; a
+//! generation let in pays `prefill` per prompt token in the step it joins; at most
+//! `max_sequences` run at once, and one is let in only while the tokens reserved by
+//! those running (prompt + `max_tokens` each) leave room for its own in the KV budget,
+//! first come first served. A generation whose client went away is dropped at the next
+//! step and counted ([`LlmStats::cancelled`]). Generated text is a deterministic
+//! function of the prompt, one word a token, and every count exact.
+//!
+//! `openai` serves OpenAI's chat, completions, Responses and models paths over it,
+//! and Triton's generate and generate_stream.
+
+pub(crate) mod openai;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// What an LLM costs on its GPU (see [`LlmProfile::named`] for where each comes from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlmProfile {
+    /// A decode step's fixed cost.
+    pub a: Duration,
+    /// A decode step's cost per generation running.
+    pub b: Duration,
+    /// Prefill per prompt token.
+    pub prefill: Duration,
+    /// Generations running at once, at most.
+    pub max_sequences: usize,
+    /// The KV cache, in tokens: what the running generations may reserve together.
+    pub kv_tokens: u64,
+}
+
+impl LlmProfile {
+    /// The names [`LlmProfile::named`] knows (given as `llm-NAME` to `tiergate sim`).
+    pub const NAMES: &'static [&'static str] = &["llm-8b-a100", "llm-tiny"];
+
+    /// A profile by name:
+    ///
+    /// - `llm-8b-a100`: Llama-3-8B in FP16 under vLLM on one A100 80 GB, from published
+    ///   figures: a decode step reads the 16 GB of weights at the A100's 2,039 GB/s
+    ///   (about 8 ms) and each running sequence's KV cache besides (0.05 ms each on
+    ///   average); prefill at about 12,000 tokens/s; vLLM's default `max_num_seqs` (256);
+    ///   the KV cache is what 90% of the memory (`gpu_memory_utilization`) leaves after
+    ///   the weights, at 128 KiB a token (32 layers × 8 KV heads × 128 dims × 2 × 2 bytes):
+    ///   440,000 tokens.
+    /// - `llm-tiny`: a small, fast model for tests: 2 ms + 0.05 ms a generation a step,
+    ///   10 µs a prompt token, 4 sequences, 4,096 tokens of KV.
+    pub fn named(name: &str) -> Option<LlmProfile> {
+        let ms = |n: f64| Duration::from_secs_f64(n / 1e3);
+        match name {
+            "llm-8b-a100" => Some(LlmProfile {
+                a: ms(8.0),
+                b: ms(0.05),
+                prefill: ms(0.083),
+                max_sequences: 256,
+                kv_tokens: 440_000,
+            }),
+            "llm-tiny" => Some(LlmProfile {
+                a: ms(2.0),
+                b: ms(0.05),
+                prefill: ms(0.01),
+                max_sequences: 4,
+                kv_tokens: 4_096,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The same profile with every cost multiplied by `factor`.
+    pub fn scaled(self, factor: f64) -> LlmProfile {
+        LlmProfile {
+            a: self.a.mul_f64(factor),
+            b: self.b.mul_f64(factor),
+            prefill: self.prefill.mul_f64(factor),
+            ..self
+        }
+    }
+}
+
+/// An LLM's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LlmStats {
+    /// Generations asked for.
+    pub generations: u64,
+    /// Generations that ran to their last token.
+    pub completed: u64,
+    /// Generations dropped because their client went away.
+    pub cancelled: u64,
+    /// Tokens generated.
+    pub tokens: u64,
+    /// Prompt tokens of the generations let in.
+    pub prompt_tokens: u64,
+    /// Generations running now, and the most at once.
+    pub running: u64,
+    /// The most generations running at once.
+    pub max_running: u64,
+    /// Tokens reserved now by the running generations.
+    pub reserved: u64,
+    /// Generations waiting for room now.
+    pub waiting: u64,
+}
+
+/// A stream's misbehaviour, set from outside (`/sim/faults`): after this many tokens
+/// each new generation stalls (sends nothing more), or sends one malformed event and
+/// ends (0: never).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StreamFaults {
+    /// Tokens after which a generation stalls.
+    pub stall_after: u64,
+    /// Tokens after which a generation sends a malformed event and ends.
+    pub malformed_after: u64,
+}
+
+/// What a generation hears from its engine.
+#[derive(Debug)]
+pub(crate) enum Out {
+    /// One more token.
+    Token(&'static str),
+    /// The generation is complete.
+    Done,
+    /// An injected fault: a malformed event, then the end.
+    Malformed,
+}
+
+/// A generation asked of an engine.
+struct Ask {
+    prompt: u64,
+    max_tokens: u64,
+    seed: u64,
+    tx: mpsc::UnboundedSender<Out>,
+    faults: StreamFaults,
+}
+
+/// One model's engine: where generations are asked, and its counters.
+#[derive(Debug, Clone)]
+pub(crate) struct Engine {
+    asks: mpsc::UnboundedSender<Ask>,
+    stats: Arc<watch::Sender<LlmStats>>,
+}
+
+/// The words generated text is made of (a token each).
+const WORDS: [&str; 16] = [
+    "the ", "gateway ", "serves ", "every ", "token ", "as ", "it ", "comes ", "and ", "batch ", "work ", "waits ",
+    "for ", "spare ", "room ", "here ",
+];
+
+impl Engine {
+    /// An engine under `profile`, running on a thread of its own.
+    pub(crate) fn start(profile: LlmProfile) -> Engine {
+        let (asks, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(watch::Sender::new(LlmStats::default()));
+        let counters = stats.clone();
+        std::thread::Builder::new()
+            .name("sim-llm".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build();
+                if let Ok(runtime) = runtime {
+                    runtime.block_on(run(profile, rx, counters));
+                }
+            })
+            .expect("a thread for the simulated LLM");
+        Engine { asks, stats }
+    }
+
+    /// Asks for `max_tokens` tokens after a prompt of `prompt` tokens (text chosen by
+    /// `seed`), with `faults`; the tokens come on the receiver, which the caller drops
+    /// to cancel.
+    pub(crate) fn generate(
+        &self,
+        (prompt, max_tokens, seed): (u64, u64, u64),
+        faults: StreamFaults,
+    ) -> mpsc::UnboundedReceiver<Out> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.stats.send_modify(|s| s.generations += 1);
+        let _ = self.asks.send(Ask {
+            prompt,
+            max_tokens,
+            seed,
+            tx,
+            faults,
+        });
+        rx
+    }
+
+    /// The counters now.
+    pub(crate) fn stats(&self) -> LlmStats {
+        self.stats.borrow().clone()
+    }
+}
+
+/// A generation running.
+struct Running {
+    ask: Ask,
+    sent: u64,
+}
+
+/// The engine's loop: lets generations in while there is room, steps the running ones.
+async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats: Arc<watch::Sender<LlmStats>>) {
+    let mut waiting: VecDeque<Ask> = VecDeque::new();
+    let mut running: Vec<Running> = Vec::new();
+    loop {
+        if running.is_empty() && waiting.is_empty() {
+            match asks.recv().await {
+                Some(ask) => waiting.push_back(ask),
+                None => return,
+            }
+        }
+        while let Ok(ask) = asks.try_recv() {
+            waiting.push_back(ask);
+        }
+        // Let in, first come first served, while a sequence and the KV budget have room.
+        let mut reserved: u64 = running.iter().map(|r| r.ask.prompt + r.ask.max_tokens).sum();
+        let mut prefill = 0u64;
+        while let Some(next) = waiting.front() {
+            let need = next.prompt + next.max_tokens;
+            let fits =
+                running.len() < profile.max_sequences && (reserved + need <= profile.kv_tokens || running.is_empty());
+            if !fits {
+                break;
+            }
+            let ask = waiting.pop_front().expect("front");
+            if ask.tx.is_closed() {
+                stats.send_modify(|s| s.cancelled += 1);
+                continue;
+            }
+            reserved += need;
+            prefill += ask.prompt;
+            stats.send_modify(|s| s.prompt_tokens += ask.prompt);
+            running.push(Running { ask, sent: 0 });
+        }
+        stats.send_modify(|s| {
+            s.running = running.len() as u64;
+            s.max_running = s.max_running.max(s.running);
+            s.reserved = reserved;
+            s.waiting = waiting.len() as u64;
+        });
+        let step =
+            profile.a + profile.b * running.len() as u32 + profile.prefill * u32::try_from(prefill).unwrap_or(u32::MAX);
+        let until = Instant::now() + step;
+        tokio::time::sleep_until(until).await;
+        running.retain_mut(|r| step_one(r, &stats));
+    }
+}
+
+/// Gives `r` its next token (or its fault, or its end); whether it still runs.
+fn step_one(r: &mut Running, stats: &watch::Sender<LlmStats>) -> bool {
+    if r.ask.tx.is_closed() {
+        stats.send_modify(|s| s.cancelled += 1);
+        return false;
+    }
+    let faults = r.ask.faults;
+    if faults.stall_after > 0 && r.sent >= faults.stall_after {
+        return true; // stalled: holds its sequence until its client leaves
+    }
+    if faults.malformed_after > 0 && r.sent >= faults.malformed_after {
+        let _ = r.ask.tx.send(Out::Malformed);
+        return false;
+    }
+    let word = WORDS[((r.ask.seed + r.sent) % WORDS.len() as u64) as usize];
+    if r.ask.tx.send(Out::Token(word)).is_err() {
+        stats.send_modify(|s| s.cancelled += 1);
+        return false;
+    }
+    r.sent += 1;
+    stats.send_modify(|s| s.tokens += 1);
+    if r.sent >= r.ask.max_tokens {
+        let _ = r.ask.tx.send(Out::Done);
+        stats.send_modify(|s| s.completed += 1);
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    async fn collect(mut rx: mpsc::UnboundedReceiver<Out>) -> (Vec<&'static str>, bool) {
+        let mut words = Vec::new();
+        while let Some(out) = rx.recv().await {
+            match out {
+                Out::Token(w) => words.push(w),
+                Out::Done => return (words, true),
+                Out::Malformed => return (words, false),
+            }
+        }
+        (words, false)
+    }
+
+    #[tokio::test]
+    async fn generations_run_together_up_to_the_sequences_and_the_kv_budget() {
+        let engine = Engine::start(LlmProfile {
+            a: Duration::from_millis(1),
+            b: Duration::ZERO,
+            prefill: Duration::ZERO,
+            max_sequences: 2,
+            kv_tokens: 100,
+        });
+        let asks: Vec<_> = (0..4)
+            .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
+            .collect();
+        for (i, rx) in asks.into_iter().enumerate() {
+            let (words, done) = collect(rx).await;
+            assert!(done && words.len() == 20, "generation {i}: {}", words.len());
+            assert_eq!(words[0], WORDS[i % WORDS.len()], "the text follows the seed");
+        }
+        let stats = engine.stats();
+        assert_eq!((stats.generations, stats.completed, stats.tokens), (4, 4, 80));
+        assert_eq!(stats.max_running, 2, "two sequences at most");
+        assert_eq!(stats.prompt_tokens, 40);
+    }
+
+    #[tokio::test]
+    async fn a_generation_whose_client_left_is_dropped_and_counted() {
+        let engine = Engine::start(LlmProfile::named("llm-tiny").unwrap());
+        let mut rx = engine.generate((5, 1000, 0), StreamFaults::default());
+        assert!(matches!(rx.recv().await, Some(Out::Token(_))));
+        drop(rx);
+        let mut stats = engine.stats.subscribe();
+        stats.wait_for(|s| s.cancelled == 1).await.expect("counted");
+        assert!(engine.stats().tokens < 1000);
+        let (words, done) = collect(engine.generate(
+            (1, 3, 0),
+            StreamFaults {
+                malformed_after: 2,
+                stall_after: 0,
+            },
+        ))
+        .await;
+        assert_eq!((words.len(), done), (2, false), "two tokens, then the malformed event");
+    }
+}

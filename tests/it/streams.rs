@@ -1,0 +1,363 @@
+//! LLM streams through the HTTP door against the simulator's LLMs: events relayed as
+//! they come (never held to the stream's end), routed by the body's `model`, the
+//! usage chunk asked for and taken out again, the budget on the first token, a stall or
+//! a malformed event cut with an error event in OpenAI's shape and counted against the
+//! endpoint, a caller's `stream: true` never counted against it, and a caller that
+//! leaves cancelling the backend's work.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use tiergate::sim::{LlmProfile, ModelSpec, StreamFaults};
+
+/// An LLM backend serving `models` with the `llm-tiny` profile (or `profile`).
+async fn llm(models: &[&str], profile: Option<LlmProfile>) -> Backend {
+    let profile = profile.unwrap_or_else(|| LlmProfile::named("llm-tiny").expect("profile"));
+    backend_with(models.iter().map(|m| ModelSpec::llm(m, profile)).collect()).await
+}
+
+/// A route `name` serving `models` on OpenAI's chat and completions paths from `url`,
+/// real time only unless `extra` says more.
+fn llm_route(name: &str, models: &[&str], url: &str, extra: &str) -> String {
+    let models: Vec<String> = models.iter().map(|m| format!("{m:?}")).collect();
+    format!(
+        "[routes.{name}]\nmodels = [{}]\npaths = [\"/v1/chat/completions\", \"/v1/completions\", \"/v1/responses\"]\n\
+         [routes.{name}.realtime]\nendpoints = [\"{url}\"]\n{extra}",
+        models.join(", ")
+    )
+}
+
+fn chat(model: &str, stream: bool, max_tokens: u64) -> Value {
+    json!({"model": model, "stream": stream, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "tell me about the gateway"}]})
+}
+
+/// A streamed call: the answer's head, and its body read frame by frame.
+struct Streamed {
+    head: http::response::Parts,
+    body: hyper::body::Incoming,
+}
+
+async fn stream(addr: SocketAddr, body: &Value, headers: &[(&str, &str)]) -> Streamed {
+    let mut request = http::Request::post(format!("http://{addr}/v1/chat/completions"));
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let request = request.body(Full::new(Bytes::from(body.to_string()))).expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(10), client().request(request))
+        .await
+        .expect("a head within 10 s")
+        .expect("exchange");
+    let (head, body) = response.into_parts();
+    Streamed { head, body }
+}
+
+impl Streamed {
+    /// The next event's data, within `within`; `None` at the end.
+    async fn next(&mut self, within: Duration, held: &mut Vec<u8>) -> Option<String> {
+        loop {
+            if let Some(end) = held.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = held.drain(..end + 2).collect();
+                let text = String::from_utf8(event).expect("text");
+                let data = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Some(data);
+            }
+            let frame = tokio::time::timeout(within, self.body.frame())
+                .await
+                .expect("an event in time")?;
+            if let Ok(data) = frame.expect("a frame").into_data() {
+                held.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// Every event's data to the end.
+    async fn all(mut self) -> Vec<String> {
+        let mut held = Vec::new();
+        let mut events = Vec::new();
+        while let Some(event) = self.next(Duration::from_secs(10), &mut held).await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+fn content(events: &[String]) -> String {
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stream_is_relayed_event_by_event_and_its_usage_counted_without_showing_it() {
+    let be = llm(&["llama"], None).await;
+    let gw = gateway(&llm_route("chat", &["llama"], &be.url(), "")).await;
+    let events = stream(gw.http_addr(), &chat("llama", true, 6), &[]).await;
+    assert_eq!(events.head.status, 200);
+    assert_eq!(events.head.headers["content-type"], "text/event-stream");
+    assert_eq!(events.head.headers["x-tiergate-tier"], "realtime");
+    let events = events.all().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(content(&events).split_whitespace().count(), 6, "{events:?}");
+    assert!(
+        !events.iter().any(|e| e.contains("\"usage\"")),
+        "the usage chunk the gateway asked for is taken out: {events:?}"
+    );
+    let tokens = |kind: &str| format!("tiergate_tokens_total{{route=\"chat\",tier=\"realtime\",kind=\"{kind}\"}}");
+    assert_eq!(
+        metric(&gw, &tokens("completion")).await,
+        6.0,
+        "exact, from the backend's usage"
+    );
+    assert_eq!(metric(&gw, &tokens("prompt")).await, 5.0);
+    // A caller that asks for the usage gets it.
+    let mut asked = chat("llama", true, 2);
+    asked["stream_options"] = json!({"include_usage": true});
+    let events = stream(gw.http_addr(), &asked, &[]).await.all().await;
+    let usage: Vec<Value> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|v| v.get("usage").is_some_and(|u| !u.is_null()))
+        .collect();
+    assert_eq!(usage.len(), 1, "{events:?}");
+    assert_eq!(usage[0]["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn events_reach_the_client_while_the_stream_is_still_running() {
+    let be = llm(&["llama"], None).await;
+    be.sim.faulty_streams(StreamFaults {
+        stall_after: 3,
+        malformed_after: 0,
+    });
+    let gw = gateway(&llm_route("held", &["llama"], &be.url(), "")).await;
+    let mut events = stream(gw.http_addr(), &chat("llama", true, 100), &[]).await;
+    let mut held = Vec::new();
+    // The role chunk and three tokens come, then the backend sends nothing more: had the
+    // gateway held the stream to its end, none of them would have come.
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(events.next(Duration::from_secs(5), &mut held).await.expect("an event"));
+    }
+    assert_eq!(content(&got).split_whitespace().count(), 3, "{got:?}");
+    drop(events);
+    // The caller left: the backend sees its generation cancelled.
+    let stats = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let stats = be.sim.llm_stats("llama").expect("stats");
+            if stats.cancelled == 1 {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the cancellation reached the backend");
+    assert_eq!(stats.tokens, 3);
+}
+
+#[tokio::test]
+async fn a_caller_leaving_a_call_not_streamed_cancels_it_too() {
+    let slow = LlmProfile {
+        a: Duration::from_millis(50),
+        ..LlmProfile::named("llm-tiny").expect("profile")
+    };
+    let be = llm(&["llama"], Some(slow)).await;
+    let gw = gateway(&llm_route("whole", &["llama"], &be.url(), "")).await;
+    let addr = gw.http_addr();
+    let call = tokio::spawn(async move {
+        send(
+            "POST",
+            addr,
+            "/v1/chat/completions",
+            &[],
+            chat("llama", false, 1000).to_string(),
+        )
+        .await
+    });
+    let mut stats = be.sim.llm_stats("llama").expect("stats");
+    while stats.tokens < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stats = be.sim.llm_stats("llama").expect("stats");
+    }
+    call.abort();
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        while be.sim.llm_stats("llama").expect("stats").cancelled == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(cancelled.is_ok(), "the backend's generation was cancelled");
+    assert!(be.sim.llm_stats("llama").expect("stats").tokens < 1000);
+}
+
+#[tokio::test]
+async fn a_stream_that_stalls_or_breaks_ends_with_an_error_event_and_counts_against_the_endpoint() {
+    let be = llm(&["llama"], None).await;
+    let extra = "[routes.faulty.realtime.health]\neject_after = 1\neject_for = \"1m\"\ncheck_path = \"\"\n";
+    let route = llm_route("faulty", &["llama"], &be.url(), extra).replace(
+        "[routes.faulty.realtime]",
+        "stream_idle_timeout = \"1s\"\n[routes.faulty.realtime]",
+    );
+    let gw = gateway(&route).await;
+    // A caller's stream: true never counts against the endpoint.
+    for _ in 0..3 {
+        let events = stream(gw.http_addr(), &chat("llama", true, 2), &[]).await.all().await;
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    }
+    let circuit = format!(
+        "tiergate_backend_circuit_state{{route=\"faulty\",tier=\"realtime\",endpoint=\"{}\"}}",
+        be.addr
+    );
+    assert_eq!(metric(&gw, &circuit).await, 0.0, "three streams: the endpoint stays in");
+    be.sim.faulty_streams(StreamFaults {
+        stall_after: 2,
+        malformed_after: 0,
+    });
+    let events = stream(gw.http_addr(), &chat("llama", true, 50), &[]).await.all().await;
+    let last: Value = serde_json::from_str(events.last().expect("events")).expect("an error event");
+    assert_eq!(last["error"]["code"], "stream_idle", "{events:?}");
+    assert_eq!(metric(&gw, &circuit).await, 1.0, "the stall ejected the endpoint");
+    let ended = "tiergate_streams_ended_total{route=\"faulty\",tier=\"realtime\",reason=\"idle\"}";
+    assert_eq!(metric(&gw, ended).await, 1.0);
+    // A malformed event, on another gateway in front of the same backend.
+    be.sim.faulty_streams(StreamFaults {
+        stall_after: 0,
+        malformed_after: 1,
+    });
+    let gw = gateway(&llm_route("broken", &["llama"], &be.url(), "")).await;
+    let events = stream(gw.http_addr(), &chat("llama", true, 50), &[]).await.all().await;
+    let last: Value = serde_json::from_str(events.last().expect("events")).expect("an error event");
+    assert_eq!(last["error"]["code"], "malformed_event", "{events:?}");
+    assert!(
+        !events.iter().any(|e| e.contains("oops")),
+        "the malformed event is not passed on"
+    );
+}
+
+#[tokio::test]
+async fn a_streams_budget_is_its_first_token() {
+    let slow = LlmProfile {
+        a: Duration::from_millis(300),
+        ..LlmProfile::named("llm-tiny").expect("profile")
+    };
+    let be = llm(&["llama"], Some(slow)).await;
+    let gw = gateway(&llm_route("ttft", &["llama"], &be.url(), "")).await;
+    // 100 ms to a first token that takes 300: the head comes, then the error event.
+    let events = stream(
+        gw.http_addr(),
+        &chat("llama", true, 5),
+        &[("x-tiergate-budget-ms", "100")],
+    )
+    .await;
+    let events = events.all().await;
+    let last: Value = serde_json::from_str(events.last().expect("events")).expect("an error event");
+    assert_eq!(last["error"]["code"], "deadline", "{events:?}");
+    // 2 s to the first token, far less than the whole stream takes: served whole.
+    let events = stream(
+        gw.http_addr(),
+        &chat("llama", true, 8),
+        &[("x-tiergate-budget-ms", "1000")],
+    )
+    .await;
+    let events = events.all().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(
+        content(&events).split_whitespace().count(),
+        8,
+        "8 tokens, 2.4 s: past the budget, served"
+    );
+}
+
+#[tokio::test]
+async fn routes_share_a_path_by_model_and_an_unknown_model_gets_404() {
+    let (a, b) = (llm(&["llama"], None).await, llm(&["mistral"], None).await);
+    let policy = format!(
+        "{}\n{}",
+        llm_route("small", &["llama"], &a.url(), ""),
+        llm_route("large", &["mistral"], &b.url(), "")
+    );
+    let gw = gateway(&policy).await;
+    for (model, backend) in [("llama", &a), ("mistral", &b)] {
+        let answer = send(
+            "POST",
+            gw.http_addr(),
+            "/v1/chat/completions",
+            &[],
+            chat(model, false, 3).to_string(),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["model"], model);
+        assert_eq!(backend.sim.llm_stats(model).expect("stats").completed, 1);
+    }
+    let unknown = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &[],
+        chat("gpt-9", false, 3).to_string(),
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["error"]["code"], "model_not_found");
+    let models = get(gw.http_addr(), "/v1/models").await;
+    let ids: Vec<String> = models.json()["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| m["id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["mistral", "llama"],
+        "in the policy's order (routes by file, then name)"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_on_the_micro_batch_tier_is_relayed_and_one_offline_is_refused() {
+    let be = llm(&["llama"], None).await;
+    let policy = format!(
+        "[routes.mb]\nmodels = [\"llama\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"50ms\"\n\
+         [routes.mb.flags]\nrealtime = false\nmicro_batch = true\noffline = true\n\
+         [routes.mb.micro_batch]\nendpoints = [\"{}\"]\n",
+        be.url()
+    );
+    let gw = gateway(&policy).await;
+    let events = stream(
+        gw.http_addr(),
+        &chat("llama", true, 4),
+        &[("x-tiergate-budget-ms", "2000")],
+    )
+    .await;
+    assert_eq!(events.head.headers["x-tiergate-tier"], "micro_batch");
+    let events = events.all().await;
+    assert_eq!(content(&events).split_whitespace().count(), 4, "{events:?}");
+    let offline = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &[("prefer", "respond-async")],
+        chat("llama", true, 4).to_string(),
+    )
+    .await;
+    assert_eq!(offline.status, 400, "{}", offline.text());
+    assert!(
+        offline.text().contains("cannot be served offline"),
+        "{}",
+        offline.text()
+    );
+}
