@@ -77,6 +77,58 @@ pub enum Reason {
     /// Real-time was called for, every endpoint of its pool was ejected or the pool was
     /// full, and the route's `[fallback]` pool served it.
     Fallback,
+    /// An OpenAI call's `service_tier` asked for this tier (`priority`: real time;
+    /// `flex`: micro-batch), and the route's flags allow it.
+    ServiceTier,
+}
+
+/// An OpenAI call's `service_tier` hint (a request extension the OpenAI door sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceTier {
+    /// `priority`: real time, where the route allows it.
+    Priority,
+    /// `flex`: micro-batch (or offline, as the budget says), where the route allows it.
+    Flex,
+}
+
+impl ServiceTier {
+    /// The hint a `service_tier` value gives (`auto` and `default` give none); `Err`
+    /// for a value OpenAI does not have.
+    pub fn parse(value: &str) -> Result<Option<ServiceTier>, String> {
+        match value {
+            "auto" | "default" => Ok(None),
+            "priority" => Ok(Some(ServiceTier::Priority)),
+            "flex" => Ok(Some(ServiceTier::Flex)),
+            other => Err(format!(
+                "service_tier {other:?} is not one of auto, default, flex and priority"
+            )),
+        }
+    }
+
+    /// What `decision` becomes under this hint on a route with real time and micro-batch
+    /// on or off (`on`): `priority` moves a micro-batch decision to real time, `flex` a
+    /// real-time one to micro-batch, each only where the route has that tier on;
+    /// anything else stays.
+    pub fn apply(self, decision: Decision, (realtime, micro_batch): (bool, bool)) -> Decision {
+        let tier = match (self, decision.tier) {
+            (ServiceTier::Priority, Tier::MicroBatch) if realtime => Tier::Realtime,
+            (ServiceTier::Flex, Tier::Realtime) if micro_batch => Tier::MicroBatch,
+            _ => return decision,
+        };
+        Decision {
+            tier,
+            reason: Reason::ServiceTier,
+            ..decision
+        }
+    }
+
+    /// The `service_tier` an answer served on `tier` echoes.
+    pub fn echoed(tier: Tier) -> &'static str {
+        match tier {
+            Tier::Realtime => "default",
+            Tier::MicroBatch | Tier::Offline => "flex",
+        }
+    }
 }
 
 /// The classifier's answer for one request.
@@ -131,7 +183,7 @@ impl Tier {
 
 impl Reason {
     /// Every reason, in the order of [`Reason::index`].
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::BudgetRealtime,
         Reason::BudgetMicroBatch,
         Reason::BudgetOffline,
@@ -144,6 +196,7 @@ impl Reason {
         Reason::KafkaSource,
         Reason::Sequence,
         Reason::Fallback,
+        Reason::ServiceTier,
     ];
 
     /// Its position in [`Reason::ALL`], for tables indexed by reason.
@@ -161,6 +214,7 @@ impl Reason {
             Reason::KafkaSource => 9,
             Reason::Sequence => 10,
             Reason::Fallback => 11,
+            Reason::ServiceTier => 12,
         }
     }
 
@@ -179,6 +233,7 @@ impl Reason {
             Reason::KafkaSource => "kafka_source",
             Reason::Sequence => "sequence",
             Reason::Fallback => "fallback",
+            Reason::ServiceTier => "service_tier",
         }
     }
 }

@@ -140,12 +140,23 @@ impl HttpDoor {
                     return Box::pin(self.serve(route, req, Body::Kserve)).await;
                 }
             }
+            (
+                Target::Model {
+                    name,
+                    rest: rest @ ("/generate" | "/generate_stream"),
+                },
+                &Method::POST,
+            ) => {
+                if let Some(route) = self.dispatch.policy().route_for_model(name).cloned() {
+                    return Box::pin(super::openai::generate(&self, route, req, rest == "/generate_stream")).await;
+                }
+            }
             (Target::Other(p), &Method::POST) if crate::llm::openai::is_path(p) => {
                 return Box::pin(super::openai::serve(&self, req)).await;
             }
             (Target::Other(p), &Method::POST) if !(self.offline.is_some() && offline_path(p)) => {
                 if let Some(route) = self.dispatch.policy().route_for_path(p).cloned() {
-                    return Box::pin(self.serve(route, req, Body::Json)).await;
+                    return Box::pin(super::openai::json_route(&self, route, req)).await;
                 }
             }
             (Target::Other("/v1/models"), _) => return super::openai::models(&self, &method),

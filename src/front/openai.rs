@@ -1,6 +1,8 @@
-//! The HTTP door's OpenAI paths (`/v1/chat/completions`, `/v1/completions`,
+//! The HTTP door's LLM paths: OpenAI's (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/responses`, `/v1/embeddings`), routed by the body's `model` as LiteLLM and Envoy
-//! AI Gateway route them, and `/v1/models`, answered from the routes.
+//! AI Gateway route them, and `/v1/models`, answered from the routes; Triton's
+//! generate extension (`/v2/models/M/generate` and `generate_stream`) on the route of
+//! its model.
 //!
 //! A call's body is read first (within the gateway's body budget), for its `model`, and
 //! whether it streams: several routes may share a path, each listing the models it
@@ -48,6 +50,13 @@ pub(super) async fn serve<B: RequestBody>(door: &HttpDoor, req: Request<B>) -> R
     let Some(route) = door.dispatch().policy().route_for_openai(&path, model).cloned() else {
         return model_not_found(model);
     };
+    match ask.service_tier.as_deref().map(crate::decision::ServiceTier::parse) {
+        Some(Err(why)) => return failure_as(&Error::new(Kind::BadRequest, why), Shape::Openai),
+        Some(Ok(Some(hint))) => {
+            parts.extensions.insert(hint);
+        }
+        Some(Ok(None)) | None => {}
+    }
     let mut body = body;
     if ask.stream {
         let asks_usage = matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions");
@@ -59,6 +68,38 @@ pub(super) async fn serve<B: RequestBody>(door: &HttpDoor, req: Request<B>) -> R
     }
     let request = Request::from_parts(parts, Full::new(body));
     door.serve_json(route, request).await
+}
+
+/// Triton's generate extension for `route`'s model (`stream`: `generate_stream`): a
+/// JSON body passed on as it is, its answer whole or its events relayed.
+pub(super) async fn generate<B: RequestBody>(
+    door: &HttpDoor,
+    route: std::sync::Arc<crate::policy::Route>,
+    mut req: Request<B>,
+    stream: bool,
+) -> Response<Answered> {
+    if stream {
+        req.extensions_mut().insert(Wanted { strip_usage: false });
+    }
+    door.serve_json(route, req).await
+}
+
+/// A JSON route's call: a stream when its caller accepts one (`accept:
+/// text/event-stream`), relayed as it comes; else answered whole.
+pub(super) async fn json_route<B: RequestBody>(
+    door: &HttpDoor,
+    route: std::sync::Arc<crate::policy::Route>,
+    mut req: Request<B>,
+) -> Response<Answered> {
+    let accepts = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
+        v.as_bytes()
+            .windows(17)
+            .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+    });
+    if accepts {
+        req.extensions_mut().insert(Wanted { strip_usage: false });
+    }
+    door.serve_json(route, req).await
 }
 
 /// `GET /v1/models`: the models routes serve on OpenAI's paths.

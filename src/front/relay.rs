@@ -278,26 +278,7 @@ impl Relay {
         ];
         ::metrics::counter!(metrics::STREAMS_ENDED, &reason).increment(1);
         ::metrics::gauge!(metrics::STREAMS_OPEN, labels).decrement(1.0);
-        let usage = self.usage.unwrap_or(Usage {
-            prompt: 0,
-            completion: self.content,
-            estimated: true,
-        });
-        let kinds = [
-            ("prompt", usage.prompt),
-            (
-                if usage.estimated {
-                    "completion_estimated"
-                } else {
-                    "completion"
-                },
-                usage.completion,
-            ),
-        ];
-        for (kind, n) in kinds.into_iter().filter(|(_, n)| *n > 0) {
-            let labels = [labels[0].clone(), labels[1].clone(), ("kind", kind.to_owned())];
-            ::metrics::counter!(metrics::TOKENS, &labels).increment(n);
-        }
+        count_tokens(labels, self.usage());
         if let (Some(first), true) = (self.first, self.content > 1) {
             let per = self.last.saturating_duration_since(first) / (self.content - 1) as u32;
             ::metrics::histogram!(metrics::TIME_PER_OUTPUT_TOKEN, labels).record(per.as_secs_f64());
@@ -311,6 +292,20 @@ impl Relay {
             completion: self.content,
             estimated: true,
         })
+    }
+}
+
+/// Counts `usage` in `tiergate_tokens_total` of the route and tier `labels` name.
+pub fn count_tokens(labels: &[(&'static str, String); 2], usage: Usage) {
+    let completion = match usage.estimated {
+        true => "completion_estimated",
+        false => "completion",
+    };
+    for (kind, n) in [("prompt", usage.prompt), (completion, usage.completion)] {
+        if n > 0 {
+            let labels = [labels[0].clone(), labels[1].clone(), ("kind", kind.to_owned())];
+            ::metrics::counter!(metrics::TOKENS, &labels).increment(n);
+        }
     }
 }
 

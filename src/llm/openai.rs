@@ -81,6 +81,15 @@ pub fn asking_usage(body: &[u8]) -> Option<Bytes> {
     serde_json::to_vec(&value).ok().map(Bytes::from)
 }
 
+/// `answer` (an OpenAI object) saying `tier` in its `service_tier`, or `None` when it
+/// is not a JSON object with an `object` field (an OpenAI answer).
+pub fn with_service_tier(answer: &[u8], tier: &str) -> Option<Bytes> {
+    let mut value: Value = serde_json::from_slice(answer).ok()?;
+    let object = value.as_object_mut().filter(|o| o.contains_key("object"))?;
+    object.insert("service_tier".into(), Value::String(tier.to_owned()));
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
 /// Tokens a call used, as the backend counted them (or estimated from a stream's
 /// content events where it counted none).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -480,11 +480,9 @@ impl Policy {
             .or_else(|| self.by_path.get(path))
     }
 
-    /// Whether routes share OpenAI's `path` by the body's `model`.
-    pub fn routes_by_model(&self, path: &str) -> bool {
-        self.routes
-            .iter()
-            .any(|r| !r.models.is_empty() && r.paths.iter().any(|p| p == path))
+    /// The first route serving `path` (a route on OpenAI's paths may share it).
+    pub fn routes_on(&self, path: &str) -> Option<Arc<Route>> {
+        self.routes.iter().find(|r| r.paths.iter().any(|p| p == path)).cloned()
     }
 
     /// The `model` values routes serve on OpenAI's paths, each once, in the policy's

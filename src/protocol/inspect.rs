@@ -118,6 +118,9 @@ pub fn answer_envelope(headers: &http::HeaderMap, body: &[u8], kserve: bool) -> 
             .ok_or("its inference-header-content-length is longer than the body")?,
         Ok(_) => {
             let typed = headers.get(http::header::CONTENT_TYPE).map(|v| v.as_bytes());
+            if typed.is_some_and(|t| t.starts_with(b"text/event-stream")) && !kserve {
+                return Ok(()); // a stream, read whole: an answer, not garbage
+            }
             if typed.is_some_and(|t| !t.windows(4).any(|w| w.eq_ignore_ascii_case(b"json"))) {
                 return Err("its content type is not JSON");
             }
@@ -162,6 +165,12 @@ mod tests {
             answer_envelope(&json, b"[1]", false),
             Ok(()),
             "a JSON route may answer an array"
+        );
+        let events = headers(&[("content-type", "text/event-stream")]);
+        assert_eq!(
+            answer_envelope(&events, b"data: {}\n\n", false),
+            Ok(()),
+            "a JSON route's stream"
         );
         let html = headers(&[("content-type", "text/html")]);
         assert_eq!(

@@ -361,3 +361,186 @@ async fn a_stream_on_the_micro_batch_tier_is_relayed_and_one_offline_is_refused(
         offline.text()
     );
 }
+
+#[tokio::test]
+async fn service_tier_is_a_hint_within_the_routes_flags_and_the_answer_says_the_tier() {
+    let (rt, batch) = (llm(&["llama"], None).await, llm(&["llama"], None).await);
+    let policy = format!(
+        "[routes.tiers]\nmodels = [\"llama\"]\npaths = [\"/v1/chat/completions\"]\n\
+         [routes.tiers.flags]\nmicro_batch = true\n[routes.tiers.realtime]\nendpoints = [\"{}\"]\n[routes.tiers.micro_batch]\nendpoints = [\"{}\"]\n",
+        rt.url(),
+        batch.url()
+    );
+    let gw = gateway(&policy).await;
+    let call = |tier: Option<&str>, budget: &'static str| {
+        let mut body = chat("llama", false, 2);
+        if let Some(tier) = tier {
+            body["service_tier"] = json!(tier);
+        }
+        let addr = gw.http_addr();
+        async move {
+            send(
+                "POST",
+                addr,
+                "/v1/chat/completions",
+                &[("x-tiergate-budget-ms", budget)],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let plain = call(None, "100").await;
+    assert_eq!(
+        (plain.tier(), plain.json()["service_tier"].as_str()),
+        ((Some("realtime"), Some("budget_realtime")), Some("default"))
+    );
+    let flex = call(Some("flex"), "100").await;
+    assert_eq!(flex.status, 200, "{}", flex.text());
+    assert_eq!(
+        (flex.tier(), flex.json()["service_tier"].as_str()),
+        ((Some("micro_batch"), Some("service_tier")), Some("flex"))
+    );
+    let priority = call(Some("priority"), "2000").await;
+    assert_eq!(priority.tier(), (Some("realtime"), Some("service_tier")));
+    assert_eq!(
+        call(Some("auto"), "2000").await.tier().0,
+        Some("micro_batch"),
+        "auto follows the budget"
+    );
+    let wrong = call(Some("turbo"), "100").await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text());
+    assert!(wrong.text().contains("service_tier"), "{}", wrong.text());
+    let tokens = "tiergate_tokens_total{route=\"tiers\",tier=\"micro_batch\",kind=\"completion\"}";
+    assert_eq!(
+        metric(&gw, tokens).await,
+        4.0,
+        "whole answers' usage counted: flex and auto, 2 each"
+    );
+}
+
+#[tokio::test]
+async fn tritons_generate_and_generate_stream_are_served_on_the_models_route() {
+    let be = llm(&["llama"], None).await;
+    let gw = gateway(&format!(
+        "[routes.gen]\nmodels = [\"llama\"]\n[routes.gen.realtime]\nendpoints = [\"{}\"]\n",
+        be.url()
+    ))
+    .await;
+    let body = json!({"text_input": "what is a gateway", "max_tokens": 3}).to_string();
+    let whole = send("POST", gw.http_addr(), "/v2/models/llama/generate", &[], body.clone()).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    assert_eq!(
+        whole.json()["text_output"]
+            .as_str()
+            .map(|t| t.split_whitespace().count()),
+        Some(3)
+    );
+    let mut request = http::Request::post(format!("http://{}/v2/models/llama/generate_stream", gw.http_addr()));
+    request = request.header("content-type", "application/json");
+    let request = request.body(Full::new(Bytes::from(body))).expect("request");
+    let response = client().request(request).await.expect("exchange");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let (head, body) = response.into_parts();
+    let events = Streamed { head, body }.all().await;
+    let words: Vec<String> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["text_output"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(words.len(), 3, "{events:?}");
+}
+
+#[tokio::test]
+async fn batch_api_chat_lines_are_routed_by_model_and_a_streamed_line_fails_alone() {
+    let (a, b) = (llm(&["llama"], None).await, llm(&["mistral"], None).await);
+    let route = |name: &str, model: &str, url: &str| {
+        format!(
+            "[routes.{name}]\nmodels = [\"{model}\"]\npaths = [\"/v1/chat/completions\"]\n\
+             [routes.{name}.flags]\noffline = true\n[routes.{name}.realtime]\nendpoints = [\"{url}\"]\n\
+             [routes.{name}.micro_batch]\nendpoints = [\"{url}\"]\n"
+        )
+    };
+    let gw = gateway(&format!(
+        "{}{}",
+        route("small", "llama", &a.url()),
+        route("large", "mistral", &b.url())
+    ))
+    .await;
+    let line = |id: &str, model: &str, stream: bool| {
+        json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions", "body": chat(model, stream, 3)})
+            .to_string()
+    };
+    let id = |answer: &Answer| answer.json()["id"].as_str().expect("id").to_owned();
+    let create = |file: String| {
+        let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let addr = gw.http_addr();
+        async move {
+            send(
+                "POST",
+                addr,
+                "/v1/batches",
+                &[("content-type", "application/json")],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let done = |batch: String| {
+        let addr = gw.http_addr();
+        async move {
+            eventually(Duration::from_secs(20), "the batch completes", || async {
+                let batch = get(addr, &format!("/v1/batches/{batch}")).await.json();
+                (batch["status"] == "completed").then_some(batch)
+            })
+            .await
+        }
+    };
+    let with_stream = [line("a", "llama", false), line("s", "llama", true)].join("\n");
+    let file = upload_file(gw.http_addr(), &with_stream, &[]).await;
+    let created = create(id(&file)).await;
+    assert_eq!(created.status, 200, "{}", created.text());
+    let batch = done(id(&created)).await;
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 2, "completed": 1, "failed": 1}),
+        "the stream line fails alone"
+    );
+    let errors = get(
+        gw.http_addr(),
+        &format!("/v1/files/{}/content", batch["error_file_id"].as_str().expect("errors")),
+    )
+    .await;
+    assert!(errors.text().contains("stream is not supported"), "{}", errors.text());
+    let good = [
+        line("a", "llama", false),
+        line("b", "mistral", false),
+        line("c", "llama", false),
+    ]
+    .join("\n");
+    let file = upload_file(gw.http_addr(), &good, &[]).await;
+    let created = create(id(&file)).await;
+    assert_eq!(created.status, 200, "{}", created.text());
+    let done = done(id(&created)).await;
+    assert_eq!(done["request_counts"]["completed"], 3);
+    let out = get(
+        gw.http_addr(),
+        &format!("/v1/files/{}/content", done["output_file_id"].as_str().expect("file")),
+    )
+    .await;
+    for l in out.text().lines() {
+        let v: Value = serde_json::from_str(l).expect("JSONL");
+        let answer = &v["response"]["body"];
+        assert_eq!(
+            answer["usage"]["completion_tokens"], 3,
+            "the backend's usage is in the line: {v}"
+        );
+        let model = if v["custom_id"] == "b" { "mistral" } else { "llama" };
+        assert_eq!(answer["model"], model, "{v}");
+    }
+    assert_eq!(
+        a.sim.llm_stats("llama").expect("stats").completed,
+        3,
+        "one line before, two now"
+    );
+    assert_eq!(b.sim.llm_stats("mistral").expect("stats").completed, 1);
+}

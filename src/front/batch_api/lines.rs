@@ -127,14 +127,32 @@ pub fn lines(content: &[u8], within: &Within<'_>) -> (Vec<(String, u64, NewJob)>
             problem(&mut errors, line, "invalid_url", message, Some("url"));
             continue;
         }
-        let Some(route) = crate::front::paths::route_for(policy, url) else {
-            problem(
-                &mut errors,
-                line,
-                "invalid_url",
-                format!("no route serves {url}"),
-                Some("url"),
-            );
+        // OpenAI's paths are routed by each line's `model` (a line asking for a stream
+        // fails alone, when it runs: its answer is written whole).
+        let llm = crate::llm::openai::is_path(url).then(|| obj.get("body").and_then(|b| b.get("model")));
+        let route = match llm {
+            Some(asked) => match asked.and_then(Value::as_str) {
+                Some(model) => policy.route_for_openai(url, model).cloned(),
+                None => {
+                    let message = "body.model is required: lines on this path are routed by their model".into();
+                    problem(
+                        &mut errors,
+                        line,
+                        "missing_required_parameter",
+                        message,
+                        Some("body.model"),
+                    );
+                    continue;
+                }
+            },
+            None => crate::front::paths::route_for(policy, url),
+        };
+        let Some(route) = route else {
+            let what = match llm {
+                Some(_) => "no route serves this line's model on it",
+                None => "no route serves it",
+            };
+            problem(&mut errors, line, "invalid_url", format!("{url}: {what}"), Some("url"));
             continue;
         };
         if !route.flags.offline || route.micro_batch.is_none() {

@@ -232,7 +232,12 @@ impl OfflineApi {
             Some(_) => return Err(bad("shadow must be true or false".into())),
         };
         let policy = self.policy.load();
-        let Some(route) = super::paths::route_for(&policy, &endpoint) else {
+        let route = super::paths::route_for(&policy, &endpoint).or_else(|| {
+            crate::llm::openai::is_path(&endpoint)
+                .then(|| policy.routes_on(&endpoint))
+                .flatten()
+        });
+        let Some(route) = route else {
             return Err(bad(format!(
                 "endpoint {endpoint:?}: no route serves it; use a path a route serves \
                  (such as \"/v1/embeddings\") or a model's \"/v2/models/NAME/infer\""

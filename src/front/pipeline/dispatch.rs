@@ -318,6 +318,12 @@ impl Dispatch {
             Some(sequence) => self.sequence_tier(route, sequence, decision),
             None => decision,
         };
+        // An OpenAI call's `service_tier`, within what the route's flags allow.
+        let hint = streaming.and(request.extensions().get::<crate::decision::ServiceTier>().copied());
+        let decision = match hint {
+            Some(hint) => hint.apply(decision, (route.flags.realtime, route.flags.micro_batch)),
+            None => decision,
+        };
         if let (Tier::Offline, Some(sequence)) = (decision.tier, &sequence) {
             // The offline tier runs jobs in any order, on any endpoint: a stateful model's
             // steps would be applied out of turn.
@@ -338,7 +344,7 @@ impl Dispatch {
             };
             return count(route, door, instruments, served, ids.as_ref());
         }
-        if let (Tier::Offline, Some(_)) = (decision.tier, &streaming) {
+        if let (Tier::Offline, Some(Some(_))) = (decision.tier, &streaming) {
             // An offline job answers later, whole: nobody would read its stream.
             let served = Served {
                 decision: Some(decision),
@@ -400,7 +406,8 @@ impl Dispatch {
         };
         handles.in_flight.decrement(1.0);
         let result = match (streaming, result) {
-            (Some(how), Ok(answer)) => Ok(self.relayed(route, decision.tier, how, answer)),
+            (Some(Some(how)), Ok(answer)) => Ok(self.relayed(route, decision.tier, how, answer)),
+            (Some(None), Ok(answer)) => Ok(whole_llm(route, decision.tier, answer)),
             (_, result) => result,
         };
         let now = Instant::now();
@@ -675,14 +682,38 @@ fn count(
     served
 }
 
-/// How `request`'s stream is to be relayed, when it asks for one: the events' shape (by
-/// its path), and whether the usage chunk is the gateway's to take out.
+/// Whether `request` is an LLM call (an OpenAI path, Triton's generate, or any asking
+/// for a stream), and how its stream is to be relayed when it asks for one: the events'
+/// shape (by its path), and whether the usage chunk is the gateway's to take out.
 #[inline]
-fn streaming(request: &Request<Bytes>) -> Option<(Shape, bool)> {
+fn streaming(request: &Request<Bytes>) -> Option<Option<(Shape, bool)>> {
     let path = request.uri().path();
     if path.starts_with("/v2/") && path.ends_with("/infer") {
-        return None; // a KServe v2 inference call never streams: no extension looked up
+        return None; // a KServe v2 inference call: no extension looked up
     }
-    let wanted = request.extensions().get::<crate::backend::stream::Wanted>()?;
-    Some((Shape::of(path), wanted.strip_usage))
+    let shape = Shape::of(path);
+    match request.extensions().get::<crate::backend::stream::Wanted>() {
+        Some(wanted) => Some(Some((shape, wanted.strip_usage))),
+        None if shape != Shape::Plain || path.ends_with("/generate") => Some(None),
+        None => None,
+    }
+}
+
+/// An LLM call's whole `answer`: the tokens it says it used counted, and an OpenAI
+/// answer saying the tier that served it in its `service_tier`, as OpenAI's do.
+#[cold]
+fn whole_llm(route: &Route, tier: Tier, mut answer: Reply) -> Reply {
+    if !answer.status().is_success() {
+        return answer;
+    }
+    if let Some(usage) = crate::llm::openai::Usage::of(answer.body()) {
+        let labels = [("route", route.name.clone()), ("tier", tier.as_str().to_owned())];
+        crate::front::relay::count_tokens(&labels, usage);
+    }
+    if let Some(echoed) =
+        crate::llm::openai::with_service_tier(answer.body(), crate::decision::ServiceTier::echoed(tier))
+    {
+        *answer.body_mut() = echoed;
+    }
+    answer
 }

@@ -273,6 +273,9 @@ impl RouteWorker {
     /// Serves `calls` as micro-batch filler; first, when the route allows it, one at a
     /// time on the real-time pool while that pool has nothing else in flight.
     async fn serve(&self, route: &crate::policy::Route, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        if calls.iter().any(streams) {
+            return Box::pin(self.serve_but_streams(route, calls)).await;
+        }
         let mut answers = Vec::with_capacity(calls.len());
         let mut calls = calls.into_iter().peekable();
         let realtime = &self.workers.realtime;
@@ -284,6 +287,24 @@ impl RouteWorker {
         }
         answers.extend(self.workers.micro.serve_filler(calls.collect()).await);
         answers
+    }
+
+    /// [`Self::serve`] of calls some of which ask for a stream: those fail alone (an
+    /// offline answer is written whole), the others are served.
+    async fn serve_but_streams(&self, route: &crate::policy::Route, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
+        let (streaming, served): (Vec<_>, Vec<_>) = calls.into_iter().enumerate().partition(|(_, c)| streams(c));
+        let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
+        let mut answers: Vec<Option<Result<Reply, Error>>> = (0..order.len() + streaming.len()).map(|_| None).collect();
+        for (i, _) in streaming {
+            let why =
+                "stream is not supported offline: the answer is written whole; send the request without \"stream\"";
+            answers[i] = Some(Err(Error::new(Kind::BadRequest, why)));
+        }
+        let served = self.serve(route, served.into_iter().map(|(_, c)| c).collect()).await;
+        for (i, answer) in order.into_iter().zip(served) {
+            answers[i] = Some(answer);
+        }
+        answers.into_iter().flatten().collect()
     }
 
     /// `ends` with each answered line of a shadow batch scored by the route's candidate
@@ -486,4 +507,10 @@ async fn report(store: &Queue) {
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Whether `call` is an OpenAI call asking for a stream (`"stream": true`).
+fn streams(call: &Call) -> bool {
+    crate::llm::openai::is_path(call.request.uri().path())
+        && crate::llm::openai::Ask::of(call.request.body()).is_ok_and(|ask| ask.stream)
 }
