@@ -16,7 +16,9 @@
 //! work) and `total` (from the request's head read to the answer), so the parts add up
 //! to the total to the microsecond; the server writes it with the answer's head, or
 //! into the header map for hyper ([`Line::store`]); the gRPC door puts it in metadata. A backend's own `Server-Timing` is
-//! replaced. An error answer carries `total` only. A leaf, as [`crate::headers`].
+//! replaced. An error answer carries `total` only. An LLM's whole answer also says
+//! the tokens its `usage` counts (`prompt_tokens;desc=N, completion_tokens;desc=N`,
+//! after the times: [`tokens`]). A leaf, as [`crate::headers`].
 
 use std::time::Duration;
 
@@ -43,14 +45,24 @@ pub enum Spent {
 /// The parts of an answer's time noted for it, in its extensions until the door
 /// writes them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Noted([Option<Duration>; 5]);
+pub struct Noted([Option<Duration>; 5], Option<[u32; 2]>);
 
 /// Notes `parts` for an answer with `extensions`, replacing any noted before.
 pub fn set(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
-    let mut noted = Noted::default();
+    let tokens = extensions.get::<Noted>().and_then(|n| n.1);
+    let mut noted = Noted([None; 5], tokens);
     for (part, took) in parts {
         noted.0[*part as usize] = Some(*took);
     }
+    extensions.insert(noted);
+}
+
+/// Notes the LLM tokens an answer says it used: `prompt_tokens;desc=N,
+/// completion_tokens;desc=N` after the times.
+pub fn tokens(extensions: &mut Extensions, prompt: u64, completion: u64) {
+    let mut noted = extensions.get::<Noted>().copied().unwrap_or_default();
+    let at_most = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    noted.1 = Some([at_most(prompt), at_most(completion)]);
     extensions.insert(noted);
 }
 
@@ -71,7 +83,7 @@ pub fn add(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
 /// does not have. Small and `Copy`, so it rides with the answer to the server that
 /// writes the head (see `front::body::Stamp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Line([u32; 7]);
+pub struct Line([u32; 7], Option<[u32; 2]>);
 
 impl Line {
     const NAMES: [&'static [u8]; 7] = [b"queue", b"cache", b"backend", b"retry", b"hedge", b"gateway", b"total"];
@@ -95,7 +107,7 @@ impl Line {
         }
         line[5] = micros(total.saturating_sub(spent));
         line[6] = micros(total);
-        Line(line)
+        Line(line, noted.1)
     }
 
     /// An error answer that took `total`: `total` alone (the parts of a call that failed
@@ -103,7 +115,7 @@ impl Line {
     pub fn error(total: Duration) -> Line {
         let mut line = [Self::ABSENT; 7];
         line[6] = micros(total);
-        Line(line)
+        Line(line, None)
     }
 
     /// Writes the field, `server-timing: ...\r\n`, into an answer's `head`.
@@ -127,6 +139,10 @@ impl Line {
                 field.part(name, u64::from(took));
             }
         }
+        if let Some([prompt, completion]) = self.1 {
+            field.count(b"prompt_tokens", prompt);
+            field.count(b"completion_tokens", completion);
+        }
         field
     }
 }
@@ -147,8 +163,9 @@ impl std::fmt::Display for Line {
     }
 }
 
-/// Room for a field: seven parts of at most 26 bytes each.
-const MAX: usize = 7 * 26;
+/// Room for a field: seven parts of at most 26 bytes each, and two counts of at most
+/// 35.
+const MAX: usize = 7 * 26 + 2 * 35;
 
 /// A field being written, on the stack.
 struct Field {
@@ -190,6 +207,20 @@ impl Field {
             b'0' + (fraction % 10) as u8,
         ]);
         self.len += at + 4;
+    }
+
+    /// `, name;desc=N`: at most 2 + 17 + 6 + 10 bytes.
+    fn count(&mut self, name: &[u8], n: u32) {
+        let mut digits = [0u8; 20];
+        let n = crate::protocol::decimal(n as usize, &mut digits);
+        let Some(out) = self.buf.get_mut(self.len..self.len + 2 + name.len() + 6 + n.len()) else {
+            return;
+        };
+        out[..2].copy_from_slice(b", ");
+        out[2..2 + name.len()].copy_from_slice(name);
+        out[2 + name.len()..8 + name.len()].copy_from_slice(b";desc=");
+        out[8 + name.len()..].copy_from_slice(n);
+        self.len += out.len();
     }
 
     fn bytes(&self) -> &[u8] {
@@ -269,6 +300,20 @@ mod tests {
         assert_eq!(
             head,
             format!("HTTP/1.1 200 OK\r\nserver-timing: {field}\r\n").into_bytes()
+        );
+    }
+
+    #[test]
+    fn an_llm_answers_tokens_follow_its_times() {
+        let mut extensions = Extensions::new();
+        tokens(&mut extensions, 21, u64::MAX);
+        set(&mut extensions, &[(Spent::Queue, us(40))]);
+        let mut headers = HeaderMap::new();
+        close(&mut headers, extensions.remove::<Noted>(), us(1_000), Some(us(900)));
+        assert_eq!(
+            headers[SERVER_TIMING],
+            "queue;dur=0.040, backend;dur=0.900, gateway;dur=0.060, total;dur=1.000, \
+             prompt_tokens;desc=21, completion_tokens;desc=4294967295"
         );
     }
 }

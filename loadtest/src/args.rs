@@ -31,6 +31,31 @@ pub enum Command {
     Compare(CompareArgs),
     /// Start `tiergate sim` and `tiergate serve`, then compare direct vs gateway.
     Overhead(OverheadArgs),
+    /// LLM chat streams held open, closed loop: time to first token, each event's
+    /// delivery, events per second.
+    Streams(StreamsArgs),
+}
+
+/// `loadtest streams`.
+#[derive(Debug, Args)]
+pub struct StreamsArgs {
+    /// Base URL of the server (OpenAI's `/v1/chat/completions` there).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// The model asked for.
+    #[arg(long, default_value = "llama")]
+    pub model: String,
+    /// Streams open at once.
+    #[arg(long, default_value_t = 100)]
+    pub concurrency: usize,
+    /// Tokens each stream asks for (`max_tokens`).
+    #[arg(long, default_value_t = 50)]
+    pub tokens: u64,
+    /// How long streams are opened for (each one opened is read to its end).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `loadtest run`.

@@ -16,6 +16,7 @@
 //! - `compare`: several targets in alternating rounds, side by side.
 //! - `overhead`: starts `tiergate sim` + `tiergate serve` and compares them.
 //! - `plot`: SVG plots of a summary.
+//! - `streams`: LLM chat streams held open, closed loop (`loadtest streams`).
 
 mod args;
 mod client;
@@ -26,6 +27,7 @@ mod payload;
 mod plot;
 mod record;
 mod schedule;
+mod streams;
 mod summary;
 
 #[cfg(test)]
@@ -70,6 +72,11 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Overhead(args) => {
             let report = overhead::run(&args.tiergate, args.comparison()?).await?;
             print_report(&args.output, &report)
+        }
+        Command::Streams(args) => {
+            let report = streams::run(&args).await?;
+            println!("{report}");
+            write_outputs(&args.output, &report, |_| Ok(()))
         }
     }
 }

@@ -70,6 +70,9 @@ pub(super) async fn call(
     let version = version.unwrap_or_default().to_owned();
     let result = match (&parts.method, rest) {
         (&Method::POST, "/infer") => return infer(client, parts, &body, model, &version, deadline).await,
+        (&Method::POST, protocol::INFER_STREAM) => {
+            return decoupled(client, parts, &body, (model, &version), deadline).await
+        }
         (&Method::GET, "") => client
             .model_metadata(with_deadline(
                 pb::ModelMetadataRequest {
@@ -160,6 +163,69 @@ async fn infer(
         },
         Err(status) => backend_status(status, deadline),
     }
+}
+
+/// One request to a decoupled model (0..N responses, `ModelStreamInfer`): the
+/// request sent alone on a stream of its own, half-closed, and the responses handed up
+/// as they come as a `text/event-stream` answer ([`super::stream::Raw`]), one event a
+/// response in KServe v2's JSON (its `triton_final_response` parameter kept), a
+/// response's error as Triton's error event. The stream's budget is its first
+/// response: no gRPC deadline, the relay holds it to its first token and its idle and
+/// duration limits. Dropping the body resets the backend's stream: Triton cancels the
+/// request.
+async fn decoupled(
+    mut client: Client,
+    parts: &Parts,
+    body: &Bytes,
+    (model, version): (&str, &str),
+    deadline: Instant,
+) -> Result<Response<Bytes>, Failure> {
+    use http_body_util::BodyExt as _;
+    use tokio_stream::StreamExt as _;
+    let header_len = match protocol::header_len(&parts.headers) {
+        Ok(len) => len,
+        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
+    };
+    let request = match protocol::decode_request(body, header_len) {
+        Ok(r) => r,
+        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
+    };
+    let msg = request_to_grpc(model, Some(version), &request);
+    let mut call = tonic::Request::new(tokio_stream::once(msg));
+    for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
+        if let Some(value) = parts.headers.get(&name).and_then(|v| v.to_str().ok()) {
+            if let Ok(value) = value.parse() {
+                call.metadata_mut().insert(bridge::metadata_key(&name), value);
+            }
+        }
+    }
+    let responses = match client.model_stream_infer(call).await {
+        Ok(responses) => responses.into_inner(),
+        Err(status) => return backend_status(status, deadline),
+    };
+    let events = responses.map(
+        |item| -> Result<hyper::body::Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>> {
+            let item = item.map_err(|status| format!("the backend's stream failed: {}", status.message()))?;
+            if !item.error_message.is_empty() {
+                return Ok(hyper::body::Frame::data(crate::llm::openai::triton_error_event(
+                    &item.error_message,
+                )));
+            }
+            let response = item.infer_response.unwrap_or_default();
+            let decoded = response_from_grpc(response)
+                .map_err(|e| format!("a response is not a valid ModelInferResponse: {e}"))?;
+            let json = bridge::infer_response_to_http(&decoded, &|_: &Tensor| false).into_body();
+            Ok(hyper::body::Frame::data(crate::llm::sse::data_event(&json)))
+        },
+    );
+    let mut answer = Response::new(Bytes::new());
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    let body = http_body_util::StreamBody::new(events).boxed_unsync();
+    answer.extensions_mut().insert(super::stream::Raw::new(body));
+    Ok(answer)
 }
 
 /// A gRPC request whose deadline (`grpc-timeout`) is the time left in the budget.

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tiergate::app::Gateway;
 use tiergate::config::Config;
 use tiergate::policy::Policy;
-use tiergate::sim::{ModelSpec, Profile, Simulator};
+use tiergate::sim::{LlmProfile, ModelSpec, Profile, Simulator};
 
 /// The demo policy, built into the binary so the demo runs from any directory.
 pub const POLICY: &str = include_str!("../../policies/demo.toml");
@@ -103,17 +103,25 @@ pub struct Example {
 /// Requests in the demo's Batch API file.
 pub const REQUESTS: usize = 50;
 
-/// A Batch API file of `n` resnet50 requests.
-fn batch_file(n: usize) -> String {
+/// Chat lines in the demo's LLM Batch API file.
+pub const CHATS: usize = 20;
+
+/// A Batch API file of `n` requests of `body` on `url`.
+fn batch_file(n: usize, url: &str, body: &str) -> String {
     (0..n)
-        .map(|i| {
-            format!(r#"{{"custom_id":"r{i}","method":"POST","url":"/v2/models/resnet50/infer","body":{BODY}}}"#) + "\n"
-        })
+        .map(|i| format!(r#"{{"custom_id":"r{i}","method":"POST","url":"{url}","body":{body}}}"#) + "\n")
         .collect()
 }
 
 /// A KServe v2 request with two rows of four FP32 values.
 pub const BODY: &str = r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2,4],"data":[1,2,3,4,5,6,7,8]}]}"#;
+
+/// An OpenAI chat request to the demo's LLM, streamed.
+pub const CHAT: &str = r#"{"model":"llama","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"What does tiergate do?"}]}"#;
+
+/// The same, answered whole (a Batch API line's body).
+const CHAT_WHOLE: &str =
+    r#"{"model":"llama","max_tokens":16,"messages":[{"role":"user","content":"Summarise the day's tickets."}]}"#;
 
 impl Demo {
     /// Starts both simulated pools on `pools` (real-time, batch) and a gateway on
@@ -134,7 +142,12 @@ impl Demo {
                 )
             })?;
             bound[i] = listener.local_addr()?;
-            let sim = Simulator::new(vec![model("resnet50", "resnet50-trt"), model("bert", "bert-base-trt")]);
+            let llm = LlmProfile::named("llm-8b-a100").expect("built-in LLM profile");
+            let sim = Simulator::new(vec![
+                model("resnet50", "resnet50-trt"),
+                model("bert", "bert-base-trt"),
+                ModelSpec::llm("llama", llm),
+            ]);
             tokio::spawn(sim.listen(listener, sims.clone()));
         }
         // The demo policy, its pools where the simulated ones listen.
@@ -160,9 +173,13 @@ impl Demo {
         let config = &config;
         let policy = Policy::from_texts(vec![(file, text)])
             .map_err(|p| anyhow::anyhow!("the built-in demo policy is invalid:\n{p}"))?;
-        // The Batch API file the demo's `jobs submit` line names.
+        // The Batch API files the demo's `jobs submit` lines name.
         let requests = config.data_dir.join("requests.jsonl");
-        std::fs::write(&requests, batch_file(REQUESTS))?;
+        std::fs::write(&requests, batch_file(REQUESTS, "/v2/models/resnet50/infer", BODY))?;
+        std::fs::write(
+            config.data_dir.join("chats.jsonl"),
+            batch_file(CHATS, "/v1/chat/completions", CHAT_WHOLE),
+        )?;
         let mut gateway = Gateway::start(config, policy).await?;
         if let Err(e) = gateway.watch_policy(&config.policy_dir) {
             tracing::warn!(error = %e, "the demo's policy copy is not watched");
@@ -195,6 +212,11 @@ impl Demo {
     /// The Batch API input file the demo wrote (resnet50 requests, one per line).
     pub fn requests_file(&self) -> &std::path::Path {
         &self.requests
+    }
+
+    /// The Batch API input file of chat lines the demo wrote beside it.
+    pub fn chats_file(&self) -> PathBuf {
+        self.requests.with_file_name("chats.jsonl")
     }
 
     /// The gateway's metrics address.
@@ -239,7 +261,15 @@ impl Demo {
             anyhow::bail!("the gRPC example: expected a micro_batch answer, got {grpc:?}");
         }
         lines.push(format!("ok  {:<52} OK  micro_batch", "the same 2 s budget over gRPC"));
-        lines.push(self.batch_check().await?);
+        lines.push(self.stream_check(&client).await?);
+        lines.push(
+            self.batch_check(&self.requests, "/v2/models/resnet50/infer", REQUESTS)
+                .await?,
+        );
+        lines.push(
+            self.batch_check(&self.chats_file(), "/v1/chat/completions", CHATS)
+                .await?,
+        );
         if let Some(admin) = self.admin_addr() {
             let explain = http::Request::post(format!("http://{admin}/admin/explain"))
                 .header(http::header::AUTHORIZATION, format!("Bearer {}", self.token))
@@ -263,13 +293,40 @@ impl Demo {
         Ok(lines)
     }
 
-    /// Runs the demo's Batch API file as `tiergate jobs submit` does: upload, create, wait.
-    async fn batch_check(&self) -> anyhow::Result<String> {
+    /// Sends the demo's streamed chat call (its `curl -N` line): a stream of tokens on
+    /// the real-time pool, ended by `[DONE]`.
+    async fn stream_check(
+        &self,
+        client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    ) -> anyhow::Result<String> {
+        let request = http::Request::post(format!("http://{}/v1/chat/completions", self.http_addr()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(CHAT.as_bytes())))?;
+        let response = client.request(request).await?;
+        let tier = response.headers().get("x-tiergate-tier").cloned();
+        let kind = response.headers().get("content-type").cloned();
+        let body = response.into_body().collect().await?.to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        let tokens = text.matches("\"content\":\"").count();
+        let streamed = kind.is_some_and(|k| k == "text/event-stream") && text.trim_end().ends_with("data: [DONE]");
+        if !streamed || tokens < 16 || tier.as_ref().is_none_or(|t| t != "realtime") {
+            anyhow::bail!("the streamed chat call: expected 16 tokens in real time, got {tier:?}: {text}");
+        }
+        Ok(format!("ok  {:<52} 200 realtime", "a chat call streams token by token"))
+    }
+
+    /// Runs a Batch API file of `n` requests on `endpoint` as `tiergate jobs submit`
+    /// does: upload, create, wait.
+    async fn batch_check(&self, path: &std::path::Path, endpoint: &str, n: usize) -> anyhow::Result<String> {
         use crate::cli::jobs::{call, upload_form};
         let base = format!("http://{}", self.http_addr());
-        let (multipart, form) = upload_form("requests.jsonl", &std::fs::read(&self.requests)?);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (multipart, form) = upload_form(&name, &std::fs::read(path)?);
         let (_, file) = call(&base, "POST", "/v1/files", Some(&multipart), form).await?;
-        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v2/models/resnet50/infer",
+        let create = serde_json::json!({"input_file_id": file["id"], "endpoint": endpoint,
                                         "completion_window": "1h"});
         let json = Some("application/json");
         let (_, batch) = call(&base, "POST", "/v1/batches", json, Bytes::from(create.to_string())).await?;
@@ -279,14 +336,11 @@ impl Demo {
             let (_, batch) = call(&base, "GET", &format!("/v1/batches/{id}"), None, Bytes::new()).await?;
             let done = batch["request_counts"]["completed"].as_u64();
             match batch["status"].as_str() {
-                Some("completed") if done == Some(REQUESTS as u64) => {
-                    return Ok(format!(
-                        "ok  {:<52} {REQUESTS} requests",
-                        "the demo's Batch API file runs"
-                    ))
+                Some("completed") if done == Some(n as u64) => {
+                    return Ok(format!("ok  {:<52} {n} requests", format!("the demo's {name} runs")))
                 }
                 Some("in_progress" | "validating" | "finalizing") if tokio::time::Instant::now() < deadline => {}
-                _ => anyhow::bail!("the demo's Batch API file: {batch}"),
+                _ => anyhow::bail!("the demo's {name}: {batch}"),
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
@@ -357,6 +411,13 @@ impl Demo {
              with a progress bar\n\
              {exe} jobs submit {} --endpoint /v2/models/resnet50/infer --gateway http://{http}\n\n",
             shell_word(&self.requests_file().display().to_string()),
+        );
+        out += &format!(
+            "# a chat call to the LLM, streamed: its tokens print as they come (OpenAI's API, routed by \"model\")\n\
+             curl -N http://{http}/v1/chat/completions -H 'content-type: application/json' -d '{CHAT}'\n\n\
+             # a Batch API file of {CHATS} chat lines, run offline on the batch pool; each answer carries its usage\n\
+             {exe} jobs submit {} --endpoint /v1/chat/completions --gateway http://{http}\n\n",
+            shell_word(&self.chats_file().display().to_string()),
         );
         if let Some(admin) = self.admin_addr() {
             out += &format!(

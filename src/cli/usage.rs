@@ -45,7 +45,7 @@ pub async fn run(args: UsageArgs) -> anyhow::Result<ExitCode> {
 /// The report as an aligned table: seconds used, would-have and saved by cause.
 fn table(report: &Report) -> String {
     let mut out = format!(
-        "{:<36} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8}\n",
+        "{:<36} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>11} {:>11}\n",
         "group",
         "requests",
         "rows",
@@ -58,7 +58,9 @@ fn table(report: &Report) -> String {
         "precomp",
         "dedupe",
         "share",
-        "req/call"
+        "req/call",
+        "prompt tok",
+        "output tok"
     );
     for (line, name) in report
         .rows
@@ -68,7 +70,7 @@ fn table(report: &Report) -> String {
     {
         let _ = writeln!(
             out,
-            "{:<36} {:>9} {:>9} {:>9.1} {:>10.3} {:>10.3} {:>10.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>5.1}% {:>8}",
+            "{:<36} {:>9} {:>9} {:>9.1} {:>10.3} {:>10.3} {:>10.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>5.1}% {:>8} {:>11} {:>11}",
             name,
             line.requests,
             line.rows,
@@ -82,6 +84,15 @@ fn table(report: &Report) -> String {
             line.saved_dedupe_seconds,
             line.share * 100.0,
             line.requests_per_call.map_or("-".to_owned(), |r| format!("{r:.2}")),
+            line.prompt_tokens,
+            line.completion_tokens,
+        );
+    }
+    let estimated = report.total.estimated_tokens;
+    if estimated > 0 {
+        let _ = writeln!(
+            out,
+            "{estimated} output tokens were counted from streams' events (their backends sent no usage): an estimate"
         );
     }
     let unpriced = report.total.unpriced_rows;

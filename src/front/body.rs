@@ -95,6 +95,7 @@ pub const STAMPING: crate::server::Stamping<Answered> = crate::server::Stamping 
     write: |body, head| body.write_stamp(head),
     store: Answered::stamp_headers,
     names: &STAMPED,
+    cut: Answered::cut,
 };
 
 impl Answered {
@@ -117,6 +118,16 @@ impl Answered {
             Answered::Whole(bytes, _) => Answered::Whole(bytes, Some(stamp)),
             Answered::Events(relay, _) => Answered::Events(relay, Some(stamp)),
             streamed => streamed,
+        }
+    }
+
+    /// Tells a relayed stream why its client could not be written to: one cut for
+    /// reading too slowly (`limits.min_send_rate`) ends as `slow_reader`.
+    pub fn cut(&mut self, error: &std::io::Error) {
+        if let Answered::Events(relay, _) = self {
+            if error.kind() == std::io::ErrorKind::TimedOut {
+                relay.end_as(super::relay::End::SlowReader);
+            }
         }
     }
 

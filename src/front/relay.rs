@@ -29,6 +29,7 @@ use crate::backend::stream::{Outcome, Stream};
 use crate::llm::openai::{self, Carries, Usage};
 use crate::llm::sse::{Framer, Malformed};
 use crate::metrics;
+use crate::usage::TokenMeter;
 
 /// What a stream's events are, and what shape a relay's own error event takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +37,8 @@ pub enum Shape {
     /// OpenAI's (chat, completions, Responses): JSON data; errors as
     /// `data: {"error": {"message", "type", "param", "code"}}`.
     Openai,
-    /// Triton's generate: JSON data; errors as `data: {"error": "..."}`.
+    /// Triton's generate, and a decoupled model's responses (the gRPC door's
+    /// `ModelStreamInfer`): JSON data; errors as `data: {"error": "..."}`.
     Triton,
     /// Any other stream: its data is whatever the backend sends, every data event
     /// counts as content; errors as an `error` event.
@@ -48,7 +50,9 @@ impl Shape {
     pub fn of(path: &str) -> Shape {
         if openai::is_path(path) {
             Shape::Openai
-        } else if path.starts_with("/v2/") && path.ends_with("/generate_stream") {
+        } else if path.starts_with("/v2/")
+            && (path.ends_with("/generate_stream") || path.ends_with(crate::protocol::INFER_STREAM))
+        {
             Shape::Triton
         } else {
             Shape::Plain
@@ -120,6 +124,8 @@ pub enum End {
     EventTooBig,
     /// An event that is not one.
     Malformed,
+    /// Its client read slower than `limits.min_send_rate`.
+    SlowReader,
 }
 
 impl End {
@@ -134,6 +140,7 @@ impl End {
             End::BackendError => "backend_error",
             End::EventTooBig => "event_too_big",
             End::Malformed => "malformed",
+            End::SlowReader => "slow_reader",
         }
     }
 }
@@ -144,7 +151,7 @@ pub struct Relay {
     framer: Framer,
     outcome: Outcome,
     rules: Rules,
-    labels: [(&'static str, String); 2],
+    meter: TokenMeter,
     sent: Instant,
     deadline: Instant,
     first: Option<Instant>,
@@ -159,16 +166,15 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Relays `stream` of `route`'s `tier` under `rules`.
-    pub fn new(stream: Stream, (route, tier): (&str, &'static str), rules: Rules) -> Self {
-        let labels = [("route", route.to_owned()), ("tier", tier.to_owned())];
-        ::metrics::gauge!(metrics::STREAMS_OPEN, &labels).increment(1.0);
+    /// Relays `stream` under `rules`, its tokens counted by `meter`.
+    pub fn new(stream: Stream, meter: TokenMeter, rules: Rules) -> Self {
+        ::metrics::gauge!(metrics::STREAMS_OPEN, meter.labels()).increment(1.0);
         Relay {
             body: stream.body,
             framer: Framer::new(rules.max_event),
             outcome: stream.outcome,
             rules,
-            labels,
+            meter,
             sent: stream.sent,
             deadline: stream.deadline,
             first: None,
@@ -211,7 +217,7 @@ impl Relay {
                     self.first = Some(now);
                     let took = now.saturating_duration_since(self.sent);
                     self.outcome.first_token(took);
-                    ::metrics::histogram!(metrics::TIME_TO_FIRST_TOKEN, &self.labels).record(took.as_secs_f64());
+                    ::metrics::histogram!(metrics::TIME_TO_FIRST_TOKEN, self.meter.labels()).record(took.as_secs_f64());
                 }
             }
             Carries::UsageOnly if self.rules.strip_usage => return Ok(None),
@@ -228,7 +234,7 @@ impl Relay {
         }
         self.ended = Some(end);
         let (message, code, charged) = match end {
-            End::Done | End::ClientGone => return self.finish(),
+            End::Done | End::ClientGone | End::SlowReader => return self.finish(),
             End::FirstToken => ("the budget ran out before the first token", "deadline", None),
             End::Idle => (
                 "the backend sent nothing for stream_idle_timeout",
@@ -267,10 +273,15 @@ impl Relay {
         self.finish();
     }
 
+    /// Ends the stream for a reason its writer saw (the client's): nothing more is sent.
+    pub fn end_as(&mut self, end: End) {
+        self.end(end, "");
+    }
+
     /// Counts what the stream used and how it ended.
     fn finish(&mut self) {
         let end = self.ended.unwrap_or(End::ClientGone);
-        let labels = &self.labels;
+        let labels = self.meter.labels();
         let reason = [
             labels[0].clone(),
             labels[1].clone(),
@@ -278,7 +289,7 @@ impl Relay {
         ];
         ::metrics::counter!(metrics::STREAMS_ENDED, &reason).increment(1);
         ::metrics::gauge!(metrics::STREAMS_OPEN, labels).decrement(1.0);
-        count_tokens(labels, self.usage());
+        self.meter.count(self.usage());
         if let (Some(first), true) = (self.first, self.content > 1) {
             let per = self.last.saturating_duration_since(first) / (self.content - 1) as u32;
             ::metrics::histogram!(metrics::TIME_PER_OUTPUT_TOKEN, labels).record(per.as_secs_f64());
@@ -292,20 +303,6 @@ impl Relay {
             completion: self.content,
             estimated: true,
         })
-    }
-}
-
-/// Counts `usage` in `tiergate_tokens_total` of the route and tier `labels` name.
-pub fn count_tokens(labels: &[(&'static str, String); 2], usage: Usage) {
-    let completion = match usage.estimated {
-        true => "completion_estimated",
-        false => "completion",
-    };
-    for (kind, n) in [("prompt", usage.prompt), (completion, usage.completion)] {
-        if n > 0 {
-            let labels = [labels[0].clone(), labels[1].clone(), ("kind", kind.to_owned())];
-            ::metrics::counter!(metrics::TOKENS, &labels).increment(n);
-        }
     }
 }
 

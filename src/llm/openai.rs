@@ -161,6 +161,9 @@ struct Chunk<'a> {
     delta: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     text_output: Option<std::borrow::Cow<'a, str>>,
+    /// A decoupled model's response (KServe v2): content when it has outputs.
+    #[serde(default)]
+    outputs: Option<Vec<serde::de::IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -194,9 +197,11 @@ pub fn carries(data: &[u8]) -> Option<Carries> {
             .any(|c| text(&c.text) || c.delta.as_ref().is_some_and(|d| text(&d.content)));
         return Some(if content { Carries::Content } else { Carries::Other });
     }
-    // The Responses API's text deltas, and Triton's generate stream.
+    // The Responses API's text deltas, Triton's generate stream, a decoupled model's
+    // responses (a final one may have no outputs).
     let delta = chunk.kind.as_deref() == Some("response.output_text.delta") && text(&chunk.delta);
-    Some(if delta || text(&chunk.text_output) {
+    let outputs = chunk.outputs.as_ref().is_some_and(|o| !o.is_empty());
+    Some(if delta || text(&chunk.text_output) || outputs {
         Carries::Content
     } else {
         Carries::Other

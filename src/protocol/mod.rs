@@ -52,6 +52,12 @@ pub type Reply = http::Response<bytes::Bytes>;
 pub(crate) use tensor::{fmt_shape, le};
 pub(crate) use wire::decimal;
 
+/// The path suffix of a request to a decoupled model (0..N responses), in the HTTP
+/// form the tiers pass: `/v2/models/{m}[/versions/{v}]/infer_stream`. The gRPC door
+/// makes it of a `ModelStreamInfer` request on a route whose endpoints speak gRPC, and
+/// a gRPC endpoint serves it with `ModelStreamInfer`, its responses a stream of events.
+pub const INFER_STREAM: &str = "/infer_stream";
+
 /// Header carrying the JSON header length of a binary-extension body.
 pub const HEADER_LEN: http::HeaderName = http::HeaderName::from_static("inference-header-content-length");
 

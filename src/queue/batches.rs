@@ -209,6 +209,9 @@ pub struct Counts {
     pub failed: u64,
     /// Jobs queued waiting for their tenant's quota (not OpenAI's: said apart).
     pub waiting: u64,
+    /// The LLM tokens its answered jobs' `usage` counts: prompt (input) and completion
+    /// (output), as OpenAI's batch `usage`.
+    pub tokens: [u64; 2],
 }
 
 /// A new batch: its row, and its jobs with their `custom_id` and line.
@@ -741,17 +744,19 @@ fn results(conn: &Connection, batch: &str, shadow: bool) -> Result<Results, Stor
 /// Batch `batch`'s jobs by outcome.
 fn counts(conn: &Connection, batch: &str) -> Result<Counts, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT state, state = 'queued' AND IFNULL(error, '') LIKE 'waiting: %', COUNT(*) FROM jobs WHERE batch_id = ?1 \
-         GROUP BY 1, 2",
+        "SELECT state, state = 'queued' AND IFNULL(error, '') LIKE 'waiting: %', COUNT(*), \
+         IFNULL(SUM(prompt_tokens), 0), IFNULL(SUM(completion_tokens), 0) FROM jobs WHERE batch_id = ?1 GROUP BY 1, 2",
     )?;
     let rows = stmt.query_map([batch], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?, r.get::<_, i64>(2)?))
+        let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+        Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?, n(2)?, [n(3)?, n(4)?]))
     })?;
     let mut counts = Counts::default();
     for row in rows {
-        let (state, waiting, n) = row?;
-        let n = n.max(0) as u64;
+        let (state, waiting, n, tokens) = row?;
         counts.total += n;
+        counts.tokens[0] += tokens[0];
+        counts.tokens[1] += tokens[1];
         match State::parse(&state) {
             Some(State::Succeeded) => counts.completed += n,
             Some(State::Failed | State::Expired | State::Cancelled) => counts.failed += n,

@@ -43,7 +43,20 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
     // Stores made before tenants, and before shadow batches.
     add_column(conn, "jobs", "tenant", "TEXT NOT NULL DEFAULT ''")?;
     add_column(conn, "jobs", "shadow", "INTEGER NOT NULL DEFAULT 0")?;
-    add_column(conn, "jobs", "comparison", "TEXT")
+    add_column(conn, "jobs", "comparison", "TEXT")?;
+    // And before LLM answers' tokens were kept.
+    add_column(conn, "jobs", "prompt_tokens", "INTEGER")?;
+    add_column(conn, "jobs", "completion_tokens", "INTEGER")
+}
+
+/// The tokens an answer's `usage` counts (an LLM's), for its job's row.
+pub(super) fn tokens(status: u16, body: &[u8]) -> (Option<i64>, Option<i64>) {
+    let usage = (200..300)
+        .contains(&status)
+        .then(|| crate::llm::openai::Usage::of(body))
+        .flatten();
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    (usage.map(|u| n(u.prompt)), usage.map(|u| n(u.completion)))
 }
 
 /// Adds `column` to `table` in stores made before it existed.
@@ -194,9 +207,10 @@ pub(super) fn finish(
                 200..=299 => State::Succeeded,
                 _ => State::Failed,
             };
+            let (prompt, completion) = tokens(answer.status, &answer.body);
             conn.prepare_cached(&format!(
                 "UPDATE jobs SET state = ?3, finished_at = ?4, status = ?5, answer_headers = ?6, answer_body = ?7,
-                 comparison = ?8, error = NULL {held}"
+                 comparison = ?8, prompt_tokens = ?9, completion_tokens = ?10, error = NULL {held}"
             ))?
             .execute(params![
                 id,
@@ -207,6 +221,8 @@ pub(super) fn finish(
                 headers_json(&answer.headers),
                 &answer.body[..],
                 answer.comparison,
+                prompt,
+                completion,
             ])?
         }
         Finish::Retry { error, not_before } => conn

@@ -483,11 +483,15 @@ where
         }
         let head_part: &[u8] = if first { head } else { &[] };
         first = false;
-        if chunked {
+        let written = if chunked {
             let size = format!("{:x}\r\n", data.len());
-            write_all(io, &[head_part, size.as_bytes(), &data, b"\r\n"]).await?;
+            write_all(io, &[head_part, size.as_bytes(), &data, b"\r\n"]).await
         } else {
-            write_all(io, &[head_part, &data]).await?;
+            write_all(io, &[head_part, &data]).await
+        };
+        if let Err(e) = written {
+            (stamping.cut)(&mut body, &e);
+            return Err(e);
         }
     }
     match (first, chunked) {

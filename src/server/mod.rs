@@ -114,6 +114,9 @@ pub struct Stamping<B> {
     /// The names of those fields: a stamped answer's header map entries of the same
     /// names (a backend's own) are not written.
     pub names: &'static [::http::HeaderName],
+    /// Told why the project's own server could not write the body on (its client gone
+    /// or too slow a reader) before it drops it: a relayed stream ends for that reason.
+    pub cut: fn(&mut B, &std::io::Error),
 }
 
 impl<B> Clone for Stamping<B> {

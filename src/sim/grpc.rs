@@ -108,7 +108,8 @@ impl GrpcInferenceService for SimGrpc {
         self.infer(msg).await.map(Response::new)
     }
 
-    /// Answers a stream's requests in order, each with its answer or its error message.
+    /// Answers a stream's requests in order, each with its answer or its error message;
+    /// an LLM's as a decoupled model, a response a token.
     async fn model_stream_infer(
         &self,
         req: Request<Streaming<pb::ModelInferRequest>>,
@@ -116,7 +117,13 @@ impl GrpcInferenceService for SimGrpc {
         let sim = self.clone();
         let stream = bridge::stream_in_order(req.into_inner(), move |msg| {
             let sim = sim.clone();
-            async move { sim.infer(msg).await }
+            async move {
+                if let Some(engine) = sim.0.llm(&msg.model_name) {
+                    return super::llm::decoupled::answers(engine, sim.0.stream_faults(), msg);
+                }
+                let id = msg.id.clone();
+                bridge::answered_once(id, sim.infer(msg).await)
+            }
         });
         Ok(Response::new(stream))
     }
@@ -127,7 +134,7 @@ impl GrpcInferenceService for SimGrpc {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let req = req.into_inner();
         let model = self.model(&req.name, &req.version)?;
-        let json = server::model_config(&req.name, model).to_string();
+        let json = server::model_config(&req.name, model, self.0.llm(&req.name).is_some()).to_string();
         let config = config::config_from_json(json.as_bytes()).map_err(Status::internal)?;
         Ok(Response::new(pb::ModelConfigResponse { config }))
     }

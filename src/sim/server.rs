@@ -138,7 +138,7 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
             Err(unknown) => *unknown,
         },
         Endpoint::Config(m, v) => match lookup(sim, m, v) {
-            Ok(model) => json_reply(StatusCode::OK, &model_config(m, model)),
+            Ok(model) => json_reply(StatusCode::OK, &model_config(m, model, sim.llm(m).is_some())),
             Err(unknown) => *unknown,
         },
         Endpoint::Infer(m, v) => match lookup(sim, m, v) {
@@ -257,7 +257,19 @@ pub(crate) fn model_metadata(name: &str, model: &Model) -> serde_json::Value {
 /// The model's config as Triton's HTTP endpoint writes it (the gRPC side sends the same,
 /// converted): no batch dimension of Triton's own (`max_batch_size` 0), so the dims are
 /// the metadata's whole shapes.
-pub(crate) fn model_config(name: &str, model: &Model) -> serde_json::Value {
+pub(crate) fn model_config(name: &str, model: &Model, llm: bool) -> serde_json::Value {
+    if llm {
+        // As Triton's LLM backends describe theirs: text in, text out, decoupled.
+        return json!({
+            "name": name,
+            "platform": "tiergate_sim",
+            "max_batch_size": 0,
+            "model_transaction_policy": {"decoupled": true},
+            "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
+            "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        });
+    }
     let outputs = described(model, |name, copy| match copy {
         true => json!({"name": name, "data_type": "TYPE_FP32", "dims": [-1, -1]}),
         false => json!({"name": name, "data_type": "TYPE_FP64", "dims": [-1]}),

@@ -86,6 +86,13 @@ pub enum Field {
     DedupeRows,
     /// ... and what they would have cost, nanoseconds.
     DedupeNs,
+    /// LLM tokens of the prompts the backends read (their `usage`).
+    PromptTokens,
+    /// LLM tokens the backends generated ...
+    CompletionTokens,
+    /// ... of them, counted from a stream's content events (its backend sent no
+    /// `usage`): an estimate.
+    EstimatedTokens,
 }
 
 impl Field {
@@ -104,6 +111,9 @@ impl Field {
         Field::PrecomputedNs,
         Field::DedupeRows,
         Field::DedupeNs,
+        Field::PromptTokens,
+        Field::CompletionTokens,
+        Field::EstimatedTokens,
     ];
 
     /// Its column in the store.
@@ -122,12 +132,15 @@ impl Field {
             Field::PrecomputedNs => "precomputed_ns",
             Field::DedupeRows => "dedupe_rows",
             Field::DedupeNs => "dedupe_ns",
+            Field::PromptTokens => "prompt_tokens",
+            Field::CompletionTokens => "completion_tokens",
+            Field::EstimatedTokens => "estimated_tokens",
         }
     }
 }
 
 /// How many fields the ledger counts.
-pub const FIELDS: usize = 13;
+pub const FIELDS: usize = 16;
 
 /// The ledger's figures for one route, source and tenant over some time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -26,6 +26,7 @@ pub mod quota;
 pub mod report;
 mod shares;
 pub mod store;
+mod tokens;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -36,6 +37,7 @@ use dashmap::DashMap;
 
 pub use figures::{ns, Field, Figures, Saved, Source, Whose, FIELDS};
 pub use shares::{Call, Shares};
+pub use tokens::TokenMeter;
 
 /// The counters a request path adds to.
 #[derive(Debug, Default)]

@@ -103,6 +103,15 @@ pub struct Line {
     /// Rows whose pool had not learned its cost when they were sent: counted at what
     /// they used, so nothing is claimed saved on them.
     pub unpriced_rows: u64,
+    /// LLM prompt tokens the backends read.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// LLM tokens the backends generated.
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// Of them, counted from streams' content events (their backends sent no `usage`).
+    #[serde(default)]
+    pub estimated_tokens: u64,
     /// Its share of all the backend seconds used in the table.
     pub share: f64,
     /// Answered requests per backend call (the cache's and batching's gain in calls).
@@ -235,6 +244,9 @@ fn line(sums: &Sums, all_used: f64) -> Line {
         saved_dedupe_seconds: f.seconds(Field::DedupeNs),
         saved_seconds: would - used_s,
         unpriced_rows: f.get(Field::UnpricedRows),
+        prompt_tokens: f.get(Field::PromptTokens),
+        completion_tokens: f.get(Field::CompletionTokens),
+        estimated_tokens: f.get(Field::EstimatedTokens),
         share: if all_used > 0.0 { used_s / all_used } else { 0.0 },
         requests_per_call: (calls > 0.0).then(|| answered as f64 / calls),
         cost: sums.money.as_ref().map(|(currency, used, would)| Cost {
@@ -253,7 +265,7 @@ impl Report {
         let mut out = String::from(
             "route,tier,tenant,requests,refused,rows,backend_calls,used_seconds,would_have_seconds,\
              saved_batching_seconds,saved_cache_seconds,saved_precomputed_seconds,saved_dedupe_seconds,\
-             saved_seconds,unpriced_rows,share,requests_per_call,currency,cost_used,cost_would_have,cost_saved\n",
+             saved_seconds,unpriced_rows,prompt_tokens,completion_tokens,estimated_tokens,share,requests_per_call,currency,cost_used,cost_would_have,cost_saved\n",
         );
         for (line, total) in self.rows.iter().map(|l| (l, false)).chain([(&self.total, true)]) {
             let name = |v: &Option<String>| match (v, total) {
@@ -263,7 +275,7 @@ impl Report {
             };
             let _ = write!(
                 out,
-                "{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},",
+                "{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.6},",
                 name(&line.route),
                 name(&line.tier),
                 name(&line.tenant),
@@ -279,6 +291,9 @@ impl Report {
                 line.saved_dedupe_seconds,
                 line.saved_seconds,
                 line.unpriced_rows,
+                line.prompt_tokens,
+                line.completion_tokens,
+                line.estimated_tokens,
                 line.share,
             );
             if let Some(r) = line.requests_per_call {

@@ -95,6 +95,7 @@ impl Store {
             columns.join(",\n                 ")
         ))
         .map_err(|e| format!("{}: {e}", path.display()))?;
+        add_columns(&conn, "usage").map_err(|e| format!("{}: {e}", path.display()))?;
         let names: Vec<&str> = Field::ALL.iter().map(|f| f.column()).collect();
         let sums: Vec<String> = names.iter().map(|c| format!("sum({c})")).collect();
         let adds: Vec<String> = names.iter().map(|c| format!("{c} = {c} + excluded.{c}")).collect();
@@ -253,6 +254,26 @@ fn upsert() -> String {
     )
 }
 
+/// Adds to `table` the columns of fields a ledger kept by an earlier version lacks
+/// (zero in its rows): a ledger's file outlives upgrades.
+pub fn add_columns(conn: &Connection, table: &str) -> rusqlite::Result<()> {
+    let mut have = std::collections::HashSet::new();
+    {
+        let mut info = conn.prepare(&format!("PRAGMA table_info({table})"))?;
+        let names = info.query_map([], |r| r.get::<_, String>(1))?;
+        for name in names {
+            have.insert(name?);
+        }
+    }
+    for field in Field::ALL.iter().filter(|f| !have.contains(f.column())) {
+        conn.execute_batch(&format!(
+            "ALTER TABLE {table} ADD COLUMN {} INTEGER NOT NULL DEFAULT 0",
+            field.column()
+        ))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,5 +314,33 @@ mod tests {
         drop(store);
         let store = Store::open(dir.path(), 2).expect("reopen");
         assert_eq!(store.since(0).expect("read").len(), 2);
+    }
+
+    #[test]
+    fn a_ledger_kept_before_token_columns_gains_them_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let conn = Connection::open(dir.path().join("usage.db")).expect("open");
+            conn.execute_batch(
+                "CREATE TABLE usage (span INTEGER NOT NULL, period INTEGER NOT NULL, route TEXT NOT NULL,
+                     source TEXT NOT NULL, tenant TEXT NOT NULL, requests INTEGER NOT NULL DEFAULT 0,
+                     used_ns INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (span, period, route, source, tenant));
+                 INSERT INTO usage (span, period, route, source, tenant, requests, used_ns)
+                     VALUES (60, 600, 'r', 'micro_batch', 'a', 4, 9);",
+            )
+            .expect("an old ledger");
+        }
+        let store = Store::open(dir.path(), 2).expect("open");
+        let mut tokens = Pending::default();
+        let figures = Figures::default()
+            .with(Field::PromptTokens, 30)
+            .with(Field::CompletionTokens, 12);
+        tokens.insert((600, Arc::from("r"), Source::MicroBatch, "a".to_owned()), figures);
+        store.add(&tokens, 700).expect("add");
+        let rows = store.since(0).expect("read");
+        assert_eq!(rows.len(), 1);
+        let f = rows[0].figures;
+        assert_eq!((f.get(Field::Requests), f.get(Field::UsedNs)), (4, 9));
+        assert_eq!((f.get(Field::PromptTokens), f.get(Field::CompletionTokens)), (30, 12));
     }
 }

@@ -568,3 +568,25 @@ pub async fn queued(gw: &Gateway, route: &str, rows: u64) {
         .await
         .unwrap_or_else(|_| panic!("{rows} rows were never queued on {route}"));
 }
+
+/// Reads one whole request into `buf`; its length, or `None` at the end of the stream.
+pub async fn read_request(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let body = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + body {
+                return Some(end + 4 + body);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::io::AsyncReadExt::read(stream, &mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod connections;
 mod console;
 mod crash;
 mod decisions;
+mod decoupled;
 mod demo;
 mod docs;
 mod door;

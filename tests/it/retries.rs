@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use tiergate::app::Gateway;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// What a scripted endpoint does with each request it reads whole.
 #[derive(Clone, Copy)]
@@ -74,28 +74,6 @@ async fn scripted(act: Act) -> (SocketAddr, Arc<AtomicU64>) {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Reads one whole request into `buf`; its length, or `None` at the end of the stream.
-async fn read_request(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let body = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + body {
-                return Some(end + 4 + body);
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
 }
 
 /// Route `name` (each test its own: the metrics registry is the process's) for model

@@ -44,7 +44,7 @@ fn good_settings_pass_and_say_what_would_be_served() {
     let out = serve_check(&[("TIERGATE_LISTEN__HTTP", "127.0.0.1:0")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.starts_with("ok: 2 route(s)"), "{stdout}");
+    assert!(stdout.starts_with("ok: 3 route(s)"), "{stdout}");
 }
 
 #[test]

@@ -522,6 +522,10 @@ async fn batch_api_chat_lines_are_routed_by_model_and_a_streamed_line_fails_alon
     assert_eq!(created.status, 200, "{}", created.text());
     let done = done(id(&created)).await;
     assert_eq!(done["request_counts"]["completed"], 3);
+    let (input, output) = (&done["usage"]["input_tokens"], &done["usage"]["output_tokens"]);
+    assert_eq!(output, 9, "the batch's usage adds its lines' up: {done}");
+    assert!(input.as_u64().is_some_and(|n| n > 0), "{done}");
+    assert_eq!(done["usage"]["total_tokens"], input.as_u64().unwrap_or(0) + 9);
     let out = get(
         gw.http_addr(),
         &format!("/v1/files/{}/content", done["output_file_id"].as_str().expect("file")),
@@ -543,4 +547,152 @@ async fn batch_api_chat_lines_are_routed_by_model_and_a_streamed_line_fails_alon
         "one line before, two now"
     );
     assert_eq!(b.sim.llm_stats("mistral").expect("stats").completed, 1);
+}
+
+/// An OpenAI-compatible endpoint on loopback that answers every chat call with a
+/// stream, written as fast as its caller takes it: events of content (model `big`: 2 MiB; else 64 KiB), up to 1,000; with the count of streams
+/// whose caller went away before the end.
+async fn flooding() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cut = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = cut.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let cut = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let Some(len) = read_request(&mut conn, &mut buf).await else {
+                    return;
+                };
+                let big = String::from_utf8_lossy(&buf[..len]).contains("\"big\"");
+                let content = "x".repeat(if big { 2 << 20 } else { 64 << 10 });
+                let event = format!(
+                    "data: {}\n\n",
+                    json!({"choices": [{"index": 0, "delta": {"content": content}}]})
+                );
+                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..1000 {
+                    if conn.write_all(chunk.as_bytes()).await.is_err() {
+                        cut.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+                let _ = conn.write_all(b"1a\r\ndata: [DONE]\n\n\r\n0\r\n\r\n").await;
+            });
+        }
+    });
+    (addr, cut)
+}
+
+#[tokio::test]
+async fn an_event_too_big_or_a_reader_too_slow_ends_the_stream() {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, cut) = flooding().await;
+    let mut cfg = config();
+    cfg.limits.min_send_rate = 1 << 20;
+    let extra = "[routes.flood.realtime.health]\neject_after = 0\ncheck_path = \"\"\n";
+    let gw = gateway_with(
+        cfg,
+        &llm_route("flood", &["big", "flood"], &format!("http://{addr}"), extra),
+    )
+    .await;
+    // An event of 2 MiB, over limits.max_stream_event_bytes (1 MiB): an error event.
+    let events = stream(gw.http_addr(), &chat("big", true, 1), &[]).await.all().await;
+    assert_eq!(events.len(), 1, "nothing but the error event");
+    let error: Value = serde_json::from_str(&events[0]).expect("an error event");
+    assert_eq!(error["error"]["code"], "event_too_big", "{error}");
+    let too_big = "tiergate_streams_ended_total{route=\"flood\",tier=\"realtime\",reason=\"event_too_big\"}";
+    assert_eq!(metric(&gw, too_big).await, 1.0);
+    // A caller that asks for a stream of 64 MiB and reads nothing: cut once it is below
+    // 1 MiB/s over a window (10 s); the backend's connection goes with it.
+    let mut stalled = tokio::net::TcpStream::connect(gw.http_addr()).await.expect("connect");
+    let body = chat("flood", true, 1).to_string();
+    let ask = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stalled.write_all(ask.as_bytes()).await.expect("ask");
+    let slow = "tiergate_streams_ended_total{route=\"flood\",tier=\"realtime\",reason=\"slow_reader\"}";
+    eventually(Duration::from_secs(40), "the stalled reader's stream ends", || async {
+        (metric(&gw, slow).await >= 1.0).then_some(())
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the backend sees its stream dropped",
+        || async { (cut.load(Ordering::SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    assert!(rest.len() < 64 << 20, "the client never got the whole stream");
+    assert_eq!(
+        metric(&gw, "tiergate_streams_open{route=\"flood\",tier=\"realtime\"}").await,
+        0.0
+    );
+    // A backend that sends no usage: what it sent until the cut counted from its
+    // content events, marked estimated.
+    let estimated = "tiergate_tokens_total{route=\"flood\",tier=\"realtime\",kind=\"completion_estimated\"}";
+    assert!(metric(&gw, estimated).await >= 1.0);
+}
+
+#[tokio::test]
+async fn tokens_reach_the_usage_ledger_by_tenant_and_a_whole_answer_says_them_in_server_timing() {
+    const TOKEN: &str = "streams-admin-token";
+    let be = llm(&["llama"], None).await;
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(
+        dir.path().join("llm.toml"),
+        llm_route("ledger", &["llama"], &be.url(), ""),
+    )
+    .expect("policy");
+    let (gw, _config) = admin_gateway(dir.path(), TOKEN).await;
+    let events = stream(gw.http_addr(), &chat("llama", true, 6), &[("x-api-key", "acme")]).await;
+    assert_eq!(events.all().await.last().map(String::as_str), Some("[DONE]"));
+    let whole = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &[("content-type", "application/json"), ("x-api-key", "beta")],
+        chat("llama", false, 4).to_string(),
+    )
+    .await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let timing = whole.header("server-timing").expect("server-timing").to_owned();
+    assert!(
+        timing.ends_with("prompt_tokens;desc=5, completion_tokens;desc=4"),
+        "{timing}"
+    );
+    let answer = admin_call(&gw, TOKEN, ("GET", "/admin/usage?by=tenant"), &[], "").await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let report = answer.json();
+    let tenant = |name: &str| {
+        report["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|l| l["tenant"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no tenant {name} in {report:#}"))
+    };
+    let (acme, beta) = (tenant("acme"), tenant("beta"));
+    assert_eq!(
+        (&acme["prompt_tokens"], &acme["completion_tokens"]),
+        (&json!(5), &json!(6))
+    );
+    assert_eq!(
+        (&beta["prompt_tokens"], &beta["completion_tokens"]),
+        (&json!(5), &json!(4))
+    );
+    assert_eq!(acme["estimated_tokens"], 0, "the backend's own usage: exact");
+    assert_eq!(report["total"]["completion_tokens"], 10);
 }

@@ -44,6 +44,14 @@ pub fn batch(b: &Batch) -> Value {
         "request_counts": {"total": b.counts.total, "completed": b.counts.completed, "failed": b.counts.failed},
         "metadata": b.metadata,
     });
+    if b.counts.tokens != [0, 0] {
+        let [input, output] = b.counts.tokens;
+        object["usage"] = json!({
+            "input_tokens": input,
+            "output_tokens": output,
+            "total_tokens": input + output,
+        });
+    }
     if let Some(ttl) = b.precompute {
         object["precompute"] = json!({"ttl": humantime::format_duration(ttl).to_string()});
     }
@@ -98,6 +106,7 @@ mod tests {
                 completed: 1,
                 failed: 1,
                 waiting: 0,
+                tokens: [0, 0],
             },
             waiting: None,
         }

@@ -36,12 +36,16 @@ use crate::timing::Line;
 use super::meta;
 use super::pipeline::dispatch::{unmatched_model, Dispatch, Served};
 
+mod decoupled;
 mod service;
 
 /// The gRPC door.
 #[derive(Debug, Clone)]
 pub struct GrpcDoor {
     dispatch: Arc<Dispatch>,
+    /// Whether each model is decoupled, as its backend's config said, with the policy
+    /// version it was read under (see `decoupled`).
+    decoupled: Arc<dashmap::DashMap<String, (u64, bool)>>,
 }
 
 /// A served infer call rendered for gRPC: the message (or status) and the metadata
@@ -51,7 +55,10 @@ type Rendered = (MetadataMap, Result<pb::ModelInferResponse, Status>);
 impl GrpcDoor {
     /// A gRPC door over `dispatch`.
     pub fn new(dispatch: Arc<Dispatch>) -> Self {
-        GrpcDoor { dispatch }
+        GrpcDoor {
+            dispatch,
+            decoupled: Arc::default(),
+        }
     }
 
     /// The tonic service, refusing messages over `limits.max_body_bytes` (once

@@ -150,7 +150,7 @@ impl GrpcInferenceService for GrpcDoor {
         let (door, headers) = (self.clone(), Arc::new(headers));
         let stream = bridge::stream_in_order(inbound, move |msg| {
             let (door, headers, tenant) = (door.clone(), headers.clone(), tenant.clone());
-            async move { door.infer((&headers, &tenant), msg).await.1 }
+            async move { door.infer_streamed((&headers, &tenant), msg).await }
         });
         identified(&id, Ok(Response::new(stream)))
     }

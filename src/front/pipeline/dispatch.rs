@@ -25,6 +25,7 @@ use crate::error::{Error, Kind};
 use crate::front::auth::Callers;
 use crate::front::relay::{Relay, Relayed, Rules, Shape};
 use crate::metrics::{self, RouteInstruments};
+use crate::usage::TokenMeter;
 
 use super::meters::{MeterTable, Meters};
 use crate::policy::{Policy, Route, Store};
@@ -406,8 +407,14 @@ impl Dispatch {
         };
         handles.in_flight.decrement(1.0);
         let result = match (streaming, result) {
-            (Some(Some(how)), Ok(answer)) => Ok(self.relayed(route, decision.tier, how, answer)),
-            (Some(None), Ok(answer)) => Ok(whole_llm(route, decision.tier, answer)),
+            (Some(Some(how)), Ok(answer)) => {
+                let meter = TokenMeter::new(&route.name, decision.tier, meters.usage.clone(), whose.name());
+                Ok(self.relayed(route, meter, how, answer))
+            }
+            (Some(None), Ok(answer)) => {
+                let meter = TokenMeter::new(&route.name, decision.tier, meters.usage.clone(), whose.name());
+                Ok(whole_llm(decision.tier, answer, &meter))
+            }
             (_, result) => result,
         };
         let now = Instant::now();
@@ -498,7 +505,13 @@ impl Dispatch {
     /// `answer` with its stream, if it is one, made a relay for the door to write
     /// (see [`crate::front::relay`]), under `route`'s stream settings.
     #[cold]
-    fn relayed(&self, route: &Route, tier: Tier, (shape, strip_usage): (Shape, bool), mut answer: Reply) -> Reply {
+    fn relayed(
+        &self,
+        route: &Route,
+        meter: TokenMeter,
+        (shape, strip_usage): (Shape, bool),
+        mut answer: Reply,
+    ) -> Reply {
         if let Some(stream) = crate::backend::stream::Streamed::of(&mut answer) {
             let rules = Rules {
                 idle: route.streams.idle,
@@ -507,7 +520,7 @@ impl Dispatch {
                 shape,
                 strip_usage,
             };
-            let relay = Relay::new(stream, (&route.name, tier.as_str()), rules);
+            let relay = Relay::new(stream, meter, rules);
             answer.extensions_mut().insert(Relayed::new(relay));
         }
         answer
@@ -702,13 +715,13 @@ fn streaming(request: &Request<Bytes>) -> Option<Option<(Shape, bool)>> {
 /// An LLM call's whole `answer`: the tokens it says it used counted, and an OpenAI
 /// answer saying the tier that served it in its `service_tier`, as OpenAI's do.
 #[cold]
-fn whole_llm(route: &Route, tier: Tier, mut answer: Reply) -> Reply {
+fn whole_llm(tier: Tier, mut answer: Reply, meter: &TokenMeter) -> Reply {
     if !answer.status().is_success() {
         return answer;
     }
     if let Some(usage) = crate::llm::openai::Usage::of(answer.body()) {
-        let labels = [("route", route.name.clone()), ("tier", tier.as_str().to_owned())];
-        crate::front::relay::count_tokens(&labels, usage);
+        meter.count(usage);
+        crate::timing::tokens(answer.extensions_mut(), usage.prompt, usage.completion);
     }
     if let Some(echoed) =
         crate::llm::openai::with_service_tier(answer.body(), crate::decision::ServiceTier::echoed(tier))

@@ -179,14 +179,19 @@ pub fn metadata_to_json(m: &pb::ModelMetadataResponse) -> Bytes {
     Bytes::from(body.to_string())
 }
 
-/// A `ModelStreamInfer` response stream: answers `inbound`'s requests in order with
-/// `infer`, each with its answer or its error message (and its id), and stops when the
-/// client goes away.
-pub fn stream_in_order<F, Fut>(mut inbound: tonic::Streaming<pb::ModelInferRequest>, infer: F) -> InferStream
+/// The responses of one request on a `ModelStreamInfer` stream, as they come: one for
+/// a model that answers once, 0..N for a decoupled model.
+pub type Answers = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = pb::ModelStreamInferResponse> + Send>>;
+
+/// A `ModelStreamInfer` response stream: `inbound`'s requests served in turn by
+/// `serve`, each request's responses sent as they come; it stops when the client goes
+/// away, dropping the request's work in progress (its backend call with it).
+pub fn stream_in_order<F, Fut>(mut inbound: tonic::Streaming<pb::ModelInferRequest>, serve: F) -> InferStream
 where
     F: Fn(pb::ModelInferRequest) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<pb::ModelInferResponse, Status>> + Send,
+    Fut: std::future::Future<Output = Answers> + Send,
 {
+    use tokio_stream::StreamExt as _;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         loop {
@@ -198,26 +203,41 @@ where
                     return;
                 }
             };
-            let id = msg.id.clone();
-            let item = match infer(msg).await {
-                Ok(response) => pb::ModelStreamInferResponse {
-                    error_message: String::new(),
-                    infer_response: Some(response),
-                },
-                Err(status) => pb::ModelStreamInferResponse {
-                    error_message: status.message().to_owned(),
-                    infer_response: Some(pb::ModelInferResponse {
-                        id,
-                        ..Default::default()
-                    }),
-                },
+            let mut answers = tokio::select! {
+                answers = serve(msg) => answers,
+                () = tx.closed() => return, // the client went away
             };
-            if tx.send(Ok(item)).await.is_err() {
-                return; // the client went away
+            loop {
+                let next = tokio::select! {
+                    next = answers.next() => next,
+                    () = tx.closed() => return,
+                };
+                let Some(item) = next else { break };
+                if tx.send(Ok(item)).await.is_err() {
+                    return;
+                }
             }
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The one response of request `id` answered once: its answer, or its error message.
+pub fn answered_once(id: String, answered: Result<pb::ModelInferResponse, Status>) -> Answers {
+    let item = match answered {
+        Ok(response) => pb::ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(response),
+        },
+        Err(status) => pb::ModelStreamInferResponse {
+            error_message: status.message().to_owned(),
+            infer_response: Some(pb::ModelInferResponse {
+                id,
+                ..Default::default()
+            }),
+        },
+    };
+    Box::pin(tokio_stream::once(item))
 }
 
 /// tonic refuses a message over the decoding limit with OUT_OF_RANGE and this message;

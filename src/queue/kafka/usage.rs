@@ -42,6 +42,7 @@ pub(super) fn schema(conn: &Connection) -> Result<(), StoreError> {
          )",
         columns.join(", ")
     ))?;
+    crate::usage::store::add_columns(conn, "fleet_usage")?;
     Ok(())
 }
 

@@ -251,16 +251,21 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
         None => (None, None, None),
     };
     let json = |h: &[(String, String)]| serde_json::to_string(h).unwrap_or_else(|_| "[]".into());
+    let (prompt, completion) = match s.status {
+        Some(status) => crate::queue::jobs::tokens(status, body),
+        None => (None, None),
+    };
     conn.prepare_cached(
         "INSERT INTO jobs (id, route, method, path, headers, body, state, attempts, not_before, created_at, expires_at,
                            finished_at, status, answer_headers, answer_body, error, idempotency_key, batch_id,
-                           custom_id, line, tenant, shadow, comparison)
+                           custom_id, line, tenant, shadow, comparison, prompt_tokens, completion_tokens)
          VALUES (?1, ?2, ?3, ?4, ?5, x'', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21,
-                 ?22)
+                 ?22, ?23, ?24)
          ON CONFLICT(id) DO UPDATE SET state = excluded.state, attempts = excluded.attempts,
              not_before = excluded.not_before, finished_at = excluded.finished_at, status = excluded.status,
              answer_headers = excluded.answer_headers, answer_body = excluded.answer_body, error = excluded.error,
-             comparison = excluded.comparison
+             comparison = excluded.comparison, prompt_tokens = excluded.prompt_tokens,
+             completion_tokens = excluded.completion_tokens
          WHERE excluded.state NOT IN ('queued', 'running') OR excluded.attempts >= jobs.attempts",
     )?
     .execute(params![
@@ -286,6 +291,8 @@ fn apply_job(conn: &Connection, s: &JobState, body: &[u8], unfinished: &AtomicI6
         s.job.tenant,
         s.job.shadow,
         s.comparison,
+        prompt,
+        completion,
     ])?;
     match (was_open, state.is_terminal()) {
         (None, false) => {

@@ -9,8 +9,10 @@
 //! function of the prompt, one word a token, and every count exact.
 //!
 //! `openai` serves OpenAI's chat, completions, Responses and models paths over it,
-//! and Triton's generate and generate_stream.
+//! and Triton's generate and generate_stream; `decoupled` serves it as Triton's
+//! decoupled model over gRPC.
 
+pub(crate) mod decoupled;
 pub(crate) mod openai;
 
 use std::collections::VecDeque;
@@ -37,7 +39,7 @@ pub struct LlmProfile {
 
 impl LlmProfile {
     /// The names [`LlmProfile::named`] knows (given as `llm-NAME` to `tiergate sim`).
-    pub const NAMES: &'static [&'static str] = &["llm-8b-a100", "llm-tiny"];
+    pub const NAMES: &'static [&'static str] = &["llm-8b-a100", "llm-tiny", "llm-relay"];
 
     /// A profile by name:
     ///
@@ -50,6 +52,8 @@ impl LlmProfile {
     ///   440,000 tokens.
     /// - `llm-tiny`: a small, fast model for tests: 2 ms + 0.05 ms a generation a step,
     ///   10 µs a prompt token, 4 sequences, 4,096 tokens of KV.
+    /// - `llm-relay`: not a GPU: a token every 100 ms to every stream however many run
+    ///   (no prefill, no limits), so a relay's benchmark measures the relay.
     pub fn named(name: &str) -> Option<LlmProfile> {
         let ms = |n: f64| Duration::from_secs_f64(n / 1e3);
         match name {
@@ -66,6 +70,13 @@ impl LlmProfile {
                 prefill: ms(0.01),
                 max_sequences: 4,
                 kv_tokens: 4_096,
+            }),
+            "llm-relay" => Some(LlmProfile {
+                a: ms(100.0),
+                b: Duration::ZERO,
+                prefill: Duration::ZERO,
+                max_sequences: 1_000_000,
+                kv_tokens: u64::MAX / 4,
             }),
             _ => None,
         }

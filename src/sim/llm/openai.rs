@@ -15,7 +15,7 @@ use crate::sim::answer::{reply, Reply, SimBody};
 use crate::sim::Simulator;
 
 /// Most tokens a simulated generation is asked for.
-const MAX_TOKENS: u64 = 4096;
+pub(super) const MAX_TOKENS: u64 = 4096;
 /// Tokens a generation makes unless asked for another number.
 const DEFAULT_TOKENS: u64 = 16;
 
@@ -188,7 +188,7 @@ impl Asked {
 }
 
 /// The text a generation makes depends on its model, its place and its prompt.
-fn seed(model: &str, index: usize, prompt: u64) -> u64 {
+pub(super) fn seed(model: &str, index: usize, prompt: u64) -> u64 {
     model.bytes().map(u64::from).sum::<u64>() + index as u64 + prompt
 }
 
@@ -317,7 +317,16 @@ fn streamed(shape: Shape, generations: Vec<mpsc::UnboundedReceiver<Out>>) -> Rep
     drop(merged_tx);
     tokio::spawn(async move {
         let send = |event: Bytes| events.send(event);
-        let event = |v: &Value| crate::llm::sse::data_event(v.to_string().as_bytes());
+        // Each event says when it was written (`x_sent_us`, µs of the Unix epoch), so a
+        // load test on this machine reads how long a proxy took to relay it.
+        let event = |v: &Value| {
+            let mut v = v.clone();
+            if let Some(object) = v.as_object_mut() {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                object.insert("x_sent_us".into(), json!(now.map_or(0, |d| d.as_micros() as u64)));
+            }
+            crate::llm::sse::data_event(v.to_string().as_bytes())
+        };
         let named = |name: &str, v: &Value| Bytes::from(format!("event: {name}\ndata: {v}\n\n"));
         let opening = match shape.api {
             Kind::Chat => Some(event(

@@ -169,6 +169,7 @@ impl RouteWorker {
                 let started = Instant::now();
                 let answers = self.serve(&route, calls).await;
                 self.precomputed(&route, &jobs, &answers);
+                self.count_tokens(&route.name, &jobs, &answers);
                 let ends = jobs
                     .iter()
                     .zip(answers)
@@ -249,6 +250,20 @@ impl RouteWorker {
             Ok(_) => tracing::info!(route = %self.name, jobs = jobs.len(), "offline jobs handed back to the queue"),
             Err(e) => {
                 tracing::warn!(route = %self.name, error = %e, "could not hand jobs back; they run again after restart")
+            }
+        }
+    }
+
+    /// Counts the tokens of LLM answers (their `usage`) to each job's tenant.
+    fn count_tokens(&self, route: &str, jobs: &[Job], answers: &[Result<Reply, Error>]) {
+        for (job, answer) in jobs.iter().zip(answers) {
+            let Ok(reply) = answer else { continue };
+            if !reply.status().is_success() {
+                continue;
+            }
+            if let Some(used) = crate::llm::openai::Usage::of(reply.body()) {
+                let usage = self.workers.usage.route(route);
+                crate::usage::TokenMeter::new(route, Tier::Offline, usage, &job.request.tenant).count(used);
             }
         }
     }
