@@ -68,6 +68,7 @@ for N in $CONCURRENCY; do
     sleep "$((SECS / 2))" # halfway through the phase: every stream is open (load shaping, not synchronisation)
     during=$(rss_kib "$GW_PID")
     wait "$load"
+    curl -s "http://127.0.0.1:$GWM/metrics" > "$OUT/metrics_after_${target}_$N.txt"
     echo "$N $target $before $during" >> "$WORK/phases"
   done
 done
@@ -89,6 +90,8 @@ for (n, target), (r, before, during) in sorted(rows.items()):
     every = f"{r['delivery_us'][0]}/{r['delivery_us'][1]}"
     print(f"{n:>7} {target:<9} {r['streams']:>10} {r['failed']:>6} {r['events_per_second']:>9.0f} {ttft:>16} "
           f"{first:>30} {every:>23}")
+    if r["failed"]:
+        print(f"        failed: {r['failed_by']}")
 for n in sorted({n for n, _ in rows}):
     if (n, "direct") not in rows or (n, "tiergate") not in rows:
         continue

@@ -28,6 +28,8 @@ pub struct Report {
     /// Streams that failed (an error status, an error event, a broken connection, an
     /// end without `[DONE]`).
     pub failed: u64,
+    /// The failures by what went wrong (`connect`, `status 503`, `error event`, ...).
+    pub failed_by: std::collections::BTreeMap<String, u64>,
     /// Content events read.
     pub events: u64,
     /// Content events read per second.
@@ -46,7 +48,7 @@ struct Record {
     first: Histogram<u64>,
     all: Histogram<u64>,
     streams: u64,
-    failed: u64,
+    failed: std::collections::BTreeMap<String, u64>,
     events: u64,
 }
 
@@ -81,7 +83,7 @@ pub async fn run(args: &StreamsArgs) -> anyhow::Result<Report> {
         first: Histogram::new(3)?,
         all: Histogram::new(3)?,
         streams: 0,
-        failed: 0,
+        failed: Default::default(),
         events: 0,
     }));
     let started = Instant::now();
@@ -99,8 +101,8 @@ pub async fn run(args: &StreamsArgs) -> anyhow::Result<Report> {
                 let ok = one(&client, request, sent, &record).await;
                 let mut r = record.lock().unwrap_or_else(|e| e.into_inner());
                 match ok {
-                    true => r.streams += 1,
-                    false => r.failed += 1,
+                    Ok(()) => r.streams += 1,
+                    Err(why) => *r.failed.entry(why).or_default() += 1,
                 }
             }
         }));
@@ -114,7 +116,8 @@ pub async fn run(args: &StreamsArgs) -> anyhow::Result<Report> {
     Ok(Report {
         concurrency: args.concurrency,
         streams: r.streams,
-        failed: r.failed,
+        failed: r.failed.values().sum(),
+        failed_by: r.failed.clone(),
         events: r.events,
         events_per_second: r.events as f64 / took,
         ttft_us: pair(&r.ttft),
@@ -130,23 +133,26 @@ async fn one(
     request: Request<Full<Bytes>>,
     sent: Instant,
     record: &Mutex<Record>,
-) -> bool {
-    let Ok(response) = client.request(request).await else {
-        return false;
-    };
+) -> Result<(), String> {
+    let response = client.request(request).await.map_err(|e| match e.is_connect() {
+        true => "connect".to_owned(),
+        false => "no answer".to_owned(),
+    })?;
     if !response.status().is_success() {
-        return false;
+        return Err(format!("status {}", response.status().as_u16()));
     }
     let mut body = response.into_body();
     let (mut held, mut first, mut done) = (Vec::new(), true, false);
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { return false };
+        let Ok(frame) = frame else {
+            return Err("broken stream".into());
+        };
         let Ok(data) = frame.into_data() else { continue };
         held.extend_from_slice(&data);
         while let Some(end) = held.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = held.drain(..end + 2).collect();
             if event.starts_with(b"data: {\"error\"") {
-                return false; // the stream was cut: an error event ends it
+                return Err("error event".into()); // the stream was cut
             }
             done |= event.starts_with(b"data: [DONE]");
             if !event.windows(11).any(|w| w == b"\"content\":\"") || event.windows(13).any(|w| w == b"\"content\":\"\"")
@@ -169,7 +175,10 @@ async fn one(
             }
         }
     }
-    done
+    match done {
+        true => Ok(()),
+        false => Err("no [DONE]".into()),
+    }
 }
 
 impl std::fmt::Display for Report {

@@ -1,11 +1,14 @@
 """A real NVIDIA Triton Inference Server (bundled by PyTriton, running on CPU) serving a
 model that takes one input of every datatype PyTriton binds and answers each one back
-(FP32 doubled), behind Triton's own dynamic batcher.
+(FP32 doubled), behind Triton's own dynamic batcher; and a decoupled model, `tokens`,
+that answers `text_input` with `max_tokens` responses of one word each (`text_output`),
+20 ms apart, as Triton's LLM backends stream tokens.
 
     python pytriton_server.py HTTP_PORT GRPC_PORT METRICS_PORT
 """
 
 import sys
+import time
 
 import numpy as np
 from pytriton.decorators import batch
@@ -33,6 +36,14 @@ def echo(**inputs):
     return out
 
 
+def tokens(requests):
+    """A decoupled model (no batching: one request at a time): a word a step."""
+    n = int(requests[0]["max_tokens"].reshape(-1)[0])
+    for step in range(n):
+        time.sleep(0.02)
+        yield [{"text_output": np.array([f"word{step} ".encode()], dtype=np.bytes_)}]
+
+
 config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1", grpc_port=grpc_port, metrics_port=metrics_port)
 # PyTriton restricts statistics to callers with its access token; the test compares them.
 security = TritonSecurityConfig(restricted_endpoints=["shared-memory", "model-repository", "trace", "logging"])
@@ -43,5 +54,12 @@ with Triton(config=config, security_config=security) as triton:
         inputs=[Tensor(name=k, dtype=d, shape=(-1,)) for k, d in DTYPES.items()],
         outputs=[Tensor(name=f"out_{k}", dtype=d, shape=(-1,)) for k, d in DTYPES.items()],
         config=ModelConfig(max_batch_size=64, batcher=DynamicBatcher(max_queue_delay_microseconds=100)),
+    )
+    triton.bind(
+        model_name="tokens",
+        infer_func=tokens,
+        inputs=[Tensor(name="text_input", dtype=np.bytes_, shape=(1,)), Tensor(name="max_tokens", dtype=np.int32, shape=(1,))],
+        outputs=[Tensor(name="text_output", dtype=np.bytes_, shape=(1,))],
+        config=ModelConfig(batching=False, decoupled=True),
     )
     triton.serve()

@@ -104,9 +104,13 @@ fn content(events: &[String]) -> String {
 async fn a_stream_is_relayed_event_by_event_and_its_usage_counted_without_showing_it() {
     let be = llm(&["llama"], None).await;
     let gw = gateway(&llm_route("chat", &["llama"], &be.url(), "")).await;
-    let events = stream(gw.http_addr(), &chat("llama", true, 6), &[]).await;
+    let events = stream(gw.http_addr(), &chat("llama", true, 6), &[("accept-encoding", "gzip")]).await;
     assert_eq!(events.head.status, 200);
     assert_eq!(events.head.headers["content-type"], "text/event-stream");
+    assert!(
+        events.head.headers.get("content-encoding").is_none(),
+        "a stream is never compressed: no event is held back"
+    );
     assert_eq!(events.head.headers["x-tiergate-tier"], "realtime");
     let events = events.all().await;
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
@@ -695,4 +699,119 @@ async fn tokens_reach_the_usage_ledger_by_tenant_and_a_whole_answer_says_them_in
     );
     assert_eq!(acme["estimated_tokens"], 0, "the backend's own usage: exact");
     assert_eq!(report["total"]["completion_tokens"], 10);
+}
+
+/// An OpenAI-compatible endpoint on loopback (not the simulator) that answers every
+/// call with a stream of 5 chat chunks `gap` apart, then `[DONE]`.
+async fn sse(gap: Duration) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while let Some(len) = read_request(&mut conn, &mut buf).await {
+                    buf.drain(..len);
+                    let head =
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                    if conn.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    for i in 0..6 {
+                        tokio::time::sleep(gap).await;
+                        let data = match i {
+                            5 => "[DONE]".to_owned(),
+                            i => json!({"choices": [{"index": 0, "delta": {"content": format!("w{i} ")}}]}).to_string(),
+                        };
+                        let event = format!("data: {data}\n\n");
+                        if conn
+                            .write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    if conn.write_all(b"0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn any_sse_backend_streams_on_both_tiers_and_streams_never_eject_it() {
+    let (slow, fast) = (
+        sse(Duration::from_millis(200)).await,
+        sse(Duration::from_millis(20)).await,
+    );
+    let policy = |addr: SocketAddr| {
+        format!(
+        "[routes.plain]\npaths = [\"/v1/chat/completions\"]\n[routes.plain.flags]\nmicro_batch = true\n\
+         [routes.plain.realtime]\nendpoints = [\"http://{addr}\"]\n[routes.plain.realtime.health]\neject_after = 3\n\
+         [routes.plain.micro_batch]\nendpoints = [\"http://{addr}\"]\n[routes.plain.micro_batch.health]\neject_after = 3\n"
+    )
+    };
+    // Three streams of different inputs a tier, each under a budget that covers the
+    // first event (200 ms) but not the whole stream (1.2 s).
+    let gw = gateway(&policy(slow)).await;
+    for budget in ["250", "2000"] {
+        for n in 0..3 {
+            let sent = std::time::Instant::now();
+            let mut events = stream(
+                gw.http_addr(),
+                &chat("any", true, 5 + n),
+                &[("x-tiergate-budget-ms", budget)],
+            )
+            .await;
+            assert_eq!(events.head.status, 200, "budget {budget}");
+            let mut held = Vec::new();
+            let first = events
+                .next(Duration::from_secs(5), &mut held)
+                .await
+                .expect("a first event");
+            assert!(first.contains("w0"), "{first}");
+            let at = sent.elapsed();
+            assert!(
+                at < Duration::from_millis(700),
+                "the first event came at {at:?}, not held to the end (1.2 s)"
+            );
+            let mut rest = vec![first];
+            while let Some(event) = events.next(Duration::from_secs(5), &mut held).await {
+                rest.push(event);
+            }
+            assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "{rest:?}");
+        }
+    }
+    let circuit = |tier: &str, addr: SocketAddr| {
+        format!("tiergate_backend_circuit_state{{route=\"plain\",tier=\"{tier}\",endpoint=\"{addr}\"}}")
+    };
+    for tier in ["realtime", "micro_batch"] {
+        assert_eq!(
+            metric(&gw, &circuit(tier, slow)).await,
+            0.0,
+            "three streams on {tier}: the endpoint stays in"
+        );
+    }
+    // A stream short enough to end within the budget: never taken for a broken answer.
+    let gw = gateway(&policy(fast)).await;
+    for n in 0..3 {
+        let events = stream(
+            gw.http_addr(),
+            &chat("any", true, 5 + n),
+            &[("x-tiergate-budget-ms", "250")],
+        )
+        .await;
+        assert_eq!(events.head.status, 200);
+        assert_eq!(events.all().await.last().map(String::as_str), Some("[DONE]"));
+    }
+    assert_eq!(
+        metric(&gw, &circuit("realtime", fast)).await,
+        0.0,
+        "the endpoint stays in"
+    );
 }

@@ -1,7 +1,9 @@
 //! Conformance: a real NVIDIA Triton Inference Server (the `tritonserver` binary PyTriton
 //! bundles, on CPU) behind tiergate over HTTP and gRPC. Triton's own client must get the
 //! same answers through tiergate as from Triton directly, for every datatype the model
-//! takes. The Python environments come from `tests/conformance/venv.sh`.
+//! takes, and a decoupled model's stream of responses (gRPC's `ModelStreamInfer`, HTTP's
+//! `generate_stream`) as Triton sends it. The Python environments come from
+//! `tests/conformance/venv.sh`.
 
 use crate::common;
 
@@ -41,7 +43,36 @@ async fn tritonclient_through_tiergate_matches_triton() {
     let over_http = gateway(&route(&format!("http://127.0.0.1:{http}"))).await;
     let over_grpc = gateway(&route(&format!("grpc://127.0.0.1:{grpc}"))).await;
     let args = addresses(http, grpc, &[&over_http, &over_grpc]);
-    run_conformance(client_py, "triton_compare.py", args, &work.path().join("triton.log")).await;
+    run_conformance(
+        client_py.clone(),
+        "triton_compare.py",
+        args,
+        &work.path().join("triton.log"),
+    )
+    .await;
     over_http.stop().await.expect("stops");
     over_grpc.stop().await.expect("stops");
+    // The decoupled model: gRPC's stream through a gateway whose endpoint speaks gRPC,
+    // HTTP's generate_stream through one whose endpoint speaks HTTP.
+    let tokens = |endpoint: String| {
+        format!("[routes.tokens]\nmodels = [\"tokens\"]\n[routes.tokens.realtime]\nendpoints = [\"{endpoint}\"]\n")
+    };
+    wait_ready(http, "/v2/models/tokens/ready", Duration::from_secs(120)).await;
+    let grpc_gw = gateway(&tokens(format!("grpc://127.0.0.1:{grpc}"))).await;
+    let http_gw = gateway(&tokens(format!("http://127.0.0.1:{http}"))).await;
+    let args = vec![
+        format!("127.0.0.1:{http}"),
+        format!("127.0.0.1:{grpc}"),
+        http_gw.http_addr().to_string(),
+        grpc_gw.grpc_addr().to_string(),
+    ];
+    run_conformance(
+        client_py,
+        "triton_decoupled_test.py",
+        args,
+        &work.path().join("triton.log"),
+    )
+    .await;
+    grpc_gw.stop().await.expect("stops");
+    http_gw.stop().await.expect("stops");
 }
