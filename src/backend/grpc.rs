@@ -136,22 +136,12 @@ async fn infer(
     deadline: Instant,
 ) -> Result<Response<Bytes>, Failure> {
     let budget = deadline.saturating_duration_since(Instant::now());
-    let header_len = match protocol::header_len(&parts.headers) {
-        Ok(len) => len,
-        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
-    };
-    let request = match protocol::decode_request(body, header_len) {
-        Ok(r) => r,
-        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
+    let request = match decoded(parts, body) {
+        Ok(request) => request,
+        Err(why) => return Ok(answer(StatusCode::BAD_REQUEST, &why)),
     };
     let mut msg = with_deadline(request_to_grpc(model, Some(version), &request), budget);
-    for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
-        if let Some(value) = parts.headers.get(&name).and_then(|v| v.to_str().ok()) {
-            if let Ok(value) = value.parse() {
-                msg.metadata_mut().insert(bridge::metadata_key(&name), value);
-            }
-        }
-    }
+    traced(&mut msg, parts);
     match client.model_infer(msg).await {
         Ok(reply) => match response_from_grpc(reply.into_inner()) {
             Ok(decoded) => Ok(bridge::infer_response_to_http(&decoded, &|t: &Tensor| {
@@ -182,23 +172,13 @@ async fn decoupled(
 ) -> Result<Response<Bytes>, Failure> {
     use http_body_util::BodyExt as _;
     use tokio_stream::StreamExt as _;
-    let header_len = match protocol::header_len(&parts.headers) {
-        Ok(len) => len,
-        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
-    };
-    let request = match protocol::decode_request(body, header_len) {
-        Ok(r) => r,
-        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
+    let request = match decoded(parts, body) {
+        Ok(request) => request,
+        Err(why) => return Ok(answer(StatusCode::BAD_REQUEST, &why)),
     };
     let msg = request_to_grpc(model, Some(version), &request);
     let mut call = tonic::Request::new(tokio_stream::once(msg));
-    for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
-        if let Some(value) = parts.headers.get(&name).and_then(|v| v.to_str().ok()) {
-            if let Ok(value) = value.parse() {
-                call.metadata_mut().insert(bridge::metadata_key(&name), value);
-            }
-        }
-    }
+    traced(&mut call, parts);
     let responses = match client.model_stream_infer(call).await {
         Ok(responses) => responses.into_inner(),
         Err(status) => return backend_status(status, deadline),
@@ -226,6 +206,23 @@ async fn decoupled(
     let body = http_body_util::StreamBody::new(events).boxed_unsync();
     answer.extensions_mut().insert(super::stream::Raw::new(body));
     Ok(answer)
+}
+
+/// The KServe v2 request an HTTP-form request carries, or what is wrong with it.
+fn decoded(parts: &Parts, body: &Bytes) -> Result<InferRequest, String> {
+    let header_len = protocol::header_len(&parts.headers).map_err(|e| e.to_string())?;
+    protocol::decode_request(body, header_len).map_err(|e| e.to_string())
+}
+
+/// `call` carrying the request's trace context and id as metadata.
+fn traced<T>(call: &mut tonic::Request<T>, parts: &Parts) {
+    for name in [crate::trace::TRACEPARENT, crate::trace::REQUEST_ID] {
+        if let Some(value) = parts.headers.get(&name).and_then(|v| v.to_str().ok()) {
+            if let Ok(value) = value.parse() {
+                call.metadata_mut().insert(bridge::metadata_key(&name), value);
+            }
+        }
+    }
 }
 
 /// A gRPC request whose deadline (`grpc-timeout`) is the time left in the budget.

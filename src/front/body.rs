@@ -19,6 +19,15 @@ use tokio::sync::mpsc;
 use crate::headers;
 use crate::timing::Line;
 
+/// A request body the door reads: hyper's (`Incoming`) on a connection, or any other
+/// (`Full<Bytes>`), so tests drive the door without a socket.
+pub trait RequestBody: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> RequestBody for B where B: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+/// A boxed error, as bodies give them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// An answer's body (see the module's docs).
 #[derive(Debug)]
 pub enum Answered {

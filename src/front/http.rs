@@ -17,8 +17,10 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::batch_api::OfflineApi;
-pub use super::body::Answered;
+use super::body::BoxError;
 use super::body::Stamp;
+pub use super::body::{Answered, RequestBody};
+pub use super::errors::{failure, failure_as, Shape};
 use super::paths::{offline_path, target, Target, FILES, JOBS};
 use crate::config::Limits;
 use crate::decision::Door;
@@ -43,14 +45,24 @@ pub struct HttpDoor {
     offline: Option<OfflineApi>,
 }
 
-/// A request body the door reads: hyper's (`Incoming`) on a connection, or any other
-/// (`Full<Bytes>`), so tests drive the door without a socket.
-pub trait RequestBody: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+impl super::openai::JsonDoor for HttpDoor {
+    fn dispatch(&self) -> &Dispatch {
+        &self.dispatch
+    }
 
-impl<B> RequestBody for B where B: hyper::body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+    /// The limits the door enforces.
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
 
-/// A boxed error, as bodies give them.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    async fn read_body<B: RequestBody>(&self, body: B, max: usize) -> Result<Bytes, Error> {
+        HttpDoor::read_body(self, body, max).await
+    }
+
+    async fn serve_json<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>) -> Response<Answered> {
+        HttpDoor::serve_json(self, route, req).await
+    }
+}
 
 /// How a route's request body is checked before it is forwarded unchanged.
 #[derive(Debug, Clone, Copy)]
@@ -148,18 +160,18 @@ impl HttpDoor {
                 &Method::POST,
             ) => {
                 if let Some(route) = self.dispatch.policy().route_for_model(name).cloned() {
-                    return Box::pin(super::openai::generate(&self, route, req, rest == "/generate_stream")).await;
+                    return Box::pin(super::openai::generate(&*self, route, req, rest == "/generate_stream")).await;
                 }
             }
             (Target::Other(p), &Method::POST) if crate::llm::openai::is_path(p) => {
-                return Box::pin(super::openai::serve(&self, req)).await;
+                return Box::pin(super::openai::serve(&*self, req)).await;
             }
             (Target::Other(p), &Method::POST) if !(self.offline.is_some() && offline_path(p)) => {
                 if let Some(route) = self.dispatch.policy().route_for_path(p).cloned() {
-                    return Box::pin(super::openai::json_route(&self, route, req)).await;
+                    return Box::pin(super::openai::json_route(&*self, route, req)).await;
                 }
             }
-            (Target::Other("/v1/models"), _) => return super::openai::models(&self, &method),
+            (Target::Other("/v1/models"), _) => return super::openai::models(&*self, &method),
             _ => {}
         }
         let id = trace::request_id(req.headers());
@@ -305,13 +317,8 @@ impl HttpDoor {
     }
 
     /// [`HttpDoor::serve`] of a JSON route's request.
-    pub(super) async fn serve_json<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>) -> Response<Answered> {
+    async fn serve_json<B: RequestBody>(&self, route: Arc<Route>, req: Request<B>) -> Response<Answered> {
         self.serve(route, req, Body::Json).await
-    }
-
-    /// The limits the door enforces.
-    pub(super) fn limits(&self) -> &Limits {
-        &self.limits
     }
 
     /// Reads and checks the body as `kind`, reads the metadata, classifies and serves.
@@ -525,80 +532,6 @@ fn not_found(method: &Method, path: &str, shape: Shape) -> Response<Answered> {
 
 /// The largest `/v2/repository/index` body read (it says at most `{"ready": true}`).
 const REPOSITORY_BODY: usize = 4096;
-
-/// How an error answer is written: KServe v2's `{"error": "..."}`, or, under `/v1/`
-/// (the Batch API, OpenAI-style embeddings; not TF-Serving's `/v1/models/`), OpenAI's
-/// `{"error": {"message", "type", "param", "code"}}`, which its SDKs read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// KServe v2 (and TF-Serving).
-    Kserve,
-    /// OpenAI.
-    Openai,
-}
-
-impl Shape {
-    /// The shape of errors on `path`.
-    pub fn of(path: &str) -> Shape {
-        match path.starts_with("/v1/") && !path.starts_with("/v1/models/") {
-            true => Shape::Openai,
-            false => Shape::Kserve,
-        }
-    }
-}
-
-/// OpenAI's error object for `e`: its message, a type as OpenAI's SDKs know them, and
-/// the gateway's outcome as the code.
-fn openai_error_body(e: &Error) -> Bytes {
-    let status = e.kind.status();
-    let kind = match status.as_u16() {
-        401 => "authentication_error",
-        429 => "rate_limit_error",
-        s if s >= 500 => "server_error",
-        _ => "invalid_request_error",
-    };
-    let body = serde_json::json!({"error": {
-        "message": e.message,
-        "type": kind,
-        "param": null,
-        "code": e.kind.outcome(),
-    }});
-    Bytes::from(body.to_string())
-}
-
-/// The protocol's error shape with the status (and `Retry-After`) from the error table.
-pub fn failure(e: &Error) -> Response<Answered> {
-    failure_as(e, Shape::Kserve)
-}
-
-/// [`failure`], its body in `shape`.
-pub fn failure_as(e: &Error, shape: Shape) -> Response<Answered> {
-    let body = match shape {
-        Shape::Kserve => protocol::error_body(&e.message),
-        Shape::Openai => openai_error_body(e),
-    };
-    let mut response = Response::new(Answered::from(body));
-    *response.status_mut() = e.kind.status();
-    let headers = response.headers_mut();
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if e.kind == Kind::Unauthenticated {
-        headers.insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    if let Some(after) = e.retry() {
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-        if let Some(q) = e.quota {
-            // draft-ietf-httpapi-ratelimit-headers, in the widely implemented three-header form.
-            headers.insert("ratelimit-limit", HeaderValue::from(q.limit));
-            headers.insert("ratelimit-remaining", HeaderValue::from(0));
-            headers.insert("ratelimit-reset", HeaderValue::from(secs.max(1)));
-            if let Ok(policy) = HeaderValue::from_str(&format!("{};w={}", q.limit, q.window_secs)) {
-                headers.insert("ratelimit-policy", policy);
-            }
-        }
-    }
-    response
-}
 
 /// A transfer coding other than `chunked` (the only one the door decodes): refused
 /// with 501, as RFC 9112 (6.1) asks, rather than read as if it were not there.

@@ -19,6 +19,7 @@ pub mod auth;
 pub mod batch_api;
 pub mod body;
 mod encoding;
+pub mod errors;
 mod extensions;
 mod failures;
 pub mod grpc;

@@ -16,14 +16,37 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use super::body::Answered;
-use super::http::{failure_as, HttpDoor, RequestBody, Shape};
+use super::body::{Answered, RequestBody};
+use super::errors::{failure_as, Shape};
+use super::pipeline::dispatch::Dispatch;
 use crate::backend::stream::Wanted;
+use crate::config::Limits;
 use crate::error::{Error, Kind};
 use crate::llm::openai::{self, Ask};
+use crate::policy::Route;
+
+/// What the LLM paths ask of the HTTP door (which implements it).
+pub(super) trait JsonDoor: Sync {
+    /// What it dispatches to.
+    fn dispatch(&self) -> &Dispatch;
+    /// Its limits.
+    fn limits(&self) -> &Limits;
+    /// A body read within `max` bytes and the door's time limits.
+    fn read_body<B: RequestBody>(
+        &self,
+        body: B,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<Bytes, Error>> + Send;
+    /// A JSON call served on `route` through the door's common path.
+    fn serve_json<B: RequestBody>(
+        &self,
+        route: std::sync::Arc<Route>,
+        req: Request<B>,
+    ) -> impl std::future::Future<Output = Response<Answered>> + Send;
+}
 
 /// Serves a POST to OpenAI's `path` (one of [`openai::PATHS`]).
-pub(super) async fn serve<B: RequestBody>(door: &HttpDoor, req: Request<B>) -> Response<Answered> {
+pub(super) async fn serve<B: RequestBody>(door: &impl JsonDoor, req: Request<B>) -> Response<Answered> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     let read = async {
@@ -73,8 +96,8 @@ pub(super) async fn serve<B: RequestBody>(door: &HttpDoor, req: Request<B>) -> R
 /// Triton's generate extension for `route`'s model (`stream`: `generate_stream`): a
 /// JSON body passed on as it is, its answer whole or its events relayed.
 pub(super) async fn generate<B: RequestBody>(
-    door: &HttpDoor,
-    route: std::sync::Arc<crate::policy::Route>,
+    door: &impl JsonDoor,
+    route: std::sync::Arc<Route>,
     mut req: Request<B>,
     stream: bool,
 ) -> Response<Answered> {
@@ -87,8 +110,8 @@ pub(super) async fn generate<B: RequestBody>(
 /// A JSON route's call: a stream when its caller accepts one (`accept:
 /// text/event-stream`), relayed as it comes; else answered whole.
 pub(super) async fn json_route<B: RequestBody>(
-    door: &HttpDoor,
-    route: std::sync::Arc<crate::policy::Route>,
+    door: &impl JsonDoor,
+    route: std::sync::Arc<Route>,
     mut req: Request<B>,
 ) -> Response<Answered> {
     let accepts = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
@@ -103,7 +126,7 @@ pub(super) async fn json_route<B: RequestBody>(
 }
 
 /// `GET /v1/models`: the models routes serve on OpenAI's paths.
-pub(super) fn models(door: &HttpDoor, method: &Method) -> Response<Answered> {
+pub(super) fn models(door: &impl JsonDoor, method: &Method) -> Response<Answered> {
     if method != Method::GET {
         let e = Error::new(Kind::MethodNotAllowed, "/v1/models takes GET");
         return failure_as(&e, Shape::Openai);
