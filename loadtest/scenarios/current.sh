@@ -35,6 +35,7 @@ if [ "${1:-}" != "--table" ]; then
   run cache cache.sh
   run fairness fairness.sh
   run bands bands.sh
+  run streams streams.sh 20s
   run capacity capacity.sh
   run console_overhead console_overhead.sh
 fi

@@ -58,7 +58,13 @@ fn exported(scrape: &str) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn a_mixed_workload_shows_in_every_documented_family() {
-    let sim = backend(&["m", "c"]).await;
+    let tiny = tiergate::sim::LlmProfile::named("llm-tiny").expect("profile");
+    let sim = backend_with(vec![
+        tiergate::sim::ModelSpec::new("m", Default::default()),
+        tiergate::sim::ModelSpec::new("c", Default::default()),
+        tiergate::sim::ModelSpec::llm("llama", tiny),
+    ])
+    .await;
     let dead = dead_addr().await;
     let redis = common::redis::Redis::start().await; // the cache's shared second level
     let policy = format!(
@@ -94,6 +100,11 @@ cache = true
 [routes.obscache.realtime]
 endpoints = ["{live}"]
 [routes.obscache.cache]
+[routes.obsllm]
+models = ["llama"]
+paths = ["/v1/chat/completions"]
+[routes.obsllm.realtime]
+endpoints = ["{live}"]
 "#,
         live = sim.url()
     );
@@ -115,6 +126,19 @@ endpoints = ["{live}"]
         let a = infer(addr, "m", &[("x-tiergate-budget-ms", "250")], BODY).await;
         assert_eq!(a.status, 200, "{}", a.text());
     }
+    // A chat call streamed to its end: the stream, its tokens, its TTFT and TPOT.
+    let chat =
+        r#"{"model": "llama", "stream": true, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#;
+    let streamed = send(
+        "POST",
+        addr,
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat,
+    )
+    .await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    assert!(streamed.text().ends_with("data: [DONE]\n\n"), "{}", streamed.text());
     // 10 micro-batch calls at once.
     let mut batch = tokio::task::JoinSet::new();
     for _ in 0..10 {
@@ -296,8 +320,28 @@ endpoints = ["{live}"]
         0.0
     );
 
+    // The stream: five tokens, exactly as its backend counted them.
+    let llm = ["route=\"obsllm\"", "tier=\"realtime\""];
+    assert_eq!(
+        value(
+            &scrape,
+            "tiergate_tokens_total",
+            &[llm[0], llm[1], "kind=\"completion\""]
+        ),
+        5.0
+    );
+    assert_eq!(
+        value(
+            &scrape,
+            "tiergate_streams_ended_total",
+            &[llm[0], llm[1], "reason=\"done\""]
+        ),
+        1.0
+    );
+    assert_eq!(value(&scrape, "tiergate_streams_open", &llm), 0.0);
+
     // Policy and admission, at their start values.
-    assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 2.0);
+    assert_eq!(value(&scrape, "tiergate_policy_routes", &[]), 3.0);
     assert_eq!(value(&scrape, "tiergate_policy_last_reload_ok", &[]), 1.0);
     assert_eq!(
         value(&scrape, "tiergate_admission_refusals_total", &["reason=\"requests\""]),

@@ -280,8 +280,9 @@ fn step_one(r: &mut Running, stats: &watch::Sender<LlmStats>) -> bool {
     r.sent += 1;
     stats.send_modify(|s| s.tokens += 1);
     if r.sent >= r.ask.max_tokens {
-        let _ = r.ask.tx.send(Out::Done);
+        // Counted before it is said: whoever reads the end reads the count with it.
         stats.send_modify(|s| s.completed += 1);
+        let _ = r.ask.tx.send(Out::Done);
         return false;
     }
     true
