@@ -82,6 +82,8 @@ fn endpoint(e: &EndpointView) -> Value {
         "ejections_in_a_row": e.circuit.trips,
         "in_flight": e.in_flight,
         "latency_ms": e.latency.map(ms),
+        "first_token_ms": e.first_token.map(ms),
+        "per_token_ms": e.per_token.map(ms),
         "last_check": e.circuit.last_check.map(|(at, passed)| json!({
             "at": humantime::format_rfc3339_seconds(at).to_string(),
             "passed": passed,

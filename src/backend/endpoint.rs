@@ -18,6 +18,9 @@ pub(super) struct Endpoint {
     pub(super) in_flight: AtomicUsize,
     pub(super) health: Health,
     pub(super) cost: Cost,
+    /// What its streams take to their first token, and per token after it (moving
+    /// averages, as [`Cost`]).
+    pub(super) streams: [Cost; 2],
 }
 
 /// What a call to one endpoint takes, as it has answered lately: a moving average of
@@ -73,6 +76,15 @@ impl Endpoint {
     pub(super) fn load(&self, at: u32) -> (u64, u64) {
         (self.in_flight.load(Ordering::Relaxed) as u64, self.cost.at(at))
     }
+}
+
+/// The pool's clock at `now`: milliseconds since `born`, wrapping (what [`Cost`] is
+/// kept in).
+pub(super) fn clock(born: Instant, now: Instant) -> u32 {
+    let since = now.saturating_duration_since(born);
+    (since.as_secs() as u32)
+        .wrapping_mul(1000)
+        .wrapping_add(since.subsec_millis())
 }
 
 /// A pool's endpoints, shared with its health checks.

@@ -62,6 +62,10 @@ pub struct EndpointView {
     pub in_flight: u64,
     /// What its answered calls take lately (a moving average); `None` before any.
     pub latency: Option<std::time::Duration>,
+    /// What its streams take to their first token lately; `None` before any.
+    pub first_token: Option<std::time::Duration>,
+    /// What its streams take per token after the first, lately; `None` before any.
+    pub per_token: Option<std::time::Duration>,
 }
 
 /// The endpoints of one tier of one route, with their connections and limit.
@@ -80,8 +84,9 @@ pub struct Pool {
     sequences: super::sequences::Sequences<usize>,
     /// What the pool's answered calls took (see [`super::latency`]).
     latency: super::latency::Latency,
-    /// What its streams took to their first token (see [`super::stream`]).
-    ttft: Arc<super::latency::Latency>,
+    /// What its streams took to their first token, and per token after it (see
+    /// [`super::stream`]).
+    streams: Arc<super::stream::Learned>,
     /// Which failed calls go again to another endpoint.
     retry: RetrySpec,
     /// When a slow call is sent again to a second endpoint.
@@ -129,6 +134,7 @@ impl Pool {
                 authority,
                 in_flight: AtomicUsize::new(0),
                 cost: Default::default(),
+                streams: Default::default(),
             })
             .collect();
         let endpoints = Arc::new(endpoints);
@@ -200,7 +206,7 @@ impl Pool {
             instruments: tier.map_or_else(Instruments::unexported, |tier| Instruments::new(route, tier)),
             sequences: super::sequences::Sequences::default(),
             latency: super::latency::Latency::default(),
-            ttft: Arc::default(),
+            streams: Arc::default(),
             retry: spec.retry,
             hedge: spec.hedge,
             budget: Budget::new(&spec.retry, spec.hedge.map_or(0, |h| h.budget_per_mille)),
@@ -223,11 +229,14 @@ impl Pool {
             .iter()
             .map(|e| {
                 let (in_flight, micros) = e.load(at);
+                let known = |micros: u64| (micros > 0).then(|| std::time::Duration::from_micros(micros));
                 EndpointView {
                     endpoint: e.authority.to_string(),
                     circuit: e.health.view(now),
                     in_flight,
-                    latency: (micros > 0).then(|| std::time::Duration::from_micros(micros)),
+                    latency: known(micros),
+                    first_token: known(e.streams[0].at(at)),
+                    per_token: known(e.streams[1].at(at)),
                 }
             })
             .collect()
@@ -304,7 +313,11 @@ impl Pool {
                 "the budget was spent before the request reached a backend",
             ));
         }
-        let learned = if stream { &*self.ttft } else { &self.latency };
+        let learned = if stream {
+            &self.streams.first_token
+        } else {
+            &self.latency
+        };
         self.meetable_by(deadline - now, learned).map(|()| now)
     }
 
@@ -607,10 +620,7 @@ impl Pool {
     /// Milliseconds since the pool was made, wrapping: the clock of its endpoints' costs.
     #[inline]
     fn clock(&self, now: Instant) -> u32 {
-        let since = now.saturating_duration_since(self.born);
-        (since.as_secs() as u32)
-            .wrapping_mul(1000)
-            .wrapping_add(since.subsec_millis())
+        super::endpoint::clock(self.born, now)
     }
 
     #[cold]
@@ -777,8 +787,11 @@ impl Pool {
         else {
             return false;
         };
-        let outcome =
-            super::stream::Outcome::new(self.endpoints.clone(), at, blame::fingerprint(sent), self.ttft.clone());
+        let outcome = super::stream::Outcome::new(
+            (self.endpoints.clone(), at),
+            blame::fingerprint(sent),
+            (self.born, self.streams.clone()),
+        );
         let stream = super::stream::Stream {
             body,
             deadline,

@@ -66,7 +66,19 @@ pub struct Outcome {
     endpoints: Arc<Vec<Endpoint>>,
     at: usize,
     input: u64,
-    ttft: Arc<Latency>,
+    /// The pool's clock's start, and what it has learned of its streams.
+    born: Instant,
+    learned: Arc<Learned>,
+}
+
+/// What a pool has learned of its streams: their time to first token (a budget below
+/// its floor is refused unsent) and their time per token after it.
+#[derive(Debug, Default)]
+pub struct Learned {
+    /// From the call sent to the first content event.
+    pub first_token: Latency,
+    /// From the first content event to the last, over the events between.
+    pub per_token: Latency,
 }
 
 /// A transport's stream before the pool wraps it (between `h1`/`h2` and the pool).
@@ -108,19 +120,34 @@ impl std::fmt::Debug for Streamed {
 }
 
 impl Outcome {
-    pub(super) fn new(endpoints: Arc<Vec<Endpoint>>, at: usize, input: u64, ttft: Arc<Latency>) -> Self {
+    pub(super) fn new(
+        (endpoints, at): (Arc<Vec<Endpoint>>, usize),
+        input: u64,
+        (born, learned): (Instant, Arc<Learned>),
+    ) -> Self {
         Outcome {
             endpoints,
             at,
             input,
-            ttft,
+            born,
+            learned,
         }
     }
 
     /// The first token came `took` after the call was sent: the pool learns its time to
-    /// first token from it.
+    /// first token from it, and its endpoint's.
     pub fn first_token(&self, took: Duration) {
-        self.ttft.answered(took);
+        self.learned.first_token.answered(took);
+        let at = super::endpoint::clock(self.born, Instant::now());
+        self.endpoints[self.at].streams[0].answered(took, at);
+    }
+
+    /// The tokens after the first came `each` apart on average: the pool learns its time
+    /// per output token from it, and its endpoint's.
+    pub fn per_token(&self, each: Duration) {
+        self.learned.per_token.answered(each);
+        let at = super::endpoint::clock(self.born, Instant::now());
+        self.endpoints[self.at].streams[1].answered(each, at);
     }
 
     /// The stream failed on its endpoint for `why` (`stall`, `malformed`, `broken`): its

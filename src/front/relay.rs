@@ -293,6 +293,7 @@ impl Relay {
         if let (Some(first), true) = (self.first, self.content > 1) {
             let per = self.last.saturating_duration_since(first) / (self.content - 1) as u32;
             ::metrics::histogram!(metrics::TIME_PER_OUTPUT_TOKEN, labels).record(per.as_secs_f64());
+            self.outcome.per_token(per);
         }
     }
 

@@ -699,6 +699,15 @@ async fn tokens_reach_the_usage_ledger_by_tenant_and_a_whole_answer_says_them_in
     );
     assert_eq!(acme["estimated_tokens"], 0, "the backend's own usage: exact");
     assert_eq!(report["total"]["completion_tokens"], 10);
+    // The pool learned its endpoint's time to first token and per token after it.
+    let backends = admin_call(&gw, TOKEN, ("GET", "/admin/backends"), &[], "").await.json();
+    let endpoint = &backends["pools"][0]["endpoints"][0];
+    let ms = |key: &str| {
+        endpoint[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} in {backends:#}"))
+    };
+    assert!(ms("first_token_ms") > 0.0 && ms("per_token_ms") > 0.0, "{endpoint}");
 }
 
 /// An OpenAI-compatible endpoint on loopback (not the simulator) that answers every
@@ -813,5 +822,42 @@ async fn any_sse_backend_streams_on_both_tiers_and_streams_never_eject_it() {
         metric(&gw, &circuit("realtime", fast)).await,
         0.0,
         "the endpoint stays in"
+    );
+}
+
+#[tokio::test]
+async fn a_first_token_budget_below_the_pools_learned_time_to_first_token_is_refused_unsent() {
+    let slow = LlmProfile {
+        a: Duration::from_millis(40),
+        ..LlmProfile::named("llm-tiny").expect("profile")
+    };
+    let be = llm(&["llama"], Some(slow)).await;
+    let gw = gateway(&llm_route("learned", &["llama"], &be.url(), "")).await;
+    // Twenty streams teach the pool its time to first token (40 to 80 ms here).
+    for _ in 0..20 {
+        let events = stream(
+            gw.http_addr(),
+            &chat("llama", true, 1),
+            &[("x-tiergate-budget-ms", "250")],
+        )
+        .await;
+        assert_eq!(events.all().await.last().map(String::as_str), Some("[DONE]"));
+    }
+    let asked = be.sim.llm_stats("llama").expect("stats").generations;
+    let refused = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &[("content-type", "application/json"), ("x-tiergate-budget-ms", "15")],
+        chat("llama", true, 1).to_string(),
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.text().contains("deadline unmeetable"), "{}", refused.text());
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(
+        be.sim.llm_stats("llama").expect("stats").generations,
+        asked,
+        "nothing was sent"
     );
 }
