@@ -861,3 +861,63 @@ async fn a_first_token_budget_below_the_pools_learned_time_to_first_token_is_ref
         "nothing was sent"
     );
 }
+
+#[tokio::test]
+async fn a_failure_before_the_first_event_goes_to_another_endpoint() {
+    let (down, up) = (llm(&["llama"], None).await, llm(&["llama"], None).await);
+    down.sim.unavailable(true);
+    let policy = format!(
+        "[routes.again]\nmodels = [\"llama\"]\npaths = [\"/v1/chat/completions\"]\n[routes.again.realtime]\n\
+         endpoints = [\"{}\", \"{}\"]\n[routes.again.realtime.health]\neject_after = 0\ncheck_path = \"\"\n",
+        down.url(),
+        up.url()
+    );
+    let gw = gateway(&policy).await;
+    for _ in 0..6 {
+        let events = stream(gw.http_addr(), &chat("llama", true, 3), &[]).await;
+        assert_eq!(events.head.status, 200);
+        let events = events.all().await;
+        assert_eq!(content(&events).split_whitespace().count(), 3, "{events:?}");
+    }
+    assert_eq!(
+        up.sim.llm_stats("llama").expect("stats").completed,
+        6,
+        "every stream served by the one up"
+    );
+    let retried = "tiergate_backend_retries_total{route=\"again\",tier=\"realtime\",reason=\"unavailable\"}";
+    assert!(
+        metric(&gw, retried).await >= 1.0,
+        "the ones that met the one down went again"
+    );
+}
+
+#[tokio::test]
+async fn an_llm_call_sent_respond_async_is_answered_later_with_its_usage() {
+    let be = llm(&["llama"], None).await;
+    let policy = format!(
+        "[routes.later]\nmodels = [\"llama\"]\npaths = [\"/v1/chat/completions\"]\n[routes.later.flags]\noffline = true\n\
+         [routes.later.realtime]\nendpoints = [\"{0}\"]\n[routes.later.micro_batch]\nendpoints = [\"{0}\"]\n",
+        be.url()
+    );
+    let gw = gateway(&policy).await;
+    let accepted = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &[("content-type", "application/json"), ("prefer", "respond-async")],
+        chat("llama", false, 4).to_string(),
+    )
+    .await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    let job = accepted.header("location").expect("location").to_owned();
+    let answer = eventually(Duration::from_secs(20), "the job is answered", || async {
+        let got = get(gw.http_addr(), &job).await;
+        (got.status == 200).then_some(got)
+    })
+    .await;
+    let body = answer.json();
+    assert_eq!(body["usage"]["completion_tokens"], 4, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    let offline = "tiergate_tokens_total{route=\"later\",tier=\"offline\",kind=\"completion\"}";
+    assert_eq!(metric(&gw, offline).await, 4.0, "counted when the job ran");
+}

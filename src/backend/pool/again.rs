@@ -258,14 +258,24 @@ impl Pool {
         }
     }
 
-    /// The failures after a call may have left that are retried for `parts`.
+    /// The failures after a call may have left that are retried for `parts`: by
+    /// default all three for KServe v2 inference; a reset or a 503 for an LLM call (its
+    /// answer, or its stream's first event, never came: nothing was generated for the
+    /// caller; a 500 may have been, so it is not sent again); none for other paths.
     fn retried_on(&self, parts: &http::request::Parts) -> RetryOn {
         self.retry.on.unwrap_or_else(|| {
             let path = parts.uri.path();
-            let inference = parts.method == http::Method::POST && path.starts_with("/v2/") && path.ends_with("/infer");
+            let post = parts.method == http::Method::POST;
+            let inference = post && path.starts_with("/v2/") && path.ends_with("/infer");
+            let llm = post
+                && (crate::llm::openai::is_path(path)
+                    || path.starts_with("/v2/")
+                        && (path.ends_with("/generate")
+                            || path.ends_with("/generate_stream")
+                            || path.ends_with(crate::protocol::INFER_STREAM)));
             RetryOn {
-                reset: inference,
-                unavailable: inference,
+                reset: inference || llm,
+                unavailable: inference || llm,
                 error: inference,
             }
         })
