@@ -45,12 +45,16 @@ pub enum Spent {
 /// The parts of an answer's time noted for it, in its extensions until the door
 /// writes them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Noted([Option<Duration>; 5], Option<[u32; 2]>);
+pub struct Noted([Option<Duration>; 5]);
+
+/// The LLM tokens an answer says it used (prompt, completion), in its extensions until
+/// the door writes them after the times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens([u32; 2]);
 
 /// Notes `parts` for an answer with `extensions`, replacing any noted before.
 pub fn set(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
-    let tokens = extensions.get::<Noted>().and_then(|n| n.1);
-    let mut noted = Noted([None; 5], tokens);
+    let mut noted = Noted::default();
     for (part, took) in parts {
         noted.0[*part as usize] = Some(*took);
     }
@@ -60,10 +64,9 @@ pub fn set(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
 /// Notes the LLM tokens an answer says it used: `prompt_tokens;desc=N,
 /// completion_tokens;desc=N` after the times.
 pub fn tokens(extensions: &mut Extensions, prompt: u64, completion: u64) {
-    let mut noted = extensions.get::<Noted>().copied().unwrap_or_default();
-    let at_most = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    noted.1 = Some([at_most(prompt), at_most(completion)]);
-    extensions.insert(noted);
+    // Below the line's mark for a count it does not have.
+    let at_most = |n: u64| u32::try_from(n).unwrap_or(u32::MAX).min(Line::ABSENT - 1);
+    extensions.insert(Tokens([at_most(prompt), at_most(completion)]));
 }
 
 /// Notes `parts` for an answer with `extensions`, beside those noted before (a part
@@ -80,10 +83,11 @@ pub fn add(extensions: &mut Extensions, parts: &[(Spent, Duration)]) {
 /// An answer's `Server-Timing` as the door settles it: each part in microseconds
 /// (saturating at about 71 minutes, past any real-time or micro-batch budget), in the
 /// field's order: the [`Spent`] parts, `gateway`, `total`; `u32::MAX` for a part it
-/// does not have. Small and `Copy`, so it rides with the answer to the server that
+/// does not have; then an LLM answer's prompt and completion tokens, `u32::MAX` when
+/// it has none. Small and `Copy`, so it rides with the answer to the server that
 /// writes the head (see `front::body::Stamp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Line([u32; 7], Option<[u32; 2]>);
+pub struct Line([u32; 9]);
 
 impl Line {
     const NAMES: [&'static [u8]; 7] = [b"queue", b"cache", b"backend", b"retry", b"hedge", b"gateway", b"total"];
@@ -97,7 +101,7 @@ impl Line {
         if noted.0[Spent::Backend as usize].is_none() {
             noted.0[Spent::Backend as usize] = tier;
         }
-        let mut line = [Self::ABSENT; 7];
+        let mut line = [Self::ABSENT; 9];
         let mut spent = Duration::ZERO;
         for (slot, took) in line.iter_mut().zip(noted.0) {
             if let Some(took) = took {
@@ -107,15 +111,24 @@ impl Line {
         }
         line[5] = micros(total.saturating_sub(spent));
         line[6] = micros(total);
-        Line(line, noted.1)
+        Line(line)
+    }
+
+    /// The line with an LLM answer's `tokens`, when it has them.
+    pub fn with_tokens(mut self, tokens: Option<Tokens>) -> Line {
+        if let Some(Tokens([prompt, completion])) = tokens {
+            self.0[7] = prompt;
+            self.0[8] = completion;
+        }
+        self
     }
 
     /// An error answer that took `total`: `total` alone (the parts of a call that failed
     /// are not known to the door).
     pub fn error(total: Duration) -> Line {
-        let mut line = [Self::ABSENT; 7];
+        let mut line = [Self::ABSENT; 9];
         line[6] = micros(total);
-        Line(line, None)
+        Line(line)
     }
 
     /// Writes the field, `server-timing: ...\r\n`, into an answer's `head`.
@@ -139,9 +152,9 @@ impl Line {
                 field.part(name, u64::from(took));
             }
         }
-        if let Some([prompt, completion]) = self.1 {
-            field.count(b"prompt_tokens", prompt);
-            field.count(b"completion_tokens", completion);
+        if self.0[7] != Self::ABSENT {
+            field.count(b"prompt_tokens", self.0[7]);
+            field.count(b"completion_tokens", self.0[8]);
         }
         field
     }
@@ -309,11 +322,12 @@ mod tests {
         tokens(&mut extensions, 21, u64::MAX);
         set(&mut extensions, &[(Spent::Queue, us(40))]);
         let mut headers = HeaderMap::new();
-        close(&mut headers, extensions.remove::<Noted>(), us(1_000), Some(us(900)));
+        let line = Line::answer(extensions.remove::<Noted>(), us(1_000), Some(us(900)));
+        line.with_tokens(extensions.remove::<Tokens>()).store(&mut headers);
         assert_eq!(
             headers[SERVER_TIMING],
             "queue;dur=0.040, backend;dur=0.900, gateway;dur=0.060, total;dur=1.000, \
-             prompt_tokens;desc=21, completion_tokens;desc=4294967295"
+             prompt_tokens;desc=21, completion_tokens;desc=4294967294"
         );
     }
 }

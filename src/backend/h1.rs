@@ -152,7 +152,8 @@ impl Conns {
                     return answer;
                 }
                 // A stream's body is read as it comes, on its connection, which it keeps.
-                Sent::Stream(parts, framing) => {
+                Sent::Stream(head) => {
+                    let (parts, framing) = *head;
                     let body = conn.wire.into_stream(framing);
                     let mut answer = Response::from_parts(parts, Bytes::new());
                     let body = http_body_util::BodyExt::boxed_unsync(body);

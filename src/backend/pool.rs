@@ -44,6 +44,8 @@ struct Fitted {
     sent_at: Option<Instant>,
     /// Failures its input may have caused, not charged yet (see `blame`).
     held: Vec<blame::Held>,
+    /// Whether its caller asked for a stream (a stream's head is handed up at once).
+    stream: bool,
 }
 
 /// Marks an answer (a server error) the call met alike on two endpoints: its input's
@@ -288,13 +290,14 @@ impl Pool {
     /// is its first token's, and the floor it is held to the pool's learned time to
     /// first token.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
-        let now = self.in_time_for(deadline, super::stream::wanted(&request))?;
+        let stream = super::stream::wanted(&request);
+        let now = self.in_time_for(deadline, stream)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
             let sequence = sequence.clone();
             return Box::pin(self.forward_step(request, deadline, sequence)).await;
         }
         let slot = self.slot()?;
-        self.send_in(slot, request, (deadline, now)).await
+        self.send_in(slot, request, (deadline, now), stream).await
     }
 
     /// What [`Pool::forward`] checks first: that `deadline` has not passed and that the
@@ -350,8 +353,9 @@ impl Pool {
         slot: SemaphorePermit<'_>,
         request: Request<Bytes>,
         (deadline, now): (Instant, Instant),
+        stream: bool,
     ) -> Result<Response<Bytes>, Error> {
-        let (fitted, span) = self.fit(request)?;
+        let (fitted, span) = self.fit(request, stream)?;
         let answer = self.call(fitted, deadline, now).instrument(span).await;
         drop(slot);
         answer
@@ -372,13 +376,14 @@ impl Pool {
                 ),
             ));
         };
-        self.send_in(permit, request, (deadline, Instant::now())).await
+        let stream = super::stream::wanted(&request);
+        self.send_in(permit, request, (deadline, Instant::now()), stream).await
     }
 
     /// Fits `request` to the pool's backends and opens its span. An HTTP/1.1 call
     /// writes its trace headers itself; the others carry them in the header map.
     #[inline(always)]
-    fn fit(&self, request: Request<Bytes>) -> Result<(Fitted, tracing::Span), Error> {
+    fn fit(&self, request: Request<Bytes>, stream: bool) -> Result<(Fitted, tracing::Span), Error> {
         let (mut parts, body) = request.into_parts();
         let body = self.adapt(&mut parts, body)?;
         let span = tracing::info_span!("backend", route = %self.route, tier = self.role.as_str(), endpoint = tracing::field::Empty);
@@ -399,6 +404,7 @@ impl Pool {
                 trace,
                 sent_at: None,
                 held: Vec::new(),
+                stream,
             },
             span,
         ))
@@ -444,7 +450,7 @@ impl Pool {
         };
         self.meetable(deadline.saturating_duration_since(Instant::now()))?;
         let _slot = self.slot()?;
-        let (mut fitted, span) = self.fit(request)?;
+        let (mut fitted, span) = self.fit(request, false)?;
         let at = pinned.to;
         let result = self
             .send((at, false), &mut fitted, deadline, Instant::now())
@@ -652,13 +658,14 @@ impl Pool {
             trace,
             sent_at,
             held,
+            stream,
         } = fitted;
+        let stream = *stream;
         let sent: &Bytes = body;
         let body = body.clone();
         // Read before the call, which may move the headers out of `parts`.
         let post = parts.method == http::Method::POST;
         let kserve = parts.uri.path().starts_with("/v2/");
-        let stream = super::stream::asked(&parts.uri, &parts.extensions);
         let endpoint = &self.endpoints[at];
         crate::telemetry::current_span().record("endpoint", tracing::field::display(&endpoint.authority));
         let _in_flight = InFlight::enter(&endpoint.in_flight);

@@ -115,6 +115,9 @@ impl Answered {
 
     /// The answer of `reply`: its whole body, or the events of the relay it carries.
     pub fn of(mut reply: crate::protocol::Reply) -> http::Response<Answered> {
+        if !reply.body().is_empty() {
+            return reply.map(Answered::from); // a relay's answer has no body of its own
+        }
         match super::relay::Relayed::of(&mut reply) {
             Some(relay) => reply.map(|_| Answered::Events(Box::new(relay), None)),
             None => reply.map(Answered::from),

@@ -499,7 +499,8 @@ fn render(served: Served, shape: Shape, received: Instant) -> Response<Answered>
         Ok(mut reply) => {
             let parts = reply.extensions_mut().remove::<crate::timing::Noted>();
             let elapsed = served.elapsed.unwrap_or_else(|| received.elapsed());
-            let timing = Line::answer(parts, elapsed, served.tier_took);
+            let tokens = reply.extensions_mut().remove::<crate::timing::Tokens>();
+            let timing = Line::answer(parts, elapsed, served.tier_took).with_tokens(tokens);
             (Answered::of(reply), timing)
         }
         Err(e) => (failure_as(&e, shape), Line::error(received.elapsed())),

@@ -455,20 +455,53 @@ where
     if bodiless {
         return write_all(io, &[head]).await.map(|()| closes);
     }
-    // The first chunk goes with the head (a whole answer: all of it); a stream's head
-    // goes at once, its events as they come.
-    let mut first = true;
     if chunked {
-        write_all(io, &[head]).await?;
-        first = false;
+        // A stream (or any body of unknown length): its own writer, boxed, so a whole
+        // answer's future stays as small as it was.
+        return Box::pin(write_chunked((io, read), head, body, stamping))
+            .await
+            .map(|()| closes);
     }
+    // The first chunk goes with the head (a whole answer: all of it).
+    let mut first = true;
+    loop {
+        let data = match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue, // trailers: not sent over HTTP/1.1
+            },
+            Some(Err(_)) => return Err(std::io::Error::other("the answer's body failed")),
+            None => break,
+        };
+        let head_part: &[u8] = if first { head } else { &[] };
+        first = false;
+        write_all(io, &[head_part, &data]).await?;
+    }
+    if first {
+        write_all(io, &[head]).await?;
+    }
+    Ok(closes)
+}
+
+/// Writes a body of unknown length, chunked: the head at once, each frame as a chunk the
+/// moment it comes (a stream's event); while it waits for the next, a client that hangs
+/// up ends it (the body dropped: a stream's backend call with it). A write that fails
+/// is told to the body (`stamping.cut`: a relay ends as `slow_reader` or
+/// `client_gone`).
+async fn write_chunked<B>(
+    (io, read): (&mut Conn, &mut BytesMut),
+    head: &[u8],
+    mut body: B,
+    stamping: super::Stamping<B>,
+) -> std::io::Result<()>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    write_all(io, &[head]).await?;
     loop {
         let next = std::future::poll_fn(|cx| match Pin::new(&mut body).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(Ok(frame)),
-            // While a stream waits for its next event, a client that hangs up ends it
-            // (its body dropped: the backend's work with it).
-            Poll::Pending if chunked => hung_up(io, read, cx),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => hung_up(io, read, cx),
         });
         let data = match next.await? {
             Some(Ok(frame)) => match frame.into_data() {
@@ -478,29 +511,16 @@ where
             Some(Err(_)) => return Err(std::io::Error::other("the answer's body failed")),
             None => break,
         };
-        if chunked && data.is_empty() {
+        if data.is_empty() {
             continue; // an empty chunk would end the body
         }
-        let head_part: &[u8] = if first { head } else { &[] };
-        first = false;
-        let written = if chunked {
-            let size = format!("{:x}\r\n", data.len());
-            write_all(io, &[head_part, size.as_bytes(), &data, b"\r\n"]).await
-        } else {
-            write_all(io, &[head_part, &data]).await
-        };
-        if let Err(e) = written {
+        let size = format!("{:x}\r\n", data.len());
+        if let Err(e) = write_all(io, &[size.as_bytes(), &data, b"\r\n"]).await {
             (stamping.cut)(&mut body, &e);
             return Err(e);
         }
     }
-    match (first, chunked) {
-        (true, true) => write_all(io, &[head, b"0\r\n\r\n"]).await?,
-        (true, false) => write_all(io, &[head]).await?,
-        (false, true) => write_all(io, &[b"0\r\n\r\n"]).await?,
-        (false, false) => {}
-    }
-    Ok(closes)
+    write_all(io, &[b"0\r\n\r\n"]).await
 }
 
 /// `Err` once the client has closed its end of `io` (or it failed); what it sends

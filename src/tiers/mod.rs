@@ -41,6 +41,9 @@ pub struct Call {
     pub deadline: Instant,
     /// The request as the door received it (method, path, headers, whole body).
     pub request: http::Request<Bytes>,
+    /// Whether its caller asked for a stream (its request carries
+    /// [`crate::backend::stream::Wanted`]), read once by the dispatch.
+    pub stream: bool,
 }
 
 /// Whether `request` is a step of a Triton sequence: it stays with the pool and endpoint

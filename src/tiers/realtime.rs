@@ -119,13 +119,13 @@ impl Realtime {
             return Err((ejected, Some(call)));
         }
         Box::pin(async move {
-            let stream = crate::backend::stream::wanted(&call.request);
+            let stream = call.stream;
             let now = pool.in_time_for(call.deadline, stream).map_err(|e| (e, None))?;
             let slot = match pool.slot() {
                 Ok(slot) => slot,
                 Err(e) => return Err((e, Some(call))),
             };
-            pool.send_in(slot, call.request, (call.deadline, now))
+            pool.send_in(slot, call.request, (call.deadline, now), stream)
                 .await
                 .map_err(|e| (e, None))
         })
@@ -138,7 +138,7 @@ impl Realtime {
         self.inner
             .shadow
             .as_ref()
-            .filter(|_| Shadow::on(&call.route, call.tier).is_some() && !crate::backend::stream::wanted(&call.request))
+            .filter(|_| Shadow::on(&call.route, call.tier).is_some() && !call.stream)
     }
 
     /// A call of a route with its shadow on: the canary's variant when it runs one, and

@@ -79,8 +79,9 @@ pub(super) struct Wire {
 pub(super) enum Sent {
     /// The answer, or why there is none.
     Done(Result<Response<Bytes>, Failure>),
-    /// A stream's head; its body is to be read as it comes, on this connection.
-    Stream(http::response::Parts, Framing),
+    /// A stream's head; its body is to be read as it comes, on this connection (boxed:
+    /// a whole answer's result stays as small as it was).
+    Stream(Box<(http::response::Parts, Framing)>),
     /// Nothing was written: the connection had closed (or failed) before.
     Unsent(String),
 }
@@ -145,7 +146,7 @@ impl Wire {
         let head_only = request.method() == Method::HEAD;
         match self.answer(head_only, max_body, stream).await {
             Ok(Answer::Whole(answer)) => Sent::Done(Ok(answer)),
-            Ok(Answer::Stream(parts, framing)) => Sent::Stream(parts, framing),
+            Ok(Answer::Stream(head)) => Sent::Stream(head),
             Err(failure) => Sent::Done(Err(failure)),
         }
     }
@@ -275,7 +276,7 @@ impl Wire {
                 self.read = BytesMut::from(&rest[..]);
             }
             let _ = keep_alive; // a stream's connection closes with it
-            return Ok(Answer::Stream(parts, framing));
+            return Ok(Answer::Stream(Box::new((parts, framing))));
         }
         let body = match framing {
             // Read whole with its head (the common answer): a slice of what was read.
@@ -401,7 +402,7 @@ enum Answer {
     /// Whole.
     Whole(Response<Bytes>),
     /// A stream's head; its body waits on the connection.
-    Stream(http::response::Parts, Framing),
+    Stream(Box<(http::response::Parts, Framing)>),
 }
 
 /// Whether `headers` say the body is a stream of server-sent events.

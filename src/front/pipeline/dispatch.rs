@@ -320,7 +320,7 @@ impl Dispatch {
             None => decision,
         };
         // An OpenAI call's `service_tier`, within what the route's flags allow.
-        let hint = streaming.and(request.extensions().get::<crate::decision::ServiceTier>().copied());
+        let hint = streaming.and_then(|_| request.extensions().get::<crate::decision::ServiceTier>().copied());
         let decision = match hint {
             Some(hint) => hint.apply(decision, (route.flags.realtime, route.flags.micro_batch)),
             None => decision,
@@ -394,6 +394,7 @@ impl Dispatch {
             door,
             deadline,
             request,
+            stream: matches!(streaming, Some(Some(_))),
         };
         let sent = Instant::now();
         let (decision, result) = match realtime && (route.borrow.realtime_overflow || route.fallback.is_some()) {
@@ -406,16 +407,9 @@ impl Dispatch {
             true => Box::pin(self.realtime_or_elsewhere(call, decision, instruments)).await,
         };
         handles.in_flight.decrement(1.0);
-        let result = match (streaming, result) {
-            (Some(Some(how)), Ok(answer)) => {
-                let meter = TokenMeter::new(&route.name, decision.tier, meters.usage.clone(), whose.name());
-                Ok(self.relayed(route, meter, how, answer))
-            }
-            (Some(None), Ok(answer)) => {
-                let meter = TokenMeter::new(&route.name, decision.tier, meters.usage.clone(), whose.name());
-                Ok(whole_llm(decision.tier, answer, &meter))
-            }
-            (_, result) => result,
+        let result = match streaming {
+            None => result,
+            Some(how) => self.llm_answer(route, (decision.tier, how), (&meters.usage, &whose), result),
         };
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(received);
@@ -500,6 +494,25 @@ impl Dispatch {
             }
         };
         (decision, answer)
+    }
+
+    /// An LLM call's answer: its stream made a relay (`how` it is relayed, when the
+    /// caller streams), or its whole answer's tokens counted; `whose` tokens they are,
+    /// on `usage`.
+    #[cold]
+    fn llm_answer(
+        &self,
+        route: &Route,
+        (tier, how): (Tier, Option<(Shape, bool)>),
+        (usage, whose): (&Arc<crate::usage::RouteUsage>, &crate::usage::Whose),
+        result: Result<Reply, Error>,
+    ) -> Result<Reply, Error> {
+        let answer = result?;
+        let meter = TokenMeter::new(&route.name, tier, usage.clone(), whose.name());
+        Ok(match how {
+            Some(how) => self.relayed(route, meter, how, answer),
+            None => whole_llm(tier, answer, &meter),
+        })
     }
 
     /// `answer` with its stream, if it is one, made a relay for the door to write

@@ -409,6 +409,7 @@ fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline
         door: Door::Http, // offline jobs come in over HTTP only
         deadline: Instant::now() + settings.attempt_timeout,
         request,
+        stream: false, // a line asking for a stream fails alone (`streams`)
     }
 }
 
