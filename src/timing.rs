@@ -135,12 +135,22 @@ impl Line {
     pub fn write(&self, head: &mut Vec<u8>) {
         head.extend_from_slice(b"server-timing: ");
         head.extend_from_slice(self.field().bytes());
+        self.write_tokens(head);
         head.extend_from_slice(b"\r\n");
     }
 
     /// The field as `headers`' `Server-Timing` (replacing a backend's own).
     pub fn store(&self, headers: &mut HeaderMap) {
-        if let Ok(value) = HeaderValue::from_bytes(self.field().bytes()) {
+        let field = self.field();
+        let value = match self.0[7] == Self::ABSENT {
+            true => HeaderValue::from_bytes(field.bytes()),
+            false => {
+                let mut with = field.bytes().to_vec();
+                self.write_tokens(&mut with);
+                HeaderValue::from_bytes(&with)
+            }
+        };
+        if let Ok(value) = value {
             headers.insert(SERVER_TIMING, value);
         }
     }
@@ -152,11 +162,22 @@ impl Line {
                 field.part(name, u64::from(took));
             }
         }
-        if self.0[7] != Self::ABSENT {
-            field.count(b"prompt_tokens", self.0[7]);
-            field.count(b"completion_tokens", self.0[8]);
-        }
         field
+    }
+
+    /// `, prompt_tokens;desc=N, completion_tokens;desc=N` after the times, for an LLM
+    /// answer that says its tokens.
+    fn write_tokens(&self, out: &mut Vec<u8>) {
+        if self.0[7] == Self::ABSENT {
+            return;
+        }
+        for (name, n) in [(&b"prompt_tokens"[..], self.0[7]), (b"completion_tokens", self.0[8])] {
+            let mut digits = [0u8; 20];
+            out.extend_from_slice(b", ");
+            out.extend_from_slice(name);
+            out.extend_from_slice(b";desc=");
+            out.extend_from_slice(crate::protocol::decimal(n as usize, &mut digits));
+        }
     }
 }
 
@@ -172,13 +193,15 @@ fn micros(took: Duration) -> u32 {
 impl std::fmt::Display for Line {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Only ASCII names, digits and punctuation are written.
-        f.write_str(std::str::from_utf8(self.field().bytes()).map_err(|_| std::fmt::Error)?)
+        f.write_str(std::str::from_utf8(self.field().bytes()).map_err(|_| std::fmt::Error)?)?;
+        let mut tokens = Vec::new();
+        self.write_tokens(&mut tokens);
+        f.write_str(std::str::from_utf8(&tokens).map_err(|_| std::fmt::Error)?)
     }
 }
 
-/// Room for a field: seven parts of at most 26 bytes each, and two counts of at most
-/// 35.
-const MAX: usize = 7 * 26 + 2 * 35;
+/// Room for a field: seven parts of at most 26 bytes each.
+const MAX: usize = 7 * 26;
 
 /// A field being written, on the stack.
 struct Field {
@@ -220,20 +243,6 @@ impl Field {
             b'0' + (fraction % 10) as u8,
         ]);
         self.len += at + 4;
-    }
-
-    /// `, name;desc=N`: at most 2 + 17 + 6 + 10 bytes.
-    fn count(&mut self, name: &[u8], n: u32) {
-        let mut digits = [0u8; 20];
-        let n = crate::protocol::decimal(n as usize, &mut digits);
-        let Some(out) = self.buf.get_mut(self.len..self.len + 2 + name.len() + 6 + n.len()) else {
-            return;
-        };
-        out[..2].copy_from_slice(b", ");
-        out[2..2 + name.len()].copy_from_slice(name);
-        out[2 + name.len()..8 + name.len()].copy_from_slice(b";desc=");
-        out[8 + name.len()..].copy_from_slice(n);
-        self.len += out.len();
     }
 
     fn bytes(&self) -> &[u8] {

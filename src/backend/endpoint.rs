@@ -80,6 +80,7 @@ impl Endpoint {
 
 /// The pool's clock at `now`: milliseconds since `born`, wrapping (what [`Cost`] is
 /// kept in).
+#[inline]
 pub(super) fn clock(born: Instant, now: Instant) -> u32 {
     let since = now.saturating_duration_since(born);
     (since.as_secs() as u32)

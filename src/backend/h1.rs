@@ -153,9 +153,8 @@ impl Conns {
                 }
                 // A stream's body is read as it comes, on its connection, which it keeps.
                 Sent::Stream(head) => {
-                    let (parts, framing) = *head;
+                    let (mut answer, framing) = *head;
                     let body = conn.wire.into_stream(framing);
-                    let mut answer = Response::from_parts(parts, Bytes::new());
                     let body = http_body_util::BodyExt::boxed_unsync(body);
                     answer.extensions_mut().insert(super::stream::Raw::new(body));
                     return Ok(answer);

@@ -63,6 +63,7 @@ impl Default for Latency {
 
 impl Latency {
     /// Counts an answered call that took `took`.
+    #[inline]
     pub fn answered(&self, took: Duration) {
         let generation = self.filling.load(Ordering::Relaxed) & 1;
         self.counts[generation][bucket(took)].fetch_add(1, Ordering::Relaxed);

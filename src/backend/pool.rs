@@ -291,6 +291,17 @@ impl Pool {
     /// first token.
     pub async fn forward(&self, request: Request<Bytes>, deadline: Instant) -> Result<Response<Bytes>, Error> {
         let stream = super::stream::wanted(&request);
+        self.forward_marked(request, deadline, stream).await
+    }
+
+    /// [`Pool::forward`] of a request whose caller has read already whether it asks for
+    /// a stream (`stream`), so it is not read again.
+    pub async fn forward_marked(
+        &self,
+        request: Request<Bytes>,
+        deadline: Instant,
+        stream: bool,
+    ) -> Result<Response<Bytes>, Error> {
         let now = self.in_time_for(deadline, stream)?;
         if let Some(sequence) = request.extensions().get::<protocol::Sequence>() {
             let sequence = sequence.clone();

@@ -92,7 +92,7 @@ impl Realtime {
             // out of it (measured: docs/performance-history.md).
             _ => {
                 let pool = pool(&self.inner.pools, &call)?;
-                Box::pin(async move { pool.forward(call.request, call.deadline).await }).await
+                Box::pin(async move { pool.forward_marked(call.request, call.deadline, call.stream).await }).await
             }
         }
     }

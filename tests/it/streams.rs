@@ -921,3 +921,53 @@ async fn an_llm_call_sent_respond_async_is_answered_later_with_its_usage() {
     let offline = "tiergate_tokens_total{route=\"later\",tier=\"offline\",kind=\"completion\"}";
     assert_eq!(metric(&gw, offline).await, 4.0, "counted when the job ran");
 }
+
+#[tokio::test]
+async fn over_http2_events_come_as_they_are_made_and_a_reset_stream_cancels_the_work() {
+    let paced = LlmProfile {
+        a: Duration::from_millis(25),
+        ..LlmProfile::named("llm-tiny").expect("profile")
+    };
+    let be = llm(&["llama"], Some(paced)).await;
+    let gw = gateway(&llm_route("h2", &["llama"], &be.url(), "")).await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let ask = |tokens: u64| {
+        http::Request::post(format!("http://{}/v1/chat/completions", gw.http_addr()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat("llama", true, tokens).to_string())))
+            .expect("request")
+    };
+    // Ten tokens 25 ms apart: the first comes long before the last.
+    let answer = h2.request(ask(10)).await.expect("answered over HTTP/2");
+    assert_eq!(answer.version(), http::Version::HTTP_2);
+    assert_eq!(answer.headers()["content-type"], "text/event-stream");
+    let (head, body) = answer.into_parts();
+    let mut events = Streamed { head, body };
+    let (mut held, mut arrivals) = (Vec::new(), Vec::new());
+    while let Some(event) = events.next(Duration::from_secs(5), &mut held).await {
+        if event.contains("\"content\":\"") && !event.contains("\"content\":\"\"") {
+            arrivals.push(std::time::Instant::now());
+        }
+    }
+    assert_eq!(arrivals.len(), 10);
+    assert!(arrivals[9] - arrivals[0] > Duration::from_millis(150), "{arrivals:?}");
+    // A stream of 4,000 tokens (100 s) whose caller resets it after a few events.
+    let mut body = h2.request(ask(4000)).await.expect("a long one").into_body();
+    let mut read = 0;
+    while read < 3 {
+        if body.frame().await.expect("more").expect("a frame").is_data() {
+            read += 1;
+        }
+    }
+    drop(body);
+    eventually(
+        Duration::from_secs(10),
+        "the backend's generation is cancelled",
+        || async { (be.sim.llm_stats("llama").expect("stats").cancelled >= 1).then_some(()) },
+    )
+    .await;
+    let gone = "tiergate_streams_ended_total{route=\"h2\",tier=\"realtime\",reason=\"client_gone\"}";
+    assert_eq!(metric(&gw, gone).await, 1.0);
+}

@@ -73,6 +73,9 @@ pub(super) struct Wire {
     write: Vec<u8>,
     /// Whether the connection may carry another call.
     pub(super) reusable: bool,
+    /// Set by [`Wire::answer`] when the answer read is a stream's head: how its body,
+    /// still on the connection, is delimited.
+    streaming: Option<Framing>,
 }
 
 /// How one exchange ended.
@@ -81,7 +84,7 @@ pub(super) enum Sent {
     Done(Result<Response<Bytes>, Failure>),
     /// A stream's head; its body is to be read as it comes, on this connection (boxed:
     /// a whole answer's result stays as small as it was).
-    Stream(Box<(http::response::Parts, Framing)>),
+    Stream(Box<(Response<Bytes>, Framing)>),
     /// Nothing was written: the connection had closed (or failed) before.
     Unsent(String),
 }
@@ -103,6 +106,7 @@ impl Wire {
             read: BytesMut::new(),
             write: Vec::with_capacity(512),
             reusable: true,
+            streaming: None,
         }
     }
 
@@ -144,10 +148,10 @@ impl Wire {
             ))));
         }
         let head_only = request.method() == Method::HEAD;
-        match self.answer(head_only, max_body, stream).await {
-            Ok(Answer::Whole(answer)) => Sent::Done(Ok(answer)),
-            Ok(Answer::Stream(head)) => Sent::Stream(head),
-            Err(failure) => Sent::Done(Err(failure)),
+        let answer = self.answer(head_only, max_body, stream).await;
+        match (self.streaming.take(), answer) {
+            (Some(framing), Ok(head)) => Sent::Stream(Box::new((head, framing))),
+            (_, answer) => Sent::Done(answer),
         }
     }
 
@@ -231,7 +235,7 @@ impl Wire {
 
     /// Reads the answer: its head (informational ones skipped), then its whole body
     /// (a successful stream's, when `stream`, not: it is read as it comes).
-    async fn answer(&mut self, head_only: bool, max_body: usize, stream: bool) -> Result<Answer, Failure> {
+    async fn answer(&mut self, head_only: bool, max_body: usize, stream: bool) -> Result<Response<Bytes>, Failure> {
         // Whether any byte of an answer came (an informational one counts).
         let mut heard = false;
         let ((parts, framing, keep_alive), rest) = loop {
@@ -276,7 +280,8 @@ impl Wire {
                 self.read = BytesMut::from(&rest[..]);
             }
             let _ = keep_alive; // a stream's connection closes with it
-            return Ok(Answer::Stream(Box::new((parts, framing))));
+            self.streaming = Some(framing);
+            return Ok(Response::from_parts(parts, Bytes::new()));
         }
         let body = match framing {
             // Read whole with its head (the common answer): a slice of what was read.
@@ -300,7 +305,7 @@ impl Wire {
         };
         let whole = matches!(framing, Framing::None | Framing::Length(_) | Framing::Chunked);
         self.reusable = keep_alive && whole && self.read.is_empty();
-        Ok(Answer::Whole(Response::from_parts(parts, body)))
+        Ok(Response::from_parts(parts, body))
     }
 
     /// Reads more into the read buffer; how many bytes (0 at the end of the stream).
@@ -395,14 +400,6 @@ impl Wire {
             }
         }
     }
-}
-
-/// An answer read by [`Wire::answer`].
-enum Answer {
-    /// Whole.
-    Whole(Response<Bytes>),
-    /// A stream's head; its body waits on the connection.
-    Stream(Box<(http::response::Parts, Framing)>),
 }
 
 /// Whether `headers` say the body is a stream of server-sent events.
