@@ -85,7 +85,7 @@ count() {
 
 # The stages of tiergate's real-time path, by the functions that begin them.
 TIERGATE_STAGES="door=HttpDoor::(answer|route)::\{\{closure\}\}$ body_check=inspect_request$ dispatch=Dispatch::serve::\{\{closure\}\}$
-tier=Tiers::serve::\{\{closure\}\}$ pool=Pool::forward::\{\{closure\}\}$ h1_exchange=h1::Conns::(send_or_back|exchange)::\{\{closure\}\}$"
+tier=Tiers::serve::\{\{closure\}\}$ pool=Pool::forward(_marked)?::\{\{closure\}\}$ h1_exchange=h1::Conns::(send_or_back|exchange)::\{\{closure\}\}$"
 
 gateway() { # gateway BINARY NAME
   PORT=$(free_port)

@@ -143,21 +143,15 @@ impl Conns {
                 None => self.connect(runtime).await?,
             };
             match conn.wire.exchange(request, &self.host, trace, framed, conn.used).await {
-                Sent::Done(answer) => {
+                Sent::Done(mut answer) => {
                     // Only after a whole answer is the connection in step for another.
                     if answer.is_ok() && conn.wire.reusable {
                         conn.used = true;
                         self.put(conn);
+                    } else if let (Some(framing), Ok(head)) = (conn.wire.streaming(), &mut answer) {
+                        streamed(head, conn.wire, framing);
                     }
                     return answer;
-                }
-                // A stream's body is read as it comes, on its connection, which it keeps.
-                Sent::Stream(head) => {
-                    let (mut answer, framing) = *head;
-                    let body = conn.wire.into_stream(framing);
-                    let body = http_body_util::BodyExt::boxed_unsync(body);
-                    answer.extensions_mut().insert(super::stream::Raw::new(body));
-                    return Ok(answer);
                 }
                 // A stale idle connection: try the next one, or a new one.
                 Sent::Unsent(why) => {
@@ -244,6 +238,15 @@ impl Conns {
             wire: Wire::new(io),
         }))
     }
+}
+
+/// Gives a stream's `head` its body, read as it comes on `wire` (which it keeps),
+/// `framing` delimiting it.
+#[cold]
+fn streamed(head: &mut Response<Bytes>, wire: Wire, framing: wire::Framing) {
+    let body = wire.into_stream(framing);
+    let body = http_body_util::BodyExt::boxed_unsync(body);
+    head.extensions_mut().insert(super::stream::Raw::new(body));
 }
 
 /// Starts closing `conns`' expired idle connections every half [`IDLE_TIMEOUT`], if a

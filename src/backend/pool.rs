@@ -577,8 +577,6 @@ impl Pool {
     /// every endpoint is ejected. Returns the endpoint and whether the call is its probe.
     fn pick(&self, now: Instant) -> Result<(usize, bool), Error> {
         let n = self.endpoints.len();
-        let clock = self.clock(now);
-        let load = |i: usize| self.endpoints[i].load(clock);
         // Two random endpoints first, the less loaded one first (the common case: both
         // circuits closed); then the rest, should both be ejected.
         let a = rand::random_range(0..n.max(1));
@@ -590,6 +588,9 @@ impl Pool {
             }
         };
         let b_first = n > 1 && {
+            // The clock read only here: a pool of one endpoint has nothing to weigh.
+            let clock = self.clock(now);
+            let load = |i: usize| self.endpoints[i].load(clock);
             let ((calls_a, cost_a), (calls_b, cost_b)) = (load(a), load(b));
             let (weight_a, weight_b) = ((calls_a + 1) * cost_a, (calls_b + 1) * cost_b);
             match cost_a == 0 || cost_b == 0 {

@@ -80,11 +80,9 @@ pub(super) struct Wire {
 
 /// How one exchange ended.
 pub(super) enum Sent {
-    /// The answer, or why there is none.
+    /// The answer, or why there is none; or, when [`Wire::streaming`] says so, a
+    /// stream's head, its body to be read as it comes on this connection.
     Done(Result<Response<Bytes>, Failure>),
-    /// A stream's head; its body is to be read as it comes, on this connection (boxed:
-    /// a whole answer's result stays as small as it was).
-    Stream(Box<(Response<Bytes>, Framing)>),
     /// Nothing was written: the connection had closed (or failed) before.
     Unsent(String),
 }
@@ -112,7 +110,7 @@ impl Wire {
 
     /// Sends `request` (its URI in origin form) with `host`, and reads the whole answer,
     /// refusing a body over `max_body` bytes; or, when `stream` and the answer is a
-    /// successful stream of server-sent events, its head alone ([`Sent::Stream`]).
+    /// successful stream of server-sent events, its head alone ([`Wire::streaming`]).
     /// `reused`: the connection carried an answer before and may have been closed by
     /// the backend since; if so the request is not sent. The request stays the
     /// caller's, to send again elsewhere should it fail.
@@ -148,11 +146,14 @@ impl Wire {
             ))));
         }
         let head_only = request.method() == Method::HEAD;
-        let answer = self.answer(head_only, max_body, stream).await;
-        match (self.streaming.take(), answer) {
-            (Some(framing), Ok(head)) => Sent::Stream(Box::new((head, framing))),
-            (_, answer) => Sent::Done(answer),
-        }
+        Sent::Done(self.answer(head_only, max_body, stream).await)
+    }
+
+    /// How the body of the stream whose head [`Wire::exchange`] just returned is
+    /// delimited, if it did return one (its body still on the connection, which is
+    /// never [`Wire::reusable`] then).
+    pub(super) fn streaming(&mut self) -> Option<Framing> {
+        self.streaming.take()
     }
 
     /// The head from byte `from` on, then `body` when it was not written with the head.

@@ -257,6 +257,7 @@ impl Dispatch {
     }
 
     /// The running policy snapshot.
+    #[inline]
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.load()
     }
@@ -397,7 +398,7 @@ impl Dispatch {
             stream: matches!(streaming, Some(Some(_))),
         };
         let sent = Instant::now();
-        let (decision, result) = match realtime && (route.borrow.realtime_overflow || route.fallback.is_some()) {
+        let (decision, mut result) = match realtime && (route.borrow.realtime_overflow || route.fallback.is_some()) {
             false => (
                 decision,
                 self.tiers.serve(call).instrument(tier_span(decision.tier)).await,
@@ -407,10 +408,9 @@ impl Dispatch {
             true => Box::pin(self.realtime_or_elsewhere(call, decision, instruments)).await,
         };
         handles.in_flight.decrement(1.0);
-        let result = match streaming {
-            None => result,
-            Some(how) => self.llm_answer(route, (decision.tier, how), (&meters.usage, &whose), result),
-        };
+        if let Some(how) = streaming {
+            result = self.llm_answer(route, (decision.tier, how), (&meters.usage, &whose), result);
+        }
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(received);
         handles.request_seconds.record(elapsed.as_secs_f64());
