@@ -4,7 +4,8 @@
 //!
 //! Noted, in milliseconds with microsecond precision: `queue` (a micro-batch request's
 //! wait for its batch to go out: tiergate forms a batch the moment a slot frees, so
-//! this is also its batch wait), `cache` (the cache's lookup, or a coalesced request's
+//! this is also its batch wait; an offline job's 202, its durable write into the
+//! queue, with no `backend`), `cache` (the cache's lookup, or a coalesced request's
 //! wait for the call it joined), `backend` (the backend call that gave the answer: the
 //! micro-batch the request rode in, or the real-time tier's call to its pool, from the
 //! endpoint's choice to the answer read), `retry` (calls that failed before it, on
@@ -30,7 +31,7 @@ pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 /// Where a part of an answer's time was spent, in the order the field names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spent {
-    /// A micro-batch request's wait for its batch.
+    /// A micro-batch request's wait for its batch, or an offline job's durable write.
     Queue,
     /// The cache's lookup, or a coalesced request's wait.
     Cache,

@@ -2,8 +2,9 @@
 //! over its callers' tenants by rows (adding up to the batch), the per-request
 //! equivalent at the learned `t(1)`, rows still unpriced while the pool learns, cache
 //! hits and coalesced followers counted as saved and never as used, the ledger read
-//! back after a restart, and the capacity signal following a step in the arrival rate
-//! to rate × cost ÷ target on a simulator of known cost.
+//! back after a restart, the capacity signal following a step in the arrival rate to
+//! rate × cost ÷ target on a simulator of known cost, and offline work counted one
+//! request a job when it ends (Batch API lines too).
 
 use crate::common;
 
@@ -415,6 +416,14 @@ async fn paced(gw: &Gateway, rate: u32, how_long: Duration) {
     }
 }
 
+/// Submits a Batch API batch of `n` lines for model `m` (see [`batch_lines`]); its
+/// path, `/v1/batches/{id}`.
+async fn batch_of(gw: &Gateway, n: usize) -> String {
+    let file = upload_file(gw.http_addr(), &batch_lines("m", n), &[]).await.json();
+    let id = create_batch(gw.http_addr(), &file["id"], "m", &[]).await;
+    format!("/v1/batches/{id}")
+}
+
 #[tokio::test]
 async fn a_tenant_past_its_daily_quota_gets_429_until_the_reset_and_its_offline_work_waits() {
     let sim = backend(&["m"]).await;
@@ -471,29 +480,7 @@ async fn a_tenant_past_its_daily_quota_gets_429_until_the_reset_and_its_offline_
     let job = infer(gw.http_addr(), "m", &[("prefer", "respond-async")], &question(5)).await;
     assert_eq!(job.status, 202, "{}", job.text());
     let location = job.header("location").expect("Location").to_owned();
-    let file = upload_file(
-        gw.http_addr(),
-        &json!({"custom_id": "one", "method": "POST", "url": "/v2/models/m/infer",
-        "body": {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [6, 7]}]}})
-        .to_string(),
-        &[],
-    )
-    .await
-    .json();
-    let body = json!({"input_file_id": file["id"], "endpoint": "/v2/models/m/infer", "completion_window": "24h"});
-    let batch = send(
-        "POST",
-        gw.http_addr(),
-        "/v1/batches",
-        &[("content-type", "application/json")],
-        body.to_string(),
-    )
-    .await
-    .json();
-    let batch_path = format!(
-        "/v1/batches/{}",
-        batch["id"].as_str().unwrap_or_else(|| panic!("{batch} {file}"))
-    );
+    let batch_path = batch_of(&gw, 1).await;
     let waiting = eventually(Duration::from_secs(10), "the batch waits for the quota", || async {
         let b = get(gw.http_addr(), &batch_path).await.json();
         (b["quota_wait"]["requests"] == 1).then_some(b)
@@ -529,4 +516,39 @@ async fn a_tenant_past_its_daily_quota_gets_429_until_the_reset_and_its_offline_
         (answered && b["status"] == "completed").then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn offline_work_counts_one_request_a_job_when_it_ends_and_its_202_times_the_queues_write() {
+    let sim = backend(&["m"]).await;
+    let policy = format!(
+        "[routes.later]\nmodels = [\"m\"]\n[routes.later.flags]\nrealtime = true\noffline = true\n\
+         [routes.later.realtime]\nendpoints = [\"{0}\"]\n[routes.later.micro_batch]\nendpoints = [\"{0}\"]\n",
+        sim.url()
+    );
+    let (gw, _config, _dir) = started(&policy).await;
+    // A call sent respond-async: its 202 says the queue's durable write, no backend.
+    let job = infer(gw.http_addr(), "m", &[("prefer", "respond-async")], &question(1)).await;
+    assert_eq!(job.status, 202, "{}", job.text());
+    let timing = job.header("server-timing").expect("Server-Timing").to_owned();
+    assert!(
+        timing.starts_with("queue;dur=") && !timing.contains("backend") && timing.contains("total;dur="),
+        "{timing}"
+    );
+    // Three Batch API lines.
+    let batch_path = batch_of(&gw, 3).await;
+    let location = job.header("location").expect("Location").to_owned();
+    eventually(Duration::from_secs(30), "the job and the batch end", || async {
+        let answered = get(gw.http_addr(), &location).await.json()["outputs"].is_array();
+        let b = get(gw.http_addr(), &batch_path).await.json();
+        (answered && b["status"] == "completed").then_some(())
+    })
+    .await;
+    // Each job counts once, on the offline tier, when it ends (the call sent
+    // respond-async not again at its acceptance; the batch's lines too).
+    let report = usage(&gw, "by=tier").await;
+    assert_eq!(line(&report, "tier", "offline")["requests"], 4, "{report:#}");
+    assert_eq!(report["rows"].as_array().map(Vec::len), Some(1), "{report:#}");
+    let exported = metric(&gw, "tiergate_usage_requests_total{route=\"later\",tier=\"offline\"}").await;
+    assert_eq!(exported, 4.0);
 }

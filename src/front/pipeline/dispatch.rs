@@ -85,8 +85,9 @@ pub struct Served {
     pub result: Result<Reply, Error>,
     /// The version of the policy snapshot that served it.
     pub policy_version: u64,
-    /// How long the tier that served it took, when one did: the answer's `backend` in
-    /// `Server-Timing` unless the tier said more (see [`crate::timing`]).
+    /// How long the tier that served it took, when one did and a backend answered (not
+    /// an offline acceptance): the answer's `backend` in `Server-Timing` unless the tier
+    /// said more (see [`crate::timing`]).
     pub tier_took: Option<std::time::Duration>,
     /// The time since the door received it, as the dispatch read the clock when the
     /// tier answered (its `total` in `Server-Timing`, one reading of the clock spared).
@@ -414,19 +415,23 @@ impl Dispatch {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(received);
         handles.request_seconds.record(elapsed.as_secs_f64());
+        let tier_took = now.saturating_duration_since(sent);
+        // What the answer's Server-Timing says a backend took: an offline acceptance
+        // notes its own time (the queue's durable write), no backend having answered.
+        let mut backend_took = None;
         if decision.tier != Tier::Offline {
             // An offline acceptance is not the job's end: jobs count when they finish.
             let met = elapsed <= decision.budget && result.as_ref().is_ok_and(|r| r.status().as_u16() < 500);
             instruments.slo(&route.name, decision.tier, met);
+            backend_took = Some(tier_took);
         }
-        let tier_took = now.saturating_duration_since(sent);
         super::meters::charge(&meters.usage, decision.tier, &whose, &result, tier_took);
         let served = Served {
             decision: Some(decision),
             refusal: None,
             result,
             policy_version: route.policy_version(),
-            tier_took: Some(tier_took),
+            tier_took: backend_took,
             elapsed: Some(elapsed),
         };
         count(route, door, instruments, served, ids.as_ref())

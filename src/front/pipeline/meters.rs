@@ -98,7 +98,8 @@ impl MeterTable {
 /// refused it for its capacity (no backend call); a real-time call (its fallback's
 /// too) also the backend time it took (`took`, the tier's time), a row and a call when
 /// answered. A micro-batch's rows and time are charged when its batch is sent
-/// (`tiers::micro_batch`), an offline job's when it runs.
+/// (`tiers::micro_batch`); an offline job accepted is charged (a request, its rows and
+/// time) when it ends (`tiers::offline`), as a Batch API line is.
 pub(super) fn charge(
     usage: &RouteUsage,
     tier: Tier,
@@ -111,7 +112,11 @@ pub(super) fn charge(
         Err(e) if e.knob.is_some() || e.kind == Kind::Shed => {
             usage.add(Source::of(tier), whose.name(), &figures.with(Field::Refused, 1));
         }
-        _ if tier != Tier::Realtime => usage.add(Source::of(tier), whose.name(), &figures),
+        _ if tier != Tier::Realtime => {
+            if tier == Tier::MicroBatch || result.is_err() {
+                usage.add(Source::of(tier), whose.name(), &figures);
+            }
+        }
         // Answered, or failed after it left (a timeout, a backend error): its time was spent.
         answer => usage.add_call(Source::Realtime, whose.name(), ns(took), answer.is_ok()),
     }

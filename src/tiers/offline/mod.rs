@@ -49,6 +49,7 @@ impl Offline {
     /// Accepts `call` as a job: 202 with its `Location` once it is durable (a full store
     /// refuses with 507).
     pub async fn serve(&self, call: Call) -> Result<Reply, Error> {
+        let started = std::time::Instant::now();
         let headers = call.request.headers();
         if call.door != Door::Http {
             return Err(Error::new(
@@ -122,6 +123,9 @@ impl Offline {
         if let Ok(location) = HeaderValue::from_str(&format!("/v1/jobs/{}", submitted.id)) {
             h.insert(http::header::LOCATION, location);
         }
+        // Server-Timing's `queue`: the job's durable write (no backend has seen it yet).
+        let took = started.elapsed();
+        crate::timing::set(reply.extensions_mut(), &[(crate::timing::Spent::Queue, took)]);
         Ok(reply)
     }
 }

@@ -175,6 +175,7 @@ impl RouteWorker {
                     .zip(answers)
                     .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
                     .collect::<Vec<_>>();
+                self.count_ended(&route.name, &jobs, &ends);
                 self.scored(&route, &jobs, ends, started.elapsed()).await
             };
             let ends = tokio::select! {
@@ -264,6 +265,21 @@ impl RouteWorker {
             if let Some(used) = crate::llm::openai::Usage::of(reply.body()) {
                 let usage = self.workers.usage.route(route);
                 crate::usage::TokenMeter::new(route, Tier::Offline, usage, &job.request.tenant).count(used);
+            }
+        }
+    }
+
+    /// Counts each of `jobs` that ended (answered, or failed for good) as a request of
+    /// its tenant's: an offline request, a Batch API line or one sent with `Prefer:
+    /// respond-async`, counts once, when it ends (its rows and time are charged as the
+    /// batch pool serves it).
+    fn count_ended(&self, route: &str, jobs: &[Job], ends: &[(queue::JobId, u32, Finish)]) {
+        use crate::usage::{Field, Figures, Source};
+        let usage = self.workers.usage.route(route);
+        let one = Figures::default().with(Field::Requests, 1);
+        for (job, (_, _, end)) in jobs.iter().zip(ends) {
+            if matches!(end, Finish::Answered(_) | Finish::Failed { .. }) {
+                usage.add(Source::Offline, &job.request.tenant, &one);
             }
         }
     }
