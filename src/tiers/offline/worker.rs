@@ -169,7 +169,6 @@ impl RouteWorker {
                 let started = Instant::now();
                 let answers = self.serve(&route, calls).await;
                 self.precomputed(&route, &jobs, &answers);
-                self.count_tokens(&route.name, &jobs, &answers);
                 let ends = jobs
                     .iter()
                     .zip(answers)
@@ -255,31 +254,29 @@ impl RouteWorker {
         }
     }
 
-    /// Counts the tokens of LLM answers (their `usage`) to each job's tenant.
-    fn count_tokens(&self, route: &str, jobs: &[Job], answers: &[Result<Reply, Error>]) {
-        for (job, answer) in jobs.iter().zip(answers) {
-            let Ok(reply) = answer else { continue };
-            if !reply.status().is_success() {
-                continue;
-            }
-            if let Some(used) = crate::llm::openai::Usage::of(reply.body()) {
-                let usage = self.workers.usage.route(route);
-                crate::usage::TokenMeter::new(route, Tier::Offline, usage, &job.request.tenant).count(used);
-            }
-        }
-    }
-
     /// Counts each of `jobs` that ended (answered, or failed for good) as a request of
-    /// its tenant's: an offline request, a Batch API line or one sent with `Prefer:
-    /// respond-async`, counts once, when it ends (its rows and time are charged as the
-    /// batch pool serves it).
+    /// its tenant's, and the tokens an LLM answer says it used (its `usage`): an offline
+    /// request, a Batch API line or one sent with `Prefer: respond-async`, counts once,
+    /// when it ends (its rows and time are charged as the batch pool serves it).
     fn count_ended(&self, route: &str, jobs: &[Job], ends: &[(queue::JobId, u32, Finish)]) {
-        use crate::usage::{Field, Figures, Source};
+        use crate::usage::{Field, Figures, Source, TokenMeter};
         let usage = self.workers.usage.route(route);
         let one = Figures::default().with(Field::Requests, 1);
         for (job, (_, _, end)) in jobs.iter().zip(ends) {
-            if matches!(end, Finish::Answered(_) | Finish::Failed { .. }) {
-                usage.add(Source::Offline, &job.request.tenant, &one);
+            let tenant = &job.request.tenant;
+            match end {
+                Finish::Answered(answer) => {
+                    usage.add(Source::Offline, tenant, &one);
+                    let used = (200..300)
+                        .contains(&answer.status)
+                        .then(|| crate::llm::openai::Usage::of(&answer.body))
+                        .flatten();
+                    if let Some(used) = used {
+                        TokenMeter::new(route, Tier::Offline, usage.clone(), tenant).count(used);
+                    }
+                }
+                Finish::Failed { .. } => usage.add(Source::Offline, tenant, &one),
+                Finish::Retry { .. } | Finish::Wait { .. } => {}
             }
         }
     }
@@ -323,19 +320,19 @@ impl RouteWorker {
     /// [`Self::serve`] of calls some of which ask for a stream: those fail alone (an
     /// offline answer is written whole), the others are served.
     async fn serve_but_streams(&self, route: &crate::policy::Route, calls: Vec<Call>) -> Vec<Result<Reply, Error>> {
-        let (streaming, served): (Vec<_>, Vec<_>) = calls.into_iter().enumerate().partition(|(_, c)| streams(c));
-        let order: Vec<usize> = served.iter().map(|(i, _)| *i).collect();
-        let mut answers: Vec<Option<Result<Reply, Error>>> = (0..order.len() + streaming.len()).map(|_| None).collect();
-        for (i, _) in streaming {
-            let why =
-                "stream is not supported offline: the answer is written whole; send the request without \"stream\"";
-            answers[i] = Some(Err(Error::new(Kind::BadRequest, why)));
-        }
-        let served = self.serve(route, served.into_iter().map(|(_, c)| c).collect()).await;
-        for (i, answer) in order.into_iter().zip(served) {
-            answers[i] = Some(answer);
-        }
-        answers.into_iter().flatten().collect()
+        let streaming: Vec<bool> = calls.iter().map(streams).collect();
+        let others = calls.into_iter().filter(|c| !streams(c)).collect();
+        let mut served = self.serve(route, others).await.into_iter();
+        let why = "stream is not supported offline: the answer is written whole; send the request without \"stream\"";
+        streaming
+            .into_iter()
+            .map(|stream| match stream {
+                true => Err(Error::new(Kind::BadRequest, why)),
+                false => served
+                    .next()
+                    .unwrap_or_else(|| Err(Error::new(Kind::Backend, "the batch pool gave no answer"))),
+            })
+            .collect()
     }
 
     /// `ends` with each answered line of a shadow batch scored by the route's candidate
