@@ -194,7 +194,13 @@ impl Admin {
             (&Method::GET, ["admin", "routes", name]) => self.route(name),
             (&Method::POST, ["admin", "explain"]) => self.explain(&body),
             (&Method::GET, ["admin", "usage"]) => {
-                usage::table(self.dispatch.usage(), &self.control.store().load(), head.uri.query()).await
+                let one = |route: &str| self.micro_batch.pool_state(route).and_then(|s| s.one_row);
+                usage::table(
+                    self.dispatch.usage(),
+                    (&self.control.store().load(), &one),
+                    head.uri.query(),
+                )
+                .await
             }
             (&Method::GET, ["admin", "capacity"]) => usage::capacity(self.dispatch.usage()),
             (&Method::GET, ["admin", "stats"]) => match stats::since_ms(head.uri.query(), std::time::SystemTime::now())

@@ -68,8 +68,13 @@ fn asked(query: Option<&str>) -> Result<Asked, Refusal> {
 }
 
 /// The table `query` asks for, from `ledger` (the fleet's, with the Kafka queue),
-/// priced as `policy` prices its pools.
-pub(super) async fn table(ledger: &Arc<Ledger>, policy: &Policy, query: Option<&str>) -> Response<Full<Bytes>> {
+/// priced as `policy` prices its pools, the rows a batch pool sent before it had
+/// learned its cost at `one`, its `t(1)` now by route.
+pub(super) async fn table(
+    ledger: &Arc<Ledger>,
+    (policy, one): (&Policy, &report::OneRow<'_>),
+    query: Option<&str>,
+) -> Response<Full<Bytes>> {
     let asked = match asked(query) {
         Ok(asked) => asked,
         Err((status, code, message)) => return super::error(status, code, &message),
@@ -85,7 +90,7 @@ pub(super) async fn table(ledger: &Arc<Ledger>, policy: &Policy, query: Option<&
             )
         }
     };
-    let report = report::build(&rows, &asked.by, policy, (since, unix(SystemTime::now())));
+    let report = report::build(&rows, &asked.by, (policy, one), (since, unix(SystemTime::now())));
     match asked.format {
         Format::Json => super::ok(&json!(report)),
         Format::Csv => {

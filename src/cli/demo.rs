@@ -100,6 +100,10 @@ pub struct Example {
     pub reason: Option<&'static str>,
 }
 
+/// The batch sizes the demo warms its batch pool with, one call each (see
+/// [`Demo::warm_up`]).
+const WARM_UP: [usize; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+
 /// Requests in the demo's Batch API file.
 pub const REQUESTS: usize = 50;
 
@@ -184,14 +188,46 @@ impl Demo {
         if let Err(e) = gateway.watch_policy(&config.policy_dir) {
             tracing::warn!(error = %e, "the demo's policy copy is not watched");
         }
-        Ok(Demo {
+        let demo = Demo {
             gateway,
             sims,
             pools: bound,
             requests,
             token,
             _data_dir: DataDir(config.data_dir.clone()),
-        })
+        };
+        demo.warm_up().await?;
+        Ok(demo)
+    }
+
+    /// Sends the batch pool one micro-batch call of each of [`WARM_UP`]'s sizes, one
+    /// after another, so it has learned its cost (`t(n) = a + b·n`, and `t(1)` that the
+    /// usage ledger prices a row alone with) before a newcomer's first request: a pool
+    /// learns it from the batches it sends, and needs several of different sizes.
+    async fn warm_up(&self) -> anyhow::Result<()> {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        for rows in WARM_UP {
+            let data: Vec<String> = (0..rows * 4).map(|i| (i % 10).to_string()).collect();
+            let body = format!(
+                r#"{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[{rows},4],"data":[{}]}}]}}"#,
+                data.join(",")
+            );
+            let request = http::Request::post(format!("http://{}/v2/models/resnet50/infer", self.http_addr()))
+                .header("content-type", "application/json")
+                .header("x-tiergate-budget-ms", "2000")
+                .header("x-api-key", "demo-warm-up")
+                .body(Full::new(Bytes::from(body)))?;
+            let response = client.request(request).await?;
+            let status = response.status();
+            let answer = response.into_body().collect().await?.to_bytes();
+            if status != 200 {
+                anyhow::bail!(
+                    "the batch pool's warm-up: a batch of {rows} rows got {status}: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The gateway's HTTP address.
@@ -279,10 +315,11 @@ impl Demo {
             let body = client.request(explain).await?.into_body().collect().await?.to_bytes();
             let answer: serde_json::Value = serde_json::from_slice(&body)?;
             let tier = answer["result"]["tier"].as_str().unwrap_or("-").to_owned();
-            if tier != "micro_batch" {
-                anyhow::bail!("admin explain: expected micro_batch, got {answer}");
+            if tier != "micro_batch" || answer["micro_batch"]["learned_cost"].is_null() {
+                anyhow::bail!("admin explain: expected micro_batch and the batch pool's learned cost, got {answer}");
             }
             lines.push(format!("ok  {:<52} 200 {tier}", "the admin API explains a 2 s budget"));
+            lines.push(self.usage_check(&client, admin).await?);
             let page = http::Request::get(format!("http://{admin}/admin/ui/")).body(Full::new(Bytes::new()))?;
             let page = client.request(page).await?;
             if page.status() != 200 {
@@ -291,6 +328,33 @@ impl Demo {
             lines.push(format!("ok  {:<52} 200 page", "the console at /admin/ui/"));
         }
         Ok(lines)
+    }
+
+    /// Reads the usage ledger as `tiergate usage` does: the demo's batches saved
+    /// backend time, and every row is priced.
+    async fn usage_check(
+        &self,
+        client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+        admin: SocketAddr,
+    ) -> anyhow::Result<String> {
+        let request = http::Request::get(format!("http://{admin}/admin/usage?since=1h&by=route"))
+            .header(http::header::AUTHORIZATION, format!("Bearer {}", self.token))
+            .body(Full::new(Bytes::new()))?;
+        let body = client.request(request).await?.into_body().collect().await?.to_bytes();
+        let report: serde_json::Value = serde_json::from_slice(&body)?;
+        let resnet = report["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["route"] == "resnet50"));
+        let saved = resnet.and_then(|r| r["saved_batching_seconds"].as_f64());
+        match (saved, resnet.map(|r| &r["unpriced_rows"])) {
+            (Some(saved), Some(unpriced)) if saved > 0.0 && unpriced == 0 => Ok(format!(
+                "ok  {:<52} {:.3} s saved",
+                "the usage ledger prices what batching saved", saved
+            )),
+            _ => anyhow::bail!(
+                "the usage ledger: expected resnet50's batching to have saved time, every row priced: {report}"
+            ),
+        }
     }
 
     /// Sends the demo's streamed chat call (its `curl -N` line): a stream of tokens on
@@ -394,8 +458,11 @@ impl Demo {
             std::env::current_exe().map_or_else(|_| "tiergate".to_owned(), |p| shell_word(&p.display().to_string()));
         let mut out = format!(
             "tiergate demo: gateway on http://{http}, gRPC on {grpc} (metrics on http://{metrics}/metrics)\n\
-             simulated pools: real-time {} and batch {}; policy: policies/demo.toml\n\n",
-            self.pools[0], self.pools[1]
+             simulated pools: real-time {} and batch {}; policy: policies/demo.toml\n\
+             the batch pool has learned its cost from {} warm-up batches of 1 to 64 rows (tenant demo-warm-up)\n\n",
+            self.pools[0],
+            self.pools[1],
+            WARM_UP.len()
         );
         for ex in examples() {
             out += &format!("# {} (expect {})\n{}\n\n", ex.title, ex.status, curl(http, &ex));
@@ -425,7 +492,9 @@ impl Demo {
                  # the admin API from the command line, with the same token: switch a flag, see why, roll back\n\
                  TIERGATE_ADMIN_TOKEN={token} {exe} flags set resnet50 micro_batch off --admin http://{admin}\n\
                  TIERGATE_ADMIN_TOKEN={token} {exe} explain --model resnet50 --budget-ms 2000 --admin http://{admin}\n\
-                 TIERGATE_ADMIN_TOKEN={token} {exe} policy history --admin http://{admin}\n\n",
+                 TIERGATE_ADMIN_TOKEN={token} {exe} policy history --admin http://{admin}\n\n\
+                 # what the backends did for whom, and what batching and the cache saved\n\
+                 TIERGATE_ADMIN_TOKEN={token} {exe} usage --by route,tier,tenant --admin http://{admin}\n\n",
                 token = self.token
             );
         }

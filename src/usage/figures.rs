@@ -71,7 +71,8 @@ pub enum Field {
     UsedNs,
     /// What the rows sent would have cost served one by one, nanoseconds.
     AloneNs,
-    /// Rows sent whose pool had not learned its cost yet (their equivalent is their use).
+    /// Rows sent (or saved) whose pool had not learned its cost yet (a sent one's
+    /// equivalent is its use until a report can price it).
     UnpricedRows,
     /// Rows answered from a kept answer ...
     CacheRows,
@@ -93,6 +94,9 @@ pub enum Field {
     /// ... of them, counted from a stream's content events (its backend sent no
     /// `usage`): an estimate.
     EstimatedTokens,
+    /// Backend time charged to the unpriced rows sent, nanoseconds: what a report takes
+    /// back out of [`Field::AloneNs`] when it prices them at the pool's `t(1)` now.
+    UnpricedNs,
 }
 
 impl Field {
@@ -114,6 +118,7 @@ impl Field {
         Field::PromptTokens,
         Field::CompletionTokens,
         Field::EstimatedTokens,
+        Field::UnpricedNs,
     ];
 
     /// Its column in the store.
@@ -135,12 +140,13 @@ impl Field {
             Field::PromptTokens => "prompt_tokens",
             Field::CompletionTokens => "completion_tokens",
             Field::EstimatedTokens => "estimated_tokens",
+            Field::UnpricedNs => "unpriced_ns",
         }
     }
 }
 
 /// How many fields the ledger counts.
-pub const FIELDS: usize = 16;
+pub const FIELDS: usize = 17;
 
 /// The ledger's figures for one route, source and tenant over some time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -100,8 +100,9 @@ pub struct Line {
     pub saved_dedupe_seconds: f64,
     /// Everything saved: would-have less used.
     pub saved_seconds: f64,
-    /// Rows whose pool had not learned its cost when they were sent: counted at what
-    /// they used, so nothing is claimed saved on them.
+    /// Rows whose pool has not learned its cost yet: counted at what they used, so
+    /// nothing is claimed saved on them (rows sent before it had are priced at its
+    /// `t(1)` once it has).
     pub unpriced_rows: u64,
     /// LLM prompt tokens the backends read.
     #[serde(default)]
@@ -189,8 +190,33 @@ fn price<'p>(policy: &'p Policy, route: &str, source: Source) -> Option<&'p Pric
     }
 }
 
-/// The table of `rows` grouped `by`, priced as `policy` prices its pools now.
-pub fn build(rows: &[Row], by: &[By], policy: &Policy, (since, until): (i64, i64)) -> Report {
+/// `figures` with its unpriced rows priced at `one`, their pool's `t(1)` now, if it can
+/// tell it: the time their sent rows were charged taken back out of what they would
+/// have cost alone, and `t(1)` each put in (the rows a pool sent, or saved, before it had
+/// learned its cost are priced once it has).
+fn priced(figures: &Figures, one: Option<std::time::Duration>) -> Figures {
+    let rows = figures.get(Field::UnpricedRows);
+    let Some(one) = one.filter(|_| rows > 0) else {
+        return *figures;
+    };
+    let alone = figures
+        .get(Field::AloneNs)
+        .saturating_sub(figures.get(Field::UnpricedNs))
+        .saturating_add(super::ns(one).saturating_mul(rows));
+    let mut out = *figures;
+    out.0[Field::AloneNs as usize] = alone;
+    out.0[Field::UnpricedRows as usize] = 0;
+    out.0[Field::UnpricedNs as usize] = 0;
+    out
+}
+
+/// A batch pool's `t(1)` now by route: `None` where it cannot tell it yet.
+pub type OneRow<'a> = dyn Fn(&str) -> Option<std::time::Duration> + Sync + 'a;
+
+/// The table of `rows` grouped `by`, priced as `policy` prices its pools now; `one`
+/// is a batch pool's `t(1)` now by route (`None` where it cannot tell it), which prices
+/// the rows sent before the pool had learned it.
+pub fn build(rows: &[Row], by: &[By], (policy, one): (&Policy, &OneRow<'_>), (since, until): (i64, i64)) -> Report {
     let mut groups: BTreeMap<Group, Sums> = BTreeMap::new();
     let mut total = Sums::default();
     for row in rows {
@@ -204,8 +230,12 @@ pub fn build(rows: &[Row], by: &[By], policy: &Policy, (since, until): (i64, i64
             by.contains(&By::Tenant).then_some(tenant),
         );
         let price = price(policy, &row.route, row.source);
-        groups.entry(key).or_default().add(&row.figures, price);
-        total.add(&row.figures, price);
+        let figures = match row.source {
+            Source::MicroBatch | Source::Offline => priced(&row.figures, one(&row.route)),
+            Source::Realtime | Source::Cache => row.figures,
+        };
+        groups.entry(key).or_default().add(&figures, price);
+        total.add(&figures, price);
     }
     let all_used = used(&total.figures);
     let mut lines: Vec<Line> = groups
@@ -345,6 +375,42 @@ mod tests {
     }
 
     #[test]
+    fn rows_sent_before_the_pool_learned_its_cost_are_priced_once_it_has() {
+        // Four rows sent in one batch of 1 s before the pool could tell t(1), and two
+        // priced rows after it could (0.5 s each alone, 0.4 s used).
+        let early = Figures::default()
+            .with(Field::Rows, 4)
+            .with(Field::UsedNs, secs(1.0))
+            .with(Field::AloneNs, secs(1.0))
+            .with(Field::UnpricedRows, 4)
+            .with(Field::UnpricedNs, secs(1.0));
+        let later = Figures::default()
+            .with(Field::Rows, 2)
+            .with(Field::UsedNs, secs(0.4))
+            .with(Field::AloneNs, secs(1.0));
+        let rows = [
+            row("r", Source::Offline, "", early),
+            row("r", Source::MicroBatch, "", later),
+            row("rt", Source::Realtime, "", early),
+        ];
+        let by = By::parse_list("route").expect("by");
+        let policy = Policy::default();
+        let still = build(&rows, &by, (&policy, &|_| None), (0, 60));
+        let r = still.rows.iter().find(|l| l.route.as_deref() == Some("r")).expect("r");
+        assert_eq!(r.unpriced_rows, 4);
+        assert!((r.saved_batching_seconds - 0.6).abs() < 1e-9, "{r:?}");
+        let half = std::time::Duration::from_millis(500);
+        let now = build(&rows, &by, (&policy, &|route| (route == "r").then_some(half)), (0, 60));
+        let r = now.rows.iter().find(|l| l.route.as_deref() == Some("r")).expect("r");
+        assert_eq!(r.unpriced_rows, 0);
+        assert!((r.would_have_seconds - 3.0).abs() < 1e-9, "{r:?}");
+        assert!((r.saved_batching_seconds - 1.6).abs() < 1e-9, "{r:?}");
+        // A real-time row is never repriced: its pool sends one row a call.
+        let rt = now.rows.iter().find(|l| l.route.as_deref() == Some("rt")).expect("rt");
+        assert_eq!(rt.unpriced_rows, 4);
+    }
+
+    #[test]
     fn groups_adds_up_and_says_what_was_saved() {
         let batch = Figures::default()
             .with(Field::Requests, 10)
@@ -363,7 +429,12 @@ mod tests {
             row("r", Source::Cache, "a", hits),
         ];
         let policy = Policy::default();
-        let report = build(&rows, &By::parse_list("tenant").expect("by"), &policy, (0, 60));
+        let report = build(
+            &rows,
+            &By::parse_list("tenant").expect("by"),
+            (&policy, &|_| None),
+            (0, 60),
+        );
         assert_eq!(report.rows.len(), 2);
         let a = report
             .rows

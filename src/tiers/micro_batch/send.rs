@@ -229,7 +229,10 @@ fn charge(
             .with(Field::UsedNs, used);
         figures = match one {
             Some(one) => figures.with(Field::AloneNs, ns(one).saturating_mul(own)),
-            None => figures.with(Field::AloneNs, used).with(Field::UnpricedRows, own),
+            None => figures
+                .with(Field::AloneNs, used)
+                .with(Field::UnpricedRows, own)
+                .with(Field::UnpricedNs, used),
         };
         if answered || sent == 0 {
             figures = figures.with(Field::Rows, caller.rows);
