@@ -265,6 +265,10 @@ families! {
     /// reported none), by `route`, `tier` and `kind` (`prompt`, `completion`,
     /// `completion_estimated`).
     TOKENS = "tiergate_tokens_total", Counter;
+    /// LLM calls a route's token limits refused, by `route`, `limit` (its key:
+    /// `tokens_per_minute`, `requests_per_minute`, `daily_tokens`, `monthly_tokens`)
+    /// and `why` (`spent`: too little left now; `too_large`: more than it ever allows).
+    TOKEN_LIMITED = "tiergate_token_limited_total", Counter;
     /// Time from a streamed call's sending to its first token, by `route` and `tier`
     /// (histogram, seconds).
     TIME_TO_FIRST_TOKEN = "tiergate_time_to_first_token_seconds", Histogram;

@@ -54,6 +54,11 @@ impl Tenant {
 
     /// The tenant `request` was admitted as (anonymous when no door set one).
     pub fn of<B>(request: &http::Request<B>) -> Tenant {
-        request.extensions().get::<Tenant>().cloned().unwrap_or_default()
+        Tenant::of_parts(request.extensions())
+    }
+
+    /// The tenant a request's `extensions` carry (the anonymous one if none).
+    pub fn of_parts(extensions: &http::Extensions) -> Tenant {
+        extensions.get::<Tenant>().cloned().unwrap_or_default()
     }
 }

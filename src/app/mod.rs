@@ -439,8 +439,18 @@ impl Parts {
                 false => ledger,
             })
             .map(|ledger| shared(ledger, &store))
-            .map(Arc::new)
             .map_err(StartError::Usage)?;
+        let usage = Arc::new(match &config.usage.redis {
+            Some(url) => usage.with_limits(crate::usage::limits::Limits::shared(
+                crate::usage::limits::shared::Shared::new(
+                    &url.0,
+                    &config.usage.redis_prefix,
+                    config.usage.redis_timeout,
+                )
+                .map_err(StartError::Settings)?,
+            )),
+            None => usage,
+        });
         let micro_batch = MicroBatch::new(
             backends.clone(),
             shutdown.clone(),

@@ -88,12 +88,25 @@ impl Default for MetricsConfig {
 pub struct UsageConfig {
     /// Days the hourly figures are kept (1 to 3650).
     pub keep_days: u32,
+    /// A Redis every replica shares the token limits' counts in
+    /// (`redis://[:PASSWORD@]HOST:PORT[/DB]`; a secret, as it may hold a password).
+    /// Unset: each replica holds the limits on its own calls.
+    pub redis: Option<Secret>,
+    /// The longest a token limits' check waits for Redis before the replica holds the
+    /// limit on its own counts.
+    #[serde(with = "humantime_serde")]
+    pub redis_timeout: Duration,
+    /// Prefix of the token limits' keys in Redis.
+    pub redis_prefix: String,
 }
 
 impl Default for UsageConfig {
     fn default() -> Self {
         UsageConfig {
             keep_days: crate::usage::store::KEEP_DAYS,
+            redis: None,
+            redis_timeout: Duration::from_millis(50),
+            redis_prefix: "tiergate".into(),
         }
     }
 }

@@ -155,6 +155,15 @@ impl Config {
         if !(1..=3650).contains(&keep_days) {
             check.fail("usage.keep_days", format!("must be 1 to 3650 days, got {keep_days}"));
         }
+        if let Some(url) = &self.usage.redis {
+            if let Err(e) = redis::Client::open(url.0.as_str()) {
+                check.fail(
+                    "usage.redis",
+                    format!("must be a URL such as redis://host:6379 ({})", e.category()),
+                );
+            }
+        }
+        check.positive("usage.redis_timeout", self.usage.redis_timeout);
         let series = self.metrics.max_tenant_series as u64;
         if !(1..=10_000).contains(&series) {
             check.fail("metrics.max_tenant_series", format!("must be 1 to 10000, got {series}"));

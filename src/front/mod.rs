@@ -33,3 +33,4 @@ mod paths;
 pub mod pipeline;
 pub mod ready;
 pub mod relay;
+mod tokens;

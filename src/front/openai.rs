@@ -10,7 +10,9 @@
 //! `model_not_found`, in OpenAI's error shape. A streamed chat or completions call that
 //! did not ask for its usage is sent asking for it (`stream_options.include_usage`), so
 //! its tokens are counted exactly, and the relay takes that chunk out again: the caller
-//! sees what it asked for. The call then takes the door's common path on its route.
+//! sees what it asked for. On a route with `[tokens]`, the call is held to its ceilings
+//! and limits first ([`super::tokens`]). The call then takes the door's common path on
+//! its route.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
@@ -81,6 +83,24 @@ pub(super) async fn serve<B: RequestBody>(door: &impl JsonDoor, req: Request<B>)
         Some(Ok(None)) | None => {}
     }
     let mut body = body;
+    let mut headroom = None;
+    if let Some(rules) = route.tokens.clone() {
+        let tenant = route
+            .tenant(&crate::tenant::Tenant::of_parts(&parts.extensions), &parts.headers)
+            .to_owned();
+        let offline = crate::headers::prefers_async(&parts.headers);
+        let ledger = door.dispatch().usage();
+        match super::tokens::hold(ledger, (&route, &rules), (&path, &tenant, offline), body).await {
+            Ok(held) => {
+                body = held.body;
+                if let Some(reservation) = held.reservation {
+                    parts.extensions.insert(reservation);
+                }
+                headroom = Some(held.headroom);
+            }
+            Err(refused) => return refused,
+        }
+    }
     if ask.stream {
         let asks_usage = matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions");
         let strip_usage = asks_usage && !ask.include_usage;
@@ -90,7 +110,11 @@ pub(super) async fn serve<B: RequestBody>(door: &impl JsonDoor, req: Request<B>)
         parts.extensions.insert(Wanted { strip_usage });
     }
     let request = Request::from_parts(parts, Full::new(body));
-    door.serve_json(route, request).await
+    let mut response = door.serve_json(route, request).await;
+    if let Some(headroom) = headroom {
+        super::tokens::headers_of(response.headers_mut(), &headroom);
+    }
+    response
 }
 
 /// Triton's generate extension for `route`'s model (`stream`: `generate_stream`): a

@@ -5,3 +5,4 @@
 
 pub mod openai;
 pub mod sse;
+pub mod tokens;

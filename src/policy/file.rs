@@ -115,6 +115,8 @@ pub struct RouteFile {
     pub body_check: Option<crate::protocol::BodyCheck>,
     /// Tenants' quotas on this route.
     pub quotas: Option<QuotasFile>,
+    /// Its LLM calls' token ceilings and limits.
+    pub tokens: Option<super::tokens::TokensFile>,
     /// The longest a stream may run after its first token (default 10m).
     #[serde(default, with = "humantime_serde")]
     pub max_stream_duration: Option<Duration>,

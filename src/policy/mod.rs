@@ -12,6 +12,7 @@ pub mod file;
 pub mod model;
 mod problems;
 mod shadow;
+pub mod tokens;
 pub mod usage;
 mod validate;
 

@@ -80,6 +80,8 @@ pub struct Route {
     /// The tenants' quotas its requests are held to (its own and across every route);
     /// `None`: none.
     pub quotas: Option<Arc<super::usage::RouteQuotas>>,
+    /// Its LLM calls' token ceilings and limits (`[tokens]`); `None`: none.
+    pub tokens: Option<Arc<super::tokens::TokenRules>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -595,6 +597,7 @@ impl Route {
             fallback: None,
             usage: Default::default(),
             quotas: None,
+            tokens: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

@@ -313,6 +313,10 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         fallback,
         usage,
         quotas: route_quotas(check, &at, file.quotas.as_ref(), defaults.quotas.as_ref()),
+        tokens: file
+            .tokens
+            .as_ref()
+            .map(|t| Arc::new(super::tokens::rules(check, &format!("{at}.tokens"), t))),
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }

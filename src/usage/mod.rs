@@ -22,6 +22,7 @@
 pub mod capacity;
 mod figures;
 pub mod fleet;
+pub mod limits;
 pub mod quota;
 pub mod report;
 mod shares;
@@ -230,6 +231,8 @@ pub struct Ledger {
     pub capacity: capacity::Signals,
     /// Each tenant's use in the current day and month, for its quotas.
     pub quotas: quota::Uses,
+    /// The token limits' counts (this replica's, or every replica's in Redis).
+    pub limits: Arc<limits::Limits>,
     /// Totals since start, and their Prometheus handles.
     exported: Mutex<Fast<(Arc<str>, Source), Exported>>,
     /// Per-tenant series: off (`None`), or the tenants that have their own (at most
@@ -292,6 +295,12 @@ impl Ledger {
             limit,
             ..TenantSeries::default()
         }));
+        self
+    }
+
+    /// The same ledger, its token limits held with `limits`.
+    pub fn with_limits(mut self, limits: limits::Limits) -> Self {
+        self.limits = Arc::new(limits);
         self
     }
 

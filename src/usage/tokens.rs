@@ -16,6 +16,8 @@ pub struct TokenMeter {
     usage: Arc<RouteUsage>,
     source: Source,
     tenant: String,
+    /// The call's hold on its route's token limits, settled with what it counts.
+    held: Option<super::limits::Reservation>,
 }
 
 impl TokenMeter {
@@ -27,7 +29,15 @@ impl TokenMeter {
             usage,
             source: Source::of(tier),
             tenant: tenant.to_owned(),
+            held: None,
         }
+    }
+
+    /// The same meter, settling `held` (the call's reservation of its route's token
+    /// limits) with the tokens it counts.
+    pub fn holding(mut self, held: Option<super::limits::Reservation>) -> Self {
+        self.held = held;
+        self
     }
 
     /// Its route's and tier's labels, for the series of the call beside its tokens.
@@ -35,8 +45,11 @@ impl TokenMeter {
         &self.labels
     }
 
-    /// Counts `used`.
+    /// Counts `used` (and settles the call's reservation with it).
     pub fn count(&self, used: Usage) {
+        if let Some(held) = &self.held {
+            held.settle(used.prompt.saturating_add(used.completion));
+        }
         let completion = match used.estimated {
             true => "completion_estimated",
             false => "completion",

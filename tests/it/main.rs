@@ -50,5 +50,6 @@ mod shutdown;
 mod streams;
 mod tenants;
 mod tls;
+mod token_limits;
 mod traces;
 mod usage;

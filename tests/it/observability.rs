@@ -387,12 +387,14 @@ endpoints = ["{live}"]
         .lines()
         // Kafka source metrics exist only while sources run (tests/it/kafka.rs checks them),
         // canary metrics while a canary runs (tests/it/shadow.rs checks them), refusals
-        // by a limit once one refused (tests/it/refusals.rs checks them).
+        // by a limit once one refused (tests/it/refusals.rs and tests/it/token_limits.rs
+        // check them).
         .filter(|l| {
             l.starts_with("| `tiergate_")
                 && !l.starts_with("| `tiergate_kafka_")
                 && !l.starts_with("| `tiergate_canary_")
                 && !l.starts_with("| `tiergate_refusals_")
+                && !l.starts_with("| `tiergate_token_limited_")
         })
         .flat_map(names)
         .collect();

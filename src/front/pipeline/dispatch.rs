@@ -323,6 +323,8 @@ impl Dispatch {
         };
         // An OpenAI call's `service_tier`, within what the route's flags allow.
         let hint = streaming.and_then(|_| request.extensions().get::<crate::decision::ServiceTier>().copied());
+        // Its hold on its route's token limits, settled when its tokens are counted.
+        let held = streaming.and_then(|_| request.extensions().get::<crate::usage::limits::Reservation>().cloned());
         let decision = match hint {
             Some(hint) => hint.apply(decision, (route.flags.realtime, route.flags.micro_batch)),
             None => decision,
@@ -410,7 +412,7 @@ impl Dispatch {
         };
         handles.in_flight.decrement(1.0);
         if let Some(how) = streaming {
-            result = self.llm_answer(route, (decision.tier, how), (&meters.usage, &whose), result);
+            result = self.llm_answer(route, (decision.tier, how), (&meters.usage, &whose, held), result);
         }
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(received);
@@ -503,17 +505,21 @@ impl Dispatch {
 
     /// An LLM call's answer: its stream made a relay (`how` it is relayed, when the
     /// caller streams), or its whole answer's tokens counted; `whose` tokens they are,
-    /// on `usage`.
+    /// on `usage`, settling the reservation `held` of its route's token limits.
     #[cold]
     fn llm_answer(
         &self,
         route: &Route,
         (tier, how): (Tier, Option<(Shape, bool)>),
-        (usage, whose): (&Arc<crate::usage::RouteUsage>, &crate::usage::Whose),
+        (usage, whose, held): (
+            &Arc<crate::usage::RouteUsage>,
+            &crate::usage::Whose,
+            Option<crate::usage::limits::Reservation>,
+        ),
         result: Result<Reply, Error>,
     ) -> Result<Reply, Error> {
         let answer = result?;
-        let meter = TokenMeter::new(&route.name, tier, usage.clone(), whose.name());
+        let meter = TokenMeter::new(&route.name, tier, usage.clone(), whose.name()).holding(held);
         Ok(match how {
             Some(how) => self.relayed(route, meter, how, answer),
             None => whole_llm(tier, answer, &meter),

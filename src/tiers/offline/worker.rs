@@ -58,6 +58,10 @@ pub struct Workers {
 /// (sooner when the quota resets first): a raised quota lets it run within this. Each
 /// look leases and queues back the tenant's waiting jobs (no attempt counted).
 const QUOTA_RECHECK: Duration = Duration::from_secs(15);
+/// The longest a job waiting for its tenant's tokens waits before it is looked at
+/// again: the calls in flight give back what they reserved and did not use when they
+/// end, which the refill's wait does not know of.
+const TOKENS_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long a route's worker waits after the queue failed before it tries again (the
 /// queue logs the cause once; readiness reports it).
@@ -161,10 +165,27 @@ impl RouteWorker {
                 Some(quotas) => self.past_quota(&route.name, quotas, jobs).await,
                 None => jobs,
             };
+            let (jobs, held) = match &route.tokens {
+                Some(rules) if rules.limits_anything() || rules.max_tokens.is_some() || rules.max_n.is_some() => {
+                    self.past_tokens(&route.name, rules, jobs).await
+                }
+                _ => (jobs.into_iter().map(|job| (job, None)).collect(), Vec::new()),
+            };
             if jobs.is_empty() {
                 continue;
             }
-            let calls = jobs.iter().map(|job| call(&route, job, &w.settings)).collect();
+            let (jobs, bodies): (Vec<Job>, Vec<Option<bytes::Bytes>>) = jobs.into_iter().unzip();
+            let calls = jobs
+                .iter()
+                .zip(bodies)
+                .map(|(job, body)| {
+                    let mut call = call(&route, job, &w.settings);
+                    if let Some(body) = body {
+                        *call.request.body_mut() = body;
+                    }
+                    call
+                })
+                .collect();
             let attempt = async {
                 let started = Instant::now();
                 let answers = self.serve(&route, calls).await;
@@ -174,7 +195,7 @@ impl RouteWorker {
                     .zip(answers)
                     .map(|(job, answer)| (job.id.clone(), job.attempts, outcome(job, answer, &w.settings)))
                     .collect::<Vec<_>>();
-                self.count_ended(&route.name, &jobs, &ends);
+                self.count_ended(&route.name, &jobs, &ends, &held);
                 self.scored(&route, &jobs, ends, started.elapsed()).await
             };
             let ends = tokio::select! {
@@ -219,20 +240,94 @@ impl RouteWorker {
                 }
             }
         }
-        if !waiting.is_empty() {
-            tracing::debug!(
-                route,
-                jobs = waiting.len(),
-                "offline jobs wait for their tenants' quotas"
-            );
-            for (_, _, end) in &waiting {
-                count_attempt(route, end);
+        self.set_aside(route, waiting, "wait for their tenants' quotas").await;
+        runnable
+    }
+
+    /// `jobs` fitted to `route`'s token `rules`, each with the body to send when it
+    /// differs and, in `held` order, its reservation of the route's token limits (`None`
+    /// for a job that is no OpenAI call). A job whose tenant's tokens are spent is queued
+    /// again to wait until enough are back (its attempt not counted); one that does not
+    /// fit the rules, or asks for more than a limit ever allows, fails alone.
+    async fn past_tokens(
+        &self,
+        route: &str,
+        rules: &crate::policy::tokens::TokenRules,
+        jobs: Vec<Job>,
+    ) -> (
+        Vec<(Job, Option<bytes::Bytes>)>,
+        Vec<Option<crate::usage::limits::Reservation>>,
+    ) {
+        use crate::usage::limits::{Call, Refused};
+        let now_ms = queue::now_ms();
+        let mut ended = Vec::new();
+        let (mut runnable, mut held) = (Vec::with_capacity(jobs.len()), Vec::with_capacity(jobs.len()));
+        for job in jobs {
+            if !crate::llm::openai::is_path(&job.request.path) {
+                runnable.push((job, None));
+                held.push(None);
+                continue;
             }
-            if let Err(e) = self.workers.store.finish_all(waiting).await {
-                tracing::warn!(error = %e, "could not queue jobs back to wait for a quota; they run again after restart");
+            let fitted = match crate::usage::limits::fit(rules, route, &job.request.path, job.request.body.clone()) {
+                Ok(fitted) => fitted,
+                Err(unfit) => {
+                    ended.push((job.id.clone(), job.attempts, Finish::Failed { error: unfit.message }));
+                    continue;
+                }
+            };
+            let call = Call {
+                route,
+                tenant: &job.request.tenant,
+                rules,
+                tokens: fitted.tokens,
+            };
+            match self.workers.usage.limits.reserve(call).await {
+                Ok((reservation, _)) => {
+                    let body = (fitted.body != job.request.body).then_some(fitted.body);
+                    runnable.push((job, body));
+                    held.push(reservation);
+                }
+                Err(Refused::TooLarge { asked, limit }) => {
+                    let error = format!(
+                        "this call reserves {asked} tokens, more than {} = {} ever allows: lower max_tokens or n",
+                        limit.knob, limit.limit
+                    );
+                    ended.push((job.id.clone(), job.attempts, Finish::Failed { error }));
+                }
+                Err(Refused::Spent {
+                    limit,
+                    left,
+                    retry_after,
+                    ..
+                }) => {
+                    let reason = format!(
+                        "waiting: {} = {} has {left} left, this call reserves {}",
+                        limit.knob, limit.limit, fitted.tokens
+                    );
+                    let not_before =
+                        now_ms.saturating_add(ms(retry_after.clamp(Duration::from_millis(100), TOKENS_RECHECK)));
+                    ended.push((job.id.clone(), job.attempts, Finish::Wait { reason, not_before }));
+                }
             }
         }
-        runnable
+        self.set_aside(route, ended, "wait for (or do not fit) their tenants' tokens")
+            .await;
+        (runnable, held)
+    }
+
+    /// Records the `ends` of jobs on `route` that were not sent (they `what`): each
+    /// counted as an attempt's end, queued back to wait or failed alone.
+    async fn set_aside(&self, route: &str, ends: Vec<(queue::JobId, u32, Finish)>, what: &str) {
+        if ends.is_empty() {
+            return;
+        }
+        tracing::debug!(route, jobs = ends.len(), "offline jobs {what}");
+        for (_, _, end) in &ends {
+            count_attempt(route, end);
+        }
+        if let Err(e) = self.workers.store.finish_all(ends).await {
+            tracing::warn!(error = %e, "could not record offline jobs that {what}; they run again after restart");
+        }
     }
 
     /// Queues `jobs` again (the gateway is stopping before their attempt ended), so this
@@ -255,14 +350,22 @@ impl RouteWorker {
     }
 
     /// Counts each of `jobs` that ended (answered, or failed for good) as a request of
-    /// its tenant's, and the tokens an LLM answer says it used (its `usage`): an offline
+    /// its tenant's, and the tokens an LLM answer says it used (its `usage`), settling
+    /// the job's reservation `held` of its route's token limits with them: an offline
     /// request, a Batch API line or one sent with `Prefer: respond-async`, counts once,
     /// when it ends (its rows and time are charged as the batch pool serves it).
-    fn count_ended(&self, route: &str, jobs: &[Job], ends: &[(queue::JobId, u32, Finish)]) {
+    fn count_ended(
+        &self,
+        route: &str,
+        jobs: &[Job],
+        ends: &[(queue::JobId, u32, Finish)],
+        held: &[Option<crate::usage::limits::Reservation>],
+    ) {
         use crate::usage::{Field, Figures, Source, TokenMeter};
         let usage = self.workers.usage.route(route);
         let one = Figures::default().with(Field::Requests, 1);
-        for (job, (_, _, end)) in jobs.iter().zip(ends) {
+        for (i, (job, (_, _, end))) in jobs.iter().zip(ends).enumerate() {
+            let held = held.get(i).cloned().flatten();
             let tenant = &job.request.tenant;
             match end {
                 Finish::Answered(answer) => {
@@ -272,7 +375,9 @@ impl RouteWorker {
                         .then(|| crate::llm::openai::Usage::of(&answer.body))
                         .flatten();
                     if let Some(used) = used {
-                        TokenMeter::new(route, Tier::Offline, usage.clone(), tenant).count(used);
+                        TokenMeter::new(route, Tier::Offline, usage.clone(), tenant)
+                            .holding(held)
+                            .count(used);
                     }
                 }
                 Finish::Failed { .. } => usage.add(Source::Offline, tenant, &one),
