@@ -99,19 +99,26 @@ fn table(report: &Report) -> String {
     if unpriced > 0 {
         let _ = writeln!(
             out,
-            "{unpriced} rows were sent before their pool had learned its cost: counted at what they used, nothing claimed saved on them"
+            "{unpriced} rows were sent while their pool cannot tell its cost yet: counted at what they used, nothing claimed saved on them"
         );
     }
     for line in report.rows.iter().chain([&report.total]) {
+        let name = if std::ptr::eq(line, &report.total) {
+            "total".to_owned()
+        } else {
+            group(line)
+        };
         if let Some(cost) = &line.cost {
-            let name = if std::ptr::eq(line, &report.total) {
-                "total".to_owned()
-            } else {
-                group(line)
-            };
             let _ = writeln!(
                 out,
                 "{name}: {:.4} {} used, {:.4} would have been, {:.4} saved",
+                cost.used, cost.currency, cost.would_have, cost.saved
+            );
+        }
+        if let Some(cost) = &line.token_cost {
+            let _ = writeln!(
+                out,
+                "{name}: tokens {:.4} {} at its tiers' prices, {:.4} at the real-time price, {:.4} saved",
                 cost.used, cost.currency, cost.would_have, cost.saved
             );
         }

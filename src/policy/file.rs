@@ -20,6 +20,8 @@ pub struct PolicyFile {
     pub routes: BTreeMap<String, RouteFile>,
     /// Tenants' quotas across every route (at most one file may set them).
     pub quotas: Option<QuotasFile>,
+    /// The usage ledger's token prices for every route (at most one file may set them).
+    pub usage: Option<UsageFile>,
 }
 
 /// Tenants' daily and monthly quotas of backend time and requests.
@@ -117,6 +119,8 @@ pub struct RouteFile {
     pub quotas: Option<QuotasFile>,
     /// Its LLM calls' token ceilings and limits.
     pub tokens: Option<super::tokens::TokensFile>,
+    /// Its tokens' prices (else `[usage.prices]`).
+    pub prices: Option<PricesFile>,
     /// The longest a stream may run after its first token (default 10m).
     #[serde(default, with = "humantime_serde")]
     pub max_stream_duration: Option<Duration>,
@@ -459,4 +463,36 @@ pub enum WhenUnmetFile {
     Reject,
     /// Serve on the micro-batch tier anyway when it is enabled.
     BestEffort,
+}
+
+/// `[usage]` at a policy file's top level.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageFile {
+    /// Token prices for every route that sets none of its own.
+    pub prices: Option<PricesFile>,
+}
+
+/// Token prices as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PricesFile {
+    /// The currency (default `USD`).
+    pub currency: Option<String>,
+    /// The real-time tier's.
+    pub realtime: Option<PerMillionFile>,
+    /// The micro-batch tier's.
+    pub micro_batch: Option<PerMillionFile>,
+    /// The offline tier's (Batch API lines, `Prefer: respond-async`).
+    pub offline: Option<PerMillionFile>,
+}
+
+/// A price per million tokens as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerMillionFile {
+    /// Per million prompt (input) tokens.
+    pub prompt: f64,
+    /// Per million completion (output) tokens.
+    pub completion: f64,
 }

@@ -10,6 +10,7 @@ pub mod allow;
 mod combined;
 pub mod file;
 pub mod model;
+pub mod prices;
 mod problems;
 mod shadow;
 pub mod tokens;

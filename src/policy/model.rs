@@ -82,6 +82,8 @@ pub struct Route {
     pub quotas: Option<Arc<super::usage::RouteQuotas>>,
     /// Its LLM calls' token ceilings and limits (`[tokens]`); `None`: none.
     pub tokens: Option<Arc<super::tokens::TokenRules>>,
+    /// Its tokens' prices (its own, else `[usage.prices]`); `None`: tokens unpriced.
+    pub prices: Option<Arc<super::prices::TokenPrices>>,
     /// The version of the snapshot this route belongs to, set once when it is stored.
     pub(super) version: std::sync::OnceLock<u64>,
     /// Its place in that snapshot's [`Policy::routes`], set with the version.
@@ -598,6 +600,7 @@ impl Route {
             usage: Default::default(),
             quotas: None,
             tokens: None,
+            prices: None,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

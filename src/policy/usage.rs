@@ -91,12 +91,7 @@ pub(super) fn pool(
         }
         Some(per_hour) => {
             let currency = currency.cloned().unwrap_or_else(|| "USD".to_owned());
-            let fits = !currency.is_empty()
-                && currency.len() <= 16
-                && currency
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"$-_.".contains(&b));
-            if !fits {
+            if !currency_fits(&currency) {
                 check.fail(
                     format!("{at}.currency"),
                     format!("must be a short name (letters and digits, at most 16), got {currency:?}"),
@@ -111,6 +106,15 @@ pub(super) fn pool(
             self::capacity(check, &format!("{at}.capacity"), c)
         }),
     }
+}
+
+/// Whether `currency` is a short name: letters, digits and `$-_.`, at most 16.
+pub(super) fn currency_fits(currency: &str) -> bool {
+    !currency.is_empty()
+        && currency.len() <= 16
+        && currency
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"$-_.".contains(&b))
 }
 
 /// `[capacity]` at `at`.

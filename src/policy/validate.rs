@@ -48,6 +48,10 @@ pub(super) fn policy(files: Vec<(PathBuf, PolicyFile)>) -> Result<Policy, Proble
     let mut problems = Vec::new();
     let mut defaults = defaults(&files, &mut problems);
     defaults.quotas = overall_quotas(&files, &mut problems);
+    let prices = files
+        .iter()
+        .filter_map(|(file, parsed)| Some((file, parsed.usage.as_ref()?.prices.as_ref()?)));
+    defaults.prices = super::prices::overall(prices, &mut problems);
     let mut policy = Policy::default();
     for (file, parsed) in &files {
         let mut check = Check {
@@ -103,6 +107,7 @@ fn defaults(files: &[(PathBuf, PolicyFile)], problems: &mut Vec<Problem>) -> Def
         rollout_key_header,
         body_check: d.and_then(|d| d.body_check).unwrap_or_default(),
         quotas: None,
+        prices: None,
     };
     // Checked once, where they are written; a route that keeps them is not told again.
     if let Some((file, _)) = found {
@@ -131,6 +136,8 @@ struct Defaults {
     body_check: crate::protocol::BodyCheck,
     /// Tenants' quotas across every route (`[quotas]`).
     quotas: Option<Arc<super::usage::Quotas>>,
+    /// Token prices for every route (`[usage.prices]`).
+    prices: Option<Arc<super::prices::TokenPrices>>,
 }
 
 /// The `[quotas]` table across every route, and a problem for every file past the first
@@ -317,6 +324,10 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
             .tokens
             .as_ref()
             .map(|t| Arc::new(super::tokens::rules(check, &format!("{at}.tokens"), t))),
+        prices: match &file.prices {
+            Some(p) => Some(Arc::new(super::prices::prices(check, &format!("{at}.prices"), p))),
+            None => defaults.prices.clone(),
+        },
         version: std::sync::OnceLock::new(),
         index: std::sync::OnceLock::new(),
     }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::store::Row;
 use super::{Field, Figures, Source};
+use crate::policy::prices::TokenPrices;
 use crate::policy::usage::Price;
 use crate::policy::Policy;
 
@@ -121,6 +122,12 @@ pub struct Line {
     /// Money, when every pool it used names a price in one currency.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// Its LLM tokens as money, when each tier that served them names a token price and
+    /// the real-time tier does too (in one currency): what they cost at their tiers'
+    /// prices (`used`), what the same tokens cost at the real-time price
+    /// (`would_have`), and the difference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_cost: Option<Cost>,
 }
 
 /// A line's seconds as money.
@@ -139,10 +146,66 @@ pub struct Cost {
 /// What a line is the group of: its route, tier and tenant, as far as grouped by them.
 type Group = (Option<String>, Option<String>, Option<String>);
 
+/// A line's tokens as money so far.
+#[derive(Debug, Default, Clone)]
+enum TokenMoney {
+    /// No tokens met yet.
+    #[default]
+    None,
+    /// Currency, at their tiers' prices, at the real-time price.
+    Priced(String, f64, f64),
+    /// Tokens met with no price (or another currency): no money said.
+    Unpriced,
+}
+
+impl TokenMoney {
+    /// Adds `figures`' tokens, served by `source` on a route priced `prices`.
+    fn add(&mut self, figures: &Figures, source: Source, prices: Option<&TokenPrices>) {
+        let (prompt, completion) = (figures.get(Field::PromptTokens), figures.get(Field::CompletionTokens));
+        if prompt == 0 && completion == 0 {
+            return;
+        }
+        let priced = prices.and_then(|p| {
+            let tier = match source {
+                Source::Realtime => p.realtime,
+                Source::MicroBatch => p.micro_batch,
+                Source::Offline => p.offline,
+                Source::Cache => None,
+            };
+            Some((
+                p.currency.as_str(),
+                tier?.of(prompt, completion),
+                p.realtime?.of(prompt, completion),
+            ))
+        });
+        *self = match (std::mem::take(self), priced) {
+            (TokenMoney::None, Some((c, used, would))) => TokenMoney::Priced(c.to_owned(), used, would),
+            (TokenMoney::Priced(c, u, w), Some((currency, used, would))) if c == currency => {
+                TokenMoney::Priced(c, u + used, w + would)
+            }
+            _ => TokenMoney::Unpriced,
+        };
+    }
+
+    fn cost(&self) -> Option<Cost> {
+        match self {
+            TokenMoney::Priced(currency, used, would) => Some(Cost {
+                currency: currency.clone(),
+                used: *used,
+                would_have: *would,
+                saved: would - used,
+            }),
+            TokenMoney::None | TokenMoney::Unpriced => None,
+        }
+    }
+}
+
 /// A line's sums, before the seconds are worked out.
 #[derive(Debug, Default, Clone)]
 struct Sums {
     figures: Figures,
+    /// Its tokens as money.
+    tokens: TokenMoney,
     /// Used and would-have seconds times the price per second, in one currency; `None`
     /// once a row with no price, or another currency, is met.
     money: Option<(String, f64, f64)>,
@@ -234,8 +297,12 @@ pub fn build(rows: &[Row], by: &[By], (policy, one): (&Policy, &OneRow<'_>), (si
             Source::MicroBatch | Source::Offline => priced(&row.figures, one(&row.route)),
             Source::Realtime | Source::Cache => row.figures,
         };
-        groups.entry(key).or_default().add(&figures, price);
+        let prices = policy.route(&row.route).and_then(|r| r.prices.as_deref());
+        let group = groups.entry(key).or_default();
+        group.add(&figures, price);
+        group.tokens.add(&figures, row.source, prices);
         total.add(&figures, price);
+        total.tokens.add(&figures, row.source, prices);
     }
     let all_used = used(&total.figures);
     let mut lines: Vec<Line> = groups
@@ -285,6 +352,7 @@ fn line(sums: &Sums, all_used: f64) -> Line {
             would_have: *would,
             saved: would - used,
         }),
+        token_cost: sums.tokens.cost(),
         ..Line::default()
     }
 }
@@ -295,7 +363,8 @@ impl Report {
         let mut out = String::from(
             "route,tier,tenant,requests,refused,rows,backend_calls,used_seconds,would_have_seconds,\
              saved_batching_seconds,saved_cache_seconds,saved_precomputed_seconds,saved_dedupe_seconds,\
-             saved_seconds,unpriced_rows,prompt_tokens,completion_tokens,estimated_tokens,share,requests_per_call,currency,cost_used,cost_would_have,cost_saved\n",
+             saved_seconds,unpriced_rows,prompt_tokens,completion_tokens,estimated_tokens,share,requests_per_call,currency,cost_used,cost_would_have,cost_saved,\
+             token_currency,token_cost,token_cost_at_realtime,token_cost_saved\n",
         );
         for (line, total) in self.rows.iter().map(|l| (l, false)).chain([(&self.total, true)]) {
             let name = |v: &Option<String>| match (v, total) {
@@ -329,19 +398,22 @@ impl Report {
             if let Some(r) = line.requests_per_call {
                 let _ = write!(out, "{r:.3}");
             }
-            match &line.cost {
-                Some(c) => {
-                    let _ = writeln!(
-                        out,
-                        ",{},{:.6},{:.6},{:.6}",
-                        quoted(&c.currency),
-                        c.used,
-                        c.would_have,
-                        c.saved
-                    );
+            for cost in [&line.cost, &line.token_cost] {
+                match cost {
+                    Some(c) => {
+                        let _ = write!(
+                            out,
+                            ",{},{:.6},{:.6},{:.6}",
+                            quoted(&c.currency),
+                            c.used,
+                            c.would_have,
+                            c.saved
+                        );
+                    }
+                    None => out.push_str(",,,,"),
                 }
-                None => out.push_str(",,,,\n"),
             }
+            out.push('\n');
         }
         out
     }
@@ -408,6 +480,75 @@ mod tests {
         // A real-time row is never repriced: its pool sends one row a call.
         let rt = now.rows.iter().find(|l| l.route.as_deref() == Some("rt")).expect("rt");
         assert_eq!(rt.unpriced_rows, 4);
+    }
+
+    #[test]
+    fn tokens_are_priced_at_their_tiers_and_saved_against_real_time() {
+        let text = r#"
+[usage.prices]
+currency = "EUR"
+realtime = { prompt = 2.0, completion = 10.0 }
+offline = { prompt = 1.0, completion = 5.0 }
+[routes.llm]
+models = ["m"]
+[routes.llm.realtime]
+endpoints = ["http://127.0.0.1:9"]
+[routes.other]
+models = ["o"]
+[routes.other.realtime]
+endpoints = ["http://127.0.0.1:9"]
+[routes.other.prices]
+realtime = { prompt = 1.0, completion = 1.0 }
+"#;
+        let policy = Policy::from_texts(vec![("p.toml".into(), text.into())]).expect("valid");
+        let tokens = |prompt: u64, completion: u64| {
+            Figures::default()
+                .with(Field::PromptTokens, prompt)
+                .with(Field::CompletionTokens, completion)
+        };
+        let rows = [
+            row("llm", Source::Realtime, "", tokens(1_000_000, 500_000)),
+            row("llm", Source::Offline, "", tokens(2_000_000, 1_000_000)),
+            row(
+                "llm",
+                Source::MicroBatch,
+                "",
+                Figures::default().with(Field::Requests, 1),
+            ),
+        ];
+        let by = By::parse_list("tier").expect("by");
+        let report = build(&rows, &by, (&policy, &|_| None), (0, 60));
+        let tier = |name: &str| {
+            report
+                .rows
+                .iter()
+                .find(|l| l.tier.as_deref() == Some(name))
+                .expect("tier")
+        };
+        let realtime = tier("realtime").token_cost.clone().expect("priced");
+        assert_eq!(realtime.currency, "EUR");
+        assert!(
+            (realtime.used - 7.0).abs() < 1e-9 && realtime.saved.abs() < 1e-9,
+            "{realtime:?}"
+        );
+        let offline = tier("offline").token_cost.clone().expect("priced");
+        assert!((offline.used - 7.0).abs() < 1e-9, "{offline:?}");
+        assert!((offline.would_have - 14.0).abs() < 1e-9 && (offline.saved - 7.0).abs() < 1e-9);
+        // A tier with no tokens says no token cost; the total adds the tiers up.
+        assert!(tier("micro_batch").token_cost.is_none());
+        let total = report.total.token_cost.clone().expect("priced");
+        assert!(
+            (total.used - 14.0).abs() < 1e-9 && (total.saved - 7.0).abs() < 1e-9,
+            "{total:?}"
+        );
+        assert!(report
+            .csv()
+            .lines()
+            .any(|l| l.starts_with(",offline,") && l.contains(",EUR,7.000000,14.000000,7.000000")));
+        // Another currency in the same line: no money said.
+        let mixed = [rows[0].clone(), row("other", Source::Realtime, "", tokens(10, 10))];
+        let report = build(&mixed, &[], (&policy, &|_| None), (0, 60));
+        assert!(report.total.token_cost.is_none());
     }
 
     #[test]

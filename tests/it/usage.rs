@@ -565,3 +565,53 @@ async fn offline_work_counts_one_request_a_job_when_it_ends_and_its_202_times_th
     let exported = metric(&gw, "tiergate_usage_requests_total{route=\"later\",tier=\"offline\"}").await;
     assert_eq!(exported, 4.0);
 }
+
+#[tokio::test]
+async fn tokens_are_priced_by_tier_and_saved_against_the_real_time_price() {
+    let profile = tiergate::sim::LlmProfile::named("llm-tiny").expect("profile");
+    let sim = backend_with(vec![ModelSpec::llm("m", profile)]).await;
+    let policy = format!(
+        "[usage.prices]\ncurrency = \"USD\"\nrealtime = {{ prompt = 2.0, completion = 10.0 }}\n\
+         offline = {{ prompt = 1.0, completion = 5.0 }}\n\
+         [routes.chat]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\ndefault_budget = \"5s\"\n\
+         realtime_below = \"10s\"\n[routes.chat.flags]\nrealtime = true\noffline = true\n\
+         [routes.chat.realtime]\nendpoints = [\"{0}\"]\n[routes.chat.micro_batch]\nendpoints = [\"{0}\"]\n",
+        sim.url()
+    );
+    let (gw, _config, _dir) = started(&policy).await;
+    let body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "one two three"}]});
+    let headers = [("content-type", "application/json")];
+    let now = send(
+        "POST",
+        gw.http_addr(),
+        "/v1/chat/completions",
+        &headers,
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(now.status, 200, "{}", now.text());
+    let later = [("content-type", "application/json"), ("prefer", "respond-async")];
+    let job = send("POST", gw.http_addr(), "/v1/chat/completions", &later, body.to_string()).await;
+    assert_eq!(job.status, 202, "{}", job.text());
+    // 3 prompt and 10 completion tokens each: 106 millionths at the real-time price,
+    // 53 at the offline one.
+    let report = eventually(Duration::from_secs(30), "both calls' tokens counted", || async {
+        let report = usage(&gw, "by=tier").await;
+        let counted = report["rows"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().filter(|r| r["completion_tokens"] == 10).count() == 2);
+        counted.then_some(report)
+    })
+    .await;
+    let cost = |tier: &str| line(&report, "tier", tier)["token_cost"].clone();
+    let (realtime, offline) = (cost("realtime"), cost("offline"));
+    assert_eq!(realtime["currency"], "USD", "{report:#}");
+    assert!((f(&realtime["used"]) - 106e-6).abs() < 1e-12, "{realtime}");
+    assert!(f(&realtime["saved"]).abs() < 1e-12, "{realtime}");
+    assert!((f(&offline["used"]) - 53e-6).abs() < 1e-12, "{offline}");
+    assert!((f(&offline["saved"]) - 53e-6).abs() < 1e-12, "{offline}");
+    assert!(
+        (f(&report["total"]["token_cost"]["saved"]) - 53e-6).abs() < 1e-12,
+        "{report:#}"
+    );
+}
