@@ -101,6 +101,10 @@ pub(super) async fn serve<B: RequestBody>(door: &impl JsonDoor, req: Request<B>)
             Err(refused) => return refused,
         }
     }
+    if route.backend_priority {
+        let band = band(&route, &parts);
+        body = openai::with_priority(&body, band.vllm()).unwrap_or(body);
+    }
     if ask.stream {
         let asks_usage = matches!(path.as_str(), "/v1/chat/completions" | "/v1/completions");
         let strip_usage = asks_usage && !ask.include_usage;
@@ -115,6 +119,25 @@ pub(super) async fn serve<B: RequestBody>(door: &impl JsonDoor, req: Request<B>)
         super::tokens::headers_of(response.headers_mut(), &headroom);
     }
     response
+}
+
+/// The priority band of a call with `parts` on `route`: as its batch pool's scheduling
+/// says (what it asked for in `x-tiergate-priority`, at most its tenant's ceiling),
+/// else at most the standard band.
+fn band(route: &Route, parts: &http::request::Parts) -> crate::policy::model::Priority {
+    use crate::policy::model::Priority;
+    let asked = parts
+        .headers
+        .get(crate::headers::PRIORITY)
+        .and_then(|v| v.to_str().ok());
+    match &route.micro_batch {
+        Some(spec) => spec
+            .scheduling
+            .band(asked, &crate::tenant::Tenant::of_parts(&parts.extensions)),
+        None => asked
+            .and_then(Priority::parse)
+            .map_or(Priority::Standard, |p| p.min(Priority::Standard)),
+    }
 }
 
 /// Triton's generate extension for `route`'s model (`stream`: `generate_stream`): a

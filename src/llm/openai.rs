@@ -81,6 +81,14 @@ pub fn asking_usage(body: &[u8]) -> Option<Bytes> {
     serde_json::to_vec(&value).ok().map(Bytes::from)
 }
 
+/// `body` (an OpenAI request) carrying vLLM's `priority` = `priority` (lower is served
+/// first), or `None` when it is not a JSON object.
+pub fn with_priority(body: &[u8], priority: i64) -> Option<Bytes> {
+    let mut value: Value = serde_json::from_slice(body).ok()?;
+    value.as_object_mut()?.insert("priority".into(), Value::from(priority));
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
 /// `answer` (an OpenAI object) saying `tier` in its `service_tier`, or `None` when it
 /// is not a JSON object with an `object` field (an OpenAI answer).
 pub fn with_service_tier(answer: &[u8], tier: &str) -> Option<Bytes> {

@@ -121,6 +121,10 @@ pub struct RouteFile {
     pub tokens: Option<super::tokens::TokensFile>,
     /// Its tokens' prices (else `[usage.prices]`).
     pub prices: Option<PricesFile>,
+    /// Its LLM calls carry their priority band to the backend as vLLM's `priority`
+    /// (default false).
+    #[serde(default)]
+    pub backend_priority: bool,
     /// The longest a stream may run after its first token (default 10m).
     #[serde(default, with = "humantime_serde")]
     pub max_stream_duration: Option<Duration>,

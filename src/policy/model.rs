@@ -90,6 +90,8 @@ pub struct Route {
     pub(super) index: std::sync::OnceLock<usize>,
     /// How long its streams may run, and rest between events, after their first token.
     pub streams: Streams,
+    /// Its LLM calls carry their priority band to the backend as vLLM's `priority`.
+    pub backend_priority: bool,
 }
 
 /// Budget thresholds of a route. Invariant: `realtime_below < offline_from`.
@@ -399,6 +401,16 @@ pub struct Scheduling {
 }
 
 impl Scheduling {
+    /// The band of a request of `tenant` that asked for `asked` (its
+    /// `x-tiergate-priority`): the route's band when it asked for none (or one that
+    /// does not parse), else what it asked for, at most its ceiling.
+    pub fn band(&self, asked: Option<&str>, tenant: &crate::tenant::Tenant) -> Priority {
+        match asked.and_then(Priority::parse) {
+            None => self.priority,
+            Some(asked) => asked.min(self.ceiling(tenant)),
+        }
+    }
+
     /// The highest band `tenant` may ask for.
     pub fn ceiling(&self, tenant: &crate::tenant::Tenant) -> Priority {
         match tenant.is_authenticated() {
@@ -451,6 +463,16 @@ impl Priority {
     /// 0 for sheddable, 1 standard, 2 critical.
     pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// The band as vLLM's `priority` (lower is served first; 0, the standard band, is
+    /// what a server without priority scheduling takes).
+    pub fn vllm(self) -> i64 {
+        match self {
+            Priority::Critical => -1,
+            Priority::Standard => 0,
+            Priority::Sheddable => 1,
+        }
     }
 }
 
@@ -601,6 +623,7 @@ impl Route {
             quotas: None,
             tokens: None,
             prices: None,
+            backend_priority: false,
             version: std::sync::OnceLock::new(),
             index: std::sync::OnceLock::new(),
         }

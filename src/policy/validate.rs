@@ -295,6 +295,7 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
     let streams = streams(check, &at, file);
     Route {
         streams,
+        backend_priority: file.backend_priority,
         name: name.to_owned(),
         file: check.file.to_owned(),
         models: file.models.clone(),

@@ -9,6 +9,7 @@ mod common;
 mod admin;
 mod admission;
 mod allocations;
+mod backend_priority;
 mod batch_api;
 mod borrow;
 mod bulk_door;

@@ -678,10 +678,7 @@ fn class(spec: &BatchSpec, call: &Call) -> Result<(Class, String), Error> {
         .headers()
         .get(headers::PRIORITY)
         .and_then(|v| v.to_str().ok());
-    let priority = match asked.and_then(Priority::parse) {
-        None => scheduling.priority,
-        Some(asked) => asked.min(scheduling.ceiling(&crate::tenant::Tenant::of(&call.request))),
-    };
+    let priority = scheduling.band(asked, &crate::tenant::Tenant::of(&call.request));
     let tenant = crate::tenant::Tenant::name_of(&call.request, &call.route.tenant_header);
     let weight = scheduling.tenant_weights.get(&tenant).map_or(1, |w| w.get());
     let class = Class {

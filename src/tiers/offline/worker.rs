@@ -181,7 +181,7 @@ impl RouteWorker {
                 .map(|(job, body)| {
                     let mut call = call(&route, job, &w.settings);
                     if let Some(body) = body {
-                        *call.request.body_mut() = body;
+                        *call.request.body_mut() = sent(&route, &job.request.path, body);
                     }
                     call
                 })
@@ -503,7 +503,7 @@ impl RouteWorker {
 }
 
 fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline) -> Call {
-    let mut request = Request::new(job.request.body.clone());
+    let mut request = Request::new(sent(route, &job.request.path, job.request.body.clone()));
     *request.method_mut() = Method::from_bytes(job.request.method.as_bytes()).unwrap_or(Method::POST);
     if let Ok(uri) = job.request.path.parse() {
         *request.uri_mut() = uri;
@@ -529,6 +529,16 @@ fn call(route: &Arc<crate::policy::Route>, job: &Job, settings: &config::Offline
         request,
         stream: false, // a line asking for a stream fails alone (`streams`)
     }
+}
+
+/// The `body` of a job to `path` on `route` as it is sent: an OpenAI call on a route
+/// with `backend_priority` carries the lowest band (offline work) as vLLM's `priority`.
+fn sent(route: &crate::policy::Route, path: &str, body: bytes::Bytes) -> bytes::Bytes {
+    if !(route.backend_priority && crate::llm::openai::is_path(path)) {
+        return body;
+    }
+    let sheddable = crate::policy::model::Priority::Sheddable.vllm();
+    crate::llm::openai::with_priority(&body, sheddable).unwrap_or(body)
 }
 
 /// How an attempt ended, from the tier's answer.
