@@ -193,8 +193,29 @@ def streams(text):
         "the first token's added p50 within a few ms at 1,000 streams; none failed; memory per stream bounded")
 
 
+def stream_overhead(text):
+    results = json.load(open(OUT / "stream_overhead/results.json"))
+    parts = []
+    for n, by in results.items():
+        def one(name):
+            r = by.get(name)
+            if not r:
+                return None
+            added = r["added_ttft_us"]
+            ttft = f"+{added[0]} / +{added[1]} µs" if added else \
+                f"+{r['added_ttft_from_sending_ms'][0]:.1f} / +{r['added_ttft_from_sending_ms'][1]:.1f} ms from sending"
+            cpu = r["cpu_seconds_per_1000_tokens"]
+            return (f"{name} {ttft}, {cpu * 1000:.1f} ms CPU per 1k tokens, {r['rss_mib']:.0f} MiB, "
+                    f"{r['failed']} of {r['streams'] + r['failed']} failed")
+        parts.append(f"{int(n):,} streams: " + "; ".join(filter(None, map(one, ("tiergate", "nginx", "litellm")))))
+    return ("the relay's cost beside nginx and LiteLLM: added TTFT (p50 / p99), CPU per 1,000 tokens relayed, "
+            "RSS with every stream open",
+        " — ".join(parts),
+        "added TTFT p50 within 100 µs of nginx's; CPU per token ≤ 1.5× nginx's; ≥ 10× less CPU per stream than LiteLLM")
+
+
 for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, bands,
-               streams, capacity, console_overhead):
+               streams, stream_overhead, capacity, console_overhead):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

@@ -36,6 +36,7 @@ if [ "${1:-}" != "--table" ]; then
   run fairness fairness.sh
   run bands bands.sh
   run streams streams.sh 20s
+  run stream_overhead stream_overhead.sh 20s
   run capacity capacity.sh
   run console_overhead console_overhead.sh
 fi

@@ -107,7 +107,7 @@ worker_processes 1;
 daemon off;
 pid $WORK/nginx/nginx.pid;
 error_log $WORK/nginx/error.log warn;
-events { worker_connections 1024; }
+events { worker_connections ${NGINX_CONNECTIONS:-1024}; }
 http {
   access_log off;
   client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;

@@ -54,6 +54,9 @@ pub struct StreamsArgs {
     /// How long streams are opened for (each one opened is read to its end).
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+    /// An API key sent as `Authorization: Bearer KEY` (a gateway that requires one).
+    #[arg(long)]
+    pub api_key: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

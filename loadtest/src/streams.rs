@@ -91,11 +91,14 @@ pub async fn run(args: &StreamsArgs) -> anyhow::Result<Report> {
     let mut clients = Vec::new();
     for _ in 0..args.concurrency {
         let (client, url, body, record) = (client.clone(), url.clone(), body.clone(), record.clone());
+        let key = args.api_key.clone();
         clients.push(tokio::spawn(async move {
             while Instant::now() < end {
-                let request = Request::post(url.clone())
-                    .header("content-type", "application/json")
-                    .body(Full::new(body.clone()));
+                let mut request = Request::post(url.clone()).header("content-type", "application/json");
+                if let Some(key) = &key {
+                    request = request.header("authorization", format!("Bearer {key}"));
+                }
+                let request = request.body(Full::new(body.clone()));
                 let Ok(request) = request else { return };
                 let sent = Instant::now();
                 let ok = one(&client, request, sent, &record).await;

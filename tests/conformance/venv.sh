@@ -9,7 +9,7 @@
 # and are rebuilt whenever their requirements file changes.
 set -euo pipefail
 cd "$(dirname "$0")"
-NAME=${1:?usage: venv.sh tritonclient|mlserver|pytriton|openai|llama|deploy}
+NAME=${1:?usage: venv.sh tritonclient|mlserver|pytriton|openai|llama|deploy|litellm}
 REQ=requirements-$NAME.txt
 [ -f "$REQ" ] || { echo "no $REQ" >&2; exit 2; }
 VENV=${CONFORMANCE_VENVS:-/var/tmp/tiergate-venvs}/$NAME
