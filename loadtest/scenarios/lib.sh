@@ -72,6 +72,17 @@ realtime_policy() {
     "$1" > "$WORK/policy/realtime.toml"
 }
 
+# relay_policy SIM_PORT MAX_CONCURRENCY [EXTRA]: $WORK/gw/policy/llm.toml, the LLM
+# streams scenarios' route: model llama on OpenAI's chat path, the simulator at SIM_PORT
+# as its real-time pool, a first token within 2 s (a stream that joins the simulator's
+# running step waits for it, then a step for its first token: up to 200 ms), EXTRA
+# lines added to the pool's table.
+relay_policy() {
+  mkdir -p "$WORK/gw/policy"
+  printf '[routes.llama]\nmodels = ["llama"]\npaths = ["/v1/chat/completions"]\ndefault_budget = "2s"\nrealtime_below = "5s"\n[routes.llama.realtime]\nendpoints = ["http://127.0.0.1:%s"]\nmax_concurrency = %s\n%s\n' \
+    "$1" "$2" "${3:-}" > "$WORK/gw/policy/llm.toml"
+}
+
 # start_nginx PORT BACKEND_PORT http|grpc [COMMAND PREFIX...]: nginx with one worker as a
 # reverse proxy on PORT to the backend (HTTP/1.1 with upstream keep-alive, or gRPC over
 # h2c), config in $WORK, started under the prefix (e.g. taskset -c 0) when one is given.

@@ -53,21 +53,10 @@ for target in $TARGETS; do
   case $target in
     tiergate)
       PORT[tiergate]=$(free_port)
-      mkdir -p "$WORK/gw/policy"
-      cat > "$WORK/gw/policy/llm.toml" <<TOML
-[routes.llama]
-models = ["llama"]
-paths = ["/v1/chat/completions"]
-default_budget = "2s"
-realtime_below = "5s"
-[routes.llama.realtime]
-endpoints = ["http://127.0.0.1:$SIM"]
-max_concurrency = $((MAX * 2))
-# Thousands of streams opened at once open as many connections to the simulator, past
-# its listen backlog: the kernel sends a dropped SYN again after 1 s, tiergate's default
-# connect timeout. nginx waits 60 s (proxy_connect_timeout); tiergate is given 5 s.
-connect_timeout = "5s"
-TOML
+      # Thousands of streams opened at once open as many connections to the simulator,
+      # past its listen backlog: the kernel sends a dropped SYN again after 1 s, tiergate's
+      # default connect timeout. nginx waits 60 s (proxy_connect_timeout); tiergate is given 5 s.
+      relay_policy "$SIM" $((MAX * 2)) 'connect_timeout = "5s"'
       TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 TIERGATE_LIMITS__MAX_IN_FLIGHT_REQUESTS=$((MAX * 4)) \
         "$BIN/tiergate" serve --policy-dir "$WORK/gw/policy" --data-dir "$WORK/gw/data" \
         --http "127.0.0.1:${PORT[tiergate]}" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" \

@@ -33,19 +33,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n 16384 2>/dev/null || true
 
 SIM=$(free_port); GW=$(free_port); GWM=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model "llama:llm-relay" 2>"$WORK/sim.log" & PIDS+=($!)
-mkdir -p "$WORK/gw/policy"
-cat > "$WORK/gw/policy/llm.toml" <<TOML
-[routes.llama]
-models = ["llama"]
-paths = ["/v1/chat/completions"]
-# A first token within 2 s, on the real-time pool: a stream that joins the simulator's
-# running step waits for it, then a step for its first token (up to 200 ms).
-default_budget = "2s"
-realtime_below = "5s"
-[routes.llama.realtime]
-endpoints = ["http://127.0.0.1:$SIM"]
-max_concurrency = 4096
-TOML
+relay_policy "$SIM" 4096
 TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 "$BIN/tiergate" serve --policy-dir "$WORK/gw/policy" \
   --data-dir "$WORK/gw/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$GWM" \
   2>"$WORK/gw/gw.log" & PIDS+=($!)
