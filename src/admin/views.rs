@@ -84,6 +84,7 @@ fn effective(route: &Route) -> Value {
             "json_adapter": s.json_adapter.map(|a| match a {
                 JsonAdapter::TfServing => "tf_serving",
                 JsonAdapter::OpenaiEmbeddings => "openai_embeddings",
+                JsonAdapter::OpenaiCompletions => "openai_completions",
             }),
             "combined": s.combined.iter().map(|(member, m)| (member.clone(), json!({
                 "model": m.combined,

@@ -116,6 +116,10 @@ struct UsageFile {
     prompt_tokens: Option<u64>,
     #[serde(default, alias = "output_tokens")]
     completion_tokens: Option<u64>,
+    /// Set by the gateway on a caller's share of a coalesced call's usage split in
+    /// proportion (not by the backend's token ids).
+    #[serde(default)]
+    tiergate_estimated: bool,
 }
 
 #[derive(Deserialize)]
@@ -141,7 +145,7 @@ impl Usage {
         Some(Usage {
             prompt: usage.prompt_tokens.unwrap_or(0),
             completion: usage.completion_tokens.unwrap_or(0),
-            estimated: false,
+            estimated: usage.tiergate_estimated,
         })
     }
 }

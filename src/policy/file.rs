@@ -457,6 +457,8 @@ pub enum JsonAdapterFile {
     TfServing,
     /// OpenAI-style embeddings `{"input": [...]}` with `data[].index`.
     OpenaiEmbeddings,
+    /// OpenAI completions `{"prompt": [...]}` with `choices[].index`.
+    OpenaiCompletions,
 }
 
 /// `when_unmet` values.

@@ -484,6 +484,9 @@ pub enum JsonAdapter {
     TfServing,
     /// OpenAI-style embeddings: `{"input": [...]}` → `{"data": [{"index": i, ...}]}`.
     OpenaiEmbeddings,
+    /// OpenAI completions: `{"prompt": [...]}` → `{"choices": [{"index": i, ...}]}`, `n`
+    /// choices a prompt.
+    OpenaiCompletions,
 }
 
 impl Policy {

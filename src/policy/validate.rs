@@ -776,6 +776,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
         json_adapter: file.json_adapter.map(|a| match a {
             JsonAdapterFile::TfServing => JsonAdapter::TfServing,
             JsonAdapterFile::OpenaiEmbeddings => JsonAdapter::OpenaiEmbeddings,
+            JsonAdapterFile::OpenaiCompletions => JsonAdapter::OpenaiCompletions,
         }),
         scheduling: scheduling(check, at, file, queue_capacity),
         combined: super::combined::members(check, &format!("{at}.combined"), &file.combined),

@@ -502,6 +502,78 @@ async fn embedding_callers_are_batched_and_indexes_renumbered() {
 }
 
 #[tokio::test]
+async fn completions_callers_share_one_call_and_each_gets_what_a_call_of_its_own_would() {
+    let llm = tiergate::sim::LlmProfile::named("llm-tiny").expect("profile");
+    let specs = || vec![ModelSpec::new("m", Profile::default()), ModelSpec::llm("llm", llm)];
+    let (rt, batch) = (backend_with(specs()).await, backend_with(specs()).await);
+    let text = policy(
+        "cmpl",
+        &rt.url(),
+        &batch.url(),
+        r#""/v1/completions""#,
+        r#"json_adapter = "openai_completions""#,
+    )
+    .replace(r#"models = ["m"]"#, r#"models = ["m", "llm"]"#);
+    let gw = gateway(&text).await;
+    let busy = occupy(&gw, &batch).await;
+    let prompts = [json!("alpha beta"), json!(["gamma", "delta epsilon"]), json!("zeta")];
+    let body =
+        |prompt: &Value| json!({"model": "llm", "prompt": prompt, "max_tokens": 4, "temperature": 0}).to_string();
+    let mut callers = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (addr, b) = (gw.http_addr(), body(prompt));
+        let headers = [("x-tiergate-budget-ms", "5000"), ("content-type", "application/json")];
+        callers.push(tokio::spawn(async move {
+            send("POST", addr, "/v1/completions", &headers, b).await
+        }));
+        queued(&gw, "cmpl", [1, 3, 4][i]).await;
+    }
+    batch.sim.release();
+    assert_eq!(busy.await.expect("task").status, 200);
+    let generations = batch.sim.llm_stats("llm").expect("stats").generations;
+    let texts = |v: &Value| -> Vec<(u64, String)> {
+        v["choices"]
+            .as_array()
+            .expect("choices")
+            .iter()
+            .map(|c| {
+                (
+                    c["index"].as_u64().expect("index"),
+                    c["text"].as_str().expect("text").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let mut prompt_tokens = 0;
+    for (call, prompt) in callers.into_iter().zip(&prompts) {
+        let answer = call.await.expect("task");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.header("x-tiergate-batch-size"),
+            Some("4"),
+            "one call for the four prompts"
+        );
+        // The same prompt sent alone, straight to the backend: the same choices.
+        let alone = send(
+            "POST",
+            batch.addr,
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            body(prompt),
+        )
+        .await;
+        assert_eq!(texts(&answer.json()), texts(&alone.json()), "{prompt}");
+        let usage = &answer.json()["usage"];
+        assert_eq!(usage["tiergate_estimated"], true, "{usage}");
+        prompt_tokens += usage["prompt_tokens"].as_u64().expect("prompt tokens");
+    }
+    assert_eq!(generations, 4, "the batch pool generated each prompt once");
+    // The split adds up to what the backend counted: 2 + 1 + 2 + 1 words.
+    assert_eq!(prompt_tokens, 6);
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
 async fn a_grpc_batch_pool_is_sent_batches_over_grpc() {
     let (rt, batch) = (backend(&["m"]).await, backend(&["m"]).await);
     let gw = gateway(&policy("grpcpool", &rt.url(), &batch.grpc_url(), "", "")).await;

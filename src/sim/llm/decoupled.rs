@@ -55,7 +55,7 @@ pub(crate) fn answers(engine: &Engine, faults: StreamFaults, msg: pb::ModelInfer
         .get("triton_enable_empty_final_response")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let mut tokens = engine.generate((prompt, max_tokens, super::openai::seed(&model, 0, prompt)), faults);
+    let mut tokens = engine.generate((prompt, max_tokens, super::openai::seed(&model, prompt)), faults);
     let id = request.id.unwrap_or_default();
     let response = move |text: Option<&str>, last: bool| {
         let mut parameters = Map::new();

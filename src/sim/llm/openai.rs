@@ -120,7 +120,7 @@ pub(crate) async fn serve(sim: &Simulator, api: Api<'_>, method: &Method, body: 
         .prompts
         .iter()
         .enumerate()
-        .map(|(i, prompt)| engine.generate((*prompt, asked.max_tokens, seed(&model, i, *prompt)), faults))
+        .map(|(i, prompt)| engine.generate((*prompt, asked.max_tokens, seed(&model, asked.keys[i])), faults))
         .collect();
     let shape = Shape {
         api: api.kind(),
@@ -139,6 +139,8 @@ pub(crate) async fn serve(sim: &Simulator, api: Api<'_>, method: &Method, body: 
 struct Asked {
     /// Prompt tokens of each generation (one per prompt).
     prompts: Vec<u64>,
+    /// Each prompt's text, hashed: what its generation's text depends on.
+    keys: Vec<u64>,
     max_tokens: u64,
     stream: bool,
     include_usage: bool,
@@ -164,22 +166,37 @@ impl Asked {
                 None => words(v),
             }
         };
-        let prompts = match api {
-            Api::Chat => vec![messages(&r["messages"])],
+        let texts: Vec<&Value> = match api {
+            Api::Chat => vec![&r["messages"]],
             Api::Completions => match r["prompt"].as_array() {
-                Some(list) if !list.is_empty() => list.iter().map(words).collect(),
-                _ => vec![words(&r["prompt"])],
+                Some(list) if !list.is_empty() => list.iter().collect(),
+                _ => vec![&r["prompt"]],
             },
-            Api::Responses => vec![messages(&r["input"])],
-            Api::Generate(..) => vec![words(&r["text_input"])],
+            Api::Responses => vec![&r["input"]],
+            Api::Generate(..) => vec![&r["text_input"]],
             Api::Models => Vec::new(),
         };
+        let prompts = match api {
+            Api::Chat | Api::Responses => texts.iter().map(|t| messages(t)).collect(),
+            _ => texts.iter().map(|t| words(t)).collect(),
+        };
+        // FNV-1a of the prompt's JSON: the same prompt makes the same text wherever it
+        // stands in a list, so a coalesced call answers as separate ones would.
+        let keys = texts
+            .iter()
+            .map(|t| {
+                t.to_string().bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+                })
+            })
+            .collect();
         let asked = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
             .iter()
             .find_map(|k| r[*k].as_u64())
             .or_else(|| r["parameters"]["max_tokens"].as_u64());
         Asked {
             prompts,
+            keys,
             max_tokens: asked.unwrap_or(DEFAULT_TOKENS).clamp(1, MAX_TOKENS),
             stream: matches!(api, Api::Generate(_, true)) || r["stream"].as_bool() == Some(true),
             include_usage: r["stream_options"]["include_usage"].as_bool() == Some(true),
@@ -187,9 +204,9 @@ impl Asked {
     }
 }
 
-/// The text a generation makes depends on its model, its place and its prompt.
-pub(super) fn seed(model: &str, index: usize, prompt: u64) -> u64 {
-    model.bytes().map(u64::from).sum::<u64>() + index as u64 + prompt
+/// The text a generation makes depends on its model and its prompt (`key`).
+pub(super) fn seed(model: &str, key: u64) -> u64 {
+    model.bytes().map(u64::from).sum::<u64>().wrapping_add(key)
 }
 
 /// What every answer of one request shares.

@@ -1,6 +1,7 @@
 //! The JSON forms of the micro-batch tier, for routes whose backends do not speak
-//! KServe v2: TF-Serving REST (`instances` / `inputs` → `predictions` / `outputs`) and
-//! OpenAI-style embeddings (`input` → `data[]` by `index`). Callers' arrays are merged
+//! KServe v2: TF-Serving REST (`instances` / `inputs` → `predictions` / `outputs`),
+//! OpenAI-style embeddings (`input` → `data[]` by `index`) and OpenAI completions
+//! (`prompt` → `choices[]` by `index`, [`completions`]). Callers' arrays are merged
 //! into one backend body and the answer's array is cut back by each caller's rows.
 //! Everything else in a body must agree for callers to share a batch.
 
@@ -36,6 +37,8 @@ enum Layout {
     InputsColumns(Vec<String>),
     /// OpenAI embeddings: `{"input": ...}`.
     Input,
+    /// OpenAI completions: `{"prompt": ...}`.
+    Prompt,
 }
 
 impl Part {
@@ -73,6 +76,7 @@ pub(super) fn parse(adapter: JsonAdapter, body: &Bytes) -> Result<Result<(String
     let part = match adapter {
         JsonAdapter::TfServing => tf_serving(&mut rest),
         JsonAdapter::OpenaiEmbeddings => embeddings(&mut rest),
+        JsonAdapter::OpenaiCompletions => completions::rows(&mut rest),
     };
     let Some((layout, columns)) = part else {
         return Ok(Err(Unbatched(format!(
@@ -90,6 +94,7 @@ fn key(adapter: JsonAdapter) -> &'static str {
     match adapter {
         JsonAdapter::TfServing => "\"instances\" or \"inputs\"",
         JsonAdapter::OpenaiEmbeddings => "\"input\"",
+        JsonAdapter::OpenaiCompletions => "\"prompt\" (strings, not streamed)",
     }
 }
 
@@ -207,6 +212,7 @@ pub(super) fn body(parts: &[&Part]) -> Map<String, Value> {
             ("inputs", Value::Object(columns.collect()))
         }
         Layout::Input => ("input", Value::Array(merged(0))),
+        Layout::Prompt => ("prompt", Value::Array(merged(0))),
     };
     body.insert(key.into(), value);
     body
@@ -258,29 +264,45 @@ pub(super) fn join(adapter: JsonAdapter, rows: Vec<Map<String, Value>>) -> Resul
                     Some(Value::Array(more)) => data.extend(more),
                     _ => return Err("a row's answer has no \"data\" array".into()),
                 }
-                usage = match (usage, row.remove("usage")) {
-                    (Some(Value::Object(mut sum)), Some(Value::Object(more))) => {
-                        for (k, v) in more {
-                            let total = sum.get(&k).and_then(Value::as_u64).zip(v.as_u64()).map(|(a, b)| a + b);
-                            sum.insert(k, total.map_or(v, Value::from));
-                        }
-                        Some(Value::Object(sum))
-                    }
-                    (usage, _) => usage,
-                };
+                usage = summed(usage, row.remove("usage"));
             }
-            for (i, item) in data.iter_mut().enumerate() {
-                if let Some(obj) = item.as_object_mut() {
-                    obj.insert("index".into(), Value::from(i));
-                }
-            }
-            first.insert("data".into(), Value::Array(data));
+            first.insert("data".into(), Value::Array(renumbered(data)));
             if let Some(usage) = usage {
                 first.insert("usage".into(), usage);
             }
         }
+        JsonAdapter::OpenaiCompletions => completions::join(&mut first, rows)?,
     }
     Ok(first)
+}
+
+/// `items` with each one's `index` set to its place among them.
+fn renumbered(items: Vec<Value>) -> Vec<Value> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut item)| {
+            if let Some(obj) = item.as_object_mut() {
+                obj.insert("index".into(), Value::from(i));
+            }
+            item
+        })
+        .collect()
+}
+
+/// Two answers' `usage` counts added up (the first as it is when the second is not a
+/// count table).
+fn summed(usage: Option<Value>, more: Option<Value>) -> Option<Value> {
+    match (usage, more) {
+        (Some(Value::Object(mut sum)), Some(Value::Object(more))) => {
+            for (k, v) in more {
+                let total = sum.get(&k).and_then(Value::as_u64).zip(v.as_u64()).map(|(a, b)| a + b);
+                sum.insert(k, total.map_or(v, Value::from));
+            }
+            Some(Value::Object(sum))
+        }
+        (usage, _) => usage,
+    }
 }
 
 /// The backend's answer to a batch, cut into one answer per caller.
@@ -294,6 +316,9 @@ pub(super) fn scatter(adapter: JsonAdapter, reply: &Reply, parts: &[&Part]) -> R
     let answers = match adapter {
         JsonAdapter::TfServing => tf_answers(&mut body, &rows, total).map_err(|w| broke(&w))?,
         JsonAdapter::OpenaiEmbeddings => embedding_answers(&mut body, parts, &rows, total).map_err(|w| broke(&w))?,
+        JsonAdapter::OpenaiCompletions => {
+            completions::answers(&mut body, parts, &rows, total).map_err(|w| broke(&w))?
+        }
     };
     Ok(answers
         .into_iter()
@@ -387,18 +412,8 @@ fn embedding_answers(
         .into_iter()
         .zip(parts)
         .map(|(items, part)| {
-            let items: Vec<Value> = items
-                .into_iter()
-                .enumerate()
-                .map(|(i, mut item)| {
-                    if let Some(obj) = item.as_object_mut() {
-                        obj.insert("index".into(), Value::from(i));
-                    }
-                    item
-                })
-                .collect();
             let mut answer = body.clone();
-            answer.insert("data".into(), Value::Array(items));
+            answer.insert("data".into(), Value::Array(renumbered(items)));
             if let Some(usage) = &usage {
                 answer.insert("usage".into(), share(usage, part.rows(), total));
             }
@@ -423,5 +438,6 @@ fn share(usage: &Value, rows: usize, total: usize) -> Value {
     Value::Object(scaled.collect())
 }
 
+mod completions;
 #[cfg(test)]
 mod tests;

@@ -176,3 +176,76 @@ fn rows_cut_one_by_one_join_back_into_the_callers_answer() {
         "rows of another form never join"
     );
 }
+
+#[test]
+fn completions_merge_prompts_and_split_choices_by_index() {
+    let c = JsonAdapter::OpenaiCompletions;
+    let (sa, a, ra) = part(c, json!({"model": "m", "max_tokens": 4, "n": 2, "prompt": "one"}));
+    let (sb, b, rb) = part(
+        c,
+        json!({"model": "m", "n": 2, "max_tokens": 4, "prompt": ["two", "three"]}),
+    );
+    assert_eq!((sa.clone(), ra, rb), (sb, 1, 2));
+    let (sc, _, _) = part(c, json!({"model": "m", "max_tokens": 5, "n": 2, "prompt": "one"}));
+    assert_ne!(sa, sc, "other parameters never share a call");
+    // A stream and token ids go alone.
+    for alone in [
+        json!({"model": "m", "prompt": "x", "stream": true}),
+        json!({"model": "m", "prompt": [1, 2]}),
+    ] {
+        assert!(parse(c, &Bytes::from(alone.to_string())).unwrap().is_err(), "{alone}");
+    }
+    let request = build("/v1/completions", &[&a, &b]).unwrap();
+    let sent: Value = serde_json::from_slice(request.body()).unwrap();
+    assert_eq!(sent["prompt"], json!(["one", "two", "three"]));
+    // Three prompts, two choices each, out of order; no token ids: split in proportion.
+    let choice = |i: u64, text: &str| json!({"index": i, "text": text, "finish_reason": "length"});
+    let answer = json!({"id": "cmpl", "object": "text_completion", "model": "m",
+        "choices": [choice(5, "3b"), choice(0, "1a"), choice(1, "1b"), choice(2, "2a"), choice(3, "2b"), choice(4, "3a")],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 24, "total_tokens": 35}});
+    let answers = scatter(c, &reply(answer), &[&a, &b]).unwrap();
+    let (one, two) = (json_of(&answers[0]), json_of(&answers[1]));
+    let texts = |v: &Value| {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap().to_owned()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(texts(&one), [(0, "1a".to_owned()), (1, "1b".to_owned())]);
+    assert_eq!(
+        texts(&two),
+        [(0, "2a".into()), (1, "2b".into()), (2, "3a".into()), (3, "3b".into())]
+    );
+    assert_eq!(one["id"], "cmpl");
+    let tokens = |v: &Value, k: &str| v["usage"][k].as_u64().unwrap();
+    assert_eq!(
+        tokens(&one, "prompt_tokens") + tokens(&two, "prompt_tokens"),
+        11,
+        "the split adds up"
+    );
+    assert_eq!(
+        tokens(&one, "completion_tokens") + tokens(&two, "completion_tokens"),
+        24
+    );
+    assert_eq!(tokens(&one, "completion_tokens"), 8, "2 of 6 choices' text");
+    assert_eq!(one["usage"]["tiergate_estimated"], true);
+    // With every choice's token ids the split is exact, and not marked.
+    let ids = |i: u64, prompt: usize, out: usize| json!({"index": i, "text": "t", "prompt_token_ids": vec![1; prompt], "token_ids": vec![2; out]});
+    let exact = json!({"choices": [ids(0, 3, 4), ids(1, 3, 5), ids(2, 1, 1), ids(3, 1, 1), ids(4, 2, 2), ids(5, 2, 2)],
+        "usage": {"prompt_tokens": 6, "completion_tokens": 15}});
+    let answers = scatter(c, &reply(exact), &[&a, &b]).unwrap();
+    let one = json_of(&answers[0]);
+    assert_eq!(
+        (tokens(&one, "prompt_tokens"), tokens(&one, "completion_tokens")),
+        (3, 9)
+    );
+    assert!(one["usage"].get("tiergate_estimated").is_none());
+    // Too few choices is the backend's fault.
+    let short = json!({"choices": [choice(0, "x")]});
+    assert!(scatter(c, &reply(short), &[&a])
+        .unwrap_err()
+        .message
+        .contains("\"choices\" has 1 items"));
+}
