@@ -33,7 +33,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
     let dir = tempfile::tempdir().expect("dir");
     let mut policy = format!(
         "[routes.ui]\nmodels = [\"m\"]\n[routes.ui.flags]\nrealtime = true\nmicro_batch = false\ncache = true\n\
-         [routes.ui.realtime]\nendpoints = [\"{}\"]\nmax_concurrency = 16\n\
+         [routes.ui.realtime]\nendpoints = [\"{}\"]\nmax_concurrency = 16\ncost_per_hour = 2.48\n\
          [routes.ui.micro_batch]\nendpoints = [\"{}\"]\n[routes.ui.cache]\n",
         realtime.url(),
         batch.url()
@@ -118,6 +118,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         "policy",
         "explain",
         "cache",
+        "usage",
         "offline",
         "policy_setting",
         "overview_phone",

@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -248,6 +248,23 @@ def run(a, driver, wait, shot):
     driver.switch_to.alert.accept()
     wait.until(lambda d: f"invalidated {a.route}" in d.find_element(By.ID, "status").text)
     shot("cache")
+
+    # Usage: the route's real-time row, its seconds priced at its pool's cost_per_hour
+    # (its batch pool names no price: its row says none).
+    driver.get(f"{a.admin}/admin/ui/#usage")
+    def usage_row():
+        for tr in driver.find_elements(By.CSS_SELECTOR, "#usage tbody tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if cells[:2] == [a.route, "realtime"]:
+                return cells
+        return None
+    try:
+        wait.until(lambda d: usage_row() is not None and int(usage_row()[2]) > 0 and "USD" in usage_row()[6])
+    except TimeoutException:
+        fail(f"the usage page has no priced real-time row for {a.route}: {driver.find_element(By.ID, 'page').text!r}")
+    if "s used" not in driver.find_element(By.ID, "usage-total").text:
+        fail(f"the usage page has no total: {driver.find_element(By.ID, 'usage-total').text!r}")
+    shot("usage")
 
     # Offline: the running batch, its progress; cancelled as its owner would.
     driver.get(f"{a.admin}/admin/ui/#offline")

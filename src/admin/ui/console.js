@@ -589,6 +589,29 @@ ${o.has_more ? '<p class="muted">Only the newest 100 batches are shown; <code>GE
     };
     every(draw);
   },
+
+  async usage(page) {
+    const draw = async () => {
+      const r = await api("GET", "/admin/usage?since=1h&by=route,tier");
+      if (r.status !== 200) { say(`could not read the usage ledger: ${r.status}`, "bad"); return; }
+      const money = (c) => (c ? `${Number(c.used).toFixed(4)} ${esc(c.currency)}` : "–");
+      const saved = (c) => (c ? `${Number(c.saved).toFixed(4)} ${esc(c.currency)}` : "–");
+      const rows = (r.json.rows || []).map((l) => ({
+        route: l.route, tier: l.tier, requests: l.requests, used_s: l.used_seconds, alone_s: l.would_have_seconds,
+        saved_s: l.saved_seconds, cost: l.cost, cost_saved: l.cost, prompt_tokens: l.prompt_tokens,
+        completion_tokens: l.completion_tokens, token_cost: l.token_cost, token_saved: l.token_cost,
+      }));
+      const t = r.json.total || {};
+      page.innerHTML = `<h1>Usage</h1>
+<p class="muted">The usage ledger over the last hour, by route and tier: backend seconds used, what the same answers would have cost served one by one, and what batching, the cache and precomputed answers saved; in money where the pools name a <code>cost_per_hour</code>, and LLM tokens at their tiers' prices against the real-time price where <code>[usage.prices]</code> names them (docs/operations.md, "What the usage ledger counts").</p>
+${table("usage", [["route", "route"], ["tier", "tier"], ["requests", "requests"], ["used_s", "used s", num(3)], ["alone_s", "one by one s", num(3)],
+        ["saved_s", "saved s", num(3)], ["cost", "cost", money], ["cost_saved", "cost saved", saved], ["prompt_tokens", "prompt tokens"],
+        ["completion_tokens", "output tokens"], ["token_cost", "tokens' cost", money], ["token_saved", "tokens saved", saved]], rows)}
+<p id="usage-total">All: ${num(3)(t.used_seconds)} s used, ${num(3)(t.saved_seconds)} s saved${t.cost ? `; ${money(t.cost)} used, ${saved(t.cost)} saved` : ""}${t.token_cost ? `; tokens ${money(t.token_cost)}, ${saved(t.token_cost)} saved against real time` : ""}.</p>`;
+      updated();
+    };
+    every(draw);
+  },
 };
 
 /** Shows a change's dry run, then applies it with the same ETag when asked. */
