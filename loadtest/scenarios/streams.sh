@@ -15,7 +15,9 @@
 #
 #   loadtest/scenarios/streams.sh [DURATION]      (default 20s a phase)
 #
-# CONCURRENCY="100 1000" (default) sets the phases. Writes to $OUT (default
+# CONCURRENCY="100 1000" (default) sets the phases; TIERGATE=/path/to/an/older/tiergate
+# measures that build instead (how a change to the relay is compared with the build
+# before it). Writes to $OUT (default
 # target/loadtest/streams): summary.txt, results.json, each phase's JSON.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +28,7 @@ OUT=${OUT:-$TARGET_DIR/loadtest/streams}
 
 cargo build --profile dist --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/dist
+TIERGATE=${TIERGATE:-$BIN/tiergate}
 
 . loadtest/scenarios/lib.sh
 # A thousand streams are a thousand connections on each side.
@@ -34,7 +37,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n 16384 2>/dev/null || true
 SIM=$(free_port); GW=$(free_port); GWM=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model "llama:llm-relay" 2>"$WORK/sim.log" & PIDS+=($!)
 relay_policy "$SIM" 4096
-TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 "$BIN/tiergate" serve --policy-dir "$WORK/gw/policy" \
+TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 "$TIERGATE" serve --policy-dir "$WORK/gw/policy" \
   --data-dir "$WORK/gw/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$GWM" \
   2>"$WORK/gw/gw.log" & PIDS+=($!)
 GW_PID=$!

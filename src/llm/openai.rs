@@ -67,35 +67,45 @@ impl Ask {
     }
 }
 
+/// `json` (an object) changed by `edit`, written again; `None` when it is not a JSON
+/// object, or `edit` finds nothing to change.
+pub fn edited(json: &[u8], edit: impl FnOnce(&mut serde_json::Map<String, Value>) -> Option<()>) -> Option<Bytes> {
+    let mut value: Value = serde_json::from_slice(json).ok()?;
+    edit(value.as_object_mut()?)?;
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
 /// `body` (a streamed chat or completions request) asking for the stream's usage
 /// (`stream_options.include_usage`), or `None` when it cannot be rewritten.
 pub fn asking_usage(body: &[u8]) -> Option<Bytes> {
-    let mut value: Value = serde_json::from_slice(body).ok()?;
-    let object = value.as_object_mut()?;
-    let options = object
-        .entry("stream_options")
-        .or_insert_with(|| Value::Object(Default::default()));
-    options
-        .as_object_mut()?
-        .insert("include_usage".into(), Value::Bool(true));
-    serde_json::to_vec(&value).ok().map(Bytes::from)
+    edited(body, |object| {
+        let options = object
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Default::default()));
+        options
+            .as_object_mut()?
+            .insert("include_usage".into(), Value::Bool(true));
+        Some(())
+    })
 }
 
 /// `body` (an OpenAI request) carrying vLLM's `priority` = `priority` (lower is served
 /// first), or `None` when it is not a JSON object.
 pub fn with_priority(body: &[u8], priority: i64) -> Option<Bytes> {
-    let mut value: Value = serde_json::from_slice(body).ok()?;
-    value.as_object_mut()?.insert("priority".into(), Value::from(priority));
-    serde_json::to_vec(&value).ok().map(Bytes::from)
+    edited(body, |object| {
+        object.insert("priority".into(), Value::from(priority));
+        Some(())
+    })
 }
 
 /// `answer` (an OpenAI object) saying `tier` in its `service_tier`, or `None` when it
 /// is not a JSON object with an `object` field (an OpenAI answer).
 pub fn with_service_tier(answer: &[u8], tier: &str) -> Option<Bytes> {
-    let mut value: Value = serde_json::from_slice(answer).ok()?;
-    let object = value.as_object_mut().filter(|o| o.contains_key("object"))?;
-    object.insert("service_tier".into(), Value::String(tier.to_owned()));
-    serde_json::to_vec(&value).ok().map(Bytes::from)
+    edited(answer, |object| {
+        object.contains_key("object").then_some(())?;
+        object.insert("service_tier".into(), Value::String(tier.to_owned()));
+        Some(())
+    })
 }
 
 /// Tokens a call used, as the backend counted them (or estimated from a stream's

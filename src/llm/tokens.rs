@@ -108,15 +108,15 @@ fn text_bytes(v: &Value) -> u64 {
 /// `body` with its completion tokens' limit set to `max_tokens` under `key` and its `n`
 /// to `n`, each when given; `None` when it is not a JSON object.
 pub fn rewritten(body: &[u8], max_tokens: Option<(&str, u64)>, n: Option<u64>) -> Option<Bytes> {
-    let mut value: Value = serde_json::from_slice(body).ok()?;
-    let object = value.as_object_mut()?;
-    if let Some((key, max_tokens)) = max_tokens {
-        object.insert(key.to_owned(), Value::from(max_tokens));
-    }
-    if let Some(n) = n {
-        object.insert("n".into(), Value::from(n));
-    }
-    serde_json::to_vec(&value).ok().map(Bytes::from)
+    super::openai::edited(body, |object| {
+        if let Some((key, max_tokens)) = max_tokens {
+            object.insert(key.to_owned(), Value::from(max_tokens));
+        }
+        if let Some(n) = n {
+            object.insert("n".into(), Value::from(n));
+        }
+        Some(())
+    })
 }
 
 /// The key a call on `path` names its completion tokens' limit by when it names none.

@@ -61,6 +61,17 @@ impl Check<'_> {
         });
     }
 
+    /// `value` at `path` as a count of 1 or more, when set; a problem otherwise.
+    pub(super) fn count(&mut self, path: impl FnOnce() -> String, value: Option<i64>) -> Option<u64> {
+        value.and_then(|n| match u64::try_from(n) {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                self.fail(path(), format!("must be 1 or more, got {n}"));
+                None
+            }
+        })
+    }
+
     pub(super) fn nonzero(&mut self, path: String, value: Option<i64>, default: u32) -> NonZeroU32 {
         let fallback = NonZeroU32::new(default).expect("defaults are non-zero");
         match value {

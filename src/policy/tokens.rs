@@ -101,11 +101,14 @@ pub const DEFAULT_MAX_TOKENS: u64 = 1024;
 
 /// The rules `file` at `at` sets.
 pub(super) fn rules(check: &mut Check<'_>, at: &str, file: &TokensFile) -> TokenRules {
-    let max_tokens = count(check, (at, "max_tokens"), file.max_tokens);
-    let default_max_tokens = count(check, (at, "default_max_tokens"), file.default_max_tokens)
+    let max_tokens = check.count(|| format!("{at}.max_tokens"), file.max_tokens);
+    let default_max_tokens = check
+        .count(|| format!("{at}.default_max_tokens"), file.default_max_tokens)
         .unwrap_or_else(|| max_tokens.map_or(DEFAULT_MAX_TOKENS, |c| c.min(DEFAULT_MAX_TOKENS)));
-    let max_n = count(check, (at, "max_n"), file.max_n);
-    let prompt_bytes_per_token = count(check, (at, "prompt_bytes_per_token"), file.prompt_bytes_per_token).unwrap_or(4);
+    let max_n = check.count(|| format!("{at}.max_n"), file.max_n);
+    let prompt_bytes_per_token = check
+        .count(|| format!("{at}.prompt_bytes_per_token"), file.prompt_bytes_per_token)
+        .unwrap_or(4);
     if let Some(ceiling) = max_tokens.filter(|c| *c < default_max_tokens) {
         check.fail(
             format!("{at}.default_max_tokens"),
@@ -114,10 +117,10 @@ pub(super) fn rules(check: &mut Check<'_>, at: &str, file: &TokensFile) -> Token
     }
     let mut allowance = |at: String, file: &TokenAllowanceFile| {
         let allowance = TokenAllowance {
-            tokens_per_minute: count(check, (&at, "tokens_per_minute"), file.tokens_per_minute),
-            requests_per_minute: count(check, (&at, "requests_per_minute"), file.requests_per_minute),
-            daily_tokens: count(check, (&at, "daily_tokens"), file.daily_tokens),
-            monthly_tokens: count(check, (&at, "monthly_tokens"), file.monthly_tokens),
+            tokens_per_minute: check.count(|| format!("{at}.tokens_per_minute"), file.tokens_per_minute),
+            requests_per_minute: check.count(|| format!("{at}.requests_per_minute"), file.requests_per_minute),
+            daily_tokens: check.count(|| format!("{at}.daily_tokens"), file.daily_tokens),
+            monthly_tokens: check.count(|| format!("{at}.monthly_tokens"), file.monthly_tokens),
         };
         if allowance == TokenAllowance::default() {
             check.fail(
@@ -150,15 +153,4 @@ pub(super) fn rules(check: &mut Check<'_>, at: &str, file: &TokensFile) -> Token
         default,
         tenants,
     }
-}
-
-/// A count of 1 or more at `at.key`, when set; a problem otherwise.
-fn count(check: &mut Check<'_>, (at, key): (&str, &str), value: Option<i64>) -> Option<u64> {
-    value.and_then(|n| match u64::try_from(n) {
-        Ok(n) if n > 0 => Some(n),
-        _ => {
-            check.fail(format!("{at}.{key}"), format!("must be 1 or more, got {n}"));
-            None
-        }
-    })
 }

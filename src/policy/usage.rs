@@ -236,15 +236,7 @@ fn allowance(check: &mut Check<'_>, at: &str, file: &super::file::AllowanceFile)
     };
     let daily_backend = seconds("daily_backend_seconds", file.daily_backend_seconds);
     let monthly_backend = seconds("monthly_backend_seconds", file.monthly_backend_seconds);
-    let mut requests = |key: &str, value: Option<i64>| {
-        value.and_then(|n| match u64::try_from(n) {
-            Ok(n) if n > 0 => Some(n),
-            _ => {
-                check.fail(format!("{at}.{key}"), format!("must be 1 or more, got {n}"));
-                None
-            }
-        })
-    };
+    let mut requests = |key: &str, value: Option<i64>| check.count(|| format!("{at}.{key}"), value);
     let allowance = Allowance {
         daily_backend,
         monthly_backend,

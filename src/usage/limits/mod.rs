@@ -234,20 +234,14 @@ impl Limits {
             }
         }
         if refused.is_none() {
+            lefts.clear();
             for ((limit, asked), level) in limits.iter().zip(amounts).zip(levels) {
                 let taken = take(limit, level, *asked as f64, now);
                 if counts.len() < MAX_COUNTS || counts.contains_key(&limit.key) {
                     counts.insert(limit.key.clone(), taken);
                 }
+                lefts.push(left(limit, taken.level, now));
             }
-            lefts = limits
-                .iter()
-                .map(|l| {
-                    counts
-                        .get(&l.key)
-                        .map_or(left(l, full(l), now), |c| left(l, c.level, now))
-                })
-                .collect();
         }
         Taken {
             refused,
@@ -408,14 +402,6 @@ fn amount(unit: Unit, tokens: u64) -> u64 {
     match unit {
         Unit::Tokens => tokens,
         Unit::Requests => 1,
-    }
-}
-
-/// A limit's count when nothing was taken of it.
-fn full(limit: &Limit) -> f64 {
-    match limit.window {
-        Window::Minute => limit.limit as f64,
-        Window::Period(..) => 0.0,
     }
 }
 

@@ -150,7 +150,7 @@ impl Shared {
             Ok(Ok(out)) if out.len() == limits.len() + 3 => out,
             Ok(Ok(out)) => return self.failed(&format!("an answer of {} fields", out.len())),
             Ok(Err(e)) => return self.failed(&e.to_string()),
-            Err(_) => return self.failed(&format!("no answer within {:?}", self.timeout)),
+            Err(_) => return self.failed(&self.late()),
         };
         self.answered();
         let number = |s: &String| s.parse::<f64>().unwrap_or(0.0);
@@ -184,16 +184,16 @@ impl Shared {
                 .arg(tokens);
         }
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn)).await {
+        let failed = match tokio::time::timeout(self.timeout, invocation.invoke_async::<i64>(&mut conn)).await {
             Ok(Ok(_)) => {
                 self.answered();
-                true
+                return true;
             }
-            Ok(Err(e)) => self.failed::<()>(&e.to_string()).is_some(),
-            Err(_) => self
-                .failed::<()>(&format!("no answer within {:?}", self.timeout))
-                .is_some(),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => self.late(),
+        };
+        let _: Option<()> = self.failed(&failed);
+        false
     }
 
     /// `key` as Redis keeps it: under the prefix, its route the hash tag.
@@ -212,6 +212,13 @@ impl Shared {
         }
     }
 
+    /// Why a call that did not answer in time failed.
+    fn late(&self) -> String {
+        format!("no answer within {:?}", self.timeout)
+    }
+
+    /// Leaves Redis alone for a second after a call failed `why`: `None`, what a caller
+    /// that could not ask it answers.
     fn failed<T>(&self, why: &str) -> Option<T> {
         self.down_until.store(now_ms() + 1000, Ordering::Relaxed);
         if self.up.swap(false, Ordering::Relaxed) {
