@@ -74,22 +74,27 @@ def log_in(driver, wait, token):
     box.send_keys(token, Keys.ENTER)
 
 
+def table_rows(driver, table):
+    """The text of every cell of table `table`, row by row, read in one call: the pages
+    redraw every 2 s, and a cell read one at a time on a loaded machine is read from a
+    table that is already gone."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]),"
+        " (tr) => Array.from(tr.querySelectorAll('td'), (td) => td.innerText.trim()))",
+        f"#{table} tbody tr",
+    )
+
+
 def row(driver, table, first):
     """The cells of the row of table `table` whose first cell is `first`, or None."""
-    for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr"):
-        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+    for cells in table_rows(driver, table):
         if cells and cells[0] == first:
             return cells
     return None
 
 
 def overview_rows(driver):
-    rows = {}
-    for tr in driver.find_elements(By.CSS_SELECTOR, "#overview tbody tr"):
-        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-        if len(cells) >= 3:
-            rows[(cells[0], cells[1])] = cells
-    return rows
+    return {(cells[0], cells[1]): cells for cells in table_rows(driver, "overview") if len(cells) >= 3}
 
 
 def run(a, driver, wait, shot):
@@ -172,12 +177,7 @@ def run(a, driver, wait, shot):
     # Backends: every endpoint of the route's real-time pool, its circuit closed.
     driver.get(f"{a.admin}/admin/ui/#backends")
     def circuits():
-        found = {}
-        for tr in driver.find_elements(By.CSS_SELECTOR, "#endpoints tbody tr"):
-            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            if len(cells) >= 8:
-                found[(cells[0], cells[1])] = cells
-        return found
+        return {(cells[0], cells[1]): cells for cells in table_rows(driver, "endpoints") if len(cells) >= 8}
     # Closed, answering (a recent latency), its last active check passed.
     wait.until(lambda d: circuits().get((a.route, "realtime"), [""] * 8)[3] == "closed")
     wait.until(lambda d: float(circuits()[(a.route, "realtime")][6]) > 0)
@@ -252,14 +252,13 @@ def run(a, driver, wait, shot):
     # Usage: the route's real-time row, its seconds priced at its pool's cost_per_hour
     # (its batch pool names no price: its row says none).
     driver.get(f"{a.admin}/admin/ui/#usage")
-    def usage_row():
-        for tr in driver.find_elements(By.CSS_SELECTOR, "#usage tbody tr"):
-            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+    def priced_usage_row():
+        for cells in table_rows(driver, "usage"):
             if cells[:2] == [a.route, "realtime"]:
-                return cells
-        return None
+                return int(cells[2]) > 0 and "USD" in cells[6]
+        return False
     try:
-        wait.until(lambda d: usage_row() is not None and int(usage_row()[2]) > 0 and "USD" in usage_row()[6])
+        wait.until(lambda d: priced_usage_row())
     except TimeoutException:
         fail(f"the usage page has no priced real-time row for {a.route}: {driver.find_element(By.ID, 'page').text!r}")
     if "s used" not in driver.find_element(By.ID, "usage-total").text:
