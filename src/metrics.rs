@@ -227,6 +227,19 @@ families! {
     /// `route` (`max_batch` until a batch fails, times out or runs far over its learned cost).
     BATCH_SIZE_LIMIT = "tiergate_batch_size_limit", Gauge;
 
+    /// A batch pool's admission window for LLM calls: what is in flight, by `route` and
+    /// `kind` (`sequences`; `tokens`, each call at its prompt's estimate and `max_tokens`),
+    /// sampled every `signal_interval`.
+    WINDOW_IN_FLIGHT = "tiergate_window_in_flight", Gauge;
+
+    /// A batch pool's admission window's limits now, by `route` and `kind` (`sequences`,
+    /// `tokens`; +Inf: none): its ceilings, narrowed by its engines' signals.
+    WINDOW_LIMIT = "tiergate_window_limit", Gauge;
+
+    /// Times a batch pool's admission window moved on its engines' signals, by `route`
+    /// and `direction` (`narrowed`: halved; `widened`: a sixteenth of its ceilings back).
+    WINDOW_ADAPTED = "tiergate_window_adapted_total", Counter;
+
     /// Requests the usage ledger counted (refused ones too), by `route` and `tier`
     /// (`cache`: answered by the route's cache, no tier).
     USAGE_REQUESTS = "tiergate_usage_requests_total", Counter;

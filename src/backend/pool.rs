@@ -217,6 +217,37 @@ impl Pool {
         }
     }
 
+    /// `GET path` on every endpoint in turn over the pool's own connections, each
+    /// answer's body when it is 200 within `timeout` and at most `max_bytes` (a gRPC
+    /// pool's endpoints answer none): how a pool reads its engines' metrics.
+    pub async fn get_each(&self, path: &str, max_bytes: usize, timeout: Duration) -> Vec<Option<Bytes>> {
+        let one = |at: usize| async move {
+            let exchange = async {
+                let response = match &self.transport {
+                    Transport::Http1(conns) => {
+                        let request = Request::get(path).body(Bytes::new()).ok()?;
+                        conns.get(at)?.send(request, max_bytes).await.ok()?
+                    }
+                    Transport::Http2(client) => {
+                        let uri = client
+                            .uri(&self.endpoints.get(at)?.authority, path.parse().ok()?)
+                            .ok()?;
+                        let request = Request::get(uri).body(http_body_util::Full::new(Bytes::new())).ok()?;
+                        client.request(request, (max_bytes, false)).await.ok()?
+                    }
+                    Transport::Grpc(_) => return None,
+                };
+                (response.status() == http::StatusCode::OK).then(|| response.into_body())
+            };
+            tokio::time::timeout(timeout, exchange).await.ok().flatten()
+        };
+        let mut answers = Vec::with_capacity(self.endpoints.len());
+        for at in 0..self.endpoints.len() {
+            answers.push(one(at).await);
+        }
+        answers
+    }
+
     /// Its endpoints not ejected now.
     pub fn healthy(&self) -> usize {
         self.endpoints.iter().filter(|e| !e.health.is_ejected()).count()

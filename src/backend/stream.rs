@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt as _;
 use tokio::time::Instant;
 
 use super::endpoint::Endpoint;
@@ -110,6 +111,57 @@ impl Streamed {
     /// The stream an answer carries, taken out of its extensions.
     pub fn of(answer: &mut http::Response<Bytes>) -> Option<Stream> {
         answer.extensions_mut().remove::<Streamed>()?.take()
+    }
+}
+
+/// Has `guard` dropped when the stream `answer` carries ends (its last frame read, or
+/// its body dropped: the client went away); gives `guard` back when `answer` carries
+/// none.
+pub fn hold_until_done<G: Send + Unpin + 'static>(answer: &mut http::Response<Bytes>, guard: G) -> Result<(), G> {
+    let Some(streamed) = answer.extensions().get::<Streamed>() else {
+        return Err(guard);
+    };
+    let mut slot = streamed.0.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(stream) = slot.as_mut() else {
+        return Err(guard);
+    };
+    let empty = http_body_util::Empty::new().map_err(|never: std::convert::Infallible| match never {});
+    let body = std::mem::replace(&mut stream.body, Body::new(empty));
+    stream.body = Body::new(Holding {
+        body,
+        guard: Some(guard),
+    });
+    Ok(())
+}
+
+/// A stream's body holding a guard until its end.
+struct Holding<G> {
+    body: Body,
+    guard: Option<G>,
+}
+
+impl<G: Send + Unpin + 'static> hyper::body::Body for Holding<G> {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
+            this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -21,6 +21,12 @@ pub fn is_path(path: &str) -> bool {
     PATHS.contains(&path)
 }
 
+/// Whether `path` is one of [`PATHS`] that generates tokens (every one but embeddings):
+/// a call that holds a sequence and KV cache on its engine while it runs.
+pub fn generates(path: &str) -> bool {
+    is_path(path) && path != "/v1/embeddings"
+}
+
 /// What a request body asks, as far as routing and streaming go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ask {

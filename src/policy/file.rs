@@ -419,6 +419,8 @@ pub struct BatchFile {
     /// combined model's output }.
     #[serde(default)]
     pub combined: std::collections::BTreeMap<String, std::collections::BTreeMap<String, OutputsFile>>,
+    /// The pool's admission window for LLM calls.
+    pub window: Option<super::window::WindowFile>,
 }
 
 /// A member model's outputs: its own output name = the combined model's output name,

@@ -16,6 +16,7 @@ mod shadow;
 pub mod tokens;
 pub mod usage;
 mod validate;
+pub mod window;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

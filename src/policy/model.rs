@@ -368,6 +368,9 @@ pub struct BatchSpec {
     /// Models the pool's backends compute in one pass as part of a combined model, by
     /// the member's name: their callers share batches sent to the combined model.
     pub combined: std::collections::BTreeMap<String, Arc<Member>>,
+    /// The admission window its LLM calls are released through (`None`: each waits
+    /// for a slot of `max_in_flight`, first come first served).
+    pub window: Option<super::window::Window>,
 }
 
 /// A model its callers ask for by its own name (`/v2/models/NAME/infer`) that the batch

@@ -754,7 +754,15 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
         }
     };
     let endpoint_count = u32::try_from(endpoints.len().max(1)).unwrap_or(u32::MAX);
-    let max_concurrency = NonZeroU32::new(endpoint_count.saturating_mul(max_in_flight.get()))
+    let window = file
+        .window
+        .as_ref()
+        .map(|w| super::window::window(check, &format!("{at}.window"), w));
+    // A window's sequences are calls in flight on the pool too.
+    let per_endpoint = window
+        .as_ref()
+        .map_or(max_in_flight, |w| w.max_sequences.max(max_in_flight));
+    let max_concurrency = NonZeroU32::new(endpoint_count.saturating_mul(per_endpoint.get()))
         .expect("product of non-zero numbers, saturating");
     BatchSpec {
         pool: Arc::new(PoolSpec {
@@ -780,6 +788,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
         }),
         scheduling: scheduling(check, at, file, queue_capacity),
         combined: super::combined::members(check, &format!("{at}.combined"), &file.combined),
+        window,
     }
 }
 

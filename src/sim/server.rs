@@ -77,6 +77,13 @@ async fn route(sim: &Simulator, req: Request<Incoming>) -> Reply {
     if path == FAULTS {
         return faults(sim, req).await;
     }
+    if path == "/metrics" {
+        return reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            Bytes::from(engine_metrics(sim)),
+        );
+    }
     let llm = super::llm::openai::parse(&path);
     let inference = path.ends_with("/infer") || super::json::parse(&path).is_some() || llm.is_some();
     if sim.inner.gate.unavailable() && inference {
@@ -298,6 +305,28 @@ pub(crate) fn model_statistics(sim: &Simulator, model: &str) -> serde_json::Valu
     let version = json!({"name": model, "version": "1", "inference_count": stats.requests,
                          "execution_count": stats.batches});
     json!({ "model_stats": [version] })
+}
+
+/// Its LLMs' engine figures under vLLM's metric names (`vllm:num_requests_running`,
+/// `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` as a fraction,
+/// `vllm:num_preemptions_total`), labelled by `model_name` as vLLM's are.
+fn engine_metrics(sim: &Simulator) -> String {
+    let mut out = String::new();
+    for model in sim.llm_models() {
+        let (Some(stats), Some(kv)) = (sim.llm_stats(&model), sim.llm(&model).map(|e| e.profile().kv_tokens)) else {
+            continue;
+        };
+        let usage = stats.reserved as f64 / kv.max(1) as f64;
+        for (name, value) in [
+            ("vllm:num_requests_running", stats.running.to_string()),
+            ("vllm:num_requests_waiting", stats.waiting.to_string()),
+            ("vllm:kv_cache_usage_perc", format!("{usage}")),
+            ("vllm:num_preemptions_total", stats.preemptions.to_string()),
+        ] {
+            out.push_str(&format!("{name}{{model_name=\"{model}\"}} {value}\n"));
+        }
+    }
+    out
 }
 
 fn json_reply(status: StatusCode, value: &serde_json::Value) -> Reply {

@@ -34,6 +34,7 @@ pub use order::{Class, Entry, Flush};
 use order::{Rule, Waiting};
 
 mod order;
+pub mod window;
 
 /// How much longer (as a fraction of the callers' own learned cost) a batch may take
 /// once topped up with filler: the price callers pay for offline work riding along.

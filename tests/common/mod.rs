@@ -325,6 +325,30 @@ pub async fn create_batch(addr: SocketAddr, file: &serde_json::Value, model: &st
     made.json()["id"].as_str().expect("id").to_owned()
 }
 
+/// Runs `lines` as a batch of chat calls (`/v1/chat/completions`, a 24 h window) and
+/// waits up to 30 s for it to complete; the batch object.
+pub async fn chat_batch_completed(addr: SocketAddr, lines: &[String]) -> serde_json::Value {
+    let file = upload_file(addr, &lines.join("\n"), &[]).await;
+    assert_eq!(file.status, 200, "{}", file.text());
+    let create = serde_json::json!({"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions",
+                                    "completion_window": "24h"});
+    let made = send(
+        "POST",
+        addr,
+        "/v1/batches",
+        &[("content-type", "application/json")],
+        create.to_string(),
+    )
+    .await;
+    assert_eq!(made.status, 200, "{}", made.text());
+    let id = made.json()["id"].as_str().expect("id").to_owned();
+    eventually(Duration::from_secs(30), "the batch completes", || async {
+        let batch = get(addr, &format!("/v1/batches/{id}")).await.json();
+        (batch["status"] == "completed").then_some(batch)
+    })
+    .await
+}
+
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
     send("GET", addr, path, &[], Bytes::new()).await
 }

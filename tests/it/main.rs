@@ -32,6 +32,7 @@ mod jobs_cli;
 mod kafka;
 mod kafka_queue;
 mod kserve_http;
+mod llm_window;
 mod metrics_endpoint;
 mod micro_batch;
 mod observability;

@@ -388,13 +388,14 @@ endpoints = ["{live}"]
         // Kafka source metrics exist only while sources run (tests/it/kafka.rs checks them),
         // canary metrics while a canary runs (tests/it/shadow.rs checks them), refusals
         // by a limit once one refused (tests/it/refusals.rs and tests/it/token_limits.rs
-        // check them).
+        // check them), a batch pool's window where one is set (tests/it/llm_window.rs).
         .filter(|l| {
             l.starts_with("| `tiergate_")
                 && !l.starts_with("| `tiergate_kafka_")
                 && !l.starts_with("| `tiergate_canary_")
                 && !l.starts_with("| `tiergate_refusals_")
                 && !l.starts_with("| `tiergate_token_limited_")
+                && !l.starts_with("| `tiergate_window_")
         })
         .flat_map(names)
         .collect();

@@ -248,25 +248,7 @@ async fn offline_jobs_wait_for_tokens_and_do_not_fail() {
             .to_string()
         })
         .collect();
-    let file = upload_file(gw.http_addr(), &lines.join("\n"), &[]).await;
-    assert_eq!(file.status, 200, "{}", file.text());
-    let create = json!({"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions",
-                        "completion_window": "24h"});
-    let made = send(
-        "POST",
-        gw.http_addr(),
-        "/v1/batches",
-        &[("content-type", "application/json")],
-        create.to_string(),
-    )
-    .await;
-    assert_eq!(made.status, 200, "{}", made.text());
-    let id = made.json()["id"].as_str().expect("id").to_owned();
-    let batch = eventually(Duration::from_secs(30), "the batch completes", || async {
-        let batch = get(gw.http_addr(), &format!("/v1/batches/{id}")).await.json();
-        (batch["status"] == "completed").then_some(batch)
-    })
-    .await;
+    let batch = chat_batch_completed(gw.http_addr(), &lines).await;
     assert_eq!(batch["request_counts"]["completed"], 3, "{batch}");
     assert_eq!(batch["request_counts"]["failed"], 0, "{batch}");
     assert!(

@@ -2,10 +2,15 @@
 //! TGI and llama.cpp run one, under a cost model ([`LlmProfile`]): a decode step costs
 //! `a + b·(generations running)` and gives every running generation one token; a
 //! generation let in pays `prefill` per prompt token in the step it joins; at most
-//! `max_sequences` run at once, and one is let in only while the tokens reserved by
-//! those running (prompt + `max_tokens` each) leave room for its own in the KV budget,
-//! first come first served. A generation whose client went away is dropped at the next
-//! step and counted ([`LlmStats::cancelled`]). Generated text is a deterministic
+//! `max_sequences` run at once. Admission is vLLM's: first come first served, a
+//! generation is let in while the KV cache holds its prompt beside what the running
+//! ones hold now (their prompts and the tokens they have generated), not what they
+//! may grow to. When a step's new tokens would overflow the cache, the generation let
+//! in last is *preempted* (recompute, as vLLM does): its cache is freed, it goes back
+//! to the head of the line, and when let in again it pays prefill for its prompt and
+//! the tokens it had generated, which its client does not see again
+//! ([`LlmStats::preemptions`]). A generation whose client went away is dropped at the
+//! next step and counted ([`LlmStats::cancelled`]). Generated text is a deterministic
 //! function of the prompt, one word a token, and every count exact.
 //!
 //! `openai` serves OpenAI's chat, completions, Responses and models paths over it,
@@ -33,7 +38,8 @@ pub struct LlmProfile {
     pub prefill: Duration,
     /// Generations running at once, at most.
     pub max_sequences: usize,
-    /// The KV cache, in tokens: what the running generations may reserve together.
+    /// The KV cache, in tokens: what the running generations' prompts and generated
+    /// tokens may fill together.
     pub kv_tokens: u64,
 }
 
@@ -110,10 +116,16 @@ pub struct LlmStats {
     pub running: u64,
     /// The most generations running at once.
     pub max_running: u64,
-    /// Tokens reserved now by the running generations.
+    /// Tokens in the KV cache now: the running generations' prompts and the tokens
+    /// they have generated.
     pub reserved: u64,
+    /// The most tokens in the KV cache at once.
+    pub max_reserved: u64,
     /// Generations waiting for room now.
     pub waiting: u64,
+    /// Running generations preempted to make room in the KV cache (each later
+    /// recomputed: its prompt and what it had generated prefilled again).
+    pub preemptions: u64,
 }
 
 /// A stream's misbehaviour, set from outside (`/sim/faults`): after this many tokens
@@ -152,6 +164,7 @@ struct Ask {
 pub(crate) struct Engine {
     asks: mpsc::UnboundedSender<Ask>,
     stats: Arc<watch::Sender<LlmStats>>,
+    profile: LlmProfile,
 }
 
 /// The words generated text is made of (a token each).
@@ -175,7 +188,7 @@ impl Engine {
                 }
             })
             .expect("a thread for the simulated LLM");
-        Engine { asks, stats }
+        Engine { asks, stats, profile }
     }
 
     /// Asks for `max_tokens` tokens after a prompt of `prompt` tokens (text chosen by
@@ -198,56 +211,82 @@ impl Engine {
         rx
     }
 
+    /// What it costs and holds.
+    pub(crate) fn profile(&self) -> LlmProfile {
+        self.profile
+    }
+
     /// The counters now.
     pub(crate) fn stats(&self) -> LlmStats {
         self.stats.borrow().clone()
     }
 }
 
-/// A generation running.
+/// A generation running, or waiting to run (again, when `sent` > 0: it was preempted).
 struct Running {
     ask: Ask,
     sent: u64,
 }
 
-/// The engine's loop: lets generations in while there is room, steps the running ones.
+impl Running {
+    /// Tokens it holds in the KV cache while it runs.
+    fn kv(&self) -> u64 {
+        self.ask.prompt + self.sent
+    }
+}
+
+/// The engine's loop: lets generations in while there is room, steps the running ones,
+/// and preempts the last let in when a step would overflow the KV cache.
 async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats: Arc<watch::Sender<LlmStats>>) {
-    let mut waiting: VecDeque<Ask> = VecDeque::new();
+    let mut waiting: VecDeque<Running> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     loop {
         if running.is_empty() && waiting.is_empty() {
             match asks.recv().await {
-                Some(ask) => waiting.push_back(ask),
+                Some(ask) => waiting.push_back(Running { ask, sent: 0 }),
                 None => return,
             }
         }
         while let Ok(ask) = asks.try_recv() {
-            waiting.push_back(ask);
+            waiting.push_back(Running { ask, sent: 0 });
         }
-        // Let in, first come first served, while a sequence and the KV budget have room.
-        let mut reserved: u64 = running.iter().map(|r| r.ask.prompt + r.ask.max_tokens).sum();
+        // Let in, first come first served, while a sequence and the cache have room
+        // for what each holds now (one alone is always let in).
+        let mut held: u64 = running.iter().map(Running::kv).sum();
         let mut prefill = 0u64;
         while let Some(next) = waiting.front() {
-            let need = next.prompt + next.max_tokens;
-            let fits =
-                running.len() < profile.max_sequences && (reserved + need <= profile.kv_tokens || running.is_empty());
+            let need = next.kv();
+            let grown = held + need + running.len() as u64 + 1; // after this step's tokens
+            let fits = running.len() < profile.max_sequences && (grown <= profile.kv_tokens || running.is_empty());
             if !fits {
                 break;
             }
-            let ask = waiting.pop_front().expect("front");
-            if ask.tx.is_closed() {
+            let next = waiting.pop_front().expect("front");
+            if next.ask.tx.is_closed() {
                 stats.send_modify(|s| s.cancelled += 1);
                 continue;
             }
-            reserved += need;
-            prefill += ask.prompt;
-            stats.send_modify(|s| s.prompt_tokens += ask.prompt);
-            running.push(Running { ask, sent: 0 });
+            held += need;
+            prefill += need;
+            if next.sent == 0 {
+                stats.send_modify(|s| s.prompt_tokens += next.ask.prompt);
+            }
+            running.push(next);
+        }
+        // Each running generation grows by a token this step: the last let in give
+        // their room back until the rest fit.
+        while running.len() > 1 && held + running.len() as u64 > profile.kv_tokens {
+            let last = running.pop().expect("more than one");
+            held -= last.kv();
+            prefill = prefill.saturating_sub(last.kv());
+            stats.send_modify(|s| s.preemptions += 1);
+            waiting.push_front(last);
         }
         stats.send_modify(|s| {
             s.running = running.len() as u64;
             s.max_running = s.max_running.max(s.running);
-            s.reserved = reserved;
+            s.reserved = held;
+            s.max_reserved = s.max_reserved.max(held);
             s.waiting = waiting.len() as u64;
         });
         let step =
@@ -326,6 +365,30 @@ mod tests {
         assert_eq!((stats.generations, stats.completed, stats.tokens), (4, 4, 80));
         assert_eq!(stats.max_running, 2, "two sequences at most");
         assert_eq!(stats.prompt_tokens, 40);
+    }
+
+    #[tokio::test]
+    async fn generations_that_outgrow_the_cache_are_preempted_and_recomputed() {
+        // Room for two prompts of 10 but not for both to grow by 20: vLLM's admission
+        // lets both in, and the one let in last is preempted as they grow.
+        let engine = Engine::start(LlmProfile {
+            a: Duration::from_millis(1),
+            b: Duration::ZERO,
+            prefill: Duration::ZERO,
+            max_sequences: 4,
+            kv_tokens: 50,
+        });
+        let asks: Vec<_> = (0..2)
+            .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
+            .collect();
+        for rx in asks {
+            let (words, done) = collect(rx).await;
+            assert!(done && words.len() == 20, "every token once: {}", words.len());
+        }
+        let stats = engine.stats();
+        assert!(stats.preemptions >= 1, "{stats:?}");
+        assert!(stats.max_reserved <= 50, "the cache never overflows: {stats:?}");
+        assert_eq!((stats.completed, stats.tokens, stats.prompt_tokens), (2, 40, 20));
     }
 
     #[tokio::test]

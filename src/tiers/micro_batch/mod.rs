@@ -20,7 +20,8 @@
 //! OpenAI adapters) ·
 //! `rows` (each row looked up in the route's cache, identical rows sent once) · `send`
 //! (one batch: build, call, scatter, isolate) · `canary` (a canary's share of
-//! calls, batched on the candidate's pool).
+//! calls, batched on the candidate's pool) · `window` (LLM calls released onto the
+//! pool through its admission window).
 
 mod canary;
 mod combined;
@@ -28,6 +29,9 @@ mod json;
 mod kserve;
 mod rows;
 mod send;
+mod window;
+
+pub use window::WindowState;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -101,6 +105,8 @@ struct RouteLanes {
     cache: Option<Cache>,
     /// The route's usage counters.
     usage: Arc<crate::usage::RouteUsage>,
+    /// The pool's admission window for LLM calls, when the spec names one.
+    window: Option<window::Window>,
 }
 
 /// What must agree for requests to share a batch.
@@ -340,6 +346,8 @@ pub struct PoolState {
     /// Most bytes of request body a batch carries now (`max_batch_bytes`, lowered to
     /// half of a batch the backend refused as too large).
     pub max_batch_bytes: u64,
+    /// The pool's admission window for LLM calls, when it has one.
+    pub window: Option<WindowState>,
 }
 
 impl MicroBatch {
@@ -353,6 +361,7 @@ impl MicroBatch {
             batch_limit: lanes.shared.limit.now(lanes.settings.max_batch),
             one_row: lanes.shared.shares.one(),
             max_batch_bytes: lanes.shared.max_bytes.now(),
+            window: lanes.window.as_ref().map(window::Window::state),
         })
     }
 
@@ -566,6 +575,13 @@ impl Inner {
         metrics.limit.set(shared.limit.now(settings.max_batch) as f64);
         let (queue, worker) = batcher::pair_sharing(settings, shared.clone());
         tokio::spawn(worker.run(send::send, self.shutdown.clone()));
+        let usage = self.usage.route(route);
+        let window = window::Window::start(
+            route,
+            spec,
+            (pool.clone(), usage.clone(), shared.shares.clone()),
+            &self.shutdown,
+        );
         RouteLanes {
             route: route.to_owned(),
             spec: spec.clone(),
@@ -577,7 +593,8 @@ impl Inner {
             lanes: Mutex::new(HashMap::new()),
             shadow: self.shadow.clone(),
             cache: Some(self.cache.clone()),
-            usage: self.usage.route(route),
+            usage,
+            window,
         }
     }
 }
@@ -618,15 +635,14 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
     let bytes = call.request.body().len() as u64;
     let (key, part, rows, asked) = match parsed {
         Ok(batchable) if batchable.2 > lanes.settings.max_batch => {
-            let why = "it has more rows than max_batch".into();
-            return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+            return alone(lanes, spec, call, "it has more rows than max_batch".into(), filler);
         }
         Ok(_) if bytes > lanes.shared.max_bytes.now() => {
             let why = "its body is larger than a batch may be (max_batch_bytes)".into();
-            return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+            return alone(lanes, spec, call, why, filler);
         }
         Ok(batchable) => batchable,
-        Err(Unbatched(why)) => return Ok(Pending::Alone(lanes, Box::new(call), why, filler)),
+        Err(Unbatched(why)) => return alone(lanes, spec, call, why, filler),
     };
     let (class, tenant) = class(spec, &call)?;
     if !filler {
@@ -647,23 +663,49 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
             .queue
             .submit_sized(&lane, part, (rows, bytes, call.deadline), class),
     };
+    queued(lanes, submitted, (class.priority, call.deadline), filler)
+}
+
+/// The call on its way once `submitted` to a queue of `lanes` in band `priority`, due
+/// by `deadline` (filler when `filler`), counted in its band or as refused.
+fn queued(
+    lanes: Arc<RouteLanes>,
+    submitted: Result<tokio::sync::oneshot::Receiver<Result<Reply, Error>>, Error>,
+    (priority, deadline): (Priority, Instant),
+    filler: bool,
+) -> Result<Pending, Error> {
     let answer = submitted.inspect_err(|e| {
         if e.kind == Kind::QueueFull {
-            match class.priority {
-                Priority::Sheddable => lanes.metrics.band(class.priority, true),
+            match priority {
+                Priority::Sheddable => lanes.metrics.band(priority, true),
                 _ => lanes.metrics.rejected("queue_full"),
             }
         }
     })?;
     if !filler {
-        lanes.metrics.band(class.priority, false);
+        lanes.metrics.band(priority, false);
     }
     Ok(Pending::Queued {
         answer,
         lanes,
-        deadline: call.deadline,
-        priority: class.priority,
+        deadline,
+        priority,
     })
+}
+
+/// Readies `call`, which cannot share a batch (`why`), to go alone: an LLM generation
+/// on a pool with an admission window is queued there, anything else waits for a slot.
+fn alone(lanes: Arc<RouteLanes>, spec: &BatchSpec, call: Call, why: String, filler: bool) -> Result<Pending, Error> {
+    let Some(window) = lanes.window.as_ref() else {
+        return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+    };
+    if !crate::llm::openai::generates(call.request.uri().path()) {
+        return Ok(Pending::Alone(lanes, Box::new(call), why, filler));
+    }
+    let (class, _) = class(spec, &call)?;
+    let deadline = call.deadline;
+    let submitted = window.submit(call, class, filler);
+    queued(lanes, submitted, (class.priority, deadline), filler)
 }
 
 /// `call`'s band (its `x-tiergate-priority`, at most its tenant's ceiling, else the
@@ -839,44 +881,11 @@ impl RouteLanes {
         };
         let waited = queued_at.elapsed();
         let (answer, took) = self.forward_alone(call, why, crate::usage::Source::MicroBatch).await;
-        let mut reply = answer?;
-        if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
-            reply.headers_mut().insert(headers::QUEUE_MS, ms);
-        }
-        // The slot's wait is the queue (a retry's part, if any, is inside the backend's).
-        crate::timing::set(
-            reply.extensions_mut(),
-            &[
-                (crate::timing::Spent::Queue, waited),
-                (crate::timing::Spent::Backend, took),
-            ],
-        );
-        Ok(reply)
-    }
-
-    /// Charges a request sent alone to its tenant: its `share` of the pool's time, and
-    /// as a row when answered.
-    fn charge_alone(
-        &self,
-        (source, whose): (crate::usage::Source, &crate::usage::Whose),
-        answer: &Result<Reply, Error>,
-        share: Duration,
-    ) {
-        use crate::usage::{ns, Field, Figures};
-        let used = ns(share);
-        let mut figures = Figures::default()
-            .with(Field::CallsMicro, 1_000_000)
-            .with(Field::UsedNs, used)
-            .with(Field::AloneNs, used);
-        if answer.is_ok() {
-            figures = figures.with(Field::Rows, 1);
-        }
-        self.usage.add(source, whose.name(), &figures);
+        Ok(waited_for_slot(answer?, waited, took))
     }
 
     /// Sends a request that cannot share a batch, on a slot the caller holds, and
-    /// charges it to `source` (its share of the pool's time); the answer and how long
-    /// the call took.
+    /// charges it to `source`; the answer and how long the call took.
     async fn forward_alone(
         &self,
         call: Call,
@@ -884,13 +893,50 @@ impl RouteLanes {
         source: crate::usage::Source,
     ) -> (Result<Reply, Error>, Duration) {
         tracing::debug!(route = %self.route, why, "served alone on the batch pool");
-        let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
-        let in_flight = self.shared.shares.begin(self.pool.healthy());
-        let answer = self.pool.forward(call.request, call.deadline).await;
-        let (took, share) = in_flight.end(self.pool.healthy(), None);
-        self.charge_alone((source, &whose), &answer, share);
-        (answer, took)
+        forward_charged((&self.pool, &self.shared.shares, &self.usage), call, source).await
     }
+}
+
+/// Sends `call` alone on `pool` and charges it to its tenant under `source`: its share
+/// of the pool's time (`shares`), and a row when answered; the answer and how long the
+/// call took.
+async fn forward_charged(
+    (pool, shares, usage): (&Pool, &crate::usage::Shares, &crate::usage::RouteUsage),
+    call: Call,
+    source: crate::usage::Source,
+) -> (Result<Reply, Error>, Duration) {
+    use crate::usage::{ns, Field, Figures};
+    let whose = crate::usage::Whose::of(&call.request, &call.route.tenant_header);
+    let in_flight = shares.begin(pool.healthy());
+    let answer = pool.forward(call.request, call.deadline).await;
+    let (took, share) = in_flight.end(pool.healthy(), None);
+    let used = ns(share);
+    let mut figures = Figures::default()
+        .with(Field::CallsMicro, 1_000_000)
+        .with(Field::UsedNs, used)
+        .with(Field::AloneNs, used);
+    if answer.is_ok() {
+        figures = figures.with(Field::Rows, 1);
+    }
+    usage.add(source, whose.name(), &figures);
+    (answer, took)
+}
+
+/// `reply` with the time it waited for its slot (`x-tiergate-queue-ms`, and the queue's
+/// and backend's parts of its `Server-Timing`).
+fn waited_for_slot(mut reply: Reply, waited: Duration, took: Duration) -> Reply {
+    if let Ok(ms) = HeaderValue::from_str(&format!("{:.3}", waited.as_secs_f64() * 1e3)) {
+        reply.headers_mut().insert(headers::QUEUE_MS, ms);
+    }
+    // The slot's wait is the queue (a retry's part, if any, is inside the backend's).
+    crate::timing::set(
+        reply.extensions_mut(),
+        &[
+            (crate::timing::Spent::Queue, waited),
+            (crate::timing::Spent::Backend, took),
+        ],
+    );
+    reply
 }
 
 fn ms(d: Duration) -> f64 {
