@@ -236,8 +236,10 @@ families! {
     /// `tokens`; +Inf: none): its ceilings, narrowed by its engines' signals.
     WINDOW_LIMIT = "tiergate_window_limit", Gauge;
 
-    /// Times a batch pool's admission window moved on its engines' signals, by `route`
-    /// and `direction` (`narrowed`: halved; `widened`: a sixteenth of its ceilings back).
+    /// Times a batch pool's admission window moved, by `route` and `direction`
+    /// (`narrowed`: halved on its engines' signals; `held_back`: halved, to nothing at
+    /// last, for the interactive streams of a pool shared with the real-time tier;
+    /// `widened`: a sixteenth of its ceilings back).
     WINDOW_ADAPTED = "tiergate_window_adapted_total", Counter;
 
     /// Requests the usage ledger counted (refused ones too), by `route` and `tier`

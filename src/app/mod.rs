@@ -457,7 +457,8 @@ impl Parts {
             Some(batch_threads.handle()),
             (Some(shadow.clone()), cache.clone()),
             usage.clone(),
-        );
+        )
+        .with_interactive(realtime.clone());
         let offline = Offline::new(store.clone(), config.offline.clone(), wake.clone());
         let tiers = Tiers::new(realtime.clone(), micro_batch.clone(), offline);
         // Its memory watch runs on the batch threads, off the real-time ones.

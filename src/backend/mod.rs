@@ -110,6 +110,11 @@ impl Pools {
         }
     }
 
+    /// The pool serving `route` now and its spec, if one was built.
+    pub fn find(&self, route: &str) -> Option<(Arc<PoolSpec>, Arc<Pool>)> {
+        self.by_route.get(route).map(|entry| entry.value().clone())
+    }
+
     /// The pool serving `route` as `spec` describes it, built on first use and rebuilt
     /// when the spec changes.
     pub fn get(&self, route: &str, spec: &Arc<PoolSpec>) -> Arc<Pool> {

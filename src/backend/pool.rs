@@ -217,6 +217,16 @@ impl Pool {
         }
     }
 
+    /// Its streams' first tokens so far: how many, and their times summed in
+    /// microseconds.
+    pub fn first_tokens(&self) -> (u64, u64) {
+        let (count, micros) = &self.streams.first_tokens;
+        (
+            count.load(std::sync::atomic::Ordering::Relaxed),
+            micros.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// `GET path` on every endpoint in turn over the pool's own connections, each
     /// answer's body when it is 200 within `timeout` and at most `max_bytes` (a gRPC
     /// pool's endpoints answer none): how a pool reads its engines' metrics.

@@ -8,6 +8,7 @@
 //! the pool through its [`Outcome`]: its first token (the pool learns its time to first
 //! token) and a failure (counted against its endpoint, once per input).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,6 +81,9 @@ pub struct Learned {
     pub first_token: Latency,
     /// From the first content event to the last, over the events between.
     pub per_token: Latency,
+    /// First tokens counted, and their times summed in microseconds: a reader takes
+    /// the mean over any interval from two readings.
+    pub first_tokens: (AtomicU64, AtomicU64),
 }
 
 /// A transport's stream before the pool wraps it (between `h1`/`h2` and the pool).
@@ -190,6 +194,9 @@ impl Outcome {
     /// first token from it, and its endpoint's.
     pub fn first_token(&self, took: Duration) {
         self.learned.first_token.answered(took);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.learned.first_tokens.0.fetch_add(1, Ordering::Relaxed);
+        self.learned.first_tokens.1.fetch_add(micros, Ordering::Relaxed);
         let at = super::endpoint::clock(self.born, Instant::now());
         self.endpoints[self.at].streams[0].answered(took, at);
     }

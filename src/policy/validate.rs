@@ -184,10 +184,14 @@ fn route(check: &mut Check<'_>, name: &str, file: &RouteFile, defaults: &Default
         .realtime
         .as_ref()
         .map(|p| Arc::new(pool(check, &format!("{at}.realtime"), p, kserve)));
-    let micro_batch = file
-        .micro_batch
-        .as_ref()
-        .map(|b| Arc::new(batch(check, &format!("{at}.micro_batch"), b, kserve)));
+    let micro_batch = file.micro_batch.as_ref().map(|b| {
+        Arc::new(batch(
+            check,
+            &format!("{at}.micro_batch"),
+            b,
+            (kserve, budgets.realtime_below),
+        ))
+    });
     if let Some(b) = micro_batch.as_ref().filter(|b| b.json_adapter.is_some()) {
         let at = format!("{at}.micro_batch.json_adapter");
         if file.paths.is_empty() {
@@ -724,7 +728,7 @@ fn health(check: &mut Check<'_>, at: &str, file: Option<&HealthFile>, kserve: bo
     }
 }
 
-fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> BatchSpec {
+fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, (kserve, realtime_below): (bool, Duration)) -> BatchSpec {
     let endpoints = endpoints(check, at, &file.endpoints);
     let max_batch = check.nonzero(format!("{at}.max_batch"), file.max_batch, MAX_BATCH);
     let max_in_flight = check.nonzero(format!("{at}.max_in_flight"), file.max_in_flight, MAX_IN_FLIGHT);
@@ -757,7 +761,7 @@ fn batch(check: &mut Check<'_>, at: &str, file: &BatchFile, kserve: bool) -> Bat
     let window = file
         .window
         .as_ref()
-        .map(|w| super::window::window(check, &format!("{at}.window"), w));
+        .map(|w| super::window::window(check, &format!("{at}.window"), w, realtime_below));
     // A window's sequences are calls in flight on the pool too.
     let per_endpoint = window
         .as_ref()

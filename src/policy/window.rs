@@ -27,6 +27,11 @@ pub struct WindowFile {
     /// How often the endpoints' metrics are read (default 1s).
     #[serde(default, with = "humantime_serde")]
     pub signal_interval: Option<Duration>,
+    /// On a pool shared with the route's real-time pool: the interactive streams' mean
+    /// time to first token above which the window holds batch work back (default: the
+    /// route's `realtime_below`).
+    #[serde(default, with = "humantime_serde")]
+    pub interactive_ttft: Option<Duration>,
 }
 
 /// Whose metrics a window reads.
@@ -51,13 +56,16 @@ pub struct Window {
     pub signals: Option<Signals>,
     /// How often they are read.
     pub signal_interval: Duration,
+    /// On a pool shared with the route's real-time pool: the interactive streams' mean
+    /// time to first token above which batch work is held back.
+    pub interactive_ttft: Duration,
 }
 
 /// The most sequences per endpoint a window may name.
 const MAX_SEQUENCES: i64 = 65_536;
 
-/// The window `file` at `at` sets.
-pub(super) fn window(check: &mut Check<'_>, at: &str, file: &WindowFile) -> Window {
+/// The window `file` at `at` sets, on a route whose `realtime_below` is given.
+pub(super) fn window(check: &mut Check<'_>, at: &str, file: &WindowFile, realtime_below: Duration) -> Window {
     let max_sequences = match file.max_sequences {
         None => {
             check.fail(
@@ -92,7 +100,12 @@ pub(super) fn window(check: &mut Check<'_>, at: &str, file: &WindowFile) -> Wind
     if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&signal_interval) {
         check.fail(format!("{at}.signal_interval"), "must be 100ms to 60s");
     }
+    let interactive_ttft = file.interactive_ttft.unwrap_or(realtime_below);
+    if interactive_ttft.is_zero() {
+        check.fail(format!("{at}.interactive_ttft"), "must be more than 0ms");
+    }
     Window {
+        interactive_ttft,
         max_sequences: NonZeroU32::new(u32::try_from(max_sequences).unwrap_or(1)).unwrap_or(NonZeroU32::MIN),
         max_tokens_in_flight,
         signals,

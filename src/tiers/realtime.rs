@@ -68,6 +68,15 @@ impl Realtime {
         self.inner.pools.endpoints_now(route, spec)
     }
 
+    /// `route`'s real-time pool's streams' first tokens so far (how many, and their
+    /// times summed in microseconds) when that pool is on exactly `endpoints` (in any
+    /// order); `None` otherwise, or before its first call.
+    pub fn first_tokens_on(&self, route: &str, endpoints: &[http::Uri]) -> Option<(u64, u64)> {
+        let (spec, pool) = self.inner.pools.find(route)?;
+        let same = spec.endpoints.len() == endpoints.len() && spec.endpoints.iter().all(|e| endpoints.contains(e));
+        same.then(|| pool.first_tokens())
+    }
+
     /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).
     pub fn idle(&self, route: &crate::policy::Route) -> bool {
         route

@@ -207,3 +207,93 @@ async fn offline_lines_drain_through_the_window() {
     assert_eq!(stats.completed, 12, "{stats:?}");
     assert!(stats.max_running <= 2, "two sequences at most: {stats:?}");
 }
+
+/// The time a streamed chat call of `max_tokens` on the real-time tier (a 250 ms
+/// budget) takes to its first token, seen by its caller.
+async fn first_token(addr: SocketAddr, max_tokens: u64) -> Duration {
+    use http_body_util::BodyExt;
+    let body = json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-tiergate-budget-ms", "250")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .expect("request");
+    let sent = tokio::time::Instant::now();
+    let response = client().request(request).await.expect("exchange");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut seen = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            seen.extend_from_slice(&data);
+            // The first chunk with text in its `content` (not the role's empty one).
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            if text.split("\"content\":\"").skip(1).any(|rest| !rest.starts_with('"')) {
+                let took = sent.elapsed();
+                while body.frame().await.is_some() {}
+                return took;
+            }
+        }
+    }
+    panic!("no token in {}", String::from_utf8_lossy(&seen))
+}
+
+/// Interactive streams' median time to first token on a pool whose batch pool is the
+/// same engine (two sequences), while offline lines of 60 tokens each flow through
+/// its window, held back above `interactive_ttft`; and how many times it held back.
+async fn shared_pool(name: &str, interactive_ttft: &str) -> (Duration, f64) {
+    let backend = engine(2, 100_000).await;
+    let policy = format!(
+        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
+         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
+         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
+         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\n[routes.{name}.micro_batch.window]\n\
+         max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"{interactive_ttft}\"\n",
+        backend.url()
+    );
+    let gw = gateway(&policy).await;
+    let lines: Vec<String> = (0..60)
+        .map(|i| {
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "max_tokens": 60, "messages": [{"role": "user", "content": "bulk"}]}})
+            .to_string()
+        })
+        .collect();
+    let addr = gw.http_addr();
+    let batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
+    let sim = backend.sim.clone();
+    eventually(Duration::from_secs(10), "the batch fills the engine", || {
+        let sim = sim.clone();
+        async move { (sim.llm_stats("m").expect("llm").running == 2).then_some(()) }
+    })
+    .await;
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        took.push(first_token(addr, 2).await);
+        tokio::time::sleep(Duration::from_millis(20)).await; // a person's pace, not a flood
+    }
+    let batch = batch.await.expect("batch");
+    assert_eq!(
+        batch["request_counts"]["completed"], 60,
+        "the batch still completes: {batch}"
+    );
+    took.sort();
+    let series = format!("tiergate_window_adapted_total{{route=\"{name}\",direction=\"held_back\"}}");
+    (took[took.len() / 2], metric(&gw, &series).await)
+}
+
+#[tokio::test]
+async fn on_a_shared_pool_batch_work_is_held_back_for_interactive_streams() {
+    // Held to a target no stream misses, the window lets batch work fill both of the
+    // engine's sequences, and an interactive stream waits for one to end (60 tokens
+    // at 2 ms). Held to 20 ms, the window holds batch work back and leaves room.
+    let (ignored, never) = shared_pool("unheld", "60s").await;
+    let (held, times) = shared_pool("held", "20ms").await;
+    assert_eq!(never, 0.0);
+    assert!(times >= 1.0, "held back {times} times");
+    assert!(
+        held * 2 < ignored,
+        "median time to first token {held:?} held back, {ignored:?} not"
+    );
+}

@@ -94,14 +94,19 @@ impl Gate {
     }
 
     /// The engines are under pressure: halves both limits (multiplicative decrease),
-    /// to one sequence and a sixteenth of the token ceiling at least. Calls in flight
-    /// keep running; none is released until they are back under.
-    pub fn narrow(&self) {
-        let halve = |now: &AtomicU64, floor: u64| {
-            let _ = now.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some((n / 2).max(floor)));
-        };
-        halve(&self.sequences_now, 1);
-        halve(&self.tokens_now, (self.max_tokens / 16).max(1));
+    /// to `floor` sequences (0 holds everything back; one sequence never halves to 0)
+    /// and a sixteenth of the token ceiling at least. Calls in flight keep running; none
+    /// is released until they are back under.
+    pub fn narrow(&self, floor: u64) {
+        let _ = self
+            .sequences_now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(if n <= 1 { floor.min(n) } else { (n / 2).max(floor) })
+            });
+        let floor = (self.max_tokens / 16).max(1);
+        let _ = self
+            .tokens_now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some((n / 2).max(floor)));
     }
 
     /// The engines have room: widens both limits by a sixteenth of their ceilings (at

@@ -85,6 +85,9 @@ struct Inner {
     cache: Cache,
     /// The usage ledger its batches are charged to.
     usage: Arc<crate::usage::Ledger>,
+    /// The real-time tier, whose interactive streams a window on a pool it shares
+    /// holds batch work back for.
+    interactive: Option<super::realtime::Realtime>,
 }
 
 /// One route's lanes under one batch spec, and what they share.
@@ -453,8 +456,19 @@ impl MicroBatch {
                 canaries: DashMap::new(),
                 cache,
                 usage,
+                interactive: None,
             }),
         }
+    }
+
+    /// The same tier, its windows on a pool shared with a route's real-time pool
+    /// holding batch work back while `realtime`'s interactive streams wait too long
+    /// for their first token. Called before the tier is first cloned.
+    pub fn with_interactive(mut self, realtime: super::realtime::Realtime) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.interactive = Some(realtime);
+        }
+        self
     }
 }
 
@@ -580,7 +594,7 @@ impl Inner {
             route,
             spec,
             (pool.clone(), usage.clone(), shared.shares.clone()),
-            &self.shutdown,
+            (self.interactive.as_ref(), &self.shutdown),
         );
         RouteLanes {
             route: route.to_owned(),

@@ -33,6 +33,7 @@ use crate::metrics;
 use crate::policy::window::Signals;
 use crate::policy::BatchSpec;
 use crate::protocol::Reply;
+use crate::tiers::realtime::Realtime;
 
 /// Largest `/metrics` answer read from an engine.
 const METRICS_BYTES: usize = 1 << 20;
@@ -83,7 +84,7 @@ impl Window {
         route: &str,
         spec: &BatchSpec,
         (pool, usage, shares): (Arc<Pool>, Arc<crate::usage::RouteUsage>, Arc<crate::usage::Shares>),
-        shutdown: &CancellationToken,
+        (interactive, shutdown): (Option<&Realtime>, &CancellationToken),
     ) -> Option<Window> {
         let window = spec.window.as_ref()?;
         let endpoints = spec.pool.endpoints.len().max(1) as u64;
@@ -98,9 +99,17 @@ impl Window {
         };
         let (queue, worker) = batcher::pair(settings);
         tokio::spawn(worker.run_window(gate.clone(), |r: &Released| r.tokens, send, shutdown.clone()));
+        let holdback = interactive.map(|realtime| Holdback {
+            realtime: realtime.clone(),
+            route: route.to_owned(),
+            endpoints: spec.pool.endpoints.clone(),
+            target: window.interactive_ttft,
+            last: (0, 0),
+            quiet: 0,
+        });
         tokio::spawn(adapt(
             (Arc::downgrade(&gate), Arc::downgrade(&pool)),
-            route.to_owned(),
+            (route.to_owned(), holdback),
             (window.signals, window.signal_interval),
             shutdown.clone(),
         ));
@@ -186,11 +195,12 @@ async fn send(lane: Arc<Lane>, entry: Entry<Released, Reply>, held: Held) {
     let _ = entry.reply.send(answer);
 }
 
-/// Adapts the window to its engines' signals each `interval` (and exports its state),
-/// until `shutdown` or the window or its pool is gone.
+/// Adapts the window each `interval` (and exports its state) to its engines' signals
+/// and, on a pool shared with the route's real-time pool, to the interactive streams'
+/// time to first token, until `shutdown` or the window or its pool is gone.
 async fn adapt(
     (gate, pool): (Weak<Gate>, Weak<Pool>),
-    route: String,
+    (route, mut holdback): (String, Option<Holdback>),
     (signals, interval): (Option<Signals>, Duration),
     shutdown: CancellationToken,
 ) {
@@ -204,7 +214,7 @@ async fn adapt(
         gauge(metrics::WINDOW_LIMIT, "sequences"),
         gauge(metrics::WINDOW_LIMIT, "tokens"),
     ];
-    let adapted = ["narrowed", "widened"].map(|direction| {
+    let [narrowed, held_back, widened] = ["narrowed", "held_back", "widened"].map(|direction| {
         let counter = ::metrics::counter!(metrics::WINDOW_ADAPTED, "route" => route.clone(), "direction" => direction);
         counter.absolute(0);
         counter
@@ -220,6 +230,7 @@ async fn adapt(
         let (Some(gate), Some(pool)) = (gate.upgrade(), pool.upgrade()) else {
             return;
         };
+        let mut engines = None;
         if let Some(signals) = signals {
             let bodies = pool
                 .get_each("/metrics", METRICS_BYTES, interval.min(Duration::from_secs(2)))
@@ -230,18 +241,27 @@ async fn adapt(
                 .zip(preempted.iter_mut())
                 .map(|(body, before)| body.as_ref().map(|b| pressure(signals, b, before)))
                 .collect();
-            match verdict(&read) {
-                Some(Pressure::Full) => {
-                    gate.narrow();
-                    adapted[0].increment(1);
-                }
-                Some(Pressure::Room) => {
+            engines = verdict(&read);
+        }
+        let interactive = holdback.as_mut().and_then(Holdback::read);
+        match (engines, interactive) {
+            (_, Some(Pressure::Full)) => {
+                gate.narrow(0);
+                held_back.increment(1);
+            }
+            (Some(Pressure::Full), _) => {
+                gate.narrow(1);
+                narrowed.increment(1);
+            }
+            (None, None) => {}
+            (engines, interactive) => {
+                let room = [engines, interactive].iter().flatten().all(|p| *p == Pressure::Room);
+                if room {
                     if gate.limits() != gate.ceilings() {
-                        adapted[1].increment(1);
+                        widened.increment(1);
                     }
                     gate.widen();
                 }
-                Some(Pressure::Steady) | None => {}
             }
         }
         let (sequences, tokens) = gate.in_flight();
@@ -254,6 +274,53 @@ async fn adapt(
         } else {
             max_tokens as f64
         });
+    }
+}
+
+/// A window on a pool its route's real-time tier may share: what it reads of the
+/// interactive streams there.
+struct Holdback {
+    realtime: Realtime,
+    route: String,
+    /// The batch pool's endpoints: the real-time pool shares the pool when it has the same.
+    endpoints: Vec<http::Uri>,
+    /// The interactive streams' mean time to first token held to.
+    target: Duration,
+    /// First tokens counted, and their summed microseconds, at the last reading.
+    last: (u64, u64),
+    /// Readings in a row that saw no interactive first token.
+    quiet: u32,
+}
+
+/// Readings in a row without an interactive stream after which the pool counts as
+/// having room: one quiet reading between two streams says nothing.
+const QUIET_READINGS: u32 = 10;
+
+impl Holdback {
+    /// The interactive streams' pressure since the last reading: full when their mean
+    /// time to first token was above the target, room when below four fifths of it (or
+    /// none came for [`QUIET_READINGS`] readings), else steady; `None` while the
+    /// real-time pool is not on the same endpoints.
+    fn read(&mut self) -> Option<Pressure> {
+        let now = self.realtime.first_tokens_on(&self.route, &self.endpoints)?;
+        let (count, micros) = (now.0.saturating_sub(self.last.0), now.1.saturating_sub(self.last.1));
+        self.last = now;
+        if count == 0 {
+            self.quiet = self.quiet.saturating_add(1);
+            return Some(match self.quiet >= QUIET_READINGS {
+                true => Pressure::Room,
+                false => Pressure::Steady,
+            });
+        }
+        self.quiet = 0;
+        let mean = Duration::from_micros(micros / count);
+        Some(if mean > self.target {
+            Pressure::Full
+        } else if mean * 5 < self.target * 4 {
+            Pressure::Room
+        } else {
+            Pressure::Steady
+        })
     }
 }
 
