@@ -57,6 +57,21 @@ pub struct StreamsArgs {
     /// An API key sent as `Authorization: Bearer KEY` (a gateway that requires one).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Open loop: a stream opened every 1/RATE seconds for `--duration`, however many
+    /// are open (`--concurrency` unused).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Words in each stream's prompt (a token each on the simulator), after the stream's
+    /// own number so no two prompts share a prefix; a short sentence when not given.
+    #[arg(long)]
+    pub prompt_words: Option<usize>,
+    /// Asks the server for every one of `--tokens` (`ignore_eos`: llama.cpp's and vLLM's),
+    /// so a model that would end early still streams them all.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Extra request header K:V; repeat.
+    #[arg(long = "header", value_parser = parse_header)]
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

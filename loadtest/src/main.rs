@@ -76,7 +76,10 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Streams(args) => {
             let report = streams::run(&args).await?;
             println!("{report}");
-            write_outputs(&args.output, &report, |_| Ok(()))
+            let label = args.output.label.clone().unwrap_or_else(|| "streams".to_owned());
+            write_outputs(&args.output, &report, |dir| {
+                plot::ttft(dir, &label, &report.ttft_over_time)
+            })
         }
     }
 }

@@ -28,6 +28,45 @@ pub fn report(dir: &Path, report: &Report) -> anyhow::Result<()> {
     draw(dir, &lines)
 }
 
+/// File name of the time-to-first-token-over-time plot.
+pub const TTFT_OVER_TIME: &str = "ttft_over_time.svg";
+
+/// Plots a streams run's time to first token per second (p50 dashed, p99 solid) into `dir`.
+pub fn ttft(dir: &Path, label: &str, seconds: &[crate::streams::Second]) -> anyhow::Result<()> {
+    let path = dir.join(TTFT_OVER_TIME);
+    let root = SVGBackend::new(&path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let answered = || seconds.iter().filter(|s| s.count > 0);
+    let top = answered().map(|s| s.p99_ms).fold(0.001, f64::max) * 1.1;
+    let width = seconds.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("Time to first token per second: {label}"), ("sans-serif", 20))
+        .margin(12)
+        .margin_right(36)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..width, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("second (streams by when they were due)")
+        .y_desc("time to first token (ms)")
+        .draw()?;
+    let color = COLORS[0];
+    let p50 = answered().map(|s| (s.second as f64 + 0.5, s.p50_ms));
+    let p99 = answered().map(|s| (s.second as f64 + 0.5, s.p99_ms));
+    chart
+        .draw_series(DashedLineSeries::new(p50, 6, 4, color.stroke_width(1)))?
+        .label("p50")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(1)));
+    chart
+        .draw_series(LineSeries::new(p99, color.stroke_width(2)))?
+        .label("p99")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    legend(&mut chart)?;
+    root.present()?;
+    Ok(())
+}
+
 fn draw(dir: &Path, lines: &[(&str, &Summary)]) -> anyhow::Result<()> {
     over_time(&dir.join(OVER_TIME), lines)?;
     distribution(&dir.join(DISTRIBUTION), lines)

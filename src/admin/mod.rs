@@ -38,6 +38,7 @@ pub mod console;
 mod offline;
 mod shadow;
 pub mod stats;
+mod tokens;
 mod usage;
 pub mod views;
 
@@ -203,6 +204,14 @@ impl Admin {
                 .await
             }
             (&Method::GET, ["admin", "capacity"]) => usage::capacity(self.dispatch.usage()),
+            (&Method::GET, ["admin", "tokens"]) => {
+                let window = |route: &str| self.micro_batch.pool_state(route).and_then(|s| s.window);
+                let now = crate::usage::unix(std::time::SystemTime::now());
+                match tokens::table(self.dispatch.usage(), &self.control.store().load(), &window, now).await {
+                    Ok(body) => ok(&body),
+                    Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "usage_unreadable", &e),
+                }
+            }
             (&Method::GET, ["admin", "stats"]) => match stats::since_ms(head.uri.query(), std::time::SystemTime::now())
             {
                 Ok(since) => ok(&self.stats.since(since)),

@@ -81,8 +81,9 @@ pub struct Learned {
     pub first_token: Latency,
     /// From the first content event to the last, over the events between.
     pub per_token: Latency,
-    /// First tokens counted, and their times summed in microseconds: a reader takes
-    /// the mean over any interval from two readings.
+    /// First tokens counted (and first tokens that never came in the call's budget,
+    /// at the budget), and their times summed in microseconds: a reader takes the mean
+    /// over any interval from two readings.
     pub first_tokens: (AtomicU64, AtomicU64),
 }
 
@@ -199,6 +200,15 @@ impl Outcome {
         self.learned.first_tokens.1.fetch_add(micros, Ordering::Relaxed);
         let at = super::endpoint::clock(self.born, Instant::now());
         self.endpoints[self.at].streams[0].answered(took, at);
+    }
+
+    /// The call's budget ran out `waited` after it was sent with no first token: what
+    /// its streams' first tokens are read to take lately counts it at that (a window
+    /// holding batch work back for them sees it), not what the pool learns.
+    pub fn first_token_missed(&self, waited: Duration) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.learned.first_tokens.0.fetch_add(1, Ordering::Relaxed);
+        self.learned.first_tokens.1.fetch_add(micros, Ordering::Relaxed);
     }
 
     /// The tokens after the first came `each` apart on average: the pool learns its time

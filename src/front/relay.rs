@@ -235,7 +235,10 @@ impl Relay {
         self.ended = Some(end);
         let (message, code, charged) = match end {
             End::Done | End::ClientGone | End::SlowReader => return self.finish(),
-            End::FirstToken => ("the budget ran out before the first token", "deadline", None),
+            End::FirstToken => {
+                self.outcome.first_token_missed(self.sent.elapsed());
+                ("the budget ran out before the first token", "deadline", None)
+            }
             End::Idle => (
                 "the backend sent nothing for stream_idle_timeout",
                 "stream_idle",

@@ -309,7 +309,8 @@ pub(crate) fn model_statistics(sim: &Simulator, model: &str) -> serde_json::Valu
 
 /// Its LLMs' engine figures under vLLM's metric names (`vllm:num_requests_running`,
 /// `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` as a fraction,
-/// `vllm:num_preemptions_total`), labelled by `model_name` as vLLM's are.
+/// `vllm:num_preemptions_total`, `vllm:generation_tokens_total`,
+/// `vllm:prompt_tokens_total`), labelled by `model_name` as vLLM's are.
 fn engine_metrics(sim: &Simulator) -> String {
     let mut out = String::new();
     for model in sim.llm_models() {
@@ -322,6 +323,8 @@ fn engine_metrics(sim: &Simulator) -> String {
             ("vllm:num_requests_waiting", stats.waiting.to_string()),
             ("vllm:kv_cache_usage_perc", format!("{usage}")),
             ("vllm:num_preemptions_total", stats.preemptions.to_string()),
+            ("vllm:generation_tokens_total", stats.tokens.to_string()),
+            ("vllm:prompt_tokens_total", stats.prompt_tokens.to_string()),
         ] {
             out.push_str(&format!("{name}{{model_name=\"{model}\"}} {value}\n"));
         }

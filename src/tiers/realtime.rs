@@ -15,6 +15,17 @@ use crate::shadow::{Primary, Shadow, Variant};
 use super::Call;
 use crate::protocol::Reply;
 
+/// Whether a route's real-time pool shares a set of endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Not known before the real-time pool's first call.
+    Unknown,
+    /// On other endpoints.
+    Separate,
+    /// On the same: its streams' first tokens so far (how many, summed microseconds).
+    Shared((u64, u64)),
+}
+
 /// The real-time tier (one pointer, cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Realtime {
@@ -68,13 +79,18 @@ impl Realtime {
         self.inner.pools.endpoints_now(route, spec)
     }
 
-    /// `route`'s real-time pool's streams' first tokens so far (how many, and their
-    /// times summed in microseconds) when that pool is on exactly `endpoints` (in any
-    /// order); `None` otherwise, or before its first call.
-    pub fn first_tokens_on(&self, route: &str, endpoints: &[http::Uri]) -> Option<(u64, u64)> {
-        let (spec, pool) = self.inner.pools.find(route)?;
+    /// Whether `route`'s real-time pool is on exactly `endpoints` (in any order) and, if
+    /// so, its streams' first tokens so far (how many, and their times summed in
+    /// microseconds).
+    pub fn first_tokens_on(&self, route: &str, endpoints: &[http::Uri]) -> Sharing {
+        let Some((spec, pool)) = self.inner.pools.find(route) else {
+            return Sharing::Unknown;
+        };
         let same = spec.endpoints.len() == endpoints.len() && spec.endpoints.iter().all(|e| endpoints.contains(e));
-        same.then(|| pool.first_tokens())
+        match same {
+            true => Sharing::Shared(pool.first_tokens()),
+            false => Sharing::Separate,
+        }
     }
 
     /// Whether `route`'s real-time pool has no call in flight (offline work may borrow it).

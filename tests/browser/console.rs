@@ -65,6 +65,22 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
          [routes.bulk.micro_batch]\nendpoints = [\"{0}\"]\nmax_batch = 1\nmax_in_flight = 1\n",
         bulk.url()
     );
+    // An LLM route: its streams on real time and on the batch pool's window, its
+    // tenants held to token limits, its tokens priced.
+    let llm = backend_with(vec![tiergate::sim::ModelSpec::llm(
+        "chat-model",
+        tiergate::sim::LlmProfile::named("llm-tiny").expect("profile"),
+    )])
+    .await;
+    policy += &format!(
+        "[usage.prices]\nrealtime = {{ prompt = 3.0, completion = 15.0 }}\nmicro_batch = {{ prompt = 2.0, completion = 10.0 }}\n\
+         [routes.chat]\nmodels = [\"chat-model\"]\npaths = [\"/v1/chat/completions\"]\n\
+         [routes.chat.flags]\nrealtime = true\nmicro_batch = true\n\
+         [routes.chat.realtime]\nendpoints = [\"{0}\"]\n\
+         [routes.chat.micro_batch]\nendpoints = [\"{0}\"]\n[routes.chat.micro_batch.window]\nmax_sequences = 4\nmax_tokens_in_flight = 4096\n\
+         [routes.chat.tokens.default]\ntokens_per_minute = 1000000\ndaily_tokens = 50000000\n",
+        llm.url()
+    );
     std::fs::write(dir.path().join("ui.toml"), policy).expect("policy");
     let (gw, _config) = admin_gateway(dir.path(), TOKEN).await;
     let batch = bulk_batch(gw.http_addr(), 300).await;
@@ -86,6 +102,12 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
                 for model in ["n", "o"] {
                     infer(addr, model, &[("x-tiergate-budget-ms", "2000")], BODY).await;
                 }
+                // A chat stream, on real time and on the batch pool's window by turns.
+                let budget = if fresh { "200" } else { "2000" };
+                let chat = serde_json::json!({"model": "chat-model", "stream": true, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "how is the gateway"}]});
+                let headers = [("content-type", "application/json"), ("x-tiergate-budget-ms", budget)];
+                send("POST", addr, "/v1/chat/completions", &headers, chat.to_string()).await;
             }
         })
     };
@@ -105,6 +127,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         ("--out", out.display().to_string()),
         ("--candidate", candidate.url()),
         ("--batch", batch),
+        ("--llm", "chat".to_owned()),
     ];
     let args = args.into_iter().flat_map(|(k, v)| [k.to_owned(), v]).collect();
     let log = out.join("none.log");
@@ -119,6 +142,7 @@ async fn a_browser_logs_in_sees_live_rates_and_changes_the_policy_through_a_dry_
         "explain",
         "cache",
         "usage",
+        "llm",
         "offline",
         "policy_setting",
         "overview_phone",

@@ -9,7 +9,9 @@ login form, never a blank page; the right one shows the overview with live rates
 move; a flag turned on through the policy page's dry-run panel changes the tier a
 request is served on and lands in the audit history, and so does a rollout percentage
 set through the same panel; explain answers; a cache is
-invalidated; a running batch is cancelled from the offline page and its owner sees it
+invalidated; the usage page prices a route's seconds; the LLM page shows an LLM route's
+streams, its batch pool's window, its tenants' tokens against their limits and its
+tokens' cost; a running batch is cancelled from the offline page and its owner sees it
 cancelled; the page is readable at a phone's width. Exits 1 with what failed.
 """
 import argparse
@@ -43,7 +45,7 @@ def call(url, token=None, method="GET", body=None, headers=None):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out", "candidate", "batch"):
+    for name in ("admin", "data", "token", "route", "model", "driver", "browser", "out", "candidate", "batch", "llm"):
         p.add_argument(f"--{name}", required=True)
     a = p.parse_args()
 
@@ -264,6 +266,31 @@ def run(a, driver, wait, shot):
     if "s used" not in driver.find_element(By.ID, "usage-total").text:
         fail(f"the usage page has no total: {driver.find_element(By.ID, 'usage-total').text!r}")
     shot("usage")
+
+    # LLM: the chat route's streams (a time to first token on both tiers), its batch
+    # pool's window against its limits, its tenant's tokens against its limits, and
+    # its tokens' cost with what they saved against the real-time price.
+    driver.get(f"{a.admin}/admin/ui/#llm")
+    def llm_ready():
+        streams = {(c[0], c[1]): c for c in table_rows(driver, "llm") if len(c) >= 8}
+        tiers = [streams.get((a.llm, t)) for t in ("realtime", "micro_batch")]
+        if not all(t and t[2] != "–" and float(t[2]) > 0 for t in tiers):
+            return False
+        window = row(driver, "windows", a.llm)
+        if not window or "of 4" not in window[1] or "of 4096" not in window[2]:
+            return False
+        tenant = row(driver, "token-limits", a.llm)
+        if not tenant or "of 1000000" not in tenant[2] or "of 50000000" not in tenant[3]:
+            return False
+        cost = {(c[0], c[1]): c for c in table_rows(driver, "token-cost") if len(c) >= 6}
+        batch = cost.get((a.llm, "micro_batch"))
+        return bool(batch and "USD" in batch[4] and "USD" in batch[5] and float(batch[5].split()[0]) > 0)
+    try:
+        wait.until(lambda d: llm_ready())
+    except TimeoutException:
+        fail(f"the LLM page lacks the chat route's streams, window, limits or cost: {driver.find_element(By.ID, 'page').text!r}")
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot("llm")
 
     # Offline: the running batch, its progress; cancelled as its owner would.
     driver.get(f"{a.admin}/admin/ui/#offline")

@@ -22,6 +22,7 @@ async fn engine(max_sequences: usize, kv_tokens: u64) -> Backend {
         prefill: Duration::from_micros(10),
         max_sequences,
         kv_tokens,
+        max_batched_tokens: u64::MAX,
     };
     backend_with(vec![ModelSpec::llm("m", profile)]).await
 }
@@ -295,5 +296,46 @@ async fn on_a_shared_pool_batch_work_is_held_back_for_interactive_streams() {
     assert!(
         held * 2 < ignored,
         "median time to first token {held:?} held back, {ignored:?} not"
+    );
+}
+
+#[tokio::test]
+async fn a_window_that_may_share_its_pool_widens_a_sequence_at_a_time_before_any_interactive_call() {
+    // The route's real-time pool is the batch pool's engine, but no interactive call
+    // has come, so nothing says the pool is not shared: batch work that comes first
+    // is let in a sequence at a time (a 256th of 256), not at the engine's pace (a
+    // sixteenth), which would fill the engine before the first interactive stream.
+    let backend = engine(256, 10_000_000).await;
+    let name = "first";
+    let policy = format!(
+        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
+         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
+         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
+         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\nmax_batch = 256\n[routes.{name}.micro_batch.window]\n\
+         max_sequences = 256\nsignals = \"vllm\"\nsignal_interval = \"100ms\"\n",
+        backend.url()
+    );
+    let gw = gateway(&policy).await;
+    let lines: Vec<String> = (0..300)
+        .map(|i| {
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "max_tokens": 5000, "messages": [{"role": "user", "content": "bulk"}]}})
+            .to_string()
+        })
+        .collect();
+    let addr = gw.http_addr();
+    let _batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
+    let limit = format!("tiergate_window_limit{{route=\"{name}\",kind=\"sequences\"}}");
+    let widened = format!("tiergate_window_adapted_total{{route=\"{name}\",direction=\"widened\"}}");
+    let (times, now) = eventually(Duration::from_secs(20), "the window widens ten times", || async {
+        let times = metric(&gw, &widened).await;
+        (times >= 10.0).then_some((times, metric(&gw, &limit).await))
+    })
+    .await;
+    // It opens at 16; each widening adds one (read just after, it may have widened once
+    // more).
+    assert!(
+        now <= 16.0 + times + 1.0,
+        "{now} sequences after widening {times} times"
     );
 }

@@ -282,6 +282,13 @@ function bar(v, good) {
   return `<svg width="100" height="10" role="img" aria-label="${pct(v)}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${(v * 100).toFixed(1)}" height="10" fill="${good === undefined || v >= good ? "#1a7f37" : "#9a6700"}"/>${tick}</svg> ${pct(v)}`;
 }
 
+/** How full something is against its limit: green, amber from 80%, red when at it. */
+function fullness(v) {
+  const c = v >= 1 ? "#cf222e" : v >= 0.8 ? "#9a6700" : "#1a7f37";
+  const w = Math.min(1, Math.max(0, v)) * 100;
+  return `<svg width="100" height="10" role="img" aria-label="${pct(v)}"><rect width="100" height="10" fill="#eef1f4"/><rect width="${w.toFixed(1)}" height="10" fill="${c}"/></svg>`;
+}
+
 const num = (d) => (v) => (v === undefined || v === null || Number.isNaN(v) ? "–" : Number(v).toFixed(d));
 const pct = (v) => (v === undefined || v === null ? "–" : `${(v * 100).toFixed(2)}%`);
 
@@ -608,6 +615,58 @@ ${table("usage", [["route", "route"], ["tier", "tier"], ["requests", "requests"]
         ["saved_s", "saved s", num(3)], ["cost", "cost", money], ["cost_saved", "cost saved", saved], ["prompt_tokens", "prompt tokens"],
         ["completion_tokens", "output tokens"], ["token_cost", "tokens' cost", money], ["token_saved", "tokens saved", saved]], rows)}
 <p id="usage-total">All: ${num(3)(t.used_seconds)} s used, ${num(3)(t.saved_seconds)} s saved${t.cost ? `; ${money(t.cost)} used, ${saved(t.cost)} saved` : ""}${t.token_cost ? `; tokens ${money(t.token_cost)}, ${saved(t.token_cost)} saved against real time` : ""}.</p>`;
+      updated();
+    };
+    every(draw);
+  },
+
+  async llm(page) {
+    const draw = async () => {
+      try { await pollStats(); } catch (e) { say(`could not read the gateway: ${e.message}`, "bad"); return; }
+      // Streams over the last 60 s (tokens/s over 10 s) from the history; the windows
+      // and tenants' tokens from GET /admin/tokens; cost from GET /admin/usage.
+      const rt = (l) => `${l.route}/${l.tier}`;
+      const ttft = [0.5, 0.99].map((q) => quantiles("tiergate_time_to_first_token_seconds", rt, 60, q));
+      const tpot = [0.5, 0.99].map((q) => quantiles("tiergate_time_per_output_token_seconds", rt, 60, q));
+      const tokens = increase("tiergate_tokens_total", rt, 10);
+      const newest = stats.samples[stats.samples.length - 1], oldest = sampleAgo(10);
+      const span = newest && oldest ? Math.max(1, (newest.at - oldest.at) / 1000) : 1;
+      const open = grouped(newest, "tiergate_streams_open", rt);
+      const keys = [...new Set([...ttft[0].keys(), ...tokens.keys(), ...open.keys()])].sort();
+      const streams = keys.map((k) => {
+        const [route, tier] = k.split("/");
+        return {
+          route, tier,
+          ttft_p50: ttft[0].get(k), ttft_p99: ttft[1].get(k), tpot_p50: tpot[0].get(k), tpot_p99: tpot[1].get(k),
+          tokens_per_s: (tokens.get(k) || 0) / span, open: open.get(k) || 0,
+        };
+      });
+      const held = await api("GET", "/admin/tokens");
+      const adapted = increase("tiergate_window_adapted_total", (l) => `${l.route}|${l.direction}`, 60);
+      const windows = ((held.json && held.json.windows) || []).map((w) => ({
+        ...w,
+        adapted_60s: [...adapted].filter(([k, n]) => k.startsWith(`${w.route}|`) && n > 0).map(([k, n]) => `${k.split("|")[1]} ${n}`).join(", "),
+      }));
+      const tenants = (held.json && held.json.tenants) || [];
+      const against = (p) => (p.limit === null ? `${p.used} (no limit)` : `${fullness(p.used / p.limit)} ${p.used} of ${p.limit}`);
+      const usage = await api("GET", "/admin/usage?since=1h&by=route,tier");
+      const money = (c) => (c ? `${Number(c.used).toFixed(4)} ${esc(c.currency)}` : "–");
+      const saved = (c) => (c ? `${Number(c.saved).toFixed(4)} ${esc(c.currency)}` : "–");
+      const cost = ((usage.json && usage.json.rows) || []).filter((l) => l.prompt_tokens + l.completion_tokens > 0)
+        .map((l) => ({ route: l.route, tier: l.tier, prompt: l.prompt_tokens, completion: l.completion_tokens, cost: l.token_cost, saved: l.token_cost }));
+      page.innerHTML = `<h1>LLM</h1>
+<p class="muted">Streams by route and tier: time to first token and per output token over the last 60 s, tokens a second over the last 10 s, streams open now. The batch pools' admission windows now (docs/policy.md, "The admission window for LLM calls"), each tenant's tokens against its token limits as the usage ledger counts them, and the tokens' cost over the last hour against the real-time price.</p>
+${table("llm", [["route", "route"], ["tier", "tier"], ["ttft_p50", "TTFT p50 ms", num(1)], ["ttft_p99", "TTFT p99 ms", num(1)],
+        ["tpot_p50", "TPOT p50 ms", num(2)], ["tpot_p99", "TPOT p99 ms", num(2)], ["tokens_per_s", "tokens/s", num(1)], ["open", "streams open", num(0)]], streams)}
+<h2>Batch pools' windows</h2>
+${table("windows", [["route", "route"], ["sequences", "sequences", (v, r) => `${fullness(r.max_sequences ? v / r.max_sequences : 1)} ${v} of ${r.max_sequences}`],
+        ["tokens", "tokens held", (v, r) => (r.max_tokens === null ? `${v} (no limit)` : `${fullness(v / r.max_tokens)} ${v} of ${r.max_tokens}`)],
+        ["adapted_60s", "moved (60 s)"]], windows)}
+<h2>Tenants' tokens against their limits</h2>
+${table("token-limits", [["route", "route"], ["tenant", "tenant (* the route's)"], ["minute", "last minute", against], ["day", "today (UTC)", against], ["month", "this month", against]], tenants)}
+<h2>Tokens' cost (last hour)</h2>
+${table("token-cost", [["route", "route"], ["tier", "tier"], ["prompt", "prompt tokens", num(0)], ["completion", "output tokens", num(0)],
+        ["cost", "cost", money], ["saved", "saved against real time", saved]], cost)}`;
       updated();
     };
     every(draw);

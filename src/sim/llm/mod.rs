@@ -1,7 +1,9 @@
 //! The simulator's LLMs: a continuous-batching engine per model ([`Engine`]), as vLLM,
 //! TGI and llama.cpp run one, under a cost model ([`LlmProfile`]): a decode step costs
-//! `a + b·(generations running)` and gives every running generation one token; a
-//! generation let in pays `prefill` per prompt token in the step it joins; at most
+//! `a + b·(generations running)` and gives every running generation past its prompt
+//! one token; prompts cost `prefill` a token, computed in the steps after a generation
+//! is let in, at most `max_batched_tokens` tokens a step with the decodes (vLLM V1's
+//! chunked prefill), the first token coming in the step its prompt is done; at most
 //! `max_sequences` run at once. Admission is vLLM's: first come first served, a
 //! generation is let in while the KV cache holds its prompt beside what the running
 //! ones hold now (their prompts and the tokens they have generated), not what they
@@ -41,6 +43,10 @@ pub struct LlmProfile {
     /// The KV cache, in tokens: what the running generations' prompts and generated
     /// tokens may fill together.
     pub kv_tokens: u64,
+    /// Tokens one step computes at most (vLLM's `max_num_batched_tokens`): a decode
+    /// each for the generations past their prompt, and the rest for prompts, in chunks
+    /// (chunked prefill); `u64::MAX`: a prompt's whole prefill in the step it joins.
+    pub max_batched_tokens: u64,
 }
 
 impl LlmProfile {
@@ -55,7 +61,8 @@ impl LlmProfile {
     ///   average); prefill at about 12,000 tokens/s; vLLM's default `max_num_seqs` (256);
     ///   the KV cache is what 90% of the memory (`gpu_memory_utilization`) leaves after
     ///   the weights, at 128 KiB a token (32 layers × 8 KV heads × 128 dims × 2 × 2 bytes):
-    ///   440,000 tokens.
+    ///   440,000 tokens; chunked prefill of at most 2,048 tokens a step (vLLM V1's
+    ///   scheduler with `max_num_batched_tokens` 2048).
     /// - `llm-tiny`: a small, fast model for tests: 2 ms + 0.05 ms a generation a step,
     ///   10 µs a prompt token, 4 sequences, 4,096 tokens of KV.
     /// - `llm-relay`: not a GPU: a token every 100 ms to every stream however many run
@@ -69,6 +76,7 @@ impl LlmProfile {
                 prefill: ms(0.083),
                 max_sequences: 256,
                 kv_tokens: 440_000,
+                max_batched_tokens: 2048,
             }),
             "llm-tiny" => Some(LlmProfile {
                 a: ms(2.0),
@@ -76,6 +84,7 @@ impl LlmProfile {
                 prefill: ms(0.01),
                 max_sequences: 4,
                 kv_tokens: 4_096,
+                max_batched_tokens: u64::MAX,
             }),
             "llm-relay" => Some(LlmProfile {
                 a: ms(100.0),
@@ -83,6 +92,7 @@ impl LlmProfile {
                 prefill: Duration::ZERO,
                 max_sequences: 1_000_000,
                 kv_tokens: u64::MAX / 4,
+                max_batched_tokens: u64::MAX,
             }),
             _ => None,
         }
@@ -226,6 +236,9 @@ impl Engine {
 struct Running {
     ask: Ask,
     sent: u64,
+    /// Tokens of its prompt (and, recomputed, of what it had generated) still to be
+    /// put in the cache: it decodes once there are none.
+    prefill_left: u64,
 }
 
 impl Running {
@@ -243,17 +256,24 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
     loop {
         if running.is_empty() && waiting.is_empty() {
             match asks.recv().await {
-                Some(ask) => waiting.push_back(Running { ask, sent: 0 }),
+                Some(ask) => waiting.push_back(Running {
+                    ask,
+                    sent: 0,
+                    prefill_left: 0,
+                }),
                 None => return,
             }
         }
         while let Ok(ask) = asks.try_recv() {
-            waiting.push_back(Running { ask, sent: 0 });
+            waiting.push_back(Running {
+                ask,
+                sent: 0,
+                prefill_left: 0,
+            });
         }
         // Let in, first come first served, while a sequence and the cache have room
         // for what each holds now (one alone is always let in).
         let mut held: u64 = running.iter().map(Running::kv).sum();
-        let mut prefill = 0u64;
         while let Some(next) = waiting.front() {
             let need = next.kv();
             let grown = held + need + running.len() as u64 + 1; // after this step's tokens
@@ -261,13 +281,13 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
             if !fits {
                 break;
             }
-            let next = waiting.pop_front().expect("front");
+            let mut next = waiting.pop_front().expect("front");
+            next.prefill_left = need;
             if next.ask.tx.is_closed() {
                 stats.send_modify(|s| s.cancelled += 1);
                 continue;
             }
             held += need;
-            prefill += need;
             if next.sent == 0 {
                 stats.send_modify(|s| s.prompt_tokens += next.ask.prompt);
             }
@@ -278,9 +298,24 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
         while running.len() > 1 && held + running.len() as u64 > profile.kv_tokens {
             let last = running.pop().expect("more than one");
             held -= last.kv();
-            prefill = prefill.saturating_sub(last.kv());
             stats.send_modify(|s| s.preemptions += 1);
             waiting.push_front(last);
+        }
+        // This step's tokens: a decode for each generation past its prompt, the rest of
+        // the budget for prompts, in the order they were let in.
+        let decoding = running.iter().filter(|r| r.prefill_left == 0).count() as u64;
+        let mut budget = profile.max_batched_tokens.saturating_sub(decoding);
+        let mut prefill = 0u64;
+        for r in running.iter_mut().filter(|r| r.prefill_left > 0) {
+            // The first in line always advances, so one prompt larger than the budget
+            // still gets through.
+            let chunk = match prefill {
+                0 => r.prefill_left.min(budget.max(1)),
+                _ => r.prefill_left.min(budget),
+            };
+            r.prefill_left -= chunk;
+            prefill += chunk;
+            budget = budget.saturating_sub(chunk);
         }
         stats.send_modify(|s| {
             s.running = running.len() as u64;
@@ -293,14 +328,27 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
             profile.a + profile.b * running.len() as u32 + profile.prefill * u32::try_from(prefill).unwrap_or(u32::MAX);
         let until = Instant::now() + step;
         tokio::time::sleep_until(until).await;
-        running.retain_mut(|r| step_one(r, &stats));
+        // Those still prefilling say nothing yet; the rest (those whose prompt was
+        // finished this step too) give their next token.
+        running.retain_mut(|r| match r.prefill_left {
+            0 => step_one(r, &stats),
+            _ => !gone(r, &stats),
+        });
     }
+}
+
+/// Whether `r`'s client went away (counted when it did).
+fn gone(r: &Running, stats: &watch::Sender<LlmStats>) -> bool {
+    let closed = r.ask.tx.is_closed();
+    if closed {
+        stats.send_modify(|s| s.cancelled += 1);
+    }
+    closed
 }
 
 /// Gives `r` its next token (or its fault, or its end); whether it still runs.
 fn step_one(r: &mut Running, stats: &watch::Sender<LlmStats>) -> bool {
-    if r.ask.tx.is_closed() {
-        stats.send_modify(|s| s.cancelled += 1);
+    if gone(r, stats) {
         return false;
     }
     let faults = r.ask.faults;
@@ -352,6 +400,7 @@ mod tests {
             prefill: Duration::ZERO,
             max_sequences: 2,
             kv_tokens: 100,
+            max_batched_tokens: u64::MAX,
         });
         let asks: Vec<_> = (0..4)
             .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
@@ -377,6 +426,7 @@ mod tests {
             prefill: Duration::ZERO,
             max_sequences: 4,
             kv_tokens: 50,
+            max_batched_tokens: u64::MAX,
         });
         let asks: Vec<_> = (0..2)
             .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
@@ -389,6 +439,44 @@ mod tests {
         assert!(stats.preemptions >= 1, "{stats:?}");
         assert!(stats.max_reserved <= 50, "the cache never overflows: {stats:?}");
         assert_eq!((stats.completed, stats.tokens, stats.prompt_tokens), (2, 40, 20));
+    }
+
+    #[tokio::test]
+    async fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
+        // Ten tokens a step, 1 ms each: a generation decoding when a 200-token prompt
+        // arrives keeps a token every step (about 10 ms) rather than waiting 200 ms
+        // for the whole prompt, which gets its first token after some twenty steps.
+        let profile = LlmProfile {
+            a: Duration::ZERO,
+            b: Duration::ZERO,
+            prefill: Duration::from_millis(1),
+            max_sequences: 4,
+            kv_tokens: 10_000,
+            max_batched_tokens: 10,
+        };
+        let engine = Engine::start(profile);
+        let mut short = engine.generate((1, 40, 1), StreamFaults::default());
+        assert!(
+            matches!(short.recv().await, Some(Out::Token(_))),
+            "the short one decodes"
+        );
+        let started = Instant::now();
+        let mut long = engine.generate((200, 1, 0), StreamFaults::default());
+        let mut gaps = Vec::new();
+        let mut last = Instant::now();
+        while let Some(Out::Token(_)) = short.recv().await {
+            gaps.push(last.elapsed());
+            last = Instant::now();
+        }
+        assert!(matches!(long.recv().await, Some(Out::Token(_))));
+        let first_token = started.elapsed();
+        assert!(first_token >= Duration::from_millis(150), "{first_token:?}");
+        let widest = gaps.iter().max().copied().unwrap_or_default();
+        assert!(
+            widest < Duration::from_millis(60),
+            "a gap of {widest:?} between two tokens"
+        );
+        assert_eq!(engine.stats().prompt_tokens, 201);
     }
 
     #[tokio::test]

@@ -57,15 +57,20 @@ impl Drop for Held {
 
 impl Gate {
     /// A window of at most `max_sequences` sequences and `max_tokens` tokens in flight
-    /// (`None`: no token limit), open to its ceilings.
-    pub fn new(max_sequences: u64, max_tokens: Option<u64>) -> Arc<Gate> {
+    /// (`None`: no token limit): open to its ceilings, or when it `adapts`, to a
+    /// sixteenth of them (it widens from there as its engines show room).
+    pub fn new(max_sequences: u64, max_tokens: Option<u64>, adapts: bool) -> Arc<Gate> {
         let max_sequences = max_sequences.max(1);
         let max_tokens = max_tokens.unwrap_or(u64::MAX).max(1);
+        let start = |ceiling: u64| match adapts {
+            true => (ceiling / 16).max(1),
+            false => ceiling,
+        };
         Arc::new(Gate {
             sequences: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
-            sequences_now: AtomicU64::new(max_sequences),
-            tokens_now: AtomicU64::new(max_tokens),
+            sequences_now: AtomicU64::new(start(max_sequences)),
+            tokens_now: AtomicU64::new(start(max_tokens)),
             max_sequences,
             max_tokens,
             freed: Notify::new(),
@@ -109,11 +114,11 @@ impl Gate {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some((n / 2).max(floor)));
     }
 
-    /// The engines have room: widens both limits by a sixteenth of their ceilings (at
+    /// The engines have room: widens both limits by `1/parts` of their ceilings (at
     /// least one sequence; additive increase), up to the ceilings.
-    pub fn widen(&self) {
+    pub fn widen(&self, parts: u64) {
         let grow = |now: &AtomicU64, ceiling: u64| {
-            let step = (ceiling / 16).max(1);
+            let step = (ceiling / parts.max(1)).max(1);
             let _ = now.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 Some(n.saturating_add(step).min(ceiling))
             });

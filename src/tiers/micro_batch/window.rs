@@ -13,7 +13,8 @@
 //! own, or fills its KV cache (vLLM: `vllm:num_preemptions_total` rising,
 //! `vllm:num_requests_waiting` above 0, `vllm:kv_cache_usage_perc` at 0.95 or more;
 //! llama-server: `llamacpp:requests_deferred` above 0), widened by a sixteenth of its
-//! limits while every engine has room, up to them. With the limits at or below what
+//! limits while every engine has room, up to them (on a pool shared with interactive
+//! streams, by a 256th: a sequence at a time for a window of 256). With the limits at or below what
 //! the engines hold, an engine never has to preempt a sequence: the gateway keeps the
 //! KV cache from overflowing rather than the engine recovering from it.
 
@@ -33,10 +34,15 @@ use crate::metrics;
 use crate::policy::window::Signals;
 use crate::policy::BatchSpec;
 use crate::protocol::Reply;
-use crate::tiers::realtime::Realtime;
+use crate::tiers::realtime::{Realtime, Sharing};
 
 /// Largest `/metrics` answer read from an engine.
 const METRICS_BYTES: usize = 1 << 20;
+
+/// A window widens by this share of its ceilings a reading (`1/ENGINE_PARTS`)...
+const ENGINE_PARTS: u64 = 16;
+/// ...or, on a pool shared with interactive streams, by this one (one sequence of 256).
+const SHARED_PARTS: u64 = 256;
 
 /// KV cache use at which an engine counts as full.
 const KV_FULL: f64 = 0.95;
@@ -89,7 +95,7 @@ impl Window {
         let window = spec.window.as_ref()?;
         let endpoints = spec.pool.endpoints.len().max(1) as u64;
         let max_sequences = u64::from(window.max_sequences.get()).saturating_mul(endpoints);
-        let gate = Gate::new(max_sequences, window.max_tokens_in_flight);
+        let gate = Gate::new(max_sequences, window.max_tokens_in_flight, window.signals.is_some());
         let settings = Settings {
             max_batch: 1,
             max_bytes: u64::MAX,
@@ -260,7 +266,14 @@ async fn adapt(
                     if gate.limits() != gate.ceilings() {
                         widened.increment(1);
                     }
-                    gate.widen();
+                    // Beside interactive streams (or before the real-time pool's first
+                    // call says whether it is beside them), a sequence at a time: each
+                    // one let in prefills its prompt in the steps the streams' first
+                    // tokens wait for.
+                    gate.widen(match holdback.as_ref().is_some_and(Holdback::may_share) {
+                        true => SHARED_PARTS,
+                        false => ENGINE_PARTS,
+                    });
                 }
             }
         }
@@ -297,12 +310,20 @@ struct Holdback {
 const QUIET_READINGS: u32 = 10;
 
 impl Holdback {
+    /// Whether the real-time pool is on the same endpoints, or may be: before its first
+    /// call, nothing says it is not.
+    fn may_share(&self) -> bool {
+        self.realtime.first_tokens_on(&self.route, &self.endpoints) != Sharing::Separate
+    }
+
     /// The interactive streams' pressure since the last reading: full when their mean
     /// time to first token was above the target, room when below four fifths of it (or
     /// none came for [`QUIET_READINGS`] readings), else steady; `None` while the
     /// real-time pool is not on the same endpoints.
     fn read(&mut self) -> Option<Pressure> {
-        let now = self.realtime.first_tokens_on(&self.route, &self.endpoints)?;
+        let Sharing::Shared(now) = self.realtime.first_tokens_on(&self.route, &self.endpoints) else {
+            return None;
+        };
         let (count, micros) = (now.0.saturating_sub(self.last.0), now.1.saturating_sub(self.last.1));
         self.last = now;
         if count == 0 {
