@@ -232,8 +232,23 @@ def llm_isolation(text):
         "(b) TTFT p99 ≤ 1.10×, bulk ≥ 0.90 of the maximum; (c) TTFT p99 ≤ 1.5×, bulk ≥ 0.7 of spare capacity")
 
 
+def completions_merge(text):
+    rows = json.load(open(OUT / "completions_merge/results.json"))
+    by = {(r["engine"], r["phase"]): r for r in rows}
+    parts = []
+    for engine, label in [("sim", "simulator"), ("llama-server", "llama-server (4 slots, tiny model)")]:
+        one, merged = by.get((engine, "one")), by.get((engine, "merged"))
+        if not one or not merged:
+            continue
+        parts.append(f"{label} at {one['rate']:g}/s: {one['calls_per_request'] / merged['calls_per_request']:.2f}× fewer backend calls, "
+                     f"engine CPU a call {one['engine_cpu_ms_per_request']:.2f} → {merged['engine_cpu_ms_per_request']:.2f} ms, "
+                     f"p99 {one['p99_ms']:.0f} → {merged['p99_ms']:.0f} ms")
+    return ("completions coalesced: callers' /v1/completions merged into one call while the batch pool is busy, against one call each",
+            "; ".join(parts), "fewer calls and no dearer per call; each caller's answer as its own call's")
+
+
 for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, bands,
-               streams, stream_overhead, llm_isolation, capacity, console_overhead):
+               streams, stream_overhead, llm_isolation, completions_merge, capacity, console_overhead):
     got = scenario(figure.__name__)
     if not got:
         missing.append(figure.__name__)

@@ -38,6 +38,7 @@ if [ "${1:-}" != "--table" ]; then
   run streams streams.sh 20s
   run stream_overhead stream_overhead.sh 20s
   run llm_isolation llm_isolation.sh 90s
+  run completions_merge completions_merge.sh 30s
   run capacity capacity.sh
   run console_overhead console_overhead.sh
 fi
