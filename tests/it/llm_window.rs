@@ -3,7 +3,9 @@
 //! engine never preempts where the same calls sent straight to it do; callers are
 //! released in the pool's order (a critical call before sheddable ones that came
 //! first); the window narrows on the engine's own signals and widens back; offline
-//! lines drain through it.
+//! lines drain through it; on a pool the real-time tier shares, batch work is held back
+//! for interactive streams (those whose first token never came too) and let in a
+//! sequence at a time before the first interactive call.
 
 use crate::common;
 
@@ -338,4 +340,54 @@ async fn a_window_that_may_share_its_pool_widens_a_sequence_at_a_time_before_any
         now <= 16.0 + times + 1.0,
         "{now} sequences after widening {times} times"
     );
+}
+
+#[tokio::test]
+async fn first_tokens_that_never_come_hold_batch_work_back() {
+    // Batch work fills both of the engine's sequences for seconds; interactive streams
+    // with a 250 ms budget get no first token in it. Their misses count, at the budget,
+    // in what the window reads, so it holds batch work back (a window that read only the
+    // first tokens that came would read nothing and widen).
+    let backend = engine(2, 100_000).await;
+    let name = "missed";
+    let policy = format!(
+        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
+         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
+         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
+         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\n[routes.{name}.micro_batch.window]\n\
+         max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"100ms\"\n",
+        backend.url()
+    );
+    let gw = gateway(&policy).await;
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "max_tokens": 3000, "messages": [{"role": "user", "content": "bulk"}]}})
+            .to_string()
+        })
+        .collect();
+    let addr = gw.http_addr();
+    let _batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
+    let sim = backend.sim.clone();
+    eventually(Duration::from_secs(10), "the batch fills the engine", || {
+        let sim = sim.clone();
+        async move { (sim.llm_stats("m").expect("llm").running == 2).then_some(()) }
+    })
+    .await;
+    let body = json!({"model": "m", "stream": true, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let headers = [("content-type", "application/json"), ("x-tiergate-budget-ms", "250")];
+    for _ in 0..2 {
+        let answer = send("POST", addr, "/v1/chat/completions", &headers, body.to_string()).await;
+        assert!(
+            answer.text().contains("before the first token"),
+            "the stream's budget ran out first: {}",
+            answer.text()
+        );
+    }
+    let held_back = format!("tiergate_window_adapted_total{{route=\"{name}\",direction=\"held_back\"}}");
+    eventually(Duration::from_secs(5), "the window holds back", || async {
+        (metric(&gw, &held_back).await >= 1.0).then_some(())
+    })
+    .await;
 }
