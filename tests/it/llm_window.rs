@@ -41,6 +41,17 @@ fn windowed(name: &str, url: &str, window: &str) -> String {
     )
 }
 
+/// Route `name` serving `m` from `url` on the real-time tier and, through a window set
+/// by `window`'s lines, on the micro-batch tier and offline: one pool both tiers share.
+fn shared(name: &str, url: &str, window: &str) -> String {
+    format!(
+        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
+         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
+         [routes.{name}.realtime]\nendpoints = [\"{url}\"]\n\
+         [routes.{name}.micro_batch]\nendpoints = [\"{url}\"]\n[routes.{name}.micro_batch.window]\n{window}"
+    )
+}
+
 /// A streamed chat call of a 50-word prompt and `max_tokens`.
 fn chat(max_tokens: u64) -> Value {
     json!({"model": "m", "stream": true, "max_tokens": max_tokens,
@@ -247,14 +258,8 @@ async fn first_token(addr: SocketAddr, max_tokens: u64) -> Duration {
 /// its window, held back above `interactive_ttft`; and how many times it held back.
 async fn shared_pool(name: &str, interactive_ttft: &str) -> (Duration, f64) {
     let backend = engine(2, 100_000).await;
-    let policy = format!(
-        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
-         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
-         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
-         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\n[routes.{name}.micro_batch.window]\n\
-         max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"{interactive_ttft}\"\n",
-        backend.url()
-    );
+    let window = format!("max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"{interactive_ttft}\"\n");
+    let policy = shared(name, &backend.url(), &window);
     let gw = gateway(&policy).await;
     let lines: Vec<String> = (0..60)
         .map(|i| {
@@ -309,14 +314,8 @@ async fn a_window_that_may_share_its_pool_widens_a_sequence_at_a_time_before_any
     // sixteenth), which would fill the engine before the first interactive stream.
     let backend = engine(256, 10_000_000).await;
     let name = "first";
-    let policy = format!(
-        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
-         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
-         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
-         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\nmax_batch = 256\n[routes.{name}.micro_batch.window]\n\
-         max_sequences = 256\nsignals = \"vllm\"\nsignal_interval = \"100ms\"\n",
-        backend.url()
-    );
+    let window = "max_sequences = 256\nsignals = \"vllm\"\nsignal_interval = \"100ms\"\n";
+    let policy = shared(name, &backend.url(), window);
     let gw = gateway(&policy).await;
     let lines: Vec<String> = (0..300)
         .map(|i| {
@@ -350,14 +349,8 @@ async fn first_tokens_that_never_come_hold_batch_work_back() {
     // first tokens that came would read nothing and widen).
     let backend = engine(2, 100_000).await;
     let name = "missed";
-    let policy = format!(
-        "[routes.{name}]\nmodels = [\"m\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"300ms\"\n\
-         [routes.{name}.flags]\nrealtime = true\nmicro_batch = true\noffline = true\n\
-         [routes.{name}.realtime]\nendpoints = [\"{0}\"]\n\
-         [routes.{name}.micro_batch]\nendpoints = [\"{0}\"]\n[routes.{name}.micro_batch.window]\n\
-         max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"100ms\"\n",
-        backend.url()
-    );
+    let window = "max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"100ms\"\n";
+    let policy = shared(name, &backend.url(), window);
     let gw = gateway(&policy).await;
     let lines: Vec<String> = (0..4)
         .map(|i| {
