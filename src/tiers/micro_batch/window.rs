@@ -14,9 +14,10 @@
 //! `vllm:num_requests_waiting` above 0, `vllm:kv_cache_usage_perc` at 0.95 or more;
 //! llama-server: `llamacpp:requests_deferred` above 0), widened by a sixteenth of its
 //! limits while every engine has room, up to them (on a pool shared with interactive
-//! streams, by a 256th: a sequence at a time for a window of 256). With the limits at or below what
-//! the engines hold, an engine never has to preempt a sequence: the gateway keeps the
-//! KV cache from overflowing rather than the engine recovering from it.
+//! streams, by a 256th: a sequence at a time for a window of 256). With the limits at
+//! or below what the engines hold, an engine never has to preempt a sequence: the
+//! gateway keeps the KV cache from overflowing rather than the engine recovering from
+//! it.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
