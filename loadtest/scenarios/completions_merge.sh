@@ -15,9 +15,12 @@
 # are busy. Reports per engine and phase: calls answered and failed, backend calls
 # (tiergate_backend_duration_seconds' count) per caller's call, the engine's CPU and
 # tiergate's CPU per call answered (their /proc times over the phase), and latency
-# p50 / p99.
+# p50 / p99. With STREAM=1 every call is streamed (`"stream": true`): a merged batch's
+# one stream is cut into a stream per caller, and a call is answered when its stream
+# ends with `[DONE]` and carries its own choice only; latency is then to the stream's
+# end, and time to its first token is reported beside it.
 #
-#   loadtest/scenarios/completions_merge.sh [DURATION]    # default 30s; ENGINES="sim llama-server"
+#   loadtest/scenarios/completions_merge.sh [DURATION]    # default 30s; ENGINES="sim llama-server"; STREAM=1
 #
 # Writes $OUT (default target/loadtest/completions_merge): summary.txt, results.json.
 set -euo pipefail
@@ -27,9 +30,10 @@ RATE_SIM=${RATE_SIM:-20}
 RATE_LLAMA=${RATE_LLAMA:-8}
 MAX_TOKENS=${MAX_TOKENS:-8}
 ENGINES=${ENGINES:-sim llama-server}
+STREAM=${STREAM:-0}
 SECONDS_LONG=${DURATION%s}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-OUT=${OUT:-$TARGET_DIR/loadtest/completions_merge}
+OUT=${OUT:-$TARGET_DIR/loadtest/completions_merge$([ "$STREAM" = 1 ] && echo _streamed)}
 
 cargo build --profile dist --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/dist
@@ -94,24 +98,53 @@ TOML
   local gw_pid=${PIDS[-1]}
   wait_ready "$gw" /v2/health/ready
   before_engine=$(cpu_ms "$ENGINE_PID"); before_gw=$(cpu_ms "$gw_pid"); before_calls=$(backend_calls "$metrics")
-  python3 - "$gw" "$rate" "$SECONDS_LONG" "$MAX_TOKENS" > "$WORK/load.json" <<'PY'
+  python3 - "$gw" "$rate" "$SECONDS_LONG" "$MAX_TOKENS" "$STREAM" > "$WORK/load.json" <<'PY'
 import http.client, json, random, sys, threading, time
 port, rate, seconds, max_tokens = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-took, failed, lock = [], {}, threading.Lock()
+stream = sys.argv[5] == "1"
+took, firsts, failed, lock = [], [], {}, threading.Lock()
+def streamed(r, due):
+    """A stream's first-token time, when it ends with [DONE] and is one choice's (index 0)."""
+    first, done, indexes = None, False, set()
+    for line in r:
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            done = True
+            continue
+        chunk = json.loads(data)
+        for choice in chunk.get("choices") or []:
+            indexes.add(choice["index"])
+            if choice.get("text") and first is None:
+                first = time.monotonic() - due
+    return first if done and indexes == {0} else None
 def one(i, due):
-    body = json.dumps({"model": "m", "prompt": f"caller {i} asks about the gateway", "max_tokens": max_tokens,
-                       "temperature": 0, "ignore_eos": True})
+    body = {"model": "m", "prompt": f"caller {i} asks about the gateway", "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    if stream:
+        body["stream"] = True
+    first = None
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        c.request("POST", "/v1/completions", body, {"content-type": "application/json", "x-tiergate-budget-ms": "5000"})
-        r = c.getresponse(); data = r.read(); c.close()
-        ok = r.status == 200 and len(json.loads(data)["choices"]) == 1
+        c.request("POST", "/v1/completions", json.dumps(body),
+                  {"content-type": "application/json", "x-tiergate-budget-ms": "5000"})
+        r = c.getresponse()
+        if stream and r.status == 200:
+            first = streamed(r, due)
+            ok = first is not None
+        else:
+            data = r.read()
+            ok = r.status == 200 and len(json.loads(data)["choices"]) == 1
+        c.close()
         why = None if ok else str(r.status)
     except Exception as e:
         why = type(e).__name__
     with lock:
         if why is None:
             took.append(time.monotonic() - due)
+            if first is not None:
+                firsts.append(first)
         else:
             failed[why] = failed.get(why, 0) + 1
 # Poisson arrivals (a fixed seed): callers come in clumps, as they do.
@@ -122,9 +155,10 @@ for i in range(int(rate * seconds)):
     t = threading.Thread(target=one, args=(i, due)); t.start(); threads.append(t)
 for t in threads:
     t.join()
-took.sort()
-q = lambda p: took[min(len(took) - 1, int(p * len(took)))] * 1000 if took else 0.0
-print(json.dumps({"rate": rate, "answered": len(took), "failed": failed, "p50_ms": q(0.5), "p99_ms": q(0.99)}))
+took.sort(); firsts.sort()
+q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] * 1000 if xs else 0.0
+print(json.dumps({"rate": rate, "answered": len(took), "failed": failed, "p50_ms": q(took, 0.5), "p99_ms": q(took, 0.99),
+                  "ttft_p50_ms": q(firsts, 0.5), "ttft_p99_ms": q(firsts, 0.99)}))
 PY
   python3 - "$engine" "$name" "$(backend_calls "$metrics")" "$before_calls" "$(cpu_ms "$ENGINE_PID")" "$before_engine" \
     "$(cpu_ms "$gw_pid")" "$before_gw" "$WORK/load.json" >> "$WORK/results.jsonl" <<'PY'
@@ -149,17 +183,19 @@ for engine in $ENGINES; do
   phase "$engine" merged 'json_adapter = "openai_completions"'
 done
 
-python3 - "$WORK/results.jsonl" "$OUT" "$MAX_TOKENS" "$DURATION" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$WORK/results.jsonl" "$OUT" "$MAX_TOKENS" "$DURATION" "$STREAM" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-out, tokens, duration = sys.argv[2:5]
-print(f"Completions coalesced: calls of {tokens} tokens, open loop, {duration} a phase, 2 backend calls in flight at most")
+out, tokens, duration, stream = sys.argv[2:6]
+kind = "streamed calls" if stream == "1" else "calls"
+print(f"Completions coalesced: {kind} of {tokens} tokens, open loop, {duration} a phase, 2 backend calls in flight at most")
 by = {}
 for r in rows:
     by.setdefault(r["engine"], {})[r["phase"]] = r
+    ttft = f"; first token p50 {r['ttft_p50_ms']:.0f} ms, p99 {r['ttft_p99_ms']:.0f} ms" if stream == "1" else ""
     print(f"{r['engine']} {r['phase']} ({r['rate']:g}/s): {r['answered']} answered, failed {r['failed'] or 0}; "
           f"{r['calls_per_request']:.3f} backend calls a call; engine CPU {r['engine_cpu_ms_per_request']:.2f} ms "
-          f"and tiergate CPU {r['gateway_cpu_ms_per_request']:.2f} ms a call; p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms")
+          f"and tiergate CPU {r['gateway_cpu_ms_per_request']:.2f} ms a call; p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms{ttft}")
 for engine, p in by.items():
     if "one" in p and "merged" in p:
         one, merged = p["one"], p["merged"]

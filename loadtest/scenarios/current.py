@@ -233,18 +233,22 @@ def llm_isolation(text):
 
 
 def completions_merge(text):
-    rows = json.load(open(OUT / "completions_merge/results.json"))
-    by = {(r["engine"], r["phase"]): r for r in rows}
-    parts = []
-    for engine, label in [("sim", "simulator"), ("llama-server", "llama-server (4 slots, tiny model)")]:
-        one, merged = by.get((engine, "one")), by.get((engine, "merged"))
-        if not one or not merged:
-            continue
-        parts.append(f"{label} at {one['rate']:g}/s: {one['calls_per_request'] / merged['calls_per_request']:.2f}× fewer backend calls, "
-                     f"engine CPU a call {one['engine_cpu_ms_per_request']:.2f} → {merged['engine_cpu_ms_per_request']:.2f} ms, "
-                     f"p99 {one['p99_ms']:.0f} → {merged['p99_ms']:.0f} ms")
+    def engines(results, streamed):
+        by = {(r["engine"], r["phase"]): r for r in json.load(open(results))}
+        for engine, label in [("sim", "simulator"), ("llama-server", "llama-server (4 slots, tiny model)")]:
+            one, merged = by.get((engine, "one")), by.get((engine, "merged"))
+            if not one or not merged:
+                continue
+            first = (f", first token p99 {one['ttft_p99_ms']:.0f} → {merged['ttft_p99_ms']:.0f} ms" if streamed else "")
+            yield (f"{label} at {one['rate']:g}/s: {one['calls_per_request'] / merged['calls_per_request']:.2f}× fewer backend calls, "
+                   f"engine CPU a call {one['engine_cpu_ms_per_request']:.2f} → {merged['engine_cpu_ms_per_request']:.2f} ms, "
+                   f"p99 {one['p99_ms']:.0f} → {merged['p99_ms']:.0f} ms{first}")
+    value = "; ".join(engines(OUT / "completions_merge/results.json", False))
+    streamed = OUT / "completions_merge_streamed/results.json"
+    if streamed.exists():
+        value += "; streamed (`STREAM=1`, one stream cut per caller): " + "; ".join(engines(streamed, True))
     return ("completions coalesced: callers' /v1/completions merged into one call while the batch pool is busy, against one call each",
-            "; ".join(parts), "fewer calls and no dearer per call; each caller's answer as its own call's")
+            value, "fewer calls and no dearer per call; each caller's answer as its own call's")
 
 
 for figure in (overhead, instructions, micro_batch, isolation, burst, offline_backlog, shadow, cache, fairness, bands,

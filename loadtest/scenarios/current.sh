@@ -39,6 +39,8 @@ if [ "${1:-}" != "--table" ]; then
   run stream_overhead stream_overhead.sh 20s
   run llm_isolation llm_isolation.sh 90s
   run completions_merge completions_merge.sh 30s
+  STREAM=1 run completions_merge_streamed completions_merge.sh 30s
+  echo "STREAM=1 loadtest/scenarios/completions_merge.sh 30s" > "$OUT/completions_merge_streamed/command"
   run capacity capacity.sh
   run console_overhead console_overhead.sh
 fi

@@ -258,6 +258,12 @@ impl Pool {
         answers
     }
 
+    /// The largest answer it reads, in bytes (`limits.max_response_bytes`): what a
+    /// stream's event cut apart by the gateway is held to.
+    pub fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
     /// Its endpoints not ejected now.
     pub fn healthy(&self) -> usize {
         self.endpoints.iter().filter(|e| !e.health.is_ejected()).count()

@@ -63,7 +63,10 @@ pub struct Stream {
     pub outcome: Outcome,
 }
 
-/// Tells a stream's pool what its stream did.
+/// Tells a stream's pool what its stream did. A stream cut into several (a batch's,
+/// one per caller) gives each a copy: a failure is counted once per input, however
+/// many copies tell it.
+#[derive(Clone)]
 pub struct Outcome {
     endpoints: Arc<Vec<Endpoint>>,
     at: usize,
@@ -104,7 +107,8 @@ impl Raw {
 }
 
 impl Streamed {
-    pub(super) fn new(stream: Stream) -> Self {
+    /// Carries `stream` (in an answer's extensions).
+    pub fn new(stream: Stream) -> Self {
         Streamed(Arc::new(Mutex::new(Some(stream))))
     }
 

@@ -209,9 +209,10 @@ struct Delta<'a> {
 }
 
 /// What the event whose data is `data` carries; `None` when the data is neither JSON
-/// nor `[DONE]` (a malformed event).
+/// nor `[DONE]` (a malformed event). JSON's `null` carries nothing: llama.cpp's server
+/// sends it first on a completions stream of several prompts.
 pub fn carries(data: &[u8]) -> Option<Carries> {
-    if data == b"[DONE]" {
+    if data == b"[DONE]" || data == b"null" {
         return Some(Carries::Other);
     }
     let chunk: Chunk<'_> = serde_json::from_slice(data).ok()?;
@@ -323,6 +324,11 @@ mod tests {
         );
         assert_eq!(chunk(r#"{"model_name":"m","text_output":"x"}"#), Some(Carries::Content));
         assert_eq!(chunk("[DONE]"), Some(Carries::Other));
+        assert_eq!(
+            chunk("null"),
+            Some(Carries::Other),
+            "llama.cpp's first event of several prompts"
+        );
         assert_eq!(chunk("not json"), None);
     }
 }

@@ -15,6 +15,7 @@ mod borrow;
 mod bulk_door;
 mod cache;
 mod combined;
+mod completions_streams;
 mod connections;
 mod console;
 mod crash;

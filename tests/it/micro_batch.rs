@@ -25,7 +25,7 @@ const BATCH: [(&str, &str); 1] = [("x-tiergate-budget-ms", "5000")];
 /// from 10 ms, with one batch slot on `batch`. Its batch window is wide (3 s) so every
 /// caller a test queues behind the busy slot falls in one window however slow the
 /// machine; the batch leaves when the slot frees, not when the window closes.
-fn policy(name: &str, rt: &str, batch: &str, paths: &str, extra: &str) -> String {
+pub(crate) fn policy(name: &str, rt: &str, batch: &str, paths: &str, extra: &str) -> String {
     format!(
         r#"
 [defaults]
@@ -80,7 +80,7 @@ fn spawn_infer(addr: std::net::SocketAddr, body: String) -> JoinHandle<Answer> {
 
 /// Starts the gateway with the batch backend held and one request (1 row) holding the
 /// only slot; returns that request.
-async fn occupy(gw: &Gateway, batch: &Backend) -> JoinHandle<Answer> {
+pub(crate) async fn occupy(gw: &Gateway, batch: &Backend) -> JoinHandle<Answer> {
     let before = batch.sim.stats("m").expect("stats").requests;
     batch.sim.hold();
     let (b, _) = body("busy", 0, 1, false);
@@ -501,13 +501,15 @@ async fn embedding_callers_are_batched_and_indexes_renumbered() {
     gw.stop().await.expect("stops");
 }
 
-#[tokio::test]
-async fn completions_callers_share_one_call_and_each_gets_what_a_call_of_its_own_would() {
+/// A real-time and a batch backend serving KServe model `m` (which holds the batch
+/// slot) and LLM `llm`, and a gateway whose route `route` merges `/v1/completions`
+/// calls on the batch pool.
+pub(crate) async fn completions_gateway(route: &str) -> (Backend, Backend, Gateway) {
     let llm = tiergate::sim::LlmProfile::named("llm-tiny").expect("profile");
     let specs = || vec![ModelSpec::new("m", Profile::default()), ModelSpec::llm("llm", llm)];
     let (rt, batch) = (backend_with(specs()).await, backend_with(specs()).await);
     let text = policy(
-        "cmpl",
+        route,
         &rt.url(),
         &batch.url(),
         r#""/v1/completions""#,
@@ -515,6 +517,12 @@ async fn completions_callers_share_one_call_and_each_gets_what_a_call_of_its_own
     )
     .replace(r#"models = ["m"]"#, r#"models = ["m", "llm"]"#);
     let gw = gateway(&text).await;
+    (rt, batch, gw)
+}
+
+#[tokio::test]
+async fn completions_callers_share_one_call_and_each_gets_what_a_call_of_its_own_would() {
+    let (_rt, batch, gw) = completions_gateway("cmpl").await;
     let busy = occupy(&gw, &batch).await;
     let prompts = [json!("alpha beta"), json!(["gamma", "delta epsilon"]), json!("zeta")];
     let body =

@@ -367,6 +367,35 @@ async fn a_stream_on_the_micro_batch_tier_is_relayed_and_one_offline_is_refused(
 }
 
 #[tokio::test]
+async fn a_stream_sent_alone_on_the_batch_pool_holds_its_slot_to_its_last_event() {
+    let be = llm(&["llama"], None).await;
+    let policy = format!(
+        "[routes.mbs]\nmodels = [\"llama\"]\npaths = [\"/v1/chat/completions\"]\nrealtime_below = \"50ms\"\n\
+         [routes.mbs.flags]\nrealtime = false\nmicro_batch = true\n\
+         [routes.mbs.micro_batch]\nendpoints = [\"{}\"]\nmax_in_flight = 1\n",
+        be.url()
+    );
+    let gw = gateway(&policy).await;
+    let budget = [("x-tiergate-budget-ms", "5000")];
+    let first = stream(gw.http_addr(), &chat("llama", true, 200), &budget).await;
+    assert_eq!(first.head.status, 200);
+    // The first stream's head came: it runs. The second waits for the pool's one slot.
+    let addr = gw.http_addr();
+    let second = tokio::spawn(async move { stream(addr, &chat("llama", true, 4), &budget).await.all().await });
+    let events = first.all().await;
+    assert_eq!(content(&events).split_whitespace().count(), 200, "{events:?}");
+    let events = second.await.expect("task");
+    assert_eq!(content(&events).split_whitespace().count(), 4, "{events:?}");
+    let stats = be.sim.llm_stats("llama").expect("stats");
+    assert_eq!(
+        (stats.completed, stats.max_running),
+        (2, 1),
+        "the second was sent once the first stream had ended"
+    );
+    gw.stop().await.expect("stops");
+}
+
+#[tokio::test]
 async fn service_tier_is_a_hint_within_the_routes_flags_and_the_answer_says_the_tier() {
     let (rt, batch) = (llm(&["llama"], None).await, llm(&["llama"], None).await);
     let policy = format!(

@@ -1,9 +1,9 @@
 //! The JSON forms of the micro-batch tier, for routes whose backends do not speak
 //! KServe v2: TF-Serving REST (`instances` / `inputs` → `predictions` / `outputs`),
 //! OpenAI-style embeddings (`input` → `data[]` by `index`) and OpenAI completions
-//! (`prompt` → `choices[]` by `index`, [`completions`]). Callers' arrays are merged
-//! into one backend body and the answer's array is cut back by each caller's rows.
-//! Everything else in a body must agree for callers to share a batch.
+//! (`prompt` → `choices[]` by `index`, [`completions`]; streamed, [`stream`]). Callers'
+//! arrays are merged into one backend body and the answer's array is cut back by each
+//! caller's rows. Everything else in a body must agree for callers to share a batch.
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -45,6 +45,12 @@ impl Part {
     /// Its rows.
     pub(super) fn rows(&self) -> usize {
         self.columns.first().map_or(0, Vec::len)
+    }
+
+    /// Whether it asks for a stream (`"stream": true`): its batch is sent asking for one,
+    /// which [`stream::split`] cuts by caller.
+    pub(super) fn streamed(&self) -> bool {
+        self.rest.get("stream").and_then(Value::as_bool) == Some(true)
     }
 
     /// Its row `i` alone: the same layout and rest, that one row of every column.
@@ -94,7 +100,7 @@ fn key(adapter: JsonAdapter) -> &'static str {
     match adapter {
         JsonAdapter::TfServing => "\"instances\" or \"inputs\"",
         JsonAdapter::OpenaiEmbeddings => "\"input\"",
-        JsonAdapter::OpenaiCompletions => "\"prompt\" (strings, not streamed)",
+        JsonAdapter::OpenaiCompletions => "\"prompt\" (strings)",
     }
 }
 
@@ -171,13 +177,19 @@ fn embeddings(body: &mut Map<String, Value>) -> Option<Rows> {
     Some((Layout::Input, vec![vec![one]]))
 }
 
-/// One backend request carrying every caller's rows ([`body`]), POSTed to `path`.
+/// One backend request carrying every caller's rows ([`body`]), POSTed to `path`;
+/// asking the pool to hand its stream up when the callers' bodies ask for one.
 pub(super) fn build(path: &str, parts: &[&Part]) -> Result<Request<Bytes>, Error> {
-    if parts.is_empty() {
+    let Some(first) = parts.first() else {
         return Err(Error::new(Kind::BadRequest, "no requests to batch"));
-    }
+    };
     let body = body(parts);
     let mut request = Request::new(Bytes::from(Value::Object(body).to_string()));
+    if first.streamed() {
+        request
+            .extensions_mut()
+            .insert(crate::backend::stream::Wanted::default());
+    }
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = path
         .parse()
@@ -439,5 +451,6 @@ fn share(usage: &Value, rows: usize, total: usize) -> Value {
 }
 
 mod completions;
+pub(super) mod stream;
 #[cfg(test)]
 mod tests;

@@ -659,12 +659,15 @@ fn enqueue_in(lanes: Arc<RouteLanes>, spec: &Arc<BatchSpec>, call: Call, filler:
         Err(Unbatched(why)) => return alone(lanes, spec, call, why, filler),
     };
     let (class, tenant) = class(spec, &call)?;
+    // A stream is due by its first token, which the learned cost (of whole answers)
+    // does not tell; nor is a stream's answer kept in the cache.
+    let streamed = matches!(&part, Rows::Json(p) if p.streamed());
     if !filler {
-        lanes.admit(&class, rows, call.deadline)?;
+        lanes.admit(&class, (rows, streamed), call.deadline)?;
     }
     let lane = lanes.lane(key, spec)?;
     let part = Part {
-        cache: lanes.cache.as_ref().and_then(|cache| rowed(cache, &call)),
+        cache: (lanes.cache.as_ref().filter(|_| !streamed)).and_then(|cache| rowed(cache, &call)),
         rows: part,
         span: tracing::Span::current(),
         ids: call.request.extensions().get::<crate::trace::Ids>().cloned(),
@@ -776,8 +779,9 @@ impl RouteLanes {
     /// Refuses a request of `rows` rows at once when the learned cost says it cannot be
     /// answered by `deadline`: the rows that would be served before it in the pool's
     /// order (its own included; see [`Queue::ahead`]) go out in full batches over the
-    /// pool's slots, after the batches now in flight.
-    fn admit(&self, class: &Class, rows: u64, deadline: Instant) -> Result<(), Error> {
+    /// pool's slots, after the batches now in flight. A stream (`streamed`) is refused
+    /// only once its budget is spent.
+    fn admit(&self, class: &Class, (rows, streamed): (u64, bool), deadline: Instant) -> Result<(), Error> {
         if deadline <= Instant::now() {
             return Err(Error::new(
                 Kind::Deadline,
@@ -787,8 +791,8 @@ impl RouteLanes {
                 ),
             ));
         }
-        let Some(cost) = self.shared.cost.estimate() else {
-            return Ok(()); // still learning: nobody is refused on a guess
+        let Some(cost) = self.shared.cost.estimate().filter(|_| !streamed) else {
+            return Ok(()); // still learning (nobody is refused on a guess), or a stream
         };
         let queued = self.queue.ahead(class, rows, deadline);
         let max_batch = self.shared.limit.now(self.settings.max_batch);
@@ -880,11 +884,12 @@ impl RouteLanes {
         Ok(lane)
     }
 
-    /// Sends a request that cannot share a batch on its own, on a batch slot.
+    /// Sends a request that cannot share a batch on its own, on a batch slot (a stream
+    /// holds it to its last event).
     async fn alone(&self, call: Call, why: &str) -> Result<Reply, Error> {
         let queued_at = Instant::now();
         let slot = tokio::time::timeout_at(call.deadline, self.shared.slots.clone().acquire_owned()).await;
-        let Ok(Ok(_slot)) = slot else {
+        let Ok(Ok(slot)) = slot else {
             return Err(Error::new(
                 Kind::Deadline,
                 format!(
@@ -895,7 +900,10 @@ impl RouteLanes {
         };
         let waited = queued_at.elapsed();
         let (answer, took) = self.forward_alone(call, why, crate::usage::Source::MicroBatch).await;
-        Ok(waited_for_slot(answer?, waited, took))
+        let mut answer = answer?;
+        // A stream holds its slot to its last event, as a batch's does.
+        let _ = crate::backend::stream::hold_until_done(&mut answer, slot);
+        Ok(waited_for_slot(answer, waited, took))
     }
 
     /// Sends a request that cannot share a batch, on a slot the caller holds, and

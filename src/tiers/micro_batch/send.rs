@@ -2,7 +2,8 @@
 //! pool, and scatter the answer back. A batch the backend refuses as a bad request is
 //! split in two and each half sent again, so one poison request fails alone and its
 //! batch-mates still get answers; any other failure reaches every caller in the batch,
-//! saying it was a batch.
+//! saying it was a batch. A streamed batch's answer is cut into one stream per caller,
+//! and its slot held until the stream ends.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +16,7 @@ use tokio::time::Instant;
 
 use super::rows::Plan;
 use super::{combined, json, kserve, Form, Lane, Part, Rows};
+use crate::backend::stream::Streamed;
 use crate::decision::Tier;
 use crate::error::{Error, Kind};
 use crate::headers;
@@ -89,10 +91,13 @@ fn run<'a>(
             request.headers_mut().insert(headers::BATCH_ID, value);
         }
         let span = batch_span(&callers, total, &mut request);
-        // A share of batches go to the route's shadow candidate too, as the same batch.
+        // A share of batches go to the route's shadow candidate too, as the same batch
+        // (never a stream: the candidate is scored on whole answers).
+        let streaming = crate::backend::stream::wanted(&request);
         let mirror = lane
             .shadow
             .as_ref()
+            .filter(|_| !streaming)
             .and_then(|shadow| Some((shadow, shadow.wants_batch(&lane.route)?)))
             .map(|(shadow, spec)| (shadow, spec, crate::backend::copy(&request)));
         let learned = lane.cost.predict(total);
@@ -102,7 +107,11 @@ fn run<'a>(
         let called = lane.pool.forward(request, deadline).instrument(span).await;
         let answered = matches!(&called, Ok(reply) if reply.status().is_success());
         let (took, share) = call.end(lane.pool.healthy(), answered.then_some(total));
-        lane.went(&called, learned, took);
+        // A stream handed up at its head: its time says nothing of the batch's cost.
+        let streamed = matches!(&called, Ok(reply) if reply.extensions().get::<Streamed>().is_some());
+        if !streamed {
+            lane.went(&called, learned, took);
+        }
         charge(lane, &callers, (plan.as_ref(), one), (share, total), answered);
         tracing::info!(
             target: "tiergate::lineage",
@@ -126,6 +135,19 @@ fn run<'a>(
             shadow.mirror(&lane.route, spec, Tier::MicroBatch, copy, primary);
         }
         match called {
+            Ok(mut reply) if streamed => {
+                let split = json_parts(&callers).map(|parts| {
+                    let deadlines: Vec<Instant> = callers.iter().map(|e| e.deadline).collect();
+                    json::stream::split(&mut reply, &parts, &deadlines, lane.pool.max_response_bytes())
+                });
+                let Ok(Some((replies, pump))) = split else {
+                    return fail(callers, &mixed());
+                };
+                let replies = replies.into_iter().map(Ok).collect();
+                scattered(callers, Some(Ok(replies)), (total, Some(&id)), (sent, took));
+                // The batch's slot is held until its stream ends.
+                pump.await;
+            }
             Ok(reply) if reply.status().is_success() => {
                 lane.cost.observe(total, took);
                 lane.metrics.learned(&lane.cost);

@@ -5,18 +5,15 @@
 //! indexed afresh. The batch's `usage` is split exactly where every choice carries its
 //! token ids (`prompt_token_ids`, `token_ids`: vLLM's `return_token_ids`); otherwise in
 //! proportion to the prompts' and the choices' text, and marked `tiergate_estimated`.
-//! A streamed call is sent alone.
+//! A streamed batch's one stream is cut into one stream per caller ([`super::stream`]).
 
 use serde_json::{Map, Value};
 
 use super::{Layout, Part, Rows};
 
-/// A completions body's prompts as rows: a string, or a list of strings; `None` for a
-/// stream, token ids or anything else (sent alone).
+/// A completions body's prompts as rows: a string, or a list of strings; `None` for
+/// token ids or anything else (sent alone).
 pub(super) fn rows(body: &mut Map<String, Value>) -> Option<Rows> {
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return None;
-    }
     match body.get("prompt")? {
         Value::String(_) => Some((Layout::Prompt, vec![vec![body.remove("prompt")?]])),
         Value::Array(list) if !list.is_empty() && list.iter().all(Value::is_string) => {
@@ -30,7 +27,7 @@ pub(super) fn rows(body: &mut Map<String, Value>) -> Option<Rows> {
 }
 
 /// Choices per prompt that `rest` (a caller's body without its prompt) asks for.
-fn choices(rest: &Map<String, Value>) -> usize {
+pub(super) fn choices(rest: &Map<String, Value>) -> usize {
     rest.get("n")
         .and_then(Value::as_u64)
         .and_then(|n| usize::try_from(n).ok())
@@ -130,23 +127,27 @@ fn split(usage: &Value, parts: &[&Part], cut: &[Vec<Value>]) -> Vec<Value> {
     };
     counts
         .into_iter()
-        .map(|(prompt, completion)| {
-            let mut each = serde_json::json!({
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            });
-            if estimated {
-                each["tiergate_estimated"] = Value::Bool(true);
-            }
-            each
-        })
+        .map(|(prompt, completion)| counted(prompt, completion, estimated))
         .collect()
+}
+
+/// A `usage` of `prompt` and `completion` tokens, marked `tiergate_estimated` when
+/// `estimated`.
+pub(super) fn counted(prompt: u64, completion: u64, estimated: bool) -> Value {
+    let mut usage = serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    });
+    if estimated {
+        usage["tiergate_estimated"] = Value::Bool(true);
+    }
+    usage
 }
 
 /// `whole` split in proportion to `weights`, rounded down, the remainder to the last:
 /// the parts add up to `whole`.
-fn proportion(whole: u64, weights: &[u64]) -> Vec<u64> {
+pub(super) fn proportion(whole: u64, weights: &[u64]) -> Vec<u64> {
     let sum: u128 = weights.iter().map(|w| u128::from(*w)).sum::<u128>().max(1);
     let mut parts: Vec<u64> = weights
         .iter()

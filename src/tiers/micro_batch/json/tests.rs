@@ -188,13 +188,9 @@ fn completions_merge_prompts_and_split_choices_by_index() {
     assert_eq!((sa.clone(), ra, rb), (sb, 1, 2));
     let (sc, _, _) = part(c, json!({"model": "m", "max_tokens": 5, "n": 2, "prompt": "one"}));
     assert_ne!(sa, sc, "other parameters never share a call");
-    // A stream and token ids go alone.
-    for alone in [
-        json!({"model": "m", "prompt": "x", "stream": true}),
-        json!({"model": "m", "prompt": [1, 2]}),
-    ] {
-        assert!(parse(c, &Bytes::from(alone.to_string())).unwrap().is_err(), "{alone}");
-    }
+    // Token ids go alone.
+    let alone = json!({"model": "m", "prompt": [1, 2]});
+    assert!(parse(c, &Bytes::from(alone.to_string())).unwrap().is_err(), "{alone}");
     let request = build("/v1/completions", &[&a, &b]).unwrap();
     let sent: Value = serde_json::from_slice(request.body()).unwrap();
     assert_eq!(sent["prompt"], json!(["one", "two", "three"]));
@@ -248,4 +244,140 @@ fn completions_merge_prompts_and_split_choices_by_index() {
         .unwrap_err()
         .message
         .contains("\"choices\" has 1 items"));
+}
+
+/// The events `raw` holds, whole.
+fn events(raw: &str) -> Vec<crate::llm::sse::Event> {
+    let mut framer = crate::llm::sse::Framer::new(1 << 20);
+    framer.push(raw.as_bytes());
+    std::iter::from_fn(|| framer.next_event().unwrap()).collect()
+}
+
+/// The JSON of each event `out` sends, by caller.
+fn sent(out: stream::Out) -> Vec<(usize, Value)> {
+    let stream::Out::To(events) = out else {
+        panic!("{out:?} is not for some callers");
+    };
+    let data = |b: &Bytes| serde_json::from_slice(b.strip_prefix(b"data: ").unwrap()).unwrap();
+    events.iter().map(|(c, b)| (*c, data(b))).collect()
+}
+
+#[test]
+fn a_streamed_batch_is_cut_by_caller_with_each_index_its_own() {
+    let body = |p: Value| json!({"model": "m", "prompt": p, "stream": true, "n": 2});
+    let (sa, a, _) = part(JsonAdapter::OpenaiCompletions, body(json!("one")));
+    let (sb, b, _) = part(JsonAdapter::OpenaiCompletions, body(json!(["two", "three"])));
+    let (_, c, _) = part(JsonAdapter::OpenaiCompletions, body(json!("four")));
+    assert_eq!(sa, sb, "streamed callers share a batch");
+    let (s_whole, _, _) = part(
+        JsonAdapter::OpenaiCompletions,
+        json!({"model": "m", "prompt": "one", "n": 2}),
+    );
+    assert_ne!(sa, s_whole, "a streamed caller never shares a whole answer's batch");
+    assert!(a.streamed());
+    let request = build("/v1/completions", &[&a, &b, &c]).unwrap();
+    assert!(
+        crate::backend::stream::wanted(&request),
+        "the pool is asked to hand the stream up"
+    );
+    let mut splitter = stream::Splitter::new(&[&a, &b, &c]);
+    // Indexes: a 0..2, b 2..6 (two prompts, n = 2), c 6..8.
+    let chunk = r#"data: {"id":"x","choices":[{"index":3,"text":"B"},{"index":6,"text":"C"},{"index":5,"text":"b"}]}
+
+"#;
+    let out = sent(splitter.event(&events(chunk)[0]));
+    assert_eq!(
+        out,
+        vec![
+            (
+                1,
+                json!({"id": "x", "choices": [{"index": 1, "text": "B"}, {"index": 3, "text": "b"}]})
+            ),
+            (2, json!({"id": "x", "choices": [{"index": 0, "text": "C"}]})),
+        ],
+        "each caller gets its own choices only, indexed as its own"
+    );
+    for (raw, expected) in [
+        ("data: [DONE]\n\n", "all"),
+        (": keep-alive\n\n", "all"),
+        ("data: {\"error\": {\"message\": \"m\"}}\n\n", "all"),
+        ("data: null\n\n", "none"),
+        ("data: nope\n\n", "broke"),
+        ("data: {\"choices\": [{\"index\": 8, \"text\": \"x\"}]}\n\n", "broke"),
+        ("data: {\"choices\": [{\"text\": \"x\"}]}\n\n", "broke"),
+        ("data: {\"choices\": {\"0\": \"x\"}}\n\n", "broke"),
+    ] {
+        let out = splitter.event(&events(raw)[0]);
+        let kind = match &out {
+            stream::Out::All(bytes) => {
+                assert_eq!(bytes.as_ref(), raw.as_bytes());
+                "all"
+            }
+            stream::Out::To(events) if events.is_empty() => "none",
+            stream::Out::To(_) => "some",
+            stream::Out::Broke(_) => "broke",
+        };
+        assert_eq!(kind, expected, "{raw}");
+    }
+}
+
+#[test]
+fn a_streamed_batch_s_usage_is_split_between_its_callers() {
+    let body = |p: &str| json!({"prompt": p, "stream": true});
+    let (_, a, _) = part(JsonAdapter::OpenaiCompletions, body("aaaa"));
+    let (_, b, _) = part(JsonAdapter::OpenaiCompletions, body("bbbbbbbbbbbb"));
+    let mut splitter = stream::Splitter::new(&[&a, &b]);
+    let chunk = |i: usize, text: &str| format!("data: {{\"choices\":[{{\"index\":{i},\"text\":\"{text}\"}}]}}\n\n");
+    splitter.event(&events(&chunk(0, "xxx"))[0]);
+    splitter.event(&events(&chunk(1, "y"))[0]);
+    // vLLM's last chunk: the batch's usage, no choices.
+    let usage = r#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24}}
+
+"#;
+    let out = sent(splitter.event(&events(usage)[0]));
+    let each: Vec<(u64, u64)> = out
+        .iter()
+        .map(|(_, v)| {
+            assert_eq!(v["choices"], json!([]));
+            assert_eq!(v["usage"]["tiergate_estimated"], true);
+            (
+                v["usage"]["prompt_tokens"].as_u64().unwrap(),
+                v["usage"]["completion_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        each,
+        vec![(4, 4), (12, 4)],
+        "by prompt text, and by the chunks of text each was sent"
+    );
+
+    // llama.cpp: each prompt's last chunk carries that prompt's usage; a caller of two
+    // prompts is told both, summed.
+    let (_, two, _) = part(
+        JsonAdapter::OpenaiCompletions,
+        json!({"prompt": ["p", "q"], "stream": true}),
+    );
+    let mut splitter = stream::Splitter::new(&[&two, &a]);
+    let last = |i: usize, prompt: u64| {
+        format!(
+            "data: {{\"choices\":[{{\"index\":{i},\"text\":\"\",\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":3,\"total_tokens\":{}}}}}\n\n",
+            prompt + 3
+        )
+    };
+    let first = sent(splitter.event(&events(&last(1, 5))[0]));
+    assert_eq!(first[0].1["usage"]["prompt_tokens"], 5);
+    let theirs = sent(splitter.event(&events(&last(2, 9))[0]));
+    assert_eq!(theirs[0].0, 1);
+    assert_eq!(theirs[0].1["usage"]["prompt_tokens"], 9, "the other caller's own");
+    let second = sent(splitter.event(&events(&last(0, 7))[0]));
+    assert_eq!(second[0].0, 0);
+    assert_eq!(
+        (
+            second[0].1["usage"]["prompt_tokens"].as_u64(),
+            second[0].1["usage"]["completion_tokens"].as_u64()
+        ),
+        (Some(12), Some(6)),
+        "its two prompts' usage, summed"
+    );
 }
