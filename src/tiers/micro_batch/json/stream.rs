@@ -155,17 +155,21 @@ impl Splitter {
                 None => per.push((caller, vec![choice])),
             }
         }
-        if let (Some(usage), [(caller, _)]) = (usage, per.as_slice()) {
-            let own = &mut self.own[*caller];
-            *own = super::summed(own.take(), Some(usage.clone())).or(Some(usage));
-        }
-        let one_caller = per.len() == 1;
+        // A prompt's own usage, on a chunk of one caller's: the caller's so far.
+        let told = match (usage, per.as_slice()) {
+            (Some(usage), [(caller, _)]) => {
+                let own = &mut self.own[*caller];
+                *own = super::summed(own.take(), Some(usage.clone())).or(Some(usage));
+                Some(*caller)
+            }
+            _ => None,
+        };
         Out::To(
             per.into_iter()
                 .map(|(caller, mine)| {
                     let mut copy = chunk.clone();
                     copy.insert("choices".into(), Value::Array(mine));
-                    if let Some(own) = self.own[caller].as_ref().filter(|_| one_caller) {
+                    if let Some(own) = self.own[caller].as_ref().filter(|_| told == Some(caller)) {
                         copy.insert("usage".into(), own.clone());
                     }
                     (caller, written(copy))

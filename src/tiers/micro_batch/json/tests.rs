@@ -367,6 +367,12 @@ fn a_streamed_batch_s_usage_is_split_between_its_callers() {
     };
     let first = sent(splitter.event(&events(&last(1, 5))[0]));
     assert_eq!(first[0].1["usage"]["prompt_tokens"], 5);
+    let content = sent(splitter.event(&events(&chunk(0, "z"))[0]));
+    assert_eq!(content[0].0, 0);
+    assert!(
+        content[0].1.get("usage").is_none(),
+        "a chunk without usage is sent none"
+    );
     let theirs = sent(splitter.event(&events(&last(2, 9))[0]));
     assert_eq!(theirs[0].0, 1);
     assert_eq!(theirs[0].1["usage"]["prompt_tokens"], 9, "the other caller's own");
