@@ -40,7 +40,13 @@
 # tokens; the window max_sequences 4, max_tokens_in_flight 4096 (the server's context),
 # llama-server's signals; held back above 150ms.
 #
+# CHUNK=N gives the simulator's engines N tokens a step in place of the profile's 2,048
+# (`tiergate sim --max-batched-tokens`, vLLM's `max_num_batched_tokens`): the engine
+# setting that decides how long an interactive call can wait behind a bulk prompt's
+# prefill on one shared pool.
+#
 #   loadtest/scenarios/llm_isolation.sh [DURATION]
+#   CHUNK=256 loadtest/scenarios/llm_isolation.sh [DURATION]
 #   ENGINE=llama-server loadtest/scenarios/llm_isolation.sh [DURATION]
 #
 # Writes to $OUT (default target/loadtest/llm_isolation): summary.txt, results.json,
@@ -52,6 +58,7 @@ ENGINE=${ENGINE:-sim}
 case $ENGINE in
   sim)
     RATE=${RATE:-2} TOKENS=${TOKENS:-100} PROFILE=${PROFILE:-llm-8b-a100} INTERACTIVE_TTFT=${INTERACTIVE_TTFT:-60ms}
+    CHUNK=${CHUNK:-}
     BULK_WORDS=2000 BULK_TOKENS=500 MAX_SEQUENCES=256 MAX_TOKENS=440000 SIGNALS=vllm ;;
   llama-server)
     RATE=${RATE:-0.5} TOKENS=${TOKENS:-16} PROFILE="llama-server, 4 slots, a tiny model" INTERACTIVE_TTFT=${INTERACTIVE_TTFT:-150ms}
@@ -64,7 +71,7 @@ SECONDS_LONG=$(python3 -c "import re; d='$DURATION'; print(int(re.match(r'(\d+)'
 # Lines enough that the window never runs dry within a phase.
 BULK_LINES=${BULK_LINES:-$(python3 -c "print(int($BULK_RATE * $SECONDS_LONG * 2))")}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-OUT=${OUT:-$TARGET_DIR/loadtest/llm_isolation${ENGINE#sim}}
+OUT=${OUT:-$TARGET_DIR/loadtest/llm_isolation${ENGINE#sim}${CHUNK:+-chunk$CHUNK}}
 OUT=${OUT%-}
 
 cargo build --profile dist --quiet -p tiergate -p loadtest
@@ -87,7 +94,8 @@ engine_start() {
   local port; port=$(free_port)
   case $ENGINE in
     sim)
-      "$BIN/tiergate" sim --http "127.0.0.1:$port" --model "llama:$PROFILE" 2>>"$WORK/engine.log" & ;;
+      "$BIN/tiergate" sim --http "127.0.0.1:$port" --model "llama:$PROFILE" ${CHUNK:+--max-batched-tokens "$CHUNK"} \
+        2>>"$WORK/engine.log" & ;;
     llama-server)
       local core=0; [ "$2" = A ] || core=$((CORES - 1))
       taskset -c "$core" "$LLAMA" -m "$WORK/tiny.gguf" --host 127.0.0.1 --port "$port" -np 4 -c 4096 -t 1 \
@@ -234,7 +242,7 @@ echo "shared $(python3 -c "import json; r=json.load(open('$OUT/shared.json')); p
 usage_json "$GW_ADMIN" > "$OUT/shared_usage.json" || true
 stop_phase
 
-python3 - "$OUT" "$WORK/bulk_rates" "$RATE" "$TOKENS" "$DURATION" "$PROFILE" "$BULK_WORDS" "$BULK_TOKENS" "$ENGINE" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$WORK/bulk_rates" "$RATE" "$TOKENS" "$DURATION" "$PROFILE${CHUNK:+ with $CHUNK tokens a step}" "$BULK_WORDS" "$BULK_TOKENS" "$ENGINE" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys
 out, rates_path, rate, tokens, duration, profile, words, bulk_tokens, engine = sys.argv[1:10]
 prompt = f"{int(words):,}-token" if engine == "sim" else f"{int(words) * 5:,}-byte"

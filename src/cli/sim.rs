@@ -26,6 +26,10 @@ pub struct SimArgs {
     /// llm-tiny: OpenAI's API and Triton's generate); repeat for several models.
     #[arg(long = "model", default_value = "resnet50:resnet50-trt")]
     models: Vec<String>,
+    /// LLMs: at most this many tokens in one engine step, decodes and prompt chunks
+    /// together (vLLM's `max_num_batched_tokens`), in place of the profile's.
+    #[arg(long)]
+    max_batched_tokens: Option<u64>,
     /// Instances per model (batches run one at a time on each, FIFO).
     #[arg(long, default_value_t = 1)]
     instances: usize,
@@ -80,7 +84,14 @@ fn models(args: &SimArgs) -> anyhow::Result<Vec<ModelSpec>> {
             format!("--model {text:?}: unknown profile; known: {}", known.join(", "))
         };
         let mut spec = match LlmProfile::named(profile) {
-            Some(llm) => ModelSpec::llm(name, llm.scaled(args.slowdown)),
+            Some(llm) => {
+                let mut llm = llm.scaled(args.slowdown);
+                if let Some(tokens) = args.max_batched_tokens {
+                    anyhow::ensure!(tokens > 0, "--max-batched-tokens 0: give 1 or more");
+                    llm.max_batched_tokens = tokens;
+                }
+                ModelSpec::llm(name, llm)
+            }
             None => {
                 let profile = Profile::named(profile).with_context(unknown)?;
                 ModelSpec::new(name, profile.scaled(args.slowdown))
@@ -132,4 +143,32 @@ async fn serve(args: SimArgs) -> anyhow::Result<ExitCode> {
     shutdown.cancel();
     server.await??;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn models_of(line: &[&str]) -> anyhow::Result<Vec<ModelSpec>> {
+        models(&Cli::parse_from(std::iter::once("sim").chain(line.iter().copied())).sim)
+    }
+
+    #[test]
+    fn an_llms_tokens_a_step_can_be_set_in_place_of_its_profiles() {
+        let tokens = |line: &[&str]| models_of(line).unwrap()[0].llm.unwrap().max_batched_tokens;
+        assert_eq!(tokens(&["--model", "l:llm-8b-a100"]), 2048);
+        assert_eq!(
+            tokens(&["--model", "l:llm-8b-a100", "--max-batched-tokens", "256"]),
+            256
+        );
+        assert!(models_of(&["--model", "l:llm-8b-a100", "--max-batched-tokens", "0"]).is_err());
+    }
 }
