@@ -43,7 +43,10 @@
 # CHUNK=N gives the simulator's engines N tokens a step in place of the profile's 2,048
 # (`tiergate sim --max-batched-tokens`, vLLM's `max_num_batched_tokens`): the engine
 # setting that decides how long an interactive call can wait behind a bulk prompt's
-# prefill on one shared pool.
+# prefill on one shared pool. LONG_PREFILL=N has them prefill a prompt longer than N
+# tokens one at a time, N tokens a step, so shorter prompts pass it
+# (`--long-prefill-tokens`, vLLM's `long_prefill_token_threshold` with
+# `max_long_partial_prefills` 1).
 #
 #   loadtest/scenarios/llm_isolation.sh [DURATION]
 #   CHUNK=256 loadtest/scenarios/llm_isolation.sh [DURATION]
@@ -58,7 +61,7 @@ ENGINE=${ENGINE:-sim}
 case $ENGINE in
   sim)
     RATE=${RATE:-2} TOKENS=${TOKENS:-100} PROFILE=${PROFILE:-llm-8b-a100} INTERACTIVE_TTFT=${INTERACTIVE_TTFT:-60ms}
-    CHUNK=${CHUNK:-}
+    CHUNK=${CHUNK:-} LONG_PREFILL=${LONG_PREFILL:-}
     BULK_WORDS=2000 BULK_TOKENS=500 MAX_SEQUENCES=256 MAX_TOKENS=440000 SIGNALS=vllm ;;
   llama-server)
     RATE=${RATE:-0.5} TOKENS=${TOKENS:-16} PROFILE="llama-server, 4 slots, a tiny model" INTERACTIVE_TTFT=${INTERACTIVE_TTFT:-150ms}
@@ -71,7 +74,7 @@ SECONDS_LONG=$(python3 -c "import re; d='$DURATION'; print(int(re.match(r'(\d+)'
 # Lines enough that the window never runs dry within a phase.
 BULK_LINES=${BULK_LINES:-$(python3 -c "print(int($BULK_RATE * $SECONDS_LONG * 2))")}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-OUT=${OUT:-$TARGET_DIR/loadtest/llm_isolation${ENGINE#sim}${CHUNK:+-chunk$CHUNK}}
+OUT=${OUT:-$TARGET_DIR/loadtest/llm_isolation${ENGINE#sim}${CHUNK:+-chunk$CHUNK}${LONG_PREFILL:+-long$LONG_PREFILL}}
 OUT=${OUT%-}
 
 cargo build --profile dist --quiet -p tiergate -p loadtest
@@ -95,6 +98,7 @@ engine_start() {
   case $ENGINE in
     sim)
       "$BIN/tiergate" sim --http "127.0.0.1:$port" --model "llama:$PROFILE" ${CHUNK:+--max-batched-tokens "$CHUNK"} \
+        ${LONG_PREFILL:+--long-prefill-tokens "$LONG_PREFILL"} \
         2>>"$WORK/engine.log" & ;;
     llama-server)
       local core=0; [ "$2" = A ] || core=$((CORES - 1))
@@ -242,7 +246,7 @@ echo "shared $(python3 -c "import json; r=json.load(open('$OUT/shared.json')); p
 usage_json "$GW_ADMIN" > "$OUT/shared_usage.json" || true
 stop_phase
 
-python3 - "$OUT" "$WORK/bulk_rates" "$RATE" "$TOKENS" "$DURATION" "$PROFILE${CHUNK:+ with $CHUNK tokens a step}" "$BULK_WORDS" "$BULK_TOKENS" "$ENGINE" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$WORK/bulk_rates" "$RATE" "$TOKENS" "$DURATION" "$PROFILE${CHUNK:+ with $CHUNK tokens a step}${LONG_PREFILL:+, long prompts one at a time $LONG_PREFILL tokens a step}" "$BULK_WORDS" "$BULK_TOKENS" "$ENGINE" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys
 out, rates_path, rate, tokens, duration, profile, words, bulk_tokens, engine = sys.argv[1:10]
 prompt = f"{int(words):,}-token" if engine == "sim" else f"{int(words) * 5:,}-byte"

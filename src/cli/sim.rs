@@ -30,6 +30,11 @@ pub struct SimArgs {
     /// together (vLLM's `max_num_batched_tokens`), in place of the profile's.
     #[arg(long)]
     max_batched_tokens: Option<u64>,
+    /// LLMs: a prompt longer than this is prefilled one at a time, at most this many
+    /// tokens a step, so shorter prompts pass it (vLLM's `long_prefill_token_threshold`
+    /// with `max_long_partial_prefills` 1); by default every prompt in the order let in.
+    #[arg(long)]
+    long_prefill_tokens: Option<u64>,
     /// Instances per model (batches run one at a time on each, FIFO).
     #[arg(long, default_value_t = 1)]
     instances: usize,
@@ -89,6 +94,10 @@ fn models(args: &SimArgs) -> anyhow::Result<Vec<ModelSpec>> {
                 if let Some(tokens) = args.max_batched_tokens {
                     anyhow::ensure!(tokens > 0, "--max-batched-tokens 0: give 1 or more");
                     llm.max_batched_tokens = tokens;
+                }
+                if let Some(tokens) = args.long_prefill_tokens {
+                    anyhow::ensure!(tokens > 0, "--long-prefill-tokens 0: give 1 or more");
+                    llm.long_prefill_tokens = tokens;
                 }
                 ModelSpec::llm(name, llm)
             }
@@ -170,5 +179,8 @@ mod tests {
             256
         );
         assert!(models_of(&["--model", "l:llm-8b-a100", "--max-batched-tokens", "0"]).is_err());
+        let long = |line: &[&str]| models_of(line).unwrap()[0].llm.unwrap().long_prefill_tokens;
+        assert_eq!(long(&["--model", "l:llm-8b-a100"]), u64::MAX);
+        assert_eq!(long(&["--model", "l:llm-8b-a100", "--long-prefill-tokens", "256"]), 256);
     }
 }

@@ -25,6 +25,7 @@ async fn engine(max_sequences: usize, kv_tokens: u64) -> Backend {
         max_sequences,
         kv_tokens,
         max_batched_tokens: u64::MAX,
+        long_prefill_tokens: u64::MAX,
     };
     backend_with(vec![ModelSpec::llm("m", profile)]).await
 }

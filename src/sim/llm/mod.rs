@@ -3,8 +3,9 @@
 //! `a + b·(generations running)` and gives every running generation past its prompt
 //! one token; prompts cost `prefill` a token, computed in the steps after a generation
 //! is let in, at most `max_batched_tokens` tokens a step with the decodes (vLLM V1's
-//! chunked prefill), the first token coming in the step its prompt is done; at most
-//! `max_sequences` run at once. Admission is vLLM's: first come first served, a
+//! chunked prefill), prompts in the order they were let in (or, past
+//! `long_prefill_tokens`, a long one at a time beside the shorter ones), the first
+//! token coming in the step its prompt is done; at most `max_sequences` run at once. Admission is vLLM's: first come first served, a
 //! generation is let in while the KV cache holds its prompt beside what the running
 //! ones hold now (their prompts and the tokens they have generated), not what they
 //! may grow to. When a step's new tokens would overflow the cache, the generation let
@@ -47,6 +48,11 @@ pub struct LlmProfile {
     /// each for the generations past their prompt, and the rest for prompts, in chunks
     /// (chunked prefill); `u64::MAX`: a prompt's whole prefill in the step it joins.
     pub max_batched_tokens: u64,
+    /// A prompt longer than this is a long one: one long prompt at a time is prefilled,
+    /// at most this many tokens a step, so shorter prompts let in after it are
+    /// prefilled beside it rather than behind it (vLLM's `long_prefill_token_threshold`
+    /// with `max_long_partial_prefills` 1); `u64::MAX`: every prompt in the order let in.
+    pub long_prefill_tokens: u64,
 }
 
 impl LlmProfile {
@@ -77,6 +83,7 @@ impl LlmProfile {
                 max_sequences: 256,
                 kv_tokens: 440_000,
                 max_batched_tokens: 2048,
+                long_prefill_tokens: u64::MAX,
             }),
             "llm-tiny" => Some(LlmProfile {
                 a: ms(2.0),
@@ -85,6 +92,7 @@ impl LlmProfile {
                 max_sequences: 4,
                 kv_tokens: 4_096,
                 max_batched_tokens: u64::MAX,
+                long_prefill_tokens: u64::MAX,
             }),
             "llm-relay" => Some(LlmProfile {
                 a: ms(100.0),
@@ -93,6 +101,7 @@ impl LlmProfile {
                 max_sequences: 1_000_000,
                 kv_tokens: u64::MAX / 4,
                 max_batched_tokens: u64::MAX,
+                long_prefill_tokens: u64::MAX,
             }),
             _ => None,
         }
@@ -306,13 +315,23 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
         let decoding = running.iter().filter(|r| r.prefill_left == 0).count() as u64;
         let mut budget = profile.max_batched_tokens.saturating_sub(decoding);
         let mut prefill = 0u64;
+        let mut long = false;
         for r in running.iter_mut().filter(|r| r.prefill_left > 0) {
+            let cap = match r.kv() > profile.long_prefill_tokens {
+                true if long => continue, // one long prompt a step
+                true => {
+                    long = true;
+                    profile.long_prefill_tokens
+                }
+                false => u64::MAX,
+            };
             // The first in line always advances, so one prompt larger than the budget
             // still gets through.
             let chunk = match prefill {
                 0 => r.prefill_left.min(budget.max(1)),
                 _ => r.prefill_left.min(budget),
-            };
+            }
+            .min(cap);
             r.prefill_left -= chunk;
             prefill += chunk;
             budget = budget.saturating_sub(chunk);
@@ -401,6 +420,7 @@ mod tests {
             max_sequences: 2,
             kv_tokens: 100,
             max_batched_tokens: u64::MAX,
+            long_prefill_tokens: u64::MAX,
         });
         let asks: Vec<_> = (0..4)
             .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
@@ -427,6 +447,7 @@ mod tests {
             max_sequences: 4,
             kv_tokens: 50,
             max_batched_tokens: u64::MAX,
+            long_prefill_tokens: u64::MAX,
         });
         let asks: Vec<_> = (0..2)
             .map(|i| engine.generate((10, 20, i), StreamFaults::default()))
@@ -453,6 +474,7 @@ mod tests {
             max_sequences: 4,
             kv_tokens: 10_000,
             max_batched_tokens: 10,
+            long_prefill_tokens: u64::MAX,
         };
         let engine = Engine::start(profile);
         let mut short = engine.generate((1, 40, 1), StreamFaults::default());
@@ -477,6 +499,37 @@ mod tests {
             "a gap of {widest:?} between two tokens"
         );
         assert_eq!(engine.stats().prompt_tokens, 201);
+    }
+
+    #[tokio::test]
+    async fn a_short_prompt_is_prefilled_beside_a_long_one_when_long_prompts_are_limited() {
+        let profile = |long_prefill_tokens| LlmProfile {
+            a: Duration::ZERO,
+            b: Duration::ZERO,
+            prefill: Duration::from_millis(1),
+            max_sequences: 4,
+            kv_tokens: 10_000,
+            max_batched_tokens: 100,
+            long_prefill_tokens,
+        };
+        // A 200-token prompt let in first, a 5-token one after it: in the order let in,
+        // the short one waits for the long one's prefill; with long prompts held to 20
+        // tokens a step, it is prefilled beside it and has its first token first.
+        for (limit, short_first) in [(20, true), (u64::MAX, false)] {
+            let engine = Engine::start(profile(limit));
+            let mut long = engine.generate((200, 1, 0), StreamFaults::default());
+            let mut short = engine.generate((5, 1, 1), StreamFaults::default());
+            let first = tokio::select! {
+                biased;
+                Some(Out::Token(_)) = short.recv() => "short",
+                Some(Out::Token(_)) = long.recv() => "long",
+            };
+            assert_eq!(
+                first == "short",
+                short_first,
+                "long prompts held to {limit} tokens a step"
+            );
+        }
     }
 
     #[tokio::test]
