@@ -204,6 +204,17 @@ async fn the_window_narrows_on_the_engines_signals_and_widens_back() {
     assert!(metric(&gw, widened).await >= 1.0);
 }
 
+/// `n` Batch API lines, each a chat call asking for `max_tokens` tokens.
+fn bulk_lines(n: usize, max_tokens: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "bulk"}]}})
+            .to_string()
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn offline_lines_drain_through_the_window() {
     let backend = engine(8, 100_000).await;
@@ -262,13 +273,7 @@ async fn shared_pool(name: &str, interactive_ttft: &str) -> (Duration, f64) {
     let window = format!("max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"{interactive_ttft}\"\n");
     let policy = shared(name, &backend.url(), &window);
     let gw = gateway(&policy).await;
-    let lines: Vec<String> = (0..60)
-        .map(|i| {
-            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": "m", "max_tokens": 60, "messages": [{"role": "user", "content": "bulk"}]}})
-            .to_string()
-        })
-        .collect();
+    let lines = bulk_lines(60, 60);
     let addr = gw.http_addr();
     let batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
     let sim = backend.sim.clone();
@@ -318,13 +323,7 @@ async fn a_window_that_may_share_its_pool_widens_a_sequence_at_a_time_before_any
     let window = "max_sequences = 256\nsignals = \"vllm\"\nsignal_interval = \"100ms\"\n";
     let policy = shared(name, &backend.url(), window);
     let gw = gateway(&policy).await;
-    let lines: Vec<String> = (0..300)
-        .map(|i| {
-            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": "m", "max_tokens": 5000, "messages": [{"role": "user", "content": "bulk"}]}})
-            .to_string()
-        })
-        .collect();
+    let lines = bulk_lines(300, 5000);
     let addr = gw.http_addr();
     let _batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
     let limit = format!("tiergate_window_limit{{route=\"{name}\",kind=\"sequences\"}}");
@@ -353,13 +352,7 @@ async fn first_tokens_that_never_come_hold_batch_work_back() {
     let window = "max_sequences = 2\nsignal_interval = \"100ms\"\ninteractive_ttft = \"100ms\"\n";
     let policy = shared(name, &backend.url(), window);
     let gw = gateway(&policy).await;
-    let lines: Vec<String> = (0..4)
-        .map(|i| {
-            json!({"custom_id": format!("c{i}"), "method": "POST", "url": "/v1/chat/completions",
-                   "body": {"model": "m", "max_tokens": 3000, "messages": [{"role": "user", "content": "bulk"}]}})
-            .to_string()
-        })
-        .collect();
+    let lines = bulk_lines(4, 3000);
     let addr = gw.http_addr();
     let _batch = tokio::spawn(async move { chat_batch_completed(addr, &lines).await });
     let sim = backend.sim.clone();

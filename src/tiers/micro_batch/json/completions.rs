@@ -108,14 +108,8 @@ fn split(usage: &Value, parts: &[&Part], cut: &[Vec<Value>]) -> Vec<Value> {
     let (counts, estimated) = match exact {
         Some(counts) => (counts, false),
         None => {
-            let text = |v: &Value| match v {
-                Value::String(s) => s.len() as u64,
-                _ => 0,
-            };
-            let prompts: Vec<u64> = parts
-                .iter()
-                .map(|p| p.columns.iter().flatten().map(text).sum::<u64>().max(1))
-                .collect();
+            let text = |v: &Value| v.as_str().map_or(0, |s| s.len() as u64);
+            let prompts: Vec<u64> = parts.iter().map(|p| prompt_text(p)).collect();
             let outputs: Vec<u64> = cut
                 .iter()
                 .map(|caller| caller.iter().map(|c| c.get("text").map_or(0, text)).sum::<u64>().max(1))
@@ -129,6 +123,13 @@ fn split(usage: &Value, parts: &[&Part], cut: &[Vec<Value>]) -> Vec<Value> {
         .into_iter()
         .map(|(prompt, completion)| counted(prompt, completion, estimated))
         .collect()
+}
+
+/// A caller's prompts' text in bytes (at least 1): its weight when a batch's prompt
+/// tokens are split in proportion.
+pub(super) fn prompt_text(part: &Part) -> u64 {
+    let text = |v: &Value| v.as_str().map_or(0, |s| s.len() as u64);
+    part.columns.iter().flatten().map(text).sum::<u64>().max(1)
 }
 
 /// A `usage` of `prompt` and `completion` tokens, marked `tiergate_estimated` when

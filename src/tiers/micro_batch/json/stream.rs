@@ -34,7 +34,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::completions::{choices, counted, proportion};
+use super::completions::{choices, counted, prompt_text, proportion};
 use super::Part;
 use crate::backend::stream::{Body, Stream, Streamed};
 use crate::llm::sse::{data_event, Event, Framer};
@@ -80,13 +80,9 @@ impl Splitter {
                 span
             })
             .collect();
-        let text = |v: &Value| v.as_str().map_or(0, |s| s.len() as u64);
         Splitter {
             spans,
-            prompt_text: parts
-                .iter()
-                .map(|p| p.columns.iter().flatten().map(text).sum::<u64>().max(1))
-                .collect(),
+            prompt_text: parts.iter().map(|p| prompt_text(p)).collect(),
             streamed: vec![0; parts.len()],
             own: vec![None; parts.len()],
         }
