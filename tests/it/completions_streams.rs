@@ -63,7 +63,7 @@ fn spawn_stream(gw: &Gateway, body: String) -> JoinHandle<Answer> {
 
 #[tokio::test]
 async fn streamed_completions_share_one_backend_stream_and_each_caller_is_streamed_its_own_choices() {
-    let (_rt, batch, gw) = setup("cmpl_streamed").await;
+    let (_rt, batch, gw) = setup("cmpl_streamed", "").await;
     let busy = occupy(&gw, &batch).await;
     let prompts = [json!("alpha beta"), json!(["gamma", "delta epsilon"]), json!("zeta")];
     let mut callers = Vec::new();
@@ -169,7 +169,10 @@ async fn llm_stats_until(batch: &Backend, done: impl Fn(&tiergate::sim::LlmStats
 
 #[tokio::test]
 async fn a_caller_leaving_never_ends_its_batch_mates_streams_and_all_leaving_cancels_the_work() {
-    let (_rt, batch, gw) = setup("cmpl_leaving").await;
+    // One failure counted would eject the batch pool's endpoint: callers leaving must
+    // count none.
+    let health = "[routes.cmpl_leaving.micro_batch.health]\neject_after = 1\ncheck_path = \"\"\n";
+    let (_rt, batch, gw) = setup("cmpl_leaving", health).await;
     let addr = gw.http_addr();
     // Three callers in one batch; the first leaves after its first token.
     let busy = occupy(&gw, &batch).await;
@@ -211,5 +214,12 @@ async fn a_caller_leaving_never_ends_its_batch_mates_streams_and_all_leaving_can
     }
     llm_stats_until(&batch, |s| s.cancelled == 2).await;
     assert_eq!(batch.sim.llm_stats("llm").expect("stats").completed, 3);
+    let scrape = get(gw.metrics_addr(), "/metrics").await.text();
+    assert!(
+        !scrape
+            .lines()
+            .any(|l| l.starts_with("tiergate_backend_ejections_total") && l.contains("cmpl_leaving")),
+        "callers leaving ejected the endpoint"
+    );
     gw.stop().await.expect("stops");
 }

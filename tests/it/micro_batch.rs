@@ -503,8 +503,8 @@ async fn embedding_callers_are_batched_and_indexes_renumbered() {
 
 /// A real-time and a batch backend serving KServe model `m` (which holds the batch
 /// slot) and LLM `llm`, and a gateway whose route `route` merges `/v1/completions`
-/// calls on the batch pool.
-pub(crate) async fn completions_gateway(route: &str) -> (Backend, Backend, Gateway) {
+/// calls on the batch pool, its policy ending with `extra`.
+pub(crate) async fn completions_gateway(route: &str, extra: &str) -> (Backend, Backend, Gateway) {
     let llm = tiergate::sim::LlmProfile::named("llm-tiny").expect("profile");
     let specs = || vec![ModelSpec::new("m", Profile::default()), ModelSpec::llm("llm", llm)];
     let (rt, batch) = (backend_with(specs()).await, backend_with(specs()).await);
@@ -516,13 +516,13 @@ pub(crate) async fn completions_gateway(route: &str) -> (Backend, Backend, Gatew
         r#"json_adapter = "openai_completions""#,
     )
     .replace(r#"models = ["m"]"#, r#"models = ["m", "llm"]"#);
-    let gw = gateway(&text).await;
+    let gw = gateway(&(text + extra)).await;
     (rt, batch, gw)
 }
 
 #[tokio::test]
 async fn completions_callers_share_one_call_and_each_gets_what_a_call_of_its_own_would() {
-    let (_rt, batch, gw) = completions_gateway("cmpl").await;
+    let (_rt, batch, gw) = completions_gateway("cmpl", "").await;
     let busy = occupy(&gw, &batch).await;
     let prompts = [json!("alpha beta"), json!(["gamma", "delta epsilon"]), json!("zeta")];
     let body =
