@@ -1,6 +1,6 @@
 //! The simulator's LLMs: a continuous-batching engine per model ([`Engine`]), as vLLM,
 //! TGI and llama.cpp run one, under a cost model ([`LlmProfile`]): a decode step costs
-//! `a + b·(generations running)` and gives every running generation past its prompt
+//! `a + b·(generations it computes a token of)` and gives every running generation past its prompt
 //! one token; prompts cost `prefill` a token, computed in the steps after a generation
 //! is let in, at most `max_batched_tokens` tokens a step with the decodes (vLLM V1's
 //! chunked prefill), prompts in the order they were let in (or, past
@@ -35,7 +35,7 @@ use tokio::time::Instant;
 pub struct LlmProfile {
     /// A decode step's fixed cost.
     pub a: Duration,
-    /// A decode step's cost per generation running.
+    /// A step's cost per generation it computes a token of (a decode or a prefill chunk).
     pub b: Duration,
     /// Prefill per prompt token.
     pub prefill: Duration,
@@ -63,8 +63,8 @@ impl LlmProfile {
     ///
     /// - `llm-8b-a100`: Llama-3-8B in FP16 under vLLM on one A100 80 GB, from published
     ///   figures: a decode step reads the 16 GB of weights at the A100's 2,039 GB/s
-    ///   (about 8 ms) and each running sequence's KV cache besides (0.05 ms each on
-    ///   average); prefill at about 12,000 tokens/s; vLLM's default `max_num_seqs` (256);
+    ///   (about 8 ms) and the KV cache of each sequence it computes a token of besides
+    ///   (0.05 ms each on average); prefill at about 12,000 tokens/s; vLLM's default `max_num_seqs` (256);
     ///   the KV cache is what 90% of the memory (`gpu_memory_utilization`) leaves after
     ///   the weights, at 128 KiB a token (32 layers × 8 KV heads × 128 dims × 2 × 2 bytes):
     ///   440,000 tokens; chunked prefill of at most 2,048 tokens a step (vLLM V1's
@@ -315,6 +315,7 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
         let decoding = running.iter().filter(|r| r.prefill_left == 0).count() as u64;
         let mut budget = profile.max_batched_tokens.saturating_sub(decoding);
         let mut prefill = 0u64;
+        let mut prefilling = 0u32;
         let mut long = false;
         for r in running.iter_mut().filter(|r| r.prefill_left > 0) {
             let cap = match r.kv() > profile.long_prefill_tokens {
@@ -334,6 +335,7 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
             .min(cap);
             r.prefill_left -= chunk;
             prefill += chunk;
+            prefilling += u32::from(chunk > 0);
             budget = budget.saturating_sub(chunk);
         }
         stats.send_modify(|s| {
@@ -343,8 +345,10 @@ async fn run(profile: LlmProfile, mut asks: mpsc::UnboundedReceiver<Ask>, stats:
             s.max_reserved = s.max_reserved.max(held);
             s.waiting = waiting.len() as u64;
         });
-        let step =
-            profile.a + profile.b * running.len() as u32 + profile.prefill * u32::try_from(prefill).unwrap_or(u32::MAX);
+        // A generation costs its share of the step only when the step computes a token
+        // of it: one let in but waiting in line for its prefill costs nothing yet.
+        let computed = u32::try_from(decoding).unwrap_or(u32::MAX).saturating_add(prefilling);
+        let step = profile.a + profile.b * computed + profile.prefill * u32::try_from(prefill).unwrap_or(u32::MAX);
         let until = Instant::now() + step;
         tokio::time::sleep_until(until).await;
         // Those still prefilling say nothing yet; the rest (those whose prompt was
@@ -499,6 +503,32 @@ mod tests {
             "a gap of {widest:?} between two tokens"
         );
         assert_eq!(engine.stats().prompt_tokens, 201);
+    }
+
+    #[tokio::test]
+    async fn generations_waiting_in_line_for_their_prefill_cost_a_step_nothing() {
+        // 2 ms a generation computed, eleven tokens a step: twenty 1,000-token prompts
+        // let in behind a decoding generation are prefilled one chunk a step, so each
+        // step computes two generations (4 ms), not the 21 let in (42 ms).
+        let engine = Engine::start(LlmProfile {
+            a: Duration::ZERO,
+            b: Duration::from_millis(2),
+            prefill: Duration::ZERO,
+            max_sequences: 32,
+            kv_tokens: 100_000,
+            max_batched_tokens: 11,
+            long_prefill_tokens: u64::MAX,
+        });
+        let mut short = engine.generate((1, 21, 0), StreamFaults::default());
+        assert!(matches!(short.recv().await, Some(Out::Token(_))));
+        let _long: Vec<_> = (1..=20)
+            .map(|i| engine.generate((1000, 1, i), StreamFaults::default()))
+            .collect();
+        let started = Instant::now();
+        let (words, done) = collect(short).await;
+        assert!(done && words.len() == 20);
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(400), "20 tokens in {took:?}, 80 ms due");
     }
 
     #[tokio::test]
