@@ -38,6 +38,8 @@ if [ "${1:-}" != "--table" ]; then
   run streams streams.sh 20s
   run stream_overhead stream_overhead.sh 20s
   run llm_isolation llm_isolation.sh 90s
+  LONG_PREFILL=48 run llm_isolation_long48 llm_isolation.sh 90s
+  echo "LONG_PREFILL=48 loadtest/scenarios/llm_isolation.sh 90s" > "$OUT/llm_isolation_long48/command"
   run completions_merge completions_merge.sh 30s
   STREAM=1 run completions_merge_streamed completions_merge.sh 30s
   echo "STREAM=1 loadtest/scenarios/completions_merge.sh 30s" > "$OUT/completions_merge_streamed/command"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LLM isolation: what a bulk flood does to interactive chat streams, on the simulator's
 # continuous-batching engine (`tiergate sim`, PROFILE, default llm-8b-a100: Llama-3-8B
-# under vLLM on one A100; a decode step costs 8 ms + 0.05 ms a running sequence, a
+# under vLLM on one A100; a step costs 8 ms + 0.05 ms a sequence it computes, a
 # prompt's prefill 0.083 ms a token, at most 2,048 tokens a step with the decodes
 # (vLLM V1's chunked prefill); 256 sequences; 440,000 tokens of KV cache; admission and
 # preemption as vLLM's).
@@ -50,6 +50,7 @@
 #
 #   loadtest/scenarios/llm_isolation.sh [DURATION]
 #   CHUNK=256 loadtest/scenarios/llm_isolation.sh [DURATION]
+#   LONG_PREFILL=48 loadtest/scenarios/llm_isolation.sh [DURATION]   (one shared pool's goal met)
 #   ENGINE=llama-server loadtest/scenarios/llm_isolation.sh [DURATION]
 #
 # Writes to $OUT (default target/loadtest/llm_isolation): summary.txt, results.json,
