@@ -36,7 +36,10 @@ ulimit -n 65536 2>/dev/null || ulimit -n 16384 2>/dev/null || true
 
 SIM=$(free_port); GW=$(free_port); GWM=$(free_port)
 "$BIN/tiergate" sim --http "127.0.0.1:$SIM" --model "llama:llm-relay" 2>"$WORK/sim.log" & PIDS+=($!)
-relay_policy "$SIM" 4096
+# A thousand streams opened at once open as many connections to the simulator, past its
+# listen backlog: the kernel sends a dropped SYN again after 1 s, tiergate's default
+# connect timeout, so tiergate is given 5 s (as in stream_overhead.sh).
+relay_policy "$SIM" 4096 'connect_timeout = "5s"'
 TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 "$TIERGATE" serve --policy-dir "$WORK/gw/policy" \
   --data-dir "$WORK/gw/data" --http "127.0.0.1:$GW" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$GWM" \
   2>"$WORK/gw/gw.log" & PIDS+=($!)
