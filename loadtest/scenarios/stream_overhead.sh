@@ -20,7 +20,7 @@
 #   loadtest/scenarios/stream_overhead.sh [DURATION]     (default 20s a phase)
 #
 # CONCURRENCY="1000 5000" (default) sets the phases; TARGETS="tiergate nginx litellm"
-# the relays. Installs nginx with apt and LiteLLM into a virtual environment
+# the relays; TIERGATE=/path/to/an/older/tiergate the tiergate relaying (before and after). Installs nginx with apt and LiteLLM into a virtual environment
 # (tests/conformance/venv.sh litellm, kept outside the clone) when missing. Writes to
 # $OUT (default target/loadtest/stream_overhead): summary.txt, results.json, each
 # phase's JSON.
@@ -37,6 +37,7 @@ if ! command -v nginx >/dev/null; then
 fi
 cargo build --profile dist --quiet -p tiergate -p loadtest
 BIN=$TARGET_DIR/dist
+TIERGATE=${TIERGATE:-$BIN/tiergate}
 LITELLM_VENV=""
 case " $TARGETS " in *" litellm "*) LITELLM_VENV=$(tests/conformance/venv.sh litellm) ;; esac
 
@@ -58,7 +59,7 @@ for target in $TARGETS; do
       # default connect timeout. nginx waits 60 s (proxy_connect_timeout); tiergate is given 5 s.
       relay_policy "$SIM" $((MAX * 2)) 'connect_timeout = "5s"'
       TIERGATE_LIMITS__MAX_CONNECTIONS_PER_CLIENT=0 TIERGATE_LIMITS__MAX_IN_FLIGHT_REQUESTS=$((MAX * 4)) \
-        "$BIN/tiergate" serve --policy-dir "$WORK/gw/policy" --data-dir "$WORK/gw/data" \
+        "$TIERGATE" serve --policy-dir "$WORK/gw/policy" --data-dir "$WORK/gw/data" \
         --http "127.0.0.1:${PORT[tiergate]}" --grpc "127.0.0.1:$(free_port)" --metrics "127.0.0.1:$(free_port)" \
         2>"$WORK/gw/gw.log" & PIDS+=($!)
       PID[tiergate]=$!

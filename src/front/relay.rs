@@ -156,7 +156,12 @@ pub struct Relay {
     deadline: Instant,
     first: Option<Instant>,
     last: Instant,
+    /// Set for the earliest the stream may end for want of an event (`armed`): an event
+    /// moves it only when it brings that time forward (the first token, its idle limit
+    /// shorter than the call's budget); later it is pushed back when it fires early, so
+    /// an event costs no timer change.
     timer: Pin<Box<Sleep>>,
+    armed: Instant,
     /// What the backend said it used, and the content events counted.
     usage: Option<Usage>,
     content: u64,
@@ -180,6 +185,7 @@ impl Relay {
             first: None,
             last: Instant::now(),
             timer: Box::pin(tokio::time::sleep_until(stream.deadline)),
+            armed: stream.deadline,
             usage: None,
             content: 0,
             ended: None,
@@ -325,7 +331,10 @@ impl Body for Relay {
                 Ok(Some(event)) => match this.event(event) {
                     Ok(Some(bytes)) => {
                         let due = this.due();
-                        this.timer.as_mut().reset(due);
+                        if due < this.armed {
+                            this.timer.as_mut().reset(due);
+                            this.armed = due;
+                        }
                         return Poll::Ready(Some(Ok(Frame::data(bytes))));
                     }
                     Ok(None) => continue,
@@ -347,7 +356,7 @@ impl Body for Relay {
             match Pin::new(&mut this.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
-                        this.framer.push(&data);
+                        this.framer.push(data);
                     }
                     continue;
                 }
@@ -369,6 +378,13 @@ impl Body for Relay {
                 return Poll::Pending;
             }
             let now = Instant::now();
+            let due = this.due();
+            if now < due {
+                // Events came since it was set: set for the next time it may end.
+                this.timer.as_mut().reset(due);
+                this.armed = due;
+                continue;
+            }
             let end = match this.first {
                 None => End::FirstToken,
                 Some(first) if now >= first + this.rules.max_duration => End::TooLong,

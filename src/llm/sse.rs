@@ -28,9 +28,14 @@ pub enum Malformed {
     NotText,
 }
 
-/// Cuts a stream's bytes into events, holding at most one event in progress.
+/// Cuts a stream's bytes into events, holding at most one event in progress. Bytes
+/// taken in are cut into events where they lie (an event's `raw` and its one `data`
+/// line are slices of them, not copies); only half an event is copied, to be joined
+/// with the rest when it comes.
 #[derive(Debug)]
 pub struct Framer {
+    /// Bytes taken in and not yet cut, while nothing is held.
+    fresh: Bytes,
     held: BytesMut,
     max: usize,
     /// Bytes of `held` already searched for an event's end.
@@ -41,6 +46,7 @@ impl Framer {
     /// A framer refusing events over `max` bytes.
     pub fn new(max: usize) -> Self {
         Framer {
+            fresh: Bytes::new(),
             held: BytesMut::new(),
             max,
             searched: 0,
@@ -48,13 +54,37 @@ impl Framer {
     }
 
     /// Takes `bytes` in.
-    pub fn push(&mut self, bytes: &[u8]) {
-        self.held.extend_from_slice(bytes);
+    pub fn push(&mut self, bytes: Bytes) {
+        if self.held.is_empty() && self.fresh.is_empty() {
+            self.fresh = bytes;
+            return;
+        }
+        self.hold_fresh();
+        self.held.extend_from_slice(&bytes);
+    }
+
+    /// Copies what is left of the bytes taken in into `held` (half an event, or bytes
+    /// to be joined with more).
+    fn hold_fresh(&mut self) {
+        if !self.fresh.is_empty() {
+            self.held.extend_from_slice(&self.fresh);
+            self.fresh = Bytes::new();
+        }
     }
 
     /// The next complete event, `Ok(None)` while none is whole, or why the bytes are
     /// not events.
     pub fn next_event(&mut self) -> Result<Option<Event>, Malformed> {
+        if !self.fresh.is_empty() {
+            // Nothing held: an event whole in what came is cut where it lies.
+            if let Some(end) = blank_line(&self.fresh, 0) {
+                if end > self.max {
+                    return Err(Malformed::TooBig(self.max));
+                }
+                return parse(self.fresh.split_to(end)).map(Some);
+            }
+            self.hold_fresh();
+        }
         let Some(end) = blank_line(&self.held, self.searched) else {
             if self.held.len() > self.max {
                 return Err(Malformed::TooBig(self.max));
@@ -71,9 +101,9 @@ impl Framer {
         parse(raw).map(Some)
     }
 
-    /// Bytes held of an event not yet whole.
+    /// Bytes held of an event not yet whole (or taken in and not yet cut).
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.held.len() + self.fresh.len()
     }
 }
 
@@ -102,10 +132,17 @@ fn blank_line(bytes: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// An event's `data` lines as they are read: one is a slice of the event's bytes,
+/// more are joined.
+enum Data<'a> {
+    One(&'a str),
+    Joined(String),
+}
+
 /// An event's fields from its bytes.
 fn parse(raw: Bytes) -> Result<Event, Malformed> {
     let text = std::str::from_utf8(&raw).map_err(|_| Malformed::NotText)?;
-    let (mut name, mut data): (Option<String>, Option<String>) = (None, None);
+    let (mut name, mut data): (Option<String>, Option<Data<'_>>) = (None, None);
     for line in text.split(['\n', '\r']).filter(|l| !l.is_empty()) {
         let (field, value) = match line.split_once(':') {
             Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
@@ -113,21 +150,25 @@ fn parse(raw: Bytes) -> Result<Event, Malformed> {
         };
         match field {
             "event" => name = Some(value.to_owned()),
-            "data" => match &mut data {
-                Some(d) => {
-                    d.push('\n');
-                    d.push_str(value);
-                }
-                None => data = Some(value.to_owned()),
-            },
+            "data" => {
+                data = Some(match data {
+                    None => Data::One(value),
+                    Some(Data::One(first)) => Data::Joined(format!("{first}\n{value}")),
+                    Some(Data::Joined(mut joined)) => {
+                        joined.push('\n');
+                        joined.push_str(value);
+                        Data::Joined(joined)
+                    }
+                })
+            }
             _ => {} // id, retry, comments (an empty field name)
         }
     }
-    Ok(Event {
-        raw,
-        name,
-        data: data.map(Bytes::from),
-    })
+    let data = data.map(|data| match data {
+        Data::One(value) => raw.slice_ref(value.as_bytes()),
+        Data::Joined(joined) => Bytes::from(joined),
+    });
+    Ok(Event { raw, name, data })
 }
 
 /// An event of one `data:` line holding `data` (which must have no line breaks).
@@ -151,7 +192,9 @@ mod tests {
     #[test]
     fn events_are_cut_at_their_blank_line_whatever_the_line_endings() {
         let mut f = Framer::new(1024);
-        f.push(b"data: {\"a\":1}\n\ndata: [DONE]\r\n\r\nevent: response.completed\ndata: x\ndata: y\r\rdata: z\n\n");
+        f.push(Bytes::from_static(
+            b"data: {\"a\":1}\n\ndata: [DONE]\r\n\r\nevent: response.completed\ndata: x\ndata: y\r\rdata: z\n\n",
+        ));
         let events = all(&mut f);
         assert_eq!(events.len(), 4);
         assert_eq!(events[0].raw, Bytes::from_static(b"data: {\"a\":1}\n\n"));
@@ -167,9 +210,9 @@ mod tests {
         let stream = b": comment\n\ndata: one\n\ndata: two\r\n\r\n";
         for cut in 0..stream.len() {
             let mut f = Framer::new(1024);
-            f.push(&stream[..cut]);
+            f.push(Bytes::from_static(&stream[..cut]));
             let mut got = all(&mut f);
-            f.push(&stream[cut..]);
+            f.push(Bytes::from_static(&stream[cut..]));
             got.extend(all(&mut f));
             let data: Vec<_> = got.iter().map(|e| e.data.clone()).collect();
             assert_eq!(
@@ -182,12 +225,26 @@ mod tests {
     }
 
     #[test]
+    fn bytes_taken_in_twice_before_a_look_come_out_joined_and_in_order() {
+        let mut f = Framer::new(1024);
+        f.push(Bytes::from_static(b"data: one\n\ndata: t"));
+        f.push(Bytes::from_static(b"wo\n\n"));
+        assert_eq!(f.held(), 22);
+        let data: Vec<_> = all(&mut f).into_iter().map(|e| e.data).collect();
+        assert_eq!(
+            data,
+            vec![Some(Bytes::from_static(b"one")), Some(Bytes::from_static(b"two"))]
+        );
+        assert_eq!(f.held(), 0);
+    }
+
+    #[test]
     fn an_event_over_the_limit_or_not_text_is_refused() {
         let mut f = Framer::new(16);
-        f.push(b"data: 0123456789abcdef");
+        f.push(Bytes::from_static(b"data: 0123456789abcdef"));
         assert_eq!(f.next_event(), Err(Malformed::TooBig(16)));
         let mut f = Framer::new(16);
-        f.push(b"data: \xff\n\n");
+        f.push(Bytes::from_static(b"data: \xff\n\n"));
         assert_eq!(f.next_event(), Err(Malformed::NotText));
         assert_eq!(data_event(b"[DONE]"), Bytes::from_static(b"data: [DONE]\n\n"));
     }

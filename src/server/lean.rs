@@ -514,13 +514,23 @@ where
         if data.is_empty() {
             continue; // an empty chunk would end the body
         }
-        let size = format!("{:x}\r\n", data.len());
-        if let Err(e) = write_all(io, &[size.as_bytes(), &data, b"\r\n"]).await {
+        let mut line = [0u8; 18];
+        if let Err(e) = write_all(io, &[chunk_line(data.len(), &mut line), &data, b"\r\n"]).await {
             (stamping.cut)(&mut body, &e);
             return Err(e);
         }
     }
     write_all(io, &[b"0\r\n\r\n"]).await
+}
+
+/// A chunk's size line (`{len:x}\r\n`), written into `buf`.
+fn chunk_line(len: usize, buf: &mut [u8; 18]) -> &[u8] {
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, at) in (0..digits).rev().enumerate() {
+        buf[at] = b"0123456789abcdef"[(len >> (4 * i)) & 0xf];
+    }
+    buf[digits..digits + 2].copy_from_slice(b"\r\n");
+    &buf[..digits + 2]
 }
 
 /// `Err` once the client has closed its end of `io` (or it failed); what it sends
@@ -529,8 +539,9 @@ fn hung_up<T>(io: &mut Conn, read: &mut BytesMut, cx: &mut Context<'_>) -> Poll<
     if read.len() >= AHEAD {
         return Poll::Pending;
     }
-    let mut chunk = [0u8; 1024];
-    let mut buf = ReadBuf::new(&mut chunk);
+    // Onto the stack, left unzeroed: a look costs no more than the read.
+    let mut chunk = [MaybeUninit::<u8>::uninit(); 1024];
+    let mut buf = ReadBuf::uninit(&mut chunk);
     match Pin::new(io).poll_read(cx, &mut buf) {
         Poll::Ready(Ok(())) if buf.filled().is_empty() => {
             Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()))
@@ -653,6 +664,17 @@ mod tests {
     fn parsed(bytes: &[u8]) -> (Parsed, BytesMut) {
         let mut read = BytesMut::from(bytes);
         (parse(&mut read), read)
+    }
+
+    #[test]
+    fn a_chunk_s_size_line_is_its_length_in_hexadecimal() {
+        for len in [0, 1, 15, 16, 255, 4096, 0xabcdef, usize::MAX] {
+            assert_eq!(
+                chunk_line(len, &mut [0; 18]),
+                format!("{len:x}\r\n").as_bytes(),
+                "{len}"
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! connection is reused only after an answer read whole). Dropping the body closes the
 //! connection at once, which is how the backend learns that its caller went away.
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -130,9 +131,11 @@ impl Body for Streaming {
                 Ok(None) => {}
                 Err(why) => return Poll::Ready(Some(Err(broken(why)))),
             }
+            // Read onto the stack (left unzeroed), then only what came is kept: an
+            // open stream's connection holds no more than it was sent.
             let wire = &mut this.wire;
-            let mut chunk = [0u8; READ_CHUNK];
-            let mut buf = ReadBuf::new(&mut chunk);
+            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut buf = ReadBuf::uninit(&mut chunk);
             match Pin::new(&mut wire.io).poll_read(cx, &mut buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(Box::new(e)))),

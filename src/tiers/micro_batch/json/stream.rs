@@ -272,7 +272,7 @@ async fn pump(mut body: Body, (mut splitter, mut framer): (Splitter, Framer), mu
         match frame {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    framer.push(&data);
+                    framer.push(data);
                 }
             }
             Some(Err(e)) => return broke(&mut callers, &e.to_string()),

@@ -249,7 +249,7 @@ fn completions_merge_prompts_and_split_choices_by_index() {
 /// The events `raw` holds, whole.
 fn events(raw: &str) -> Vec<crate::llm::sse::Event> {
     let mut framer = crate::llm::sse::Framer::new(1 << 20);
-    framer.push(raw.as_bytes());
+    framer.push(bytes::Bytes::copy_from_slice(raw.as_bytes()));
     std::iter::from_fn(|| framer.next_event().unwrap()).collect()
 }
 
