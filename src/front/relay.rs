@@ -156,12 +156,11 @@ pub struct Relay {
     deadline: Instant,
     first: Option<Instant>,
     last: Instant,
-    /// Set for the earliest the stream may end for want of an event (`armed`): an event
-    /// moves it only when it brings that time forward (the first token, its idle limit
-    /// shorter than the call's budget); later it is pushed back when it fires early, so
-    /// an event costs no timer change.
+    /// Set for the earliest the stream may end for want of an event: an event moves it
+    /// only when it brings that time forward (the first token, its idle limit shorter
+    /// than the call's budget); later it is pushed back when it fires early, so an event
+    /// costs no timer change.
     timer: Pin<Box<Sleep>>,
-    armed: Instant,
     /// What the backend said it used, and the content events counted.
     usage: Option<Usage>,
     content: u64,
@@ -185,7 +184,6 @@ impl Relay {
             first: None,
             last: Instant::now(),
             timer: Box::pin(tokio::time::sleep_until(stream.deadline)),
-            armed: stream.deadline,
             usage: None,
             content: 0,
             ended: None,
@@ -331,9 +329,8 @@ impl Body for Relay {
                 Ok(Some(event)) => match this.event(event) {
                     Ok(Some(bytes)) => {
                         let due = this.due();
-                        if due < this.armed {
+                        if due < this.timer.deadline() {
                             this.timer.as_mut().reset(due);
-                            this.armed = due;
                         }
                         return Poll::Ready(Some(Ok(Frame::data(bytes))));
                     }
@@ -382,7 +379,6 @@ impl Body for Relay {
             if now < due {
                 // Events came since it was set: set for the next time it may end.
                 this.timer.as_mut().reset(due);
-                this.armed = due;
                 continue;
             }
             let end = match this.first {

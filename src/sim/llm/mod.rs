@@ -1,20 +1,21 @@
 //! The simulator's LLMs: a continuous-batching engine per model ([`Engine`]), as vLLM,
 //! TGI and llama.cpp run one, under a cost model ([`LlmProfile`]): a decode step costs
-//! `a + b·(generations it computes a token of)` and gives every running generation past its prompt
-//! one token; prompts cost `prefill` a token, computed in the steps after a generation
-//! is let in, at most `max_batched_tokens` tokens a step with the decodes (vLLM V1's
-//! chunked prefill), prompts in the order they were let in (or, past
+//! `a + b·(generations it computes a token of)` and gives every running generation past
+//! its prompt one token; prompts cost `prefill` a token, computed in the steps after a
+//! generation is let in, at most `max_batched_tokens` tokens a step with the decodes
+//! (vLLM V1's chunked prefill), prompts in the order they were let in (or, past
 //! `long_prefill_tokens`, a long one at a time beside the shorter ones), the first
-//! token coming in the step its prompt is done; at most `max_sequences` run at once. Admission is vLLM's: first come first served, a
-//! generation is let in while the KV cache holds its prompt beside what the running
-//! ones hold now (their prompts and the tokens they have generated), not what they
-//! may grow to. When a step's new tokens would overflow the cache, the generation let
-//! in last is *preempted* (recompute, as vLLM does): its cache is freed, it goes back
-//! to the head of the line, and when let in again it pays prefill for its prompt and
-//! the tokens it had generated, which its client does not see again
-//! ([`LlmStats::preemptions`]). A generation whose client went away is dropped at the
-//! next step and counted ([`LlmStats::cancelled`]). Generated text is a deterministic
-//! function of the prompt, one word a token, and every count exact.
+//! token coming in the step its prompt is done; at most `max_sequences` run at once.
+//! Admission is vLLM's: first come first served, a generation is let in while the KV
+//! cache holds its prompt beside what the running ones hold now (their prompts and the
+//! tokens they have generated), not what they may grow to. When a step's new tokens
+//! would overflow the cache, the generation let in last is *preempted* (recompute, as
+//! vLLM does): its cache is freed, it goes back to the head of the line, and when let
+//! in again it pays prefill for its prompt and the tokens it had generated, which its
+//! client does not see again ([`LlmStats::preemptions`]). A generation whose client
+//! went away is dropped at the next step and counted ([`LlmStats::cancelled`]).
+//! Generated text is a deterministic function of the prompt, one word a token, and
+//! every count exact.
 //!
 //! `openai` serves OpenAI's chat, completions, Responses and models paths over it,
 //! and Triton's generate and generate_stream; `decoupled` serves it as Triton's
@@ -64,7 +65,8 @@ impl LlmProfile {
     /// - `llm-8b-a100`: Llama-3-8B in FP16 under vLLM on one A100 80 GB, from published
     ///   figures: a decode step reads the 16 GB of weights at the A100's 2,039 GB/s
     ///   (about 8 ms) and the KV cache of each sequence it computes a token of besides
-    ///   (0.05 ms each on average); prefill at about 12,000 tokens/s; vLLM's default `max_num_seqs` (256);
+    ///   (0.05 ms each on average); prefill at about 12,000 tokens/s; vLLM's default
+    ///   `max_num_seqs` (256);
     ///   the KV cache is what 90% of the memory (`gpu_memory_utilization`) leaves after
     ///   the weights, at 128 KiB a token (32 layers × 8 KV heads × 128 dims × 2 × 2 bytes):
     ///   440,000 tokens; chunked prefill of at most 2,048 tokens a step (vLLM V1's
